@@ -1,0 +1,1 @@
+//! The node agent core: registration, heartbeats, pod lifecycle.
