@@ -33,7 +33,10 @@ pub struct RuntimeError {
 impl RuntimeError {
     /// An error with the given code and message.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Self { code, message: message.into() }
+        Self {
+            code,
+            message: message.into(),
+        }
     }
 
     /// `NotFound`: the named object does not exist.
@@ -114,17 +117,26 @@ pub trait Runtime: Send + Sync + 'static {
     async fn list_pod_sandbox(&self, req: cri::ListPodSandboxRequest) -> Result<cri::ListPodSandboxResponse>;
 
     /// `CreateContainer` inside a sandbox.
-    async fn create_container(&self, req: cri::CreateContainerRequest) -> Result<cri::CreateContainerResponse>;
+    async fn create_container(
+        &self,
+        req: cri::CreateContainerRequest,
+    ) -> Result<cri::CreateContainerResponse>;
     /// `StartContainer`.
     async fn start_container(&self, req: cri::StartContainerRequest) -> Result<cri::StartContainerResponse>;
     /// `StopContainer` with a grace period in seconds. Idempotent.
     async fn stop_container(&self, req: cri::StopContainerRequest) -> Result<cri::StopContainerResponse>;
     /// `RemoveContainer`. Idempotent.
-    async fn remove_container(&self, req: cri::RemoveContainerRequest) -> Result<cri::RemoveContainerResponse>;
+    async fn remove_container(
+        &self,
+        req: cri::RemoveContainerRequest,
+    ) -> Result<cri::RemoveContainerResponse>;
     /// `ListContainers`, with the CRI filter (id, state, sandbox id, label selector).
     async fn list_containers(&self, req: cri::ListContainersRequest) -> Result<cri::ListContainersResponse>;
     /// `ContainerStatus`.
-    async fn container_status(&self, req: cri::ContainerStatusRequest) -> Result<cri::ContainerStatusResponse>;
+    async fn container_status(
+        &self,
+        req: cri::ContainerStatusRequest,
+    ) -> Result<cri::ContainerStatusResponse>;
     /// `ExecSync`: run a command in a container and collect its output.
     async fn exec_sync(&self, req: cri::ExecSyncRequest) -> Result<cri::ExecSyncResponse>;
 
@@ -136,7 +148,10 @@ pub trait Runtime: Send + Sync + 'static {
         req: cri::ListContainerStatsRequest,
     ) -> Result<cri::ListContainerStatsResponse>;
     /// `PodSandboxStats`.
-    async fn pod_sandbox_stats(&self, req: cri::PodSandboxStatsRequest) -> Result<cri::PodSandboxStatsResponse>;
+    async fn pod_sandbox_stats(
+        &self,
+        req: cri::PodSandboxStatsRequest,
+    ) -> Result<cri::PodSandboxStatsResponse>;
     /// `ListPodSandboxStats`.
     async fn list_pod_sandbox_stats(
         &self,

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything node-agent needs on a fresh machine of this project's kind (Debian with Go and rustup):
+# Debian packages (protoc for the CRI protos; containerd, runc, CNI plugins and busybox for real-mode tests),
+# rustfmt/clippy, and the pinned Kubernetes binaries (built once from the Go module proxy, then cached).
+# Idempotent and quick when everything is already there.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+packages=(protobuf-compiler containerd runc containernetworking-plugins busybox-static iproute2 gcc libc6-dev python3 util-linux)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -qq
+  $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+command -v cargo >/dev/null || { echo "setup: cargo not found (install Rust with rustup)" >&2; exit 1; }
+command -v go >/dev/null || { echo "setup: go not found (Go >= 1.25 is needed to build Kubernetes)" >&2; exit 1; }
+if command -v rustup >/dev/null; then
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt >&2
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy >&2
+fi
+
+bash "$root/hack/build-kubernetes.sh" >/dev/null
+echo "setup: ready (Kubernetes $(cat "$root/KUBERNETES_VERSION") in $(bash "$root/hack/build-kubernetes.sh"))" >&2

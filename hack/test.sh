@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command: sets up a fresh machine (hack/setup.sh), then runs every test in the workspace — unit
+# tests, and integration tests against a real control plane (started per test binary by the testenv crate) —
+# and finally checks that no control-plane process was left behind.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash hack/setup.sh
+
+cargo test --workspace --all-targets --no-fail-fast "$@"
+
+# Every control plane dies with its test binary; give the kernel a moment, then look for live leftovers.
+sleep 2
+left=$(ps -eo pid=,stat=,args= | awk '$2 !~ /^Z/' | grep -E 'node-agent-testenv/cp-' | grep -v grep || true)
+if [ -n "$left" ]; then
+  echo "test: processes left behind by the tests:" >&2
+  echo "$left" >&2
+  exit 1
+fi
+echo "test: no control-plane process left behind"
