@@ -27,4 +27,5 @@ if command -v rustup >/dev/null; then
 fi
 
 bash "$root/hack/build-kubernetes.sh" >/dev/null
+bash "$root/hack/build-helm.sh" >/dev/null
 echo "setup: ready (Kubernetes $(cat "$root/KUBERNETES_VERSION") in $(bash "$root/hack/build-kubernetes.sh"))" >&2

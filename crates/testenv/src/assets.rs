@@ -108,3 +108,20 @@ pub fn locate() -> anyhow::Result<Binaries> {
     }
     Ok(Binaries::in_dir(&dir, vendored_etcd()?))
 }
+
+/// The pinned `helm` binary, built into the cache by `hack/build-helm.sh` when missing.
+pub fn helm() -> anyhow::Result<PathBuf> {
+    let script = repo_root().join("hack/build-helm.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}

@@ -1,0 +1,69 @@
+//! The Helm chart for the hollow fleet: it lints, renders, and everything it renders is accepted by the real
+//! API server (server-side dry run), with the fleet flags the `hollow` binary takes.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use e2e::init_logging;
+
+fn run(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.output().with_context(|| format!("{cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[tokio::test]
+async fn chart_renders_and_the_api_server_accepts_it() -> anyhow::Result<()> {
+    init_logging();
+    let helm = testenv::assets::helm()?;
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/hollow");
+    run(Command::new(&helm).arg("lint").arg("--strict").arg(&chart))?;
+
+    let rendered = run(Command::new(&helm).args(["template", "fleet"]).arg(&chart).args([
+        "--namespace",
+        "default",
+        "--set",
+        "replicas=3,fleet.nodesPerProcess=250,fleet.watchMode=shared,fleet.deleteNodesOnExit=true",
+    ]))?;
+    for expected in [
+        "kind: StatefulSet",
+        "replicas: 3",
+        "--nodes=250",
+        "--watch-mode=shared",
+        "--delete-nodes-on-exit",
+        "--node-ip=$(POD_IP)",
+        "kind: ClusterRole",
+    ] {
+        assert!(rendered.contains(expected), "rendered chart lacks {expected:?}");
+    }
+
+    let cp = testenv::shared().await?;
+    let manifest = std::env::temp_dir().join(format!("hollow-chart-{}.yaml", std::process::id()));
+    std::fs::write(&manifest, &rendered)?;
+    let applied = run(cp
+        .kubectl()
+        .args(["apply", "--dry-run=server", "-f"])
+        .arg(&manifest));
+    let _ = std::fs::remove_file(&manifest);
+    let applied = applied?;
+    for kind in [
+        "serviceaccount/fleet-hollow",
+        "clusterrole.rbac.authorization.k8s.io/fleet-hollow",
+        "statefulset.apps/fleet-hollow",
+        "configmap/fleet-hollow",
+        "service/fleet-hollow",
+    ] {
+        assert!(
+            applied.contains(kind),
+            "server dry-run did not accept {kind}: {applied}"
+        );
+    }
+    Ok(())
+}
