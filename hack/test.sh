@@ -7,6 +7,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash hack/setup.sh
 
+# Real-mode tests start their own private containerd (tests/containerd/setup.sh) and tear it down by PID.
+export NODE_AGENT_CONTAINERD_SETUP=1
 cargo test --workspace --all-targets --no-fail-fast "$@"
 
 # Every control plane dies with its test binary; give the kernel a moment, then look for live leftovers.

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Start a private containerd (Debian's 1.6 packages) serving CRI v1 on a unix socket, for node-agent's
+# real-runtime tests. Loopback/local only: no registry (images are built here from busybox-static and imported),
+# bridge CNI inside the pods' own network namespaces.
+#
+# usage: sudo tests/containerd/setup.sh            (run as root; prints the socket at the end)
+# env:   NA_CRI_DIR     state directory, default /tmp/node-agent-cri (everything lives below it)
+#        NA_CRI_SUBNET  pod subnet of the bridge network, default 10.88.0.0/16
+#        NA_CRI_BRIDGE  bridge device name, default nacri0
+#        NA_CRI_SKIP_APT=1  never call apt-get (fail if a package is missing)
+# After success: $NA_CRI_DIR/env holds `export NODE_AGENT_CONTAINERD_SOCKET=...`; images localhost/busybox:local
+# and localhost/pause:local (the sandbox image). Undo with tests/containerd/teardown.sh (same env).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DIR=${NA_CRI_DIR:-/tmp/node-agent-cri}
+SUBNET=${NA_CRI_SUBNET:-10.88.0.0/16}
+BRIDGE=${NA_CRI_BRIDGE:-nacri0}
+SOCK="$DIR/containerd.sock"
+
+log() { echo "[containerd-setup] $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "must run as root (containerd, runc and CNI need it)"
+
+# --- packages -------------------------------------------------------------------------------------------------
+need=()
+command -v containerd >/dev/null || need+=(containerd)
+command -v runc >/dev/null || need+=(runc)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+[ -x /bin/busybox ] || need+=(busybox-static)
+command -v ip >/dev/null || need+=(iproute2)
+command -v python3 >/dev/null || need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then
+  [ "${NA_CRI_SKIP_APT:-0}" = 1 ] && die "missing packages: ${need[*]}"
+  log "installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq containerd runc containernetworking-plugins busybox-static iproute2 python3 >/dev/null
+fi
+busybox --list-full >/dev/null 2>&1 || die "/bin/busybox is not a full busybox (install busybox-static)"
+
+if [ -f "$DIR/containerd.pid" ] && kill -0 "$(cat "$DIR/containerd.pid")" 2>/dev/null; then
+  die "a containerd from $DIR is already running (pid $(cat "$DIR/containerd.pid")); run teardown.sh first"
+fi
+mkdir -p "$DIR"/{root,state,runc,cni-net.d,cni-ipam,images,pods,logs}
+
+# --- configuration --------------------------------------------------------------------------------------------
+cat > "$DIR/config.toml" <<CONF
+version = 2
+root = "$DIR/root"
+state = "$DIR/state"
+# nothing listens on TCP: the debug/metrics endpoints stay off
+[grpc]
+  address = "$SOCK"
+[ttrpc]
+  address = "$SOCK.ttrpc"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/pause:local"
+  enable_selinux = false
+  disable_apparmor = true
+  # these machines lack CAP_SYS_RESOURCE: runc cannot set a negative oom_score_adj, so clamp to ours
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "$DIR/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$DIR/cni-net.d"
+    max_conf_num = 1
+CONF
+
+cat > "$DIR/cni-net.d/10-node-agent.conflist" <<CONF
+{
+  "cniVersion": "1.0.0",
+  "name": "node-agent-test",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$BRIDGE",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{ "subnet": "$SUBNET" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }],
+        "dataDir": "$DIR/cni-ipam"
+      }
+    },
+    { "type": "loopback" }
+  ]
+}
+CONF
+
+# --- images ---------------------------------------------------------------------------------------------------
+# busybox: the static busybox binary with one symlink per applet.
+ROOTFS="$DIR/images/busybox-rootfs"
+rm -rf "$ROOTFS"
+mkdir -p "$ROOTFS"/{bin,sbin,usr/bin,usr/sbin,etc,root,tmp,proc,sys,dev,var}
+chmod 1777 "$ROOTFS/tmp"
+cp /bin/busybox "$ROOTFS/bin/busybox"
+for applet in $(busybox --list-full); do
+  case "$applet" in bin/busybox) continue ;; esac
+  depth=$(dirname "$applet" | tr -cd / | wc -c)
+  up=$(printf '../%.0s' $(seq 0 "$depth"))
+  ln -sfn "${up}bin/busybox" "$ROOTFS/$applet"
+done
+echo 'root:x:0:0:root:/root:/bin/sh' > "$ROOTFS/etc/passwd"
+echo 'nobody:x:65534:65534:nobody:/:/bin/false' >> "$ROOTFS/etc/passwd"
+printf 'root:x:0:\nnogroup:x:65534:\n' > "$ROOTFS/etc/group"
+python3 "$HERE/oci_image.py" --rootfs "$ROOTFS" --ref localhost/busybox:local \
+  --out "$DIR/images/busybox.tar" --cmd '["sh"]' >&2
+
+# pause: only busybox; a shell that sleeps until SIGTERM/SIGINT and then exits 0 (no compiler needed).
+PAUSE="$DIR/images/pause-rootfs"
+rm -rf "$PAUSE"
+mkdir -p "$PAUSE/bin"
+cp /bin/busybox "$PAUSE/bin/busybox"
+python3 "$HERE/oci_image.py" --rootfs "$PAUSE" --ref localhost/pause:local --out "$DIR/images/pause.tar" \
+  --entrypoint '["/bin/busybox","sh","-c","trap \"exit 0\" TERM INT; while :; do /bin/busybox sleep 3600 & wait $!; done"]' >&2
+
+# --- containerd -----------------------------------------------------------------------------------------------
+rm -f "$SOCK" "$SOCK.ttrpc"
+containerd --config "$DIR/config.toml" </dev/null >"$DIR/logs/containerd.log" 2>&1 &
+echo $! > "$DIR/containerd.pid"
+log "containerd pid $(cat "$DIR/containerd.pid")"
+CTR=(ctr --address "$SOCK")
+for _ in $(seq 1 300); do
+  "${CTR[@]}" version >/dev/null 2>&1 && break
+  kill -0 "$(cat "$DIR/containerd.pid")" 2>/dev/null || die "containerd exited; see $DIR/logs/containerd.log"
+  sleep 0.1
+done
+"${CTR[@]}" version >/dev/null 2>&1 || die "containerd did not answer on $SOCK"
+"${CTR[@]}" plugins ls | awk '$2 == "cri" && $4 == "ok" { ok = 1 } END { exit !ok }' \
+  || die "the CRI plugin did not start; see $DIR/logs/containerd.log"
+for img in pause busybox; do
+  "${CTR[@]}" -n k8s.io images import "$DIR/images/$img.tar" >&2
+done
+
+echo "export NODE_AGENT_CONTAINERD_SOCKET=$SOCK" > "$DIR/env"
+log "ready: CRI endpoint unix://$SOCK (source $DIR/env)"
+echo "$SOCK"
