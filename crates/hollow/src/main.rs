@@ -1,6 +1,231 @@
-//! `hollow`: a fleet of node agents in one process (not built yet).
+//! `hollow`: a fleet of node agents in one process, each against its own in-memory fake CRI runtime.
+//!
+//! `hollow run --nodes N` starts N agents — the same node-agent code a real node runs — sharing a small pool
+//! of HTTP/2 API connections, and serves `/healthz` and `/metrics` for the whole fleet. It stops on SIGINT or
+//! SIGTERM (optionally deleting its Node objects).
 
-fn main() {
-    eprintln!("hollow: the fleet is not implemented yet");
-    std::process::exit(2);
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use hollow::client_pool::ClientPool;
+use hollow::fleet::{Fleet, FleetSpec};
+use hollow::profiles;
+use hollow::server::{self, FleetGauges};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams};
+use node_agent::{KubeletConfig, Metrics};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(about = "Thousands of hollow Kubernetes nodes in one process")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a fleet until interrupted.
+    Run(RunArgs),
+}
+
+/// How agents watch their pods.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum WatchMode {
+    /// Every node its own watch (fieldSelector spec.nodeName), like kubelets.
+    PerNode,
+    /// One process-wide watch, dispatched by node name.
+    Shared,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Number of hollow nodes.
+    #[arg(long, env = "HOLLOW_NODES", default_value_t = 10)]
+    nodes: usize,
+    /// kubeconfig for the API server (in-cluster config or $KUBECONFIG when absent).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Node name template: {index} is the node number, {pod} the value of --pod-name.
+    #[arg(long, default_value = "hollow-{index}")]
+    name_template: String,
+    /// Replaces {pod} in the name template (the fleet pod's name when deployed by the chart).
+    #[arg(long, env = "POD_NAME", default_value = "hollow")]
+    pod_name: String,
+    /// The InternalIP every node publishes: this process's own address.
+    #[arg(long, default_value = "127.0.0.1")]
+    node_ip: IpAddr,
+    /// The kubelet port every node publishes.
+    #[arg(long, default_value_t = 10250)]
+    kubelet_port: u16,
+    /// HTTP/2 connections to the API server; nodes are sharded over them.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Pod watch mode.
+    #[arg(long, value_enum, default_value_t = WatchMode::PerNode)]
+    watch_mode: WatchMode,
+    /// Node registrations started per second.
+    #[arg(long, default_value_t = 100.0)]
+    register_qps: f64,
+    /// Node profiles YAML (capacity, labels, taints, zones, shares of the fleet).
+    #[arg(long)]
+    profiles: Option<PathBuf>,
+    /// Fake-runtime behaviour YAML: a map of cri-fake keys to values (e.g. pull-duration: 200ms).
+    #[arg(long)]
+    runtime_profile: Option<PathBuf>,
+    /// KubeletConfiguration YAML shared by every node.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address of the /healthz and /metrics endpoint.
+    #[arg(long, default_value = "127.0.0.1:10260")]
+    metrics_address: SocketAddr,
+    /// Delete the Node objects when stopping.
+    #[arg(long)]
+    delete_nodes_on_exit: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Run(args) => run(args).await,
+    }
+}
+
+fn runtime_profile(path: Option<&PathBuf>) -> anyhow::Result<cri_fake::Profile> {
+    let Some(path) = path else { return Ok(cri_fake::Profile::default()) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let map: std::collections::BTreeMap<String, serde_yaml::Value> =
+        serde_yaml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let pairs = map.into_iter().map(|(k, v)| {
+        let v = match v {
+            serde_yaml::Value::String(s) => s,
+            other => serde_yaml::to_string(&other).unwrap_or_default().trim().to_owned(),
+        };
+        (k, v)
+    });
+    cri_fake::Profile::from_pairs(pairs).with_context(|| format!("{}", path.display()))
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    if args.watch_mode == WatchMode::Shared {
+        tracing::warn!("watch mode `shared` is not available yet; using per-node watches");
+    }
+    let kube_config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    let kubelet = match &args.config {
+        Some(path) => node_agent::config::resolve_kubelet_config(&node_agent::config::load_file(path)?)?,
+        None => KubeletConfig::default(),
+    };
+    let profile_list = match &args.profiles {
+        Some(path) => profiles::load(path)?,
+        None => profiles::default_profiles(),
+    };
+    let assignments = profiles::assign(&profile_list, args.nodes)?;
+    let spec = FleetSpec {
+        nodes: args.nodes,
+        name_template: args.name_template.clone(),
+        pod_name: args.pod_name.clone(),
+        node_ip: args.node_ip,
+        kubelet_port: args.kubelet_port,
+        register_qps: args.register_qps,
+        kubelet,
+        profiles: profile_list,
+        assignments,
+        runtime_profile: Arc::new(runtime_profile(args.runtime_profile.as_ref())?),
+    };
+
+    let token = CancellationToken::new();
+    let mut registry = Registry::default();
+    let metrics = Arc::new(Metrics::register(&mut registry));
+    let gauges = FleetGauges::default();
+    gauges.register(&mut registry);
+    let (bound, server) = server::serve(args.metrics_address, registry, token.clone()).await?;
+    tracing::info!(address = %bound, "serving /healthz and /metrics");
+
+    let pool = ClientPool::new(&kube_config, args.clients)?;
+    let fleet_token = token.child_token();
+    let start = tokio::time::Instant::now();
+    let fleet = tokio::select! {
+        fleet = Fleet::start(&spec, &pool, metrics, fleet_token.clone()) => fleet?,
+        _ = shutdown_signal() => { token.cancel(); return Ok(()); }
+    };
+    let view = fleet.view();
+    let refresher = {
+        let (view, gauges, token) = (view.clone(), gauges.clone(), token.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => view.refresh(&gauges),
+                    _ = token.cancelled() => break,
+                }
+            }
+        })
+    };
+    let mut all_registered = false;
+    let mut progress = tokio::time::interval(Duration::from_secs(5));
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            _ = progress.tick(), if !all_registered => {
+                let n = view.registered();
+                tracing::info!(registered = n, of = args.nodes, elapsed_s = start.elapsed().as_secs_f64(), "registering");
+                all_registered = n == args.nodes;
+                if all_registered {
+                    tracing::info!(elapsed_s = start.elapsed().as_secs_f64(), rss_mib = server::rss_bytes() >> 20, "all nodes registered");
+                }
+            }
+        }
+    }
+    tracing::info!("stopping the fleet");
+    let names: Vec<String> = fleet.nodes().iter().map(|n| n.name.clone()).collect();
+    fleet.stop(Duration::from_secs(10)).await;
+    if args.delete_nodes_on_exit {
+        let nodes: Api<Node> = Api::all(pool.for_agent(0));
+        let deletes = names.iter().map(|n| {
+            let nodes = nodes.clone();
+            async move { (n, nodes.delete(n, &DeleteParams::default()).await) }
+        });
+        for (name, res) in futures::future::join_all(deletes).await {
+            if let Err(e) = res {
+                tracing::warn!(node = %name, error = %e, "deleting the Node failed");
+            }
+        }
+        tracing::info!(deleted = names.len(), "deleted Node objects");
+    }
+    token.cancel();
+    let _ = refresher.await;
+    let _ = server.await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
 }

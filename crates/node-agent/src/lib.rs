@@ -1,1 +1,51 @@
-//! The node agent core: registration, heartbeats, pod lifecycle.
+//! The node agent core: a Kubernetes kubelet as a library.
+//!
+//! One [`Agent`] is one node. It is built from plain values — an [`AgentConfig`], a `kube::Client` carrying the
+//! node's credentials and an `Arc<dyn runtime_api::Runtime>` — and runs one task per manager until its
+//! cancellation token fires. The `node-agent` binary runs one against a real CRI runtime (or the fake one); the
+//! hollow fleet runs thousands in one process. The core never reads environment variables, never builds its own
+//! client and never names a concrete runtime.
+//!
+//! ```no_run
+//! # async fn demo(client: kube::Client, runtime: std::sync::Arc<dyn runtime_api::Runtime>) -> anyhow::Result<()> {
+//! use std::sync::Arc;
+//! use node_agent::{Agent, AgentConfig, KubeletConfig, MachineInfo};
+//!
+//! let config = AgentConfig::new("n1", "127.0.0.1".parse()?, Arc::new(KubeletConfig::default()), MachineInfo::synthetic("n1"));
+//! let agent = Agent::builder(config, client, runtime).build()?.start();
+//! // ... later
+//! agent.stop(std::time::Duration::from_secs(10)).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Modules, one concern each:
+//! * [`config`] — KubeletConfiguration file + flags -> [`KubeletConfig`] / [`AgentConfig`].
+//! * [`agent`] — wiring: [`Agent`], [`AgentContext`], [`RunningAgent`].
+//! * [`node`] — registration, status loop and conditions, lease.
+//! * [`runtime_health`] — CRI `Status` polling.
+//! * [`events`] — the event recorder and its sink.
+//! * [`api`] — rate limit and request accounting for API calls.
+//! * [`metrics`] — Prometheus metrics registered into a caller's registry.
+//! * [`backoff`] — jittered exponential backoff (registration, lease, CrashLoopBackOff) and jittered intervals.
+//! * [`quantity`] — exact resource quantity arithmetic.
+//! * [`machine`] — machine facts (host or synthetic).
+
+pub mod agent;
+pub mod api;
+pub mod backoff;
+pub mod config;
+pub mod events;
+pub mod machine;
+pub mod metrics;
+pub mod node;
+pub mod pods;
+pub mod quantity;
+pub mod runtime_health;
+
+#[cfg(test)]
+mod testing;
+
+pub use agent::{Agent, AgentBuilder, AgentContext, AgentError, RunningAgent};
+pub use config::{AgentConfig, ConfigError, Flags, KubeletConfig};
+pub use machine::MachineInfo;
+pub use metrics::Metrics;

@@ -1,0 +1,258 @@
+//! The fleet: N node agents, each with its own fake runtime, node identity, lease and status loop, started at
+//! a bounded registration rate and stopped together.
+//!
+//! Shared by every agent: the client pool, one `KubeletConfig` per profile, the runtime profile and the
+//! metrics. Held per agent: its `RunningAgent` handle and its `FakeRuntime`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cri_fake::{FakeConfig, FakeRuntime};
+use k8s_openapi::api::core::v1::Taint;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
+use node_agent::quantity::Quantity;
+use node_agent::{Agent, AgentConfig, KubeletConfig, MachineInfo, Metrics, RunningAgent};
+use tokio_util::sync::CancellationToken;
+
+use crate::client_pool::ClientPool;
+use crate::profiles::{Assignment, Profile};
+
+/// Label every hollow node carries, naming its profile.
+pub const PROFILE_LABEL: &str = "hollow.node-agent.io/profile";
+
+/// Errors building the fleet.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// A node's configuration is invalid.
+    #[error("node {node}: {source}")]
+    Agent {
+        /// The node.
+        node: String,
+        /// Why.
+        #[source]
+        source: node_agent::AgentError,
+    },
+    /// A profile capacity value is not a quantity.
+    #[error("profile {profile}: capacity.{resource}: {message}")]
+    Capacity {
+        /// The profile.
+        profile: String,
+        /// The resource.
+        resource: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// Everything the fleet needs, as plain values.
+#[derive(Clone)]
+pub struct FleetSpec {
+    /// How many nodes.
+    pub nodes: usize,
+    /// Node name template: `{index}` is the node number, `{pod}` the fleet's pod name.
+    pub name_template: String,
+    /// Replaces `{pod}` in the template.
+    pub pod_name: String,
+    /// The InternalIP every node publishes (this process's own address).
+    pub node_ip: IpAddr,
+    /// The kubelet port every node publishes (one server in this process answers for all).
+    pub kubelet_port: u16,
+    /// Registrations started per second.
+    pub register_qps: f64,
+    /// Base kubelet settings (each profile adjusts max pods and taints).
+    pub kubelet: KubeletConfig,
+    /// Node profiles and which node gets which.
+    pub profiles: Vec<Profile>,
+    /// One entry per node.
+    pub assignments: Vec<Assignment>,
+    /// Fake runtime behaviour for every node.
+    pub runtime_profile: Arc<cri_fake::Profile>,
+}
+
+impl FleetSpec {
+    /// The name of node `index`.
+    pub fn node_name(&self, index: usize) -> String {
+        self.name_template.replace("{pod}", &self.pod_name).replace("{index}", &index.to_string())
+    }
+}
+
+/// One hollow node.
+pub struct FleetNode {
+    /// Node name.
+    pub name: String,
+    /// Its fake runtime (for chaos: runtime down, counts).
+    pub runtime: FakeRuntime,
+    /// The running agent.
+    pub agent: RunningAgent,
+}
+
+/// A cheap, shareable view of the fleet for gauges and chaos.
+#[derive(Clone)]
+pub struct FleetView {
+    nodes: Arc<Vec<(tokio::sync::watch::Receiver<Option<node_agent::node::RegisteredNode>>, FakeRuntime)>>,
+}
+
+impl FleetView {
+    /// Refreshes the fleet gauges.
+    pub fn refresh(&self, gauges: &crate::server::FleetGauges) {
+        let (mut registered, mut sandboxes, mut containers) = (0i64, 0i64, 0i64);
+        for (reg, runtime) in self.nodes.iter() {
+            if reg.borrow().is_some() {
+                registered += 1;
+            }
+            let c = runtime.counts();
+            sandboxes += i64::try_from(c.sandboxes).unwrap_or(i64::MAX);
+            containers += i64::try_from(c.containers).unwrap_or(i64::MAX);
+        }
+        gauges.nodes.set(i64::try_from(self.nodes.len()).unwrap_or(i64::MAX));
+        gauges.registered.set(registered);
+        gauges.sandboxes.set(sandboxes);
+        gauges.containers.set(containers);
+        gauges.rss_bytes.set(crate::server::rss_bytes() as f64);
+    }
+
+    /// Number of registered nodes.
+    pub fn registered(&self) -> usize {
+        self.nodes.iter().filter(|(reg, _)| reg.borrow().is_some()).count()
+    }
+}
+
+/// A running fleet.
+pub struct Fleet {
+    nodes: Vec<FleetNode>,
+    token: CancellationToken,
+}
+
+fn quantity(profile: &str, resource: &str, value: &str) -> Result<Quantity, FleetError> {
+    Quantity::from_api(&ApiQuantity(value.to_owned())).map_err(|e| FleetError::Capacity {
+        profile: profile.into(),
+        resource: resource.into(),
+        message: e.to_string(),
+    })
+}
+
+fn whole<T: TryFrom<i128> + Default>(q: &Quantity) -> T {
+    T::try_from(q.value()).unwrap_or_default()
+}
+
+/// The per-profile kubelet settings and machine template.
+struct ProfileTemplate {
+    kubelet: Arc<KubeletConfig>,
+    cpu_millis: u64,
+    memory_bytes: u64,
+    ephemeral_storage_bytes: u64,
+    extended_resources: BTreeMap<String, u64>,
+    labels: BTreeMap<String, String>,
+}
+
+fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError> {
+    let mut kubelet = spec.kubelet.clone();
+    kubelet.port = spec.kubelet_port;
+    let defaults = MachineInfo::synthetic("template");
+    let mut t = ProfileTemplate {
+        kubelet: Arc::default(),
+        cpu_millis: defaults.cpu_millis,
+        memory_bytes: defaults.memory_bytes,
+        ephemeral_storage_bytes: defaults.ephemeral_storage_bytes,
+        extended_resources: BTreeMap::new(),
+        labels: p.labels.clone(),
+    };
+    for (resource, value) in &p.capacity {
+        let q = quantity(&p.name, resource, value)?;
+        match resource.as_str() {
+            "cpu" => t.cpu_millis = u64::try_from(q.milli()).unwrap_or(0),
+            "memory" => t.memory_bytes = whole(&q),
+            "ephemeral-storage" => t.ephemeral_storage_bytes = whole(&q),
+            "pods" => kubelet.max_pods = whole(&q),
+            _ => {
+                t.extended_resources.insert(resource.clone(), whole(&q));
+            }
+        }
+    }
+    kubelet.register_with_taints.extend(p.taints.iter().map(|taint| Taint {
+        key: taint.key.clone(),
+        value: taint.value.clone(),
+        effect: taint.effect.clone(),
+        time_added: None,
+    }));
+    t.kubelet = Arc::new(kubelet);
+    t.labels.insert(PROFILE_LABEL.into(), p.name.clone());
+    Ok(t)
+}
+
+impl Fleet {
+    /// Starts every node, at most `register_qps` per second, logging progress; returns once all are started
+    /// (registration itself completes in the background).
+    pub async fn start(
+        spec: &FleetSpec,
+        pool: &ClientPool,
+        metrics: Arc<Metrics>,
+        token: CancellationToken,
+    ) -> Result<Fleet, FleetError> {
+        let templates = spec.profiles.iter().map(|p| template(spec, p)).collect::<Result<Vec<_>, _>>()?;
+        let mut nodes = Vec::with_capacity(spec.nodes);
+        let period = Duration::from_secs_f64(1.0 / spec.register_qps.max(0.001));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let step = (spec.nodes / 20).max(1);
+        for (index, assignment) in spec.assignments.iter().enumerate().take(spec.nodes) {
+            if token.is_cancelled() {
+                break;
+            }
+            tick.tick().await;
+            let name = spec.node_name(index);
+            let t = &templates[assignment.profile];
+            let mut machine = MachineInfo::synthetic(&name);
+            // a hollow node's "machine" outlives the process: keep its boot ID stable across restarts
+            machine.boot_id = machine.system_uuid.clone();
+            machine.cpu_millis = t.cpu_millis;
+            machine.memory_bytes = t.memory_bytes;
+            machine.ephemeral_storage_bytes = t.ephemeral_storage_bytes;
+            machine.extended_resources = t.extended_resources.clone();
+            let mut config = AgentConfig::new(name.clone(), spec.node_ip, t.kubelet.clone(), machine);
+            config.node_labels = t.labels.clone();
+            if let Some(zone) = &assignment.zone {
+                config.node_labels.insert("topology.kubernetes.io/zone".into(), zone.clone());
+            }
+            let runtime = FakeRuntime::new(FakeConfig { profile: spec.runtime_profile.clone(), ..FakeConfig::default() });
+            let agent = Agent::builder(config, pool.for_agent(index), Arc::new(runtime.clone()))
+                .token(token.child_token())
+                .metrics(metrics.clone())
+                .build()
+                .map_err(|source| FleetError::Agent { node: name.clone(), source })?
+                .start();
+            nodes.push(FleetNode { name, runtime, agent });
+            if (index + 1) % step == 0 || index + 1 == spec.nodes {
+                tracing::info!(started = index + 1, of = spec.nodes, "starting hollow nodes");
+            }
+        }
+        Ok(Fleet { nodes, token })
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[FleetNode] {
+        &self.nodes
+    }
+
+    /// A shareable view for gauges.
+    pub fn view(&self) -> FleetView {
+        FleetView {
+            nodes: Arc::new(
+                self.nodes.iter().map(|n| (n.agent.context().registered.clone(), n.runtime.clone())).collect(),
+            ),
+        }
+    }
+
+    /// Stops every agent (each gets `grace` to finish).
+    pub async fn stop(self, grace: Duration) {
+        self.token.cancel();
+        let stops = self.nodes.into_iter().map(|n| async move {
+            if let Err(e) = n.agent.stop(grace).await {
+                tracing::warn!(node = %n.name, error = %e, "agent did not stop cleanly");
+            }
+        });
+        futures::future::join_all(stops).await;
+    }
+}

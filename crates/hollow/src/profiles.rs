@@ -1,0 +1,283 @@
+//! Node profiles: what kinds of hollow nodes a fleet has, and which node gets which.
+//!
+//! A profile file is YAML:
+//!
+//! ```yaml
+//! profiles:
+//!   - name: gpu
+//!     count: 10                 # exactly one of count, percent, weight
+//!     capacity: {cpu: "16", memory: 64Gi, pods: "110", ephemeral-storage: 200Gi, nvidia.com/gpu: "4"}
+//!     labels: {accelerator: nvidia}
+//!     taints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]
+//!     zones: [zone-a, zone-b]   # topology.kubernetes.io/zone, round robin over the profile's nodes
+//!   - name: general
+//!     weight: 1                 # the rest of the fleet, split by weight
+//!     capacity: {cpu: "8", memory: 32Gi, pods: "110"}
+//! ```
+//!
+//! [`assign`] turns profiles and a fleet size into one [`Assignment`] per node: counts first, then
+//! percentages of the fleet, then the remainder split by weight; nodes get profiles in contiguous blocks, in
+//! file order, so node `i` always gets the same profile for the same file and size.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// Errors reading or applying a profile file.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML is malformed or has unknown fields.
+    #[error("parsing {path}: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// A profile is invalid.
+    #[error("profiles[{index}] ({name}): {message}")]
+    Invalid {
+        /// Position in the file.
+        index: usize,
+        /// The profile's name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The counts and percentages ask for more nodes than the fleet has, or nothing covers the rest.
+    #[error("profiles do not fit a fleet of {nodes} nodes: {message}")]
+    Fit {
+        /// Fleet size.
+        nodes: usize,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A taint as written in a profile.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TaintSpec {
+    /// Taint key.
+    pub key: String,
+    /// Taint value.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// NoSchedule, PreferNoSchedule or NoExecute.
+    pub effect: String,
+}
+
+/// One kind of node.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Name (shown in logs and the `hollow.node-agent.io/profile` label).
+    pub name: String,
+    /// Exactly this many nodes.
+    #[serde(default)]
+    pub count: Option<usize>,
+    /// This percentage of the fleet (rounded down).
+    #[serde(default)]
+    pub percent: Option<f64>,
+    /// A share of the nodes left after counts and percentages.
+    #[serde(default)]
+    pub weight: Option<u32>,
+    /// Capacity: cpu, memory, pods, ephemeral-storage and extended resources (e.g. nvidia.com/gpu).
+    #[serde(default)]
+    pub capacity: BTreeMap<String, String>,
+    /// Extra node labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Taints to register with.
+    #[serde(default)]
+    pub taints: Vec<TaintSpec>,
+    /// Zones, assigned round robin (label `topology.kubernetes.io/zone`).
+    #[serde(default)]
+    pub zones: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProfileFile {
+    profiles: Vec<Profile>,
+}
+
+/// The default fleet: one profile, 8 CPUs, 32 GiB, 110 pods.
+pub fn default_profiles() -> Vec<Profile> {
+    vec![Profile {
+        name: "default".into(),
+        count: None,
+        percent: None,
+        weight: Some(1),
+        capacity: [("cpu", "8"), ("memory", "32Gi"), ("pods", "110"), ("ephemeral-storage", "100Gi")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        labels: BTreeMap::new(),
+        taints: Vec::new(),
+        zones: Vec::new(),
+    }]
+}
+
+/// Reads and checks a profile file.
+pub fn load(path: &Path) -> Result<Vec<Profile>, ProfileError> {
+    let p = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read { path: p.clone(), source })?;
+    parse(&text, &p)
+}
+
+/// Parses and checks profile YAML (`origin` names it in errors).
+pub fn parse(text: &str, origin: &str) -> Result<Vec<Profile>, ProfileError> {
+    let file: ProfileFile =
+        serde_yaml::from_str(text).map_err(|source| ProfileError::Parse { path: origin.to_owned(), source })?;
+    for (index, p) in file.profiles.iter().enumerate() {
+        let invalid = |message: String| ProfileError::Invalid { index, name: p.name.clone(), message };
+        let shares = [p.count.is_some(), p.percent.is_some(), p.weight.is_some()].iter().filter(|b| **b).count();
+        if shares != 1 {
+            return Err(invalid("set exactly one of count, percent, weight".into()));
+        }
+        if let Some(pc) = p.percent
+            && !(0.0..=100.0).contains(&pc)
+        {
+            return Err(invalid(format!("percent {pc} is not within 0..100")));
+        }
+        for (k, v) in &p.capacity {
+            node_agent::quantity::Quantity::from_api(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                v.clone(),
+            ))
+            .map_err(|e| invalid(format!("capacity.{k}: {e}")))?;
+        }
+        for t in &p.taints {
+            if !matches!(t.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+                return Err(invalid(format!("taint {}: unknown effect {:?}", t.key, t.effect)));
+            }
+        }
+    }
+    if file.profiles.is_empty() {
+        return Err(ProfileError::Fit { nodes: 0, message: "no profiles".into() });
+    }
+    Ok(file.profiles)
+}
+
+/// Which profile a node has, and its zone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// Index into the profile list.
+    pub profile: usize,
+    /// Zone, if the profile has zones.
+    pub zone: Option<String>,
+}
+
+/// One assignment per node for a fleet of `nodes`.
+pub fn assign(profiles: &[Profile], nodes: usize) -> Result<Vec<Assignment>, ProfileError> {
+    let mut counts = vec![0usize; profiles.len()];
+    let mut fixed = 0usize;
+    for (i, p) in profiles.iter().enumerate() {
+        if let Some(c) = p.count {
+            counts[i] = c;
+        } else if let Some(pc) = p.percent {
+            // whole nodes only: round down
+            counts[i] = ((nodes as f64) * pc / 100.0).floor() as usize;
+        } else {
+            continue;
+        }
+        fixed += counts[i];
+    }
+    if fixed > nodes {
+        return Err(ProfileError::Fit { nodes, message: format!("counts and percentages ask for {fixed} nodes") });
+    }
+    let rest = nodes - fixed;
+    let total_weight: u64 = profiles.iter().filter_map(|p| p.weight).map(u64::from).sum();
+    if rest > 0 {
+        if total_weight == 0 {
+            return Err(ProfileError::Fit {
+                nodes,
+                message: format!("{rest} nodes left over and no profile has a weight"),
+            });
+        }
+        let mut given = 0usize;
+        let weighted: Vec<usize> = (0..profiles.len()).filter(|i| profiles[*i].weight.is_some()).collect();
+        for (n, i) in weighted.iter().enumerate() {
+            let w = u64::from(profiles[*i].weight.unwrap_or(0));
+            let share = if n + 1 == weighted.len() {
+                rest - given
+            } else {
+                usize::try_from((rest as u64) * w / total_weight).unwrap_or(0)
+            };
+            counts[*i] = share;
+            given += share;
+        }
+    }
+    let mut out = Vec::with_capacity(nodes);
+    for (i, c) in counts.iter().enumerate() {
+        let zones = &profiles[i].zones;
+        for k in 0..*c {
+            let zone = (!zones.is_empty()).then(|| zones[k % zones.len()].clone());
+            out.push(Assignment { profile: i, zone });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"
+profiles:
+  - name: gpu
+    count: 3
+    capacity: {cpu: "16", memory: 64Gi, nvidia.com/gpu: "4"}
+    taints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]
+    zones: [a, b]
+  - name: big
+    percent: 10
+    capacity: {cpu: "64"}
+  - name: small
+    weight: 1
+  - name: medium
+    weight: 3
+"#;
+
+    #[test]
+    fn counts_then_percentages_then_weights() {
+        let profiles = parse(FILE, "test").unwrap();
+        let a = assign(&profiles, 43).unwrap();
+        assert_eq!(a.len(), 43);
+        let per = |p: usize| a.iter().filter(|x| x.profile == p).count();
+        assert_eq!(per(0), 3);
+        assert_eq!(per(1), 4); // 10% of 43, rounded down
+        assert_eq!(per(2), 9); // 36 left: 1/4 of them
+        assert_eq!(per(3), 27);
+        let zones: Vec<_> = a.iter().filter(|x| x.profile == 0).map(|x| x.zone.clone().unwrap()).collect();
+        assert_eq!(zones, ["a", "b", "a"]);
+        // stable: node i keeps its profile
+        assert_eq!(assign(&profiles, 43).unwrap(), a);
+    }
+
+    #[test]
+    fn bad_profiles_name_what_is_wrong() {
+        let two = "profiles:\n  - {name: x, count: 1, weight: 2}\n";
+        assert!(parse(two, "t").unwrap_err().to_string().contains("profiles[0] (x): set exactly one"));
+        let unknown = "profiles:\n  - {name: x, weight: 1, colour: red}\n";
+        assert!(parse(unknown, "t").unwrap_err().to_string().contains("colour"));
+        let quantity = "profiles:\n  - {name: x, weight: 1, capacity: {cpu: lots}}\n";
+        assert!(parse(quantity, "t").unwrap_err().to_string().contains("capacity.cpu"));
+        let effect = "profiles:\n  - {name: x, weight: 1, taints: [{key: k, effect: Never}]}\n";
+        assert!(parse(effect, "t").unwrap_err().to_string().contains("unknown effect"));
+        let too_many = parse("profiles:\n  - {name: x, count: 5}\n", "t").unwrap();
+        assert!(assign(&too_many, 3).unwrap_err().to_string().contains("ask for 5"));
+        assert!(assign(&too_many, 7).unwrap_err().to_string().contains("2 nodes left over"));
+    }
+}

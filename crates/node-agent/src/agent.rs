@@ -1,0 +1,325 @@
+//! Wiring one agent: config + client + runtime + token in, one task per manager out.
+//!
+//! [`Agent::builder`] takes the plain [`AgentConfig`], a `kube::Client` built by the caller (with the node's
+//! credentials) and an `Arc<dyn Runtime>`; [`Agent::start`] spawns, on a [`TaskTracker`]:
+//!
+//! | task | owns |
+//! |---|---|
+//! | [`EventSink`] | writing this agent's Events |
+//! | [`RuntimeHealthMonitor`] | CRI `Status`/`Version` every 5 s -> [`RuntimeHealth`] |
+//! | [`NodeStatusManager`] | registration, conditions, `nodes/status` |
+//! | [`LeaseManager`] | `kube-node-lease/<node>` |
+//!
+//! Everything another manager needs (node name, allocatable, runtime health, events, metrics, the API gate,
+//! pressure and health-check inputs, the token) is in the cheap-to-clone [`AgentContext`]. Adding a manager is
+//! one line in [`Agent::start`] (or [`RunningAgent::spawn`] from outside).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use runtime_api::Runtime;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::api::ApiCalls;
+use crate::config::{AgentConfig, ConfigError};
+use crate::events::{EventRecorder, EventSink, node_reference};
+use crate::metrics::Metrics;
+use crate::node::status::{StatusChannels, cordon_for_shutdown};
+use crate::node::{
+    HealthChecks, LeaseManager, NodeError, NodeSnapshot, NodeStatusManager, Pressure, RegisteredNode,
+    ResourceList,
+};
+use crate::runtime_health::{RuntimeHealth, RuntimeHealthMonitor};
+
+/// Why an agent could not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The per-node configuration is invalid.
+    #[error("invalid agent configuration: {0}")]
+    Config(#[source] ConfigError),
+    /// Tasks were still running when the shutdown grace period ended.
+    #[error("agent tasks did not stop within {0:?}")]
+    ShutdownTimeout(Duration),
+    /// Marking the node unschedulable on shutdown failed.
+    #[error("marking the node unschedulable on shutdown: {0}")]
+    Cordon(#[source] NodeError),
+}
+
+/// What every manager of one agent shares. Cheap to clone.
+#[derive(Clone)]
+pub struct AgentContext {
+    /// The agent's configuration.
+    pub config: Arc<AgentConfig>,
+    /// The node's API client.
+    pub client: kube::Client,
+    /// The container runtime.
+    pub runtime: Arc<dyn Runtime>,
+    /// Rate limit and accounting for API requests; wrap every request in [`ApiCalls::run`].
+    pub api: ApiCalls,
+    /// The event recorder.
+    pub events: EventRecorder,
+    /// The (process-wide) metrics.
+    pub metrics: Arc<Metrics>,
+    /// Runtime health, updated every 5 s.
+    pub runtime_health: watch::Receiver<RuntimeHealth>,
+    /// The registered Node's identity, `None` until registration succeeded.
+    pub registered: watch::Receiver<Option<RegisteredNode>>,
+    /// The node's allocatable resources (for pod admission).
+    pub allocatable: watch::Receiver<Arc<ResourceList>>,
+    /// The Node object as last returned by the API server (labels, taints, addresses, pod CIDRs).
+    pub node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
+    /// Resource pressure input (the eviction manager sends here).
+    pub pressure: Arc<watch::Sender<Pressure>>,
+    /// Readiness checks (e.g. PLEG) that make the node NotReady when failing.
+    pub health_checks: HealthChecks,
+    /// Fires when the agent stops.
+    pub token: CancellationToken,
+}
+
+impl std::fmt::Debug for AgentContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentContext")
+            .field("node", &self.config.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentContext {
+    /// The Node name.
+    pub fn node_name(&self) -> &str {
+        &self.config.node_name
+    }
+
+    /// The reference events about the Node use.
+    pub fn node_reference(&self) -> ObjectReference {
+        node_reference(&self.config.node_name)
+    }
+}
+
+/// Builds an [`Agent`].
+pub struct AgentBuilder {
+    config: AgentConfig,
+    client: kube::Client,
+    runtime: Arc<dyn Runtime>,
+    token: Option<CancellationToken>,
+    metrics: Option<Arc<Metrics>>,
+    pods: crate::pods::PodOptions,
+}
+
+impl AgentBuilder {
+    /// Stop the agent when `token` fires (default: a fresh token, cancelled by [`RunningAgent::stop`]).
+    pub fn token(mut self, token: CancellationToken) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// Count into these (shared) metrics (default: unregistered metrics).
+    pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Pod lifecycle options: probe transport, (shared) start-up metrics, pod source.
+    pub fn pods(mut self, options: crate::pods::PodOptions) -> Self {
+        self.pods = options;
+        self
+    }
+
+    /// Validates the per-node configuration and prepares the agent (nothing runs yet).
+    pub fn build(self) -> Result<Agent, AgentError> {
+        self.config.validate().map_err(AgentError::Config)?;
+        if self.config.node_ip.is_loopback() {
+            tracing::warn!(node = %self.config.node_name, ip = %self.config.node_ip, "node IP is a loopback address; only clients on this machine can reach the node");
+        }
+        let token = self.token.unwrap_or_default();
+        let metrics = self.metrics.unwrap_or_else(|| Arc::new(Metrics::unregistered()));
+        let config = Arc::new(self.config);
+        let k = &config.kubelet;
+        let api = ApiCalls::new(metrics.clone(), k.kube_api_qps, k.kube_api_burst);
+        let (events, event_sink) = EventSink::new(
+            self.client.clone(),
+            api.clone(),
+            config.node_name.clone(),
+            k.event_record_qps,
+            k.event_burst,
+            token.clone(),
+        );
+        let (health_monitor, runtime_health) =
+            RuntimeHealthMonitor::new(self.runtime.clone(), k.runtime_request_timeout, token.clone());
+        let (registered_tx, registered) = watch::channel(None);
+        let (_allocatable_tx, allocatable) =
+            watch::channel(Arc::new(NodeStatusManager::allocatable(&config)));
+        let (pressure_tx, pressure_rx) = watch::channel(Pressure::default());
+        let (node_tx, node) = watch::channel(None);
+        let ctx = AgentContext {
+            config,
+            client: self.client,
+            runtime: self.runtime,
+            api,
+            events,
+            metrics,
+            runtime_health,
+            registered,
+            allocatable,
+            node,
+            pressure: Arc::new(pressure_tx),
+            health_checks: HealthChecks::default(),
+            token,
+        };
+        Ok(Agent {
+            ctx,
+            event_sink,
+            health_monitor,
+            registered_tx,
+            node_tx,
+            pressure_rx,
+            started: Instant::now(),
+            pods: self.pods,
+        })
+    }
+}
+
+/// One node agent, ready to start.
+pub struct Agent {
+    ctx: AgentContext,
+    event_sink: EventSink,
+    health_monitor: RuntimeHealthMonitor,
+    registered_tx: watch::Sender<Option<RegisteredNode>>,
+    node_tx: watch::Sender<Option<Arc<NodeSnapshot>>>,
+    pressure_rx: watch::Receiver<Pressure>,
+    started: Instant,
+    pods: crate::pods::PodOptions,
+}
+
+impl Agent {
+    /// An agent for `config`, talking to the API server through `client` and to the container runtime through
+    /// `runtime`.
+    pub fn builder(config: AgentConfig, client: kube::Client, runtime: Arc<dyn Runtime>) -> AgentBuilder {
+        AgentBuilder {
+            config,
+            client,
+            runtime,
+            token: None,
+            metrics: None,
+            pods: Default::default(),
+        }
+    }
+
+    /// The shared context (to build further managers before starting).
+    pub fn context(&self) -> &AgentContext {
+        &self.ctx
+    }
+
+    /// Spawns the agent's tasks. Must be called inside a tokio runtime.
+    pub fn start(self) -> RunningAgent {
+        let Agent {
+            ctx,
+            event_sink,
+            health_monitor,
+            registered_tx,
+            node_tx,
+            pressure_rx,
+            started,
+            pods,
+        } = self;
+        let tracker = TaskTracker::new();
+        ctx.events
+            .normal(&ctx.node_reference(), "Starting", "Starting kubelet.");
+
+        let resync = Arc::new(Notify::new());
+        let channels = StatusChannels {
+            health: ctx.runtime_health.clone(),
+            pressure: pressure_rx,
+            checks: ctx.health_checks.clone(),
+            registered: registered_tx,
+            resync: resync.clone(),
+            node: node_tx,
+        };
+        let status = NodeStatusManager::new(
+            ctx.config.clone(),
+            ctx.client.clone(),
+            ctx.api.clone(),
+            ctx.runtime.clone(),
+            ctx.events.clone(),
+            channels,
+            ctx.metrics.clone(),
+            started,
+            ctx.token.clone(),
+        );
+        let lease = LeaseManager::new(
+            ctx.client.clone(),
+            ctx.api.clone(),
+            ctx.config.node_name.clone(),
+            ctx.config.kubelet.node_lease_duration_seconds,
+            ctx.config.kubelet.lease_renew_interval(),
+            ctx.registered.clone(),
+            resync,
+            ctx.token.clone(),
+        );
+
+        tracker.spawn(event_sink.run());
+        tracker.spawn(health_monitor.run());
+        tracker.spawn(status.run());
+        tracker.spawn(lease.run());
+        tracker.spawn(crate::pods::run_for_agent(ctx.clone(), pods));
+        // Further managers (pod source, pod workers, status manager, probes, ...) are spawned here.
+
+        tracker.close();
+        RunningAgent { ctx, tracker }
+    }
+}
+
+/// A started agent.
+pub struct RunningAgent {
+    ctx: AgentContext,
+    tracker: TaskTracker,
+}
+
+impl RunningAgent {
+    /// The shared context.
+    pub fn context(&self) -> &AgentContext {
+        &self.ctx
+    }
+
+    /// Runs one more manager as part of this agent (stopped and awaited with the others).
+    pub fn spawn<F>(&self, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.tracker.reopen();
+        self.tracker.spawn(task);
+        self.tracker.close();
+    }
+
+    /// Waits until every task has ended (after the token fired).
+    pub async fn wait(&self) {
+        self.tracker.wait().await;
+    }
+
+    /// Graceful stop: fire the token, wait up to `grace` for the tasks, then (if configured) mark the Node
+    /// unschedulable. The Node and its lease are left in place, like the kubelet does.
+    pub async fn stop(self, grace: Duration) -> Result<(), AgentError> {
+        self.ctx.token.cancel();
+        let drained = tokio::time::timeout(grace, self.tracker.wait()).await.is_ok();
+        if self.ctx.config.mark_unschedulable_on_shutdown {
+            cordon_for_shutdown(self.ctx.client.clone(), &self.ctx.api, &self.ctx.config.node_name)
+                .await
+                .map_err(AgentError::Cordon)?;
+            tracing::info!(node = %self.ctx.config.node_name, "marked the node unschedulable for shutdown");
+        }
+        if drained {
+            Ok(())
+        } else {
+            Err(AgentError::ShutdownTimeout(grace))
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "agent_tests.rs"]
+mod tests;

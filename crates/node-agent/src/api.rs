@@ -1,0 +1,180 @@
+//! The gate every API request of one agent passes: client-side rate limit and request accounting.
+//!
+//! This module owns [`ApiCalls`] (a cheap clone per agent): requests wait for a token of the agent's
+//! `kubeAPIQPS`/`kubeAPIBurst` bucket, then run, then are counted in `node_agent_api_requests_total` by verb,
+//! resource and status code. It also holds the small helpers that classify `kube::Error`s.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+
+/// A token bucket refilled at `qps` tokens per second up to `burst`. Callers take a token each; when the
+/// bucket is empty they wait their turn (reservations, so waiters are served in order).
+#[derive(Debug)]
+pub struct RateLimiter {
+    qps: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl RateLimiter {
+    /// A limiter of `qps` per second with bursts of `burst`; `None` when `qps` is 0 (no limit).
+    pub fn new(qps: u32, burst: u32) -> Option<Self> {
+        if qps == 0 {
+            return None;
+        }
+        let burst = f64::from(burst.max(1));
+        Some(Self {
+            qps: f64::from(qps),
+            burst,
+            state: Mutex::new((burst, Instant::now())),
+        })
+    }
+
+    /// Takes a token, waiting if none is left.
+    pub async fn acquire(&self) {
+        let wait = {
+            let mut guard = match self.state.lock() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            let (tokens, last) = &mut *guard;
+            let now = Instant::now();
+            *tokens =
+                (*tokens + now.saturating_duration_since(*last).as_secs_f64() * self.qps).min(self.burst);
+            *last = now;
+            *tokens -= 1.0;
+            if *tokens >= 0.0 {
+                Duration::ZERO
+            } else {
+                Duration::from_secs_f64(-*tokens / self.qps)
+            }
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// The HTTP status of a failed request, 0 when there was no response.
+pub fn status_code(err: &kube::Error) -> u16 {
+    match err {
+        kube::Error::Api(s) => s.code,
+        _ => 0,
+    }
+}
+
+/// Whether the API answered 404.
+pub fn is_not_found(err: &kube::Error) -> bool {
+    status_code(err) == 404
+}
+
+/// Whether the API answered 409 Conflict (stale resourceVersion) — not AlreadyExists.
+pub fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 409 && s.reason != "AlreadyExists")
+}
+
+/// Whether the API answered 409 AlreadyExists.
+pub fn is_already_exists(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists")
+}
+
+struct Inner {
+    metrics: Arc<Metrics>,
+    limiter: Option<RateLimiter>,
+}
+
+/// One agent's API gate: rate limit + accounting. Clones share the bucket.
+#[derive(Clone)]
+pub struct ApiCalls {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ApiCalls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiCalls")
+            .field("limited", &self.inner.limiter.is_some())
+            .finish()
+    }
+}
+
+impl ApiCalls {
+    /// A gate with a `qps`/`burst` bucket (qps 0 = unlimited) counting into `metrics`.
+    pub fn new(metrics: Arc<Metrics>, qps: u32, burst: u32) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                metrics,
+                limiter: RateLimiter::new(qps, burst),
+            }),
+        }
+    }
+
+    /// Runs one request through the gate.
+    pub async fn run<T, F>(&self, verb: &'static str, resource: &'static str, request: F) -> kube::Result<T>
+    where
+        F: Future<Output = kube::Result<T>>,
+    {
+        if let Some(l) = &self.inner.limiter {
+            l.acquire().await;
+        }
+        let result = request.await;
+        let code = match &result {
+            Ok(_) if verb == "create" => 201,
+            Ok(_) => 200,
+            Err(e) => status_code(e),
+        };
+        self.inner.metrics.count_request(verb, resource, code);
+        result
+    }
+
+    /// The metrics this gate counts into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn bucket_allows_burst_then_paces() {
+        let l = RateLimiter::new(10, 5).unwrap();
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            l.acquire().await;
+        }
+        assert_eq!(Instant::now(), t0, "burst is free");
+        for _ in 0..10 {
+            l.acquire().await;
+        }
+        let waited = Instant::now() - t0;
+        assert!(
+            waited >= Duration::from_millis(990) && waited <= Duration::from_millis(1010),
+            "{waited:?}"
+        );
+        assert!(RateLimiter::new(0, 10).is_none());
+    }
+
+    #[tokio::test]
+    async fn gate_counts_by_outcome() {
+        let m = Arc::new(Metrics::unregistered());
+        let gate = ApiCalls::new(m.clone(), 0, 0);
+        let _ = gate
+            .run("create", "events", async { Ok::<_, kube::Error>(()) })
+            .await;
+        let _ = gate
+            .run("update", "leases", async {
+                Err::<(), _>(kube::Error::Api(Box::new(
+                    kube::core::Status::failure("stale", "Conflict").with_code(409),
+                )))
+            })
+            .await;
+        assert_eq!(m.request_count("create", "events", 201), 1);
+        assert_eq!(m.request_count("update", "leases", 409), 1);
+    }
+}

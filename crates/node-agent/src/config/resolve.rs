@@ -1,0 +1,458 @@
+//! Defaults and validation: [`FileConfig`] (file, with flags laid over it) -> [`KubeletConfig`].
+//!
+//! The defaults are the upstream kubelet's (`kubelet.config.k8s.io/v1beta1` defaulting). Validation collects every
+//! problem before failing, and names each field the way the file spells it, with the flag in parentheses when a
+//! flag supplied the value.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::check::{Check, taint};
+use super::file::{self, FileConfig};
+use super::validate::{self, EVICTION_SIGNALS};
+use super::{Authentication, Authorization, AuthorizationMode, ConfigError, KubeletConfig, Threshold};
+use crate::quantity::Quantity;
+
+/// A configuration file read from disk (or text), before flags and defaults.
+#[derive(Debug, Clone, Default)]
+pub struct LoadedConfig {
+    pub(crate) file: FileConfig,
+    /// Upstream fields present in the file that this agent accepts without acting on them.
+    pub ignored_fields: Vec<String>,
+}
+
+impl LoadedConfig {
+    /// Parses KubeletConfiguration text; `source` names it in errors.
+    pub fn parse(text: &str, source: &str) -> Result<Self, ConfigError> {
+        let parsed = file::parse(text, source)?;
+        Ok(Self {
+            file: parsed.config,
+            ignored_fields: parsed.ignored,
+        })
+    }
+}
+
+/// Reads and parses a KubeletConfiguration file.
+pub fn load_file(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    LoadedConfig::parse(&text, &path.display().to_string())
+}
+
+/// Applies defaults to a loaded file (no flags) and validates it.
+pub fn resolve_kubelet_config(loaded: &LoadedConfig) -> Result<KubeletConfig, ConfigError> {
+    resolve(&loaded.file, &BTreeMap::new())
+}
+
+/// The upstream default eviction thresholds.
+pub fn default_eviction_hard() -> BTreeMap<String, Threshold> {
+    let mut m = BTreeMap::new();
+    m.insert(
+        "memory.available".to_owned(),
+        Threshold::Quantity(Quantity::from_units(
+            100 * 1024 * 1024,
+            crate::quantity::Format::BinarySI,
+        )),
+    );
+    m.insert(
+        "nodefs.available".to_owned(),
+        Threshold::Percentage(10.0f32 / 100.0),
+    );
+    m.insert(
+        "nodefs.inodesFree".to_owned(),
+        Threshold::Percentage(5.0f32 / 100.0),
+    );
+    m.insert(
+        "imagefs.available".to_owned(),
+        Threshold::Percentage(15.0f32 / 100.0),
+    );
+    m
+}
+
+/// The upstream kubelet's defaults.
+pub(crate) fn defaults() -> KubeletConfig {
+    match resolve(&FileConfig::default(), &BTreeMap::new()) {
+        Ok(c) => c,
+        // The empty file is valid by construction; keep a total function anyway.
+        Err(e) => unreachable_defaults(e),
+    }
+}
+
+#[cold]
+fn unreachable_defaults(e: ConfigError) -> KubeletConfig {
+    panic!("built-in defaults failed validation: {e}")
+}
+
+/// Resolves `f` (the file with flags laid over it) into a validated [`KubeletConfig`]. `origins` maps a file
+/// field to the flag that set it, for error messages.
+pub(crate) fn resolve(
+    f: &FileConfig,
+    origins: &BTreeMap<&'static str, &'static str>,
+) -> Result<KubeletConfig, ConfigError> {
+    let mut c = Check::new(origins);
+    let secs = Duration::from_secs;
+
+    // Report frequency defaults to the update frequency when only that one was set (upstream compatibility rule).
+    let update = c.positive(
+        "nodeStatusUpdateFrequency",
+        f.node_status_update_frequency,
+        secs(10),
+    );
+    let report_default = if f.node_status_update_frequency.is_some() {
+        update
+    } else {
+        secs(300)
+    };
+    let report = c.positive(
+        "nodeStatusReportFrequency",
+        f.node_status_report_frequency,
+        report_default,
+    );
+
+    let lease = f.node_lease_duration_seconds.unwrap_or(40);
+    let node_lease_duration_seconds = match u32::try_from(lease) {
+        Ok(v) if v > 0 => v,
+        _ => {
+            c.err(
+                "nodeLeaseDurationSeconds",
+                format!("{lease} must be greater than zero"),
+            );
+            40
+        }
+    };
+    let max_images = f.node_status_max_images.unwrap_or(50);
+    let node_status_max_images = match max_images {
+        -1 => None,
+        n if n >= 0 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        n => {
+            c.err(
+                "nodeStatusMaxImages",
+                format!("{n} must be -1 (no cap) or greater"),
+            );
+            Some(50)
+        }
+    };
+
+    let mut register_with_taints = Vec::new();
+    for (i, t) in f.register_with_taints.iter().flatten().enumerate() {
+        match taint(t) {
+            Ok(t) => register_with_taints.push(t),
+            Err(message) => c.err(&format!("registerWithTaints[{i}]"), message),
+        }
+    }
+
+    let pod_cidr = f.pod_cidr.clone().filter(|s| !s.is_empty());
+    if let Some(cidrs) = &pod_cidr {
+        let parts: Vec<&str> = cidrs.split(',').map(str::trim).collect();
+        if parts.len() > 2 {
+            c.err("podCIDR", "at most two CIDRs (one per IP family) may be given");
+        }
+        for p in parts {
+            if let Err(m) = validate::validate_cidr(p) {
+                c.err("podCIDR", m);
+            }
+        }
+    }
+    let pod_pids_limit = match f.pod_pids_limit {
+        None => -1,
+        Some(n) if n < 0 => -1,
+        Some(n) => n,
+    };
+
+    let kube_reserved = c.reserved("kubeReserved", f.kube_reserved.as_ref());
+    let system_reserved = c.reserved("systemReserved", f.system_reserved.as_ref());
+    let merge_defaults = f.merge_default_eviction_settings.unwrap_or(false);
+    let eviction_hard = match &f.eviction_hard {
+        None => default_eviction_hard(),
+        Some(given) => {
+            let given = c.thresholds("evictionHard", Some(given));
+            if merge_defaults {
+                let mut m = default_eviction_hard();
+                m.extend(given);
+                m
+            } else {
+                given
+            }
+        }
+    };
+    let eviction_soft = c.thresholds("evictionSoft", f.eviction_soft.as_ref());
+    let eviction_minimum_reclaim =
+        c.thresholds("evictionMinimumReclaim", f.eviction_minimum_reclaim.as_ref());
+    let mut eviction_soft_grace_period = BTreeMap::new();
+    for (signal, raw) in f.eviction_soft_grace_period.iter().flatten() {
+        let field = format!("evictionSoftGracePeriod[{signal}]");
+        if !EVICTION_SIGNALS.contains(&signal.as_str()) {
+            c.err(&field, "unknown eviction signal");
+            continue;
+        }
+        match super::duration::parse(raw) {
+            Ok(d) => {
+                eviction_soft_grace_period.insert(signal.clone(), d);
+            }
+            Err(e) => c.err(&field, e.to_string()),
+        }
+    }
+    for signal in eviction_soft.keys() {
+        if !eviction_soft_grace_period.contains_key(signal) {
+            c.err(
+                &format!("evictionSoftGracePeriod[{signal}]"),
+                "a soft eviction threshold needs a grace period",
+            );
+        }
+    }
+
+    let image_gc_high_threshold_percent = c.percent(
+        "imageGCHighThresholdPercent",
+        f.image_gc_high_threshold_percent,
+        85,
+    );
+    let image_gc_low_threshold_percent =
+        c.percent("imageGCLowThresholdPercent", f.image_gc_low_threshold_percent, 80);
+    if image_gc_low_threshold_percent > image_gc_high_threshold_percent {
+        c.err(
+            "imageGCLowThresholdPercent",
+            format!(
+                "{image_gc_low_threshold_percent} must not be greater than imageGCHighThresholdPercent \
+                 {image_gc_high_threshold_percent}"
+            ),
+        );
+    }
+
+    let max_parallel_image_pulls = match f.max_parallel_image_pulls {
+        None => None,
+        Some(n) if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        Some(n) => {
+            c.err("maxParallelImagePulls", format!("{n} must be at least 1"));
+            None
+        }
+    };
+    let serialize_image_pulls = f
+        .serialize_image_pulls
+        .unwrap_or(max_parallel_image_pulls.is_none_or(|n| n < 2));
+    if serialize_image_pulls && max_parallel_image_pulls.is_some_and(|n| n > 1) {
+        c.err(
+            "maxParallelImagePulls",
+            "must be 1 or unset when serializeImagePulls is true",
+        );
+    }
+
+    let container_log_max_size = match f
+        .container_log_max_size
+        .as_deref()
+        .unwrap_or("10Mi")
+        .parse::<Quantity>()
+    {
+        Ok(q) if q.milli() > 0 => q,
+        Ok(_) => {
+            c.err("containerLogMaxSize", "must be greater than zero");
+            Quantity::zero()
+        }
+        Err(e) => {
+            c.err("containerLogMaxSize", e.to_string());
+            Quantity::zero()
+        }
+    };
+    let container_log_max_files = c.non_negative("containerLogMaxFiles", f.container_log_max_files, 5);
+    if container_log_max_files < 2 {
+        c.err(
+            "containerLogMaxFiles",
+            format!("{container_log_max_files} must be at least 2"),
+        );
+    }
+
+    let mut cluster_dns = Vec::new();
+    for s in f.cluster_dns.iter().flatten() {
+        match s.parse::<IpAddr>() {
+            Ok(ip) => cluster_dns.push(ip),
+            Err(_) => c.err("clusterDNS", format!("{s:?} is not an IP address")),
+        }
+    }
+
+    let hairpin_mode = f
+        .hairpin_mode
+        .clone()
+        .unwrap_or_else(|| "promiscuous-bridge".into());
+    if !matches!(
+        hairpin_mode.as_str(),
+        "promiscuous-bridge" | "hairpin-veth" | "none"
+    ) {
+        c.err(
+            "hairpinMode",
+            format!("{hairpin_mode:?} must be promiscuous-bridge, hairpin-veth or none"),
+        );
+    }
+    let cgroup_driver = f.cgroup_driver.clone().unwrap_or_else(|| "cgroupfs".into());
+    if !matches!(cgroup_driver.as_str(), "cgroupfs" | "systemd") {
+        c.err(
+            "cgroupDriver",
+            format!("{cgroup_driver:?} must be cgroupfs or systemd"),
+        );
+    }
+
+    let container_runtime_endpoint = f
+        .container_runtime_endpoint
+        .clone()
+        .unwrap_or_else(|| "unix:///run/containerd/containerd.sock".into());
+    for (field, ep) in [
+        ("containerRuntimeEndpoint", Some(&container_runtime_endpoint)),
+        ("imageServiceEndpoint", f.image_service_endpoint.as_ref()),
+    ] {
+        if let Some(ep) = ep
+            && !ep.is_empty()
+            && !ep.starts_with("unix://")
+            && !ep.starts_with('/')
+        {
+            c.err(
+                field,
+                format!("{ep:?} must be a unix socket endpoint (unix:///path) or an absolute path"),
+            );
+        }
+    }
+    if container_runtime_endpoint.is_empty() {
+        c.err("containerRuntimeEndpoint", "must not be empty");
+    }
+    let image_service_endpoint = f
+        .image_service_endpoint
+        .clone()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| container_runtime_endpoint.clone());
+
+    let shutdown_grace_period = f.shutdown_grace_period.unwrap_or_default();
+    let shutdown_grace_period_critical_pods = f.shutdown_grace_period_critical_pods.unwrap_or_default();
+    if shutdown_grace_period_critical_pods > shutdown_grace_period {
+        c.err(
+            "shutdownGracePeriodCriticalPods",
+            "must not be greater than shutdownGracePeriod",
+        );
+    }
+
+    let authn = f.authentication.clone().unwrap_or_default();
+    let authz = f.authorization.clone().unwrap_or_default();
+    let mode = match authz.mode.as_deref() {
+        None | Some("Webhook") => AuthorizationMode::Webhook,
+        Some("AlwaysAllow") => AuthorizationMode::AlwaysAllow,
+        Some(other) => {
+            c.err(
+                "authorization.mode",
+                format!("{other:?} must be AlwaysAllow or Webhook"),
+            );
+            AuthorizationMode::Webhook
+        }
+    };
+
+    let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+    let localhost = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let config = KubeletConfig {
+        enable_server: f.enable_server.unwrap_or(true),
+        address: c.ip("address", f.address.as_deref(), any),
+        port: c.port("port", f.port, 10250, false),
+        read_only_port: c.port("readOnlyPort", f.read_only_port, 0, true),
+        healthz_port: c.port("healthzPort", f.healthz_port, 10248, true),
+        healthz_bind_address: c.ip("healthzBindAddress", f.healthz_bind_address.as_deref(), localhost),
+        tls_cert_file: Check::path(f.tls_cert_file.as_ref()),
+        tls_private_key_file: Check::path(f.tls_private_key_file.as_ref()),
+        authentication: Authentication {
+            client_ca_file: Check::path(authn.x509.as_ref().and_then(|x| x.client_ca_file.as_ref())),
+            webhook_enabled: authn.webhook.as_ref().and_then(|w| w.enabled).unwrap_or(true),
+            webhook_cache_ttl: authn
+                .webhook
+                .as_ref()
+                .and_then(|w| w.cache_ttl)
+                .unwrap_or(secs(120)),
+            anonymous_enabled: authn.anonymous.as_ref().and_then(|a| a.enabled).unwrap_or(false),
+        },
+        authorization: Authorization {
+            mode,
+            cache_authorized_ttl: authz
+                .webhook
+                .as_ref()
+                .and_then(|w| w.cache_authorized_ttl)
+                .unwrap_or(secs(300)),
+            cache_unauthorized_ttl: authz
+                .webhook
+                .as_ref()
+                .and_then(|w| w.cache_unauthorized_ttl)
+                .unwrap_or(secs(30)),
+        },
+        enable_debugging_handlers: f.enable_debugging_handlers.unwrap_or(true),
+        streaming_connection_idle_timeout: f.streaming_connection_idle_timeout.unwrap_or(secs(4 * 3600)),
+
+        static_pod_path: Check::path(f.static_pod_path.as_ref()),
+        static_pod_url: f.static_pod_url.clone().filter(|s| !s.is_empty()),
+        sync_frequency: c.positive("syncFrequency", f.sync_frequency, secs(60)),
+        file_check_frequency: c.positive("fileCheckFrequency", f.file_check_frequency, secs(20)),
+        http_check_frequency: c.positive("httpCheckFrequency", f.http_check_frequency, secs(20)),
+        pod_logs_dir: Check::path(f.pod_logs_dir.as_ref()).unwrap_or_else(|| PathBuf::from("/var/log/pods")),
+
+        node_status_update_frequency: update,
+        node_status_report_frequency: report,
+        node_lease_duration_seconds,
+        node_status_max_images,
+        register_node: f.register_node.unwrap_or(true),
+        register_with_taints,
+        provider_id: f.provider_id.clone().filter(|s| !s.is_empty()),
+        enable_controller_attach_detach: f.enable_controller_attach_detach.unwrap_or(true),
+
+        max_pods: c.non_negative("maxPods", f.max_pods, 110),
+        pods_per_core: c.non_negative("podsPerCore", f.pods_per_core, 0),
+        pod_cidr,
+        pod_pids_limit,
+        kube_reserved,
+        system_reserved,
+        eviction_hard,
+        eviction_soft,
+        eviction_soft_grace_period,
+        eviction_pressure_transition_period: f.eviction_pressure_transition_period.unwrap_or(secs(300)),
+        eviction_max_pod_grace_period: f.eviction_max_pod_grace_period.unwrap_or(0),
+        eviction_minimum_reclaim,
+        local_storage_capacity_isolation: f.local_storage_capacity_isolation.unwrap_or(true),
+
+        kube_api_qps: c.non_negative("kubeAPIQPS", f.kube_api_qps, 50),
+        kube_api_burst: c.non_negative("kubeAPIBurst", f.kube_api_burst, 100),
+        event_record_qps: c.non_negative("eventRecordQPS", f.event_record_qps, 50),
+        event_burst: c.non_negative("eventBurst", f.event_burst, 100),
+        content_type: f
+            .content_type
+            .clone()
+            .unwrap_or_else(|| "application/vnd.kubernetes.protobuf".into()),
+
+        container_runtime_endpoint,
+        image_service_endpoint,
+        runtime_request_timeout: c.positive("runtimeRequestTimeout", f.runtime_request_timeout, secs(120)),
+        serialize_image_pulls,
+        max_parallel_image_pulls,
+        registry_pull_qps: c.non_negative("registryPullQPS", f.registry_pull_qps, 5),
+        registry_burst: c.non_negative("registryBurst", f.registry_burst, 10),
+        image_minimum_gc_age: f.image_minimum_gc_age.unwrap_or(secs(120)),
+        image_maximum_gc_age: f.image_maximum_gc_age.unwrap_or_default(),
+        image_gc_high_threshold_percent,
+        image_gc_low_threshold_percent,
+        container_log_max_size,
+        container_log_max_files,
+
+        cluster_domain: f.cluster_domain.clone().filter(|s| !s.is_empty()),
+        cluster_dns,
+        resolv_conf: f.resolv_conf.clone().unwrap_or_else(|| "/etc/resolv.conf".into()),
+        hairpin_mode,
+        volume_stats_agg_period: f.volume_stats_agg_period.unwrap_or(secs(60)),
+        shutdown_grace_period,
+        shutdown_grace_period_critical_pods,
+        fail_swap_on: f.fail_swap_on.unwrap_or(true),
+        cgroup_driver,
+        cgroups_per_qos: f.cgroups_per_qos.unwrap_or(true),
+        feature_gates: f.feature_gates.clone().unwrap_or_default(),
+    };
+    if c.errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError::Invalid { errors: c.errors })
+    }
+}
+
+#[cfg(test)]
+#[path = "resolve_tests.rs"]
+mod tests;

@@ -1,0 +1,115 @@
+//! Tests of defaults and validation.
+use std::time::Duration;
+
+use super::*;
+use crate::config::check::parse_threshold;
+
+fn from_yaml(body: &str) -> Result<KubeletConfig, ConfigError> {
+    let text = format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{body}");
+    resolve_kubelet_config(&LoadedConfig::parse(&text, "t.yaml")?)
+}
+
+#[test]
+fn defaults_equal_the_kubelets() {
+    let d = KubeletConfig::default();
+    assert_eq!(d.node_status_update_frequency, Duration::from_secs(10));
+    assert_eq!(d.node_status_report_frequency, Duration::from_secs(300));
+    assert_eq!(d.node_lease_duration_seconds, 40);
+    assert_eq!(d.lease_renew_interval(), Duration::from_secs(10));
+    assert_eq!(d.sync_frequency, Duration::from_secs(60));
+    assert_eq!(d.file_check_frequency, Duration::from_secs(20));
+    assert_eq!(d.port, 10250);
+    assert_eq!(d.read_only_port, 0);
+    assert_eq!(d.healthz_port, 10248);
+    assert_eq!(d.address.to_string(), "0.0.0.0");
+    assert_eq!(d.healthz_bind_address.to_string(), "127.0.0.1");
+    assert_eq!(d.max_pods, 110);
+    assert_eq!(d.pod_pids_limit, -1);
+    assert_eq!(d.node_status_max_images, Some(50));
+    assert!(d.register_node);
+    assert_eq!((d.kube_api_qps, d.kube_api_burst), (50, 100));
+    assert_eq!((d.event_record_qps, d.event_burst), (50, 100));
+    assert_eq!((d.registry_pull_qps, d.registry_burst), (5, 10));
+    assert_eq!(d.runtime_request_timeout, Duration::from_secs(120));
+    assert_eq!(
+        d.container_runtime_endpoint,
+        "unix:///run/containerd/containerd.sock"
+    );
+    assert_eq!(d.image_service_endpoint, d.container_runtime_endpoint);
+    assert_eq!(
+        (
+            d.image_gc_high_threshold_percent,
+            d.image_gc_low_threshold_percent
+        ),
+        (85, 80)
+    );
+    assert_eq!(d.image_minimum_gc_age, Duration::from_secs(120));
+    assert_eq!(d.eviction_pressure_transition_period, Duration::from_secs(300));
+    assert_eq!(d.container_log_max_size.to_string(), "10Mi");
+    assert_eq!(d.container_log_max_files, 5);
+    assert!(d.serialize_image_pulls);
+    assert_eq!(d.eviction_hard.len(), 4);
+    assert_eq!(
+        d.eviction_hard["memory.available"],
+        Threshold::Quantity("100Mi".parse().unwrap())
+    );
+    assert_eq!(d.eviction_hard["nodefs.available"], Threshold::Percentage(0.1));
+    assert_eq!(d.authorization.mode, AuthorizationMode::Webhook);
+    assert!(d.authentication.webhook_enabled && !d.authentication.anonymous_enabled);
+    assert_eq!(d.hairpin_mode, "promiscuous-bridge");
+    assert_eq!(d.cgroup_driver, "cgroupfs");
+}
+
+#[test]
+fn report_frequency_follows_an_explicit_update_frequency() {
+    let c = from_yaml("nodeStatusUpdateFrequency: 20s\n").unwrap();
+    assert_eq!(c.node_status_report_frequency, Duration::from_secs(20));
+    let c = from_yaml("nodeStatusUpdateFrequency: 20s\nnodeStatusReportFrequency: 1m\n").unwrap();
+    assert_eq!(c.node_status_report_frequency, Duration::from_secs(60));
+}
+
+#[test]
+fn eviction_hard_replaces_defaults_unless_merged() {
+    let c = from_yaml("evictionHard:\n  memory.available: 200Mi\n").unwrap();
+    assert_eq!(c.eviction_hard.len(), 1);
+    let c =
+        from_yaml("evictionHard:\n  memory.available: 200Mi\nmergeDefaultEvictionSettings: true\n").unwrap();
+    assert_eq!(c.eviction_hard.len(), 4);
+    assert_eq!(
+        c.eviction_hard["memory.available"],
+        Threshold::Quantity("200Mi".parse().unwrap())
+    );
+}
+
+#[test]
+fn every_bad_field_is_named() {
+    let e = from_yaml(
+        "nodeStatusUpdateFrequency: 0s\nport: 70000\nmaxPods: -1\nkubeReserved:\n  cpu: lots\n  gpu: 1\n\
+         evictionHard:\n  memory.avail: 1Mi\nregisterWithTaints:\n- key: a\n  effect: Sometimes\n\
+         imageGCLowThresholdPercent: 90\npodCIDR: 10.0.0.0/99\nnodeLeaseDurationSeconds: 0\n",
+    )
+    .unwrap_err();
+    let fields = e.fields();
+    for f in [
+        "nodeStatusUpdateFrequency",
+        "port",
+        "maxPods",
+        "kubeReserved[cpu]",
+        "kubeReserved[gpu]",
+        "evictionHard[memory.avail]",
+        "registerWithTaints[0]",
+        "imageGCLowThresholdPercent",
+        "podCIDR",
+        "nodeLeaseDurationSeconds",
+    ] {
+        assert!(fields.contains(&f), "{f} missing from {fields:?}");
+    }
+}
+
+#[test]
+fn thresholds_parse() {
+    assert_eq!(parse_threshold("10%"), Ok(Threshold::Percentage(0.1)));
+    assert!(parse_threshold("101%").is_err());
+    assert!(parse_threshold("-1Mi").is_err());
+    assert!(matches!(parse_threshold("1Gi"), Ok(Threshold::Quantity(_))));
+}

@@ -1,0 +1,580 @@
+//! The node status task: registration, then the status loop.
+//!
+//! [`NodeStatusManager::run`] waits briefly for the first runtime answer (so the Node is usually created
+//! already Ready), registers the Node (see [`registration`](super::registration)), publishes the registered
+//! identity for the lease task, then every `nodeStatusUpdateFrequency` (jittered 4 %) — and at once when the
+//! runtime health, the pressure signals or the lease task say something changed — recomputes the status. It
+//! PATCHes `nodes/status` only when something other than heartbeat times changed, or when
+//! `nodeStatusReportFrequency` passed since the last write. The patch carries the conditions always and the
+//! other parts (addresses, capacity/allocatable, nodeInfo, images, ...) only when they changed.
+//!
+//! State kept between ticks is compact: the condition state machine, fingerprints of what was last reported,
+//! the pod CIDR handed to the runtime and the last-seen `spec.unschedulable`.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ContainerImage, Node, NodeStatus};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{GetParams, Patch, PatchParams};
+use runtime_api::{Runtime, cri};
+use serde_json::{Map, Value, json};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::conditions::{ConditionInputs, NodeConditions};
+use super::object::{self, ResourceList};
+use super::registration::{Registered, Registrar};
+use super::{HealthChecks, NodeError, NodeSnapshot, Pressure, RegisteredNode};
+use crate::api::{ApiCalls, is_not_found};
+use crate::backoff::{Backoff, BackoffPolicy, JitteredInterval};
+use crate::config::AgentConfig;
+use crate::events::{EventRecorder, node_reference};
+use crate::metrics::{Metrics, StartupPhases};
+use crate::runtime_health::RuntimeHealth;
+
+/// Jitter of the status loop (the kubelet's).
+pub const STATUS_JITTER: f64 = 0.04;
+/// How often the image list is re-read from the runtime.
+pub const IMAGE_REFRESH: Duration = Duration::from_secs(30);
+/// How long registration waits for the runtime's first answer before registering anyway.
+pub const FIRST_HEALTH_WAIT: Duration = Duration::from_secs(2);
+/// Immediate attempts per status write before waiting for the next tick (the kubelet's).
+pub const PATCH_ATTEMPTS: u32 = 5;
+/// Looking for a pod CIDR assigned after registration: 250 ms doubling to 10 s ...
+const CIDR_POLL: BackoffPolicy =
+    BackoffPolicy::const_new(Duration::from_millis(250), Duration::from_secs(10), 0.1);
+/// ... at most this many reads (about two minutes), then only status-write responses tell.
+const CIDR_POLL_ATTEMPTS: u32 = 16;
+
+/// Fingerprints of what the API server last received.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Reported {
+    conditions: Option<u64>,
+    static_part: Option<u64>,
+    images: Option<u64>,
+}
+
+/// The channels the status task shares with the rest of the agent.
+#[derive(Debug, Clone)]
+pub struct StatusChannels {
+    /// Runtime health from the runtime monitor.
+    pub health: watch::Receiver<RuntimeHealth>,
+    /// Pressure from the eviction manager.
+    pub pressure: watch::Receiver<Pressure>,
+    /// Extra readiness checks.
+    pub checks: HealthChecks,
+    /// Where the registered Node identity is published.
+    pub registered: watch::Sender<Option<RegisteredNode>>,
+    /// Poked by the lease task when renewals recover: re-read the Node and report.
+    pub resync: Arc<Notify>,
+    /// Where the latest view of the Node object is published.
+    pub node: watch::Sender<Option<Arc<NodeSnapshot>>>,
+}
+
+/// The node status task of one agent.
+pub struct NodeStatusManager {
+    config: Arc<AgentConfig>,
+    client: kube::Client,
+    calls: ApiCalls,
+    runtime: Arc<dyn Runtime>,
+    events: EventRecorder,
+    channels: StatusChannels,
+    metrics: Arc<Metrics>,
+    started: Instant,
+    token: CancellationToken,
+
+    conditions: NodeConditions,
+    reported: Reported,
+    last_report: Option<Instant>,
+    images: Option<(u64, Vec<ContainerImage>)>,
+    images_read: Option<Instant>,
+    pod_cidr: Option<String>,
+    unschedulable: bool,
+    registered_at: Option<Instant>,
+    registration_started: Option<Instant>,
+    startup_observed: bool,
+    needs_registration: bool,
+}
+
+fn hash_of(v: &impl Hash) -> u64 {
+    let mut h = DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
+impl NodeStatusManager {
+    /// A status task for the agent described by `config`; `started` is when the agent started (for the startup
+    /// metrics).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: Arc<AgentConfig>,
+        client: kube::Client,
+        calls: ApiCalls,
+        runtime: Arc<dyn Runtime>,
+        events: EventRecorder,
+        channels: StatusChannels,
+        metrics: Arc<Metrics>,
+        started: Instant,
+        token: CancellationToken,
+    ) -> Self {
+        Self {
+            config,
+            client,
+            calls,
+            runtime,
+            events,
+            channels,
+            metrics,
+            started,
+            token,
+            conditions: NodeConditions::unknown(),
+            reported: Reported::default(),
+            last_report: None,
+            images: None,
+            images_read: None,
+            pod_cidr: None,
+            unschedulable: false,
+            registered_at: None,
+            registration_started: None,
+            startup_observed: false,
+            needs_registration: false,
+        }
+    }
+
+    /// Registers the Node, then keeps its status current until the token fires.
+    pub async fn run(mut self) {
+        // Give the runtime monitor a moment for its first answer, so the Node is created with real readiness.
+        if self.channels.health.borrow().last_sync.is_none()
+            && self.channels.health.borrow().runtime_error.is_none()
+        {
+            let mut health = self.channels.health.clone();
+            tokio::select! {
+                _ = tokio::time::timeout(FIRST_HEALTH_WAIT, health.changed()) => {}
+                () = self.token.cancelled() => return,
+            }
+        }
+        if !self.register().await {
+            return;
+        }
+        let mut interval =
+            JitteredInterval::after_period(self.config.kubelet.node_status_update_frequency, STATUS_JITTER);
+        let (mut health_open, mut pressure_open) = (true, true);
+        // The controller-manager usually assigns the pod CIDR right after registration: look for it a few times.
+        let mut cidr_poll = Backoff::new(CIDR_POLL);
+        let mut cidr_at = Some(Instant::now() + cidr_poll.next_delay());
+        loop {
+            let mut force = false;
+            if self.pod_cidr.is_some() || cidr_poll.attempts() > CIDR_POLL_ATTEMPTS {
+                cidr_at = None;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(cidr_at.unwrap_or_else(Instant::now)), if cidr_at.is_some() => {
+                    self.poll_pod_cidr().await;
+                    cidr_at = Some(Instant::now() + cidr_poll.next_delay());
+                    continue;
+                }
+                _ = interval.tick() => {}
+                r = self.channels.health.changed(), if health_open => health_open = r.is_ok(),
+                r = self.channels.pressure.changed(), if pressure_open => pressure_open = r.is_ok(),
+                () = self.channels.resync.notified() => {
+                    self.reread_node().await;
+                    force = true;
+                }
+                () = self.token.cancelled() => return,
+            }
+            self.sync(force).await;
+            if self.needs_registration {
+                self.needs_registration = false;
+                if !self.register().await {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn node_api(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    fn inputs(&self, health: &RuntimeHealth, now: Instant) -> ConditionInputs {
+        let pressure = *self.channels.pressure.borrow();
+        let mut not_ready = health.runtime_errors(now);
+        not_ready.extend(self.channels.checks.failures());
+        not_ready.extend(health.network_errors());
+        ConditionInputs {
+            memory_pressure: pressure.memory,
+            disk_pressure: pressure.disk,
+            pid_pressure: pressure.pid,
+            not_ready,
+        }
+    }
+
+    fn record_condition_events(&self, reasons: &[&'static str]) {
+        let name = &self.config.node_name;
+        let node = node_reference(name);
+        for reason in reasons {
+            self.events
+                .normal(&node, reason, format!("Node {name} status is now: {reason}"));
+        }
+    }
+
+    fn static_fingerprint(health: &RuntimeHealth) -> u64 {
+        hash_of(&(
+            &health.version,
+            &health.handlers,
+            health.supplemental_groups_policy,
+        ))
+    }
+
+    async fn list_images(&mut self) -> Option<(u64, Vec<ContainerImage>)> {
+        let timeout = self.config.kubelet.runtime_request_timeout;
+        match tokio::time::timeout(
+            timeout,
+            self.runtime.list_images(cri::ListImagesRequest { filter: None }),
+        )
+        .await
+        {
+            Ok(Ok(resp)) => {
+                let list = object::images(resp.images, self.config.kubelet.node_status_max_images);
+                let fp = hash_of(&serde_json::to_string(&list).unwrap_or_default());
+                Some((fp, list))
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "listing images failed");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// The parts of the status that only change with the runtime's version/handlers (or never).
+    fn static_status(&self, health: &RuntimeHealth, status: &mut NodeStatus) {
+        let cfg = &self.config;
+        let capacity = object::capacity(cfg);
+        let allocatable = object::allocatable(cfg, &capacity);
+        status.capacity = Some(object::to_api(&capacity));
+        status.allocatable = Some(object::to_api(&allocatable));
+        status.addresses = Some(object::addresses(cfg));
+        status.node_info = Some(object::node_info(cfg, health));
+        status.daemon_endpoints = Some(object::daemon_endpoints(cfg));
+        status.runtime_handlers = object::runtime_handlers(health);
+        status.features = object::features(health);
+    }
+
+    /// The allocatable resources of this node (published for admission).
+    pub fn allocatable(config: &AgentConfig) -> ResourceList {
+        object::allocatable(config, &object::capacity(config))
+    }
+
+    async fn register(&mut self) -> bool {
+        let now = Instant::now();
+        self.registration_started = Some(now);
+        let health = self.channels.health.borrow_and_update().clone();
+        let mut fresh = NodeConditions::unknown();
+        let wall = Timestamp::now();
+        let events = fresh.update(&self.inputs(&health, now), wall);
+        let images = self.list_images().await;
+        let mut status = NodeStatus {
+            conditions: Some(fresh.to_api(wall)),
+            ..Default::default()
+        };
+        self.static_status(&health, &mut status);
+        status.images = images.as_ref().map(|(_, l)| l.clone());
+        let initial = object::initial_node(&self.config, status);
+
+        let registrar = Registrar {
+            config: &self.config,
+            client: self.client.clone(),
+            calls: &self.calls,
+            events: &self.events,
+        };
+        let Some(Registered { node, created }) = registrar.register(&initial, &self.token).await else {
+            return false;
+        };
+        let registered_at = Instant::now();
+        self.registered_at = Some(registered_at);
+        let uid = node.metadata.uid.clone().unwrap_or_default();
+        self.channels.registered.send_replace(Some(RegisteredNode {
+            name: self.config.node_name.clone(),
+            uid,
+        }));
+        self.images_read = Some(registered_at);
+        if created {
+            self.record_condition_events(&events);
+            self.conditions = fresh;
+            self.reported = Reported {
+                conditions: Some(self.conditions.fingerprint()),
+                static_part: Some(Self::static_fingerprint(&health)),
+                images: images.as_ref().map(|(fp, _)| *fp),
+            };
+            self.last_report = Some(registered_at);
+            self.learn(&node).await;
+            self.observe_startup_if_ready(registered_at);
+        } else {
+            // Report against what the API server has: conditions seeded from it, every part re-sent.
+            self.conditions = NodeConditions::from_api(
+                node.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_deref())
+                    .unwrap_or(&[]),
+            );
+            self.reported = Reported::default();
+            self.images = images;
+            self.learn(&node).await;
+            self.sync(true).await;
+        }
+        true
+    }
+
+    fn observe_startup_if_ready(&mut self, ready_at: Instant) {
+        if self.startup_observed || !self.conditions.is_ready() {
+            return;
+        }
+        let (Some(reg_start), Some(reg_done)) = (self.registration_started, self.registered_at) else {
+            return;
+        };
+        self.startup_observed = true;
+        let phases = StartupPhases {
+            pre_registration: reg_start.saturating_duration_since(self.started),
+            registration: reg_done.saturating_duration_since(reg_start),
+            post_registration: ready_at.saturating_duration_since(reg_done),
+        };
+        tracing::info!(node = %self.config.node_name, total = ?phases.total(), "node is ready");
+        self.metrics.observe_startup(&phases);
+    }
+
+    /// Learns from a Node the API server returned: publishes the [`NodeSnapshot`], hands `spec.podCIDR(s)` to
+    /// the runtime, records NodeSchedulable/NodeNotSchedulable when `spec.unschedulable` flips.
+    async fn learn(&mut self, node: &Node) {
+        let snapshot = NodeSnapshot::of(node);
+        let cidrs = snapshot.pod_cidrs.join(",");
+        if !cidrs.is_empty() && self.pod_cidr.as_deref() != Some(cidrs.as_str()) {
+            let req = cri::UpdateRuntimeConfigRequest {
+                runtime_config: Some(cri::RuntimeConfig {
+                    network_config: Some(cri::NetworkConfig {
+                        pod_cidr: cidrs.clone(),
+                    }),
+                }),
+            };
+            match self.runtime.update_runtime_config(req).await {
+                Ok(_) => {
+                    tracing::info!(node = %self.config.node_name, pod_cidr = %cidrs, "pod CIDR handed to the runtime");
+                    self.pod_cidr = Some(cidrs);
+                }
+                Err(e) if e.code == runtime_api::Code::Unimplemented => self.pod_cidr = Some(cidrs),
+                Err(e) => tracing::warn!(error = %e, "updating the runtime's pod CIDR failed; will retry"),
+            }
+        }
+        if snapshot.unschedulable != self.unschedulable {
+            self.unschedulable = snapshot.unschedulable;
+            let reason = if snapshot.unschedulable {
+                "NodeNotSchedulable"
+            } else {
+                "NodeSchedulable"
+            };
+            self.record_condition_events(&[reason]);
+        }
+        self.channels.node.send_if_modified(|cur| {
+            if cur.as_deref() == Some(&snapshot) {
+                false
+            } else {
+                *cur = Some(Arc::new(snapshot));
+                true
+            }
+        });
+    }
+
+    /// Reads the Node (from the API server's cache) to learn a pod CIDR assigned after registration.
+    async fn poll_pod_cidr(&mut self) {
+        let api = self.node_api();
+        match self
+            .calls
+            .run(
+                "get",
+                "nodes",
+                api.get_with(&self.config.node_name, &GetParams::any()),
+            )
+            .await
+        {
+            Ok(node) => self.learn(&node).await,
+            Err(e) => tracing::debug!(error = %e, "reading the node for its pod CIDR failed"),
+        }
+    }
+
+    async fn reread_node(&mut self) {
+        match self
+            .calls
+            .run("get", "nodes", self.node_api().get_opt(&self.config.node_name))
+            .await
+        {
+            Ok(Some(node)) => {
+                self.conditions = NodeConditions::from_api(
+                    node.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_deref())
+                        .unwrap_or(&[]),
+                );
+                self.reported = Reported::default();
+                self.learn(&node).await;
+            }
+            Ok(None) => {
+                tracing::warn!(node = %self.config.node_name, "node object is gone; registering again");
+                self.register().await;
+            }
+            Err(e) => tracing::warn!(error = %e, "re-reading the node failed"),
+        }
+    }
+
+    /// One status computation; writes only when needed (or `force`).
+    async fn sync(&mut self, force: bool) {
+        let now = Instant::now();
+        let wall = Timestamp::now();
+        let health = self.channels.health.borrow_and_update().clone();
+        let _ = self.channels.pressure.borrow_and_update();
+        let inputs = self.inputs(&health, now);
+        let events = self.conditions.update(&inputs, wall);
+        self.record_condition_events(&events);
+
+        if self
+            .images_read
+            .is_none_or(|t| now.saturating_duration_since(t) >= IMAGE_REFRESH)
+            || self.reported.images.is_none()
+        {
+            self.images_read = Some(now);
+            if let Some((fp, list)) = self.list_images().await {
+                // Hold the list only while it still has to be reported.
+                let list = if self.reported.images == Some(fp) {
+                    Vec::new()
+                } else {
+                    list
+                };
+                self.images = Some((fp, list));
+            }
+        }
+        let cond_fp = self.conditions.fingerprint();
+        let static_fp = Self::static_fingerprint(&health);
+        let images_fp = self.images.as_ref().map(|(fp, _)| *fp);
+        let report_due = self.last_report.is_none_or(|t| {
+            now.saturating_duration_since(t) >= self.config.kubelet.node_status_report_frequency
+        });
+        let static_changed = self.reported.static_part != Some(static_fp);
+        let images_changed = images_fp.is_some() && self.reported.images != images_fp;
+        let changed = self.reported.conditions != Some(cond_fp) || static_changed || images_changed;
+        if !(changed || report_due || force) {
+            return;
+        }
+
+        let mut status = NodeStatus {
+            conditions: Some(self.conditions.to_api(wall)),
+            ..Default::default()
+        };
+        if static_changed {
+            self.static_status(&health, &mut status);
+        }
+        if images_changed && let Some((_, list)) = &self.images {
+            status.images = Some(list.clone());
+        }
+        let patch = match serde_json::to_value(&status) {
+            Ok(v) => json!({ "status": v }),
+            Err(e) => {
+                tracing::error!(error = %e, "could not serialize node status");
+                return;
+            }
+        };
+        match self.write(&patch).await {
+            Ok(node) => {
+                self.reported = Reported {
+                    conditions: Some(cond_fp),
+                    static_part: Some(static_fp),
+                    images: images_fp,
+                };
+                self.last_report = Some(now);
+                self.learn(&node).await;
+                self.observe_startup_if_ready(Instant::now());
+                if self.reported.images.is_some() {
+                    // The list is reported; keep only its fingerprint.
+                    if let Some((fp, _)) = self.images.take() {
+                        self.images = Some((fp, Vec::new()));
+                    }
+                }
+            }
+            Err(e) => {
+                if matches!(&e, NodeError::Api { source, .. } if is_not_found(source)) {
+                    tracing::warn!(node = %self.config.node_name, "node object is gone; registering again");
+                    self.needs_registration = true;
+                } else {
+                    tracing::warn!(node = %self.config.node_name, error = %e, "error updating node status, will retry");
+                }
+            }
+        }
+    }
+
+    async fn write(&self, patch: &Value) -> Result<Node, NodeError> {
+        let api = self.node_api();
+        let params = PatchParams::default();
+        let mut last = None;
+        for _ in 0..PATCH_ATTEMPTS {
+            match self
+                .calls
+                .run(
+                    "patch",
+                    "nodes/status",
+                    api.patch_status(&self.config.node_name, &params, &Patch::Strategic(patch)),
+                )
+                .await
+            {
+                Ok(node) => return Ok(node),
+                Err(e) if is_not_found(&e) => {
+                    return Err(NodeError::Api {
+                        verb: "patch",
+                        resource: "nodes/status",
+                        source: e,
+                    });
+                }
+                Err(e) => last = Some(e),
+            }
+            if self.token.is_cancelled() {
+                break;
+            }
+        }
+        match last {
+            Some(source) => Err(NodeError::Api {
+                verb: "patch",
+                resource: "nodes/status",
+                source,
+            }),
+            None => Err(NodeError::NotRegistered(self.config.node_name.clone())),
+        }
+    }
+}
+
+/// Marks the Node unschedulable (graceful stop with `--mark-unschedulable-on-shutdown`), annotating it so the
+/// next start undoes exactly this cordon.
+pub async fn cordon_for_shutdown(
+    client: kube::Client,
+    calls: &ApiCalls,
+    node_name: &str,
+) -> Result<(), NodeError> {
+    let api: Api<Node> = Api::all(client);
+    let mut annotations = Map::new();
+    annotations.insert(object::ANNOTATION_CORDONED_ON_SHUTDOWN.into(), json!("true"));
+    let patch = json!({ "metadata": { "annotations": annotations }, "spec": { "unschedulable": true } });
+    calls
+        .run(
+            "patch",
+            "nodes",
+            api.patch(node_name, &PatchParams::default(), &Patch::Strategic(&patch)),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|source| NodeError::Api {
+            verb: "patch",
+            resource: "nodes",
+            source,
+        })
+}

@@ -1,0 +1,47 @@
+//! What every pod worker of one agent shares: configuration, the runtime, the probe transport, the event
+//! recorder, metrics, the status manager's handle and the node view. One `Arc` per agent.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use runtime_api::{Runtime, RuntimeError};
+use tokio::sync::watch;
+
+use super::PodConfig;
+use super::admission::NodeView;
+use super::events::Recorder;
+use super::metrics::PodMetrics;
+use super::probes::ProbeTransport;
+use super::status::StatusHandle;
+
+pub(crate) struct AgentCtx {
+    pub config: PodConfig,
+    pub runtime: Arc<dyn Runtime>,
+    /// `containerID` prefix: the runtime's name, e.g. `containerd` in `containerd://<id>`.
+    pub runtime_type: String,
+    pub probes: Arc<dyn ProbeTransport>,
+    pub events: Recorder,
+    pub metrics: Arc<PodMetrics>,
+    pub status: StatusHandle,
+    pub node: watch::Receiver<Option<NodeView>>,
+}
+
+impl AgentCtx {
+    /// Runs one runtime call, timed as `op`.
+    pub async fn rt<T>(
+        &self,
+        op: &'static str,
+        fut: impl Future<Output = Result<T, RuntimeError>>,
+    ) -> Result<T, RuntimeError> {
+        self.metrics.runtime_op(op, fut).await
+    }
+
+    /// The node's host IPs (InternalIP first).
+    pub fn host_ips(&self) -> Vec<String> {
+        self.node
+            .borrow()
+            .as_ref()
+            .map(|n| n.host_ips.clone())
+            .unwrap_or_default()
+    }
+}

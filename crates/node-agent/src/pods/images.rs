@@ -1,0 +1,173 @@
+//! Making sure a container's image is present before it is created, per `imagePullPolicy`, with the kubelet's
+//! events (`Pulling`, `Pulled`, `Failed`, `BackOff`, `ErrImageNeverPull`) and waiting reasons (`ErrImagePull`,
+//! then `ImagePullBackOff` while a failed pull backs off 10 s doubling to 300 s, per image of the pod).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use runtime_api::cri;
+use tokio::time::Instant;
+
+use super::context::AgentCtx;
+use super::events::EventType;
+use super::gofmt;
+use super::spec::{ContainerSpec, DesiredPod, PullPolicy};
+use crate::backoff::{BackoffPolicy, KeyedBackoff};
+
+/// The image is there, or why the container has to wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ImageState {
+    /// Present (reference as the runtime resolved it); `pulled` is how long a pull took, if one ran.
+    Ready { pulled: Option<Duration> },
+    /// Not present: the container waits with this reason and message.
+    Waiting { reason: &'static str, message: String },
+}
+
+/// Image pulls of one pod, with their back-off.
+#[derive(Debug)]
+pub(crate) struct Images {
+    backoff: KeyedBackoff<String>,
+    /// Per image: when the failed pull may be retried, and its error.
+    failed: HashMap<String, (Instant, String)>,
+}
+
+impl Default for Images {
+    fn default() -> Self {
+        let policy = BackoffPolicy::new(Duration::from_secs(10), Duration::from_secs(300))
+            .unwrap_or_else(|_| BackoffPolicy::crash_loop());
+        Self {
+            backoff: KeyedBackoff::new(policy),
+            failed: HashMap::new(),
+        }
+    }
+}
+
+impl Images {
+    /// The time until the image of a container waiting in back-off may be pulled again.
+    pub(crate) fn retry_in(&self, image: &str, now: Instant) -> Option<Duration> {
+        let (at, _) = self.failed.get(image)?;
+        (*at > now).then(|| *at - now)
+    }
+
+    /// Ensures `c`'s image is present.
+    pub(crate) async fn ensure(
+        &mut self,
+        ctx: &AgentCtx,
+        pod: &DesiredPod,
+        c: &ContainerSpec,
+        sandbox: &cri::PodSandboxConfig,
+    ) -> ImageState {
+        let image = c.image.as_str();
+        if image.is_empty() {
+            return ImageState::Waiting {
+                reason: "InvalidImageName",
+                message: "image name is empty".into(),
+            };
+        }
+        let spec = cri::ImageSpec {
+            image: image.to_owned(),
+            user_specified_image: image.to_owned(),
+            ..Default::default()
+        };
+        let present = match ctx
+            .rt(
+                "image_status",
+                ctx.runtime.image_status(cri::ImageStatusRequest {
+                    image: Some(spec.clone()),
+                    verbose: false,
+                }),
+            )
+            .await
+        {
+            Ok(resp) => resp.image.is_some(),
+            Err(e) => {
+                return ImageState::Waiting {
+                    reason: "ErrImageInspect",
+                    message: format!("Failed to inspect image {image:?}: {e}"),
+                };
+            }
+        };
+        let pull = match c.pull_policy {
+            PullPolicy::Always => true,
+            PullPolicy::IfNotPresent => !present,
+            PullPolicy::Never => false,
+        };
+        if !pull {
+            if present {
+                let msg = format!("Container image {image:?} already present on machine");
+                ctx.events
+                    .container(pod, &c.name, EventType::Normal, "Pulled", msg);
+                return ImageState::Ready { pulled: None };
+            }
+            let msg = format!("Container image {image:?} is not present with pull policy of Never");
+            ctx.events
+                .container(pod, &c.name, EventType::Warning, "ErrImageNeverPull", msg.clone());
+            return ImageState::Waiting {
+                reason: "ErrImageNeverPull",
+                message: msg,
+            };
+        }
+        let now = Instant::now();
+        let key = image.to_owned();
+        if let Some((_, cause)) = self.failed.get(image).filter(|(at, _)| *at > now) {
+            ctx.events.container(
+                pod,
+                &c.name,
+                EventType::Normal,
+                "BackOff",
+                format!("Back-off pulling image {image:?}"),
+            );
+            ctx.events.container(
+                pod,
+                &c.name,
+                EventType::Warning,
+                "Failed",
+                "Error: ImagePullBackOff",
+            );
+            return ImageState::Waiting {
+                reason: "ImagePullBackOff",
+                message: format!("Back-off pulling image {image:?}: ErrImagePull: {cause}"),
+            };
+        }
+        ctx.events.container(
+            pod,
+            &c.name,
+            EventType::Normal,
+            "Pulling",
+            format!("Pulling image {image:?}"),
+        );
+        let started = Instant::now();
+        let req = cri::PullImageRequest {
+            image: Some(spec),
+            auth: None,
+            sandbox_config: Some(sandbox.clone()),
+        };
+        match ctx.rt("pull_image", ctx.runtime.pull_image(req)).await {
+            Ok(_) => {
+                let took = started.elapsed();
+                ctx.metrics.image_pulled(took);
+                let t = gofmt::duration(took);
+                let msg = format!("Successfully pulled image {image:?} in {t} ({t} including waiting)");
+                ctx.events
+                    .container(pod, &c.name, EventType::Normal, "Pulled", msg);
+                self.backoff.reset(&key);
+                self.failed.remove(image);
+                ImageState::Ready { pulled: Some(took) }
+            }
+            Err(e) => {
+                let delay = self.backoff.next(&key, Instant::now());
+                let msg = format!("Failed to pull image {image:?}: {}", e.message);
+                ctx.events
+                    .container(pod, &c.name, EventType::Warning, "Failed", msg.clone());
+                ctx.events
+                    .container(pod, &c.name, EventType::Warning, "Failed", "Error: ErrImagePull");
+                self.failed
+                    .insert(key, (Instant::now() + delay, e.message.clone()));
+                ImageState::Waiting {
+                    reason: "ErrImagePull",
+                    message: msg,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Stopping containers and pods, the kubelet's way.
+//!
+//! One container: a `Killing` event, the preStop hook within the grace period, then `StopContainer` with what
+//! is left of it (never less than 2 s). A pod: app containers in parallel with the pod's grace period, then
+//! sidecars one by one in reverse order with the remainder, then anything else still running, then
+//! `StopPodSandbox`. Removal (`RemoveContainer`, `RemovePodSandbox`) is separate: it happens only once the pod
+//! object is going away.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use runtime_api::{RuntimeError, cri};
+use tokio::time::Instant;
+
+use super::actions::{self, Where};
+use super::context::AgentCtx;
+use super::events::EventType;
+use super::observed::{CState, ContainerRecord, RuntimeView};
+use super::probes::ProbeOutcome;
+use super::spec::DesiredPod;
+
+/// The kubelet's floor for `StopContainer`'s timeout.
+const MIN_GRACE: Duration = Duration::from_secs(2);
+
+fn ok_if_gone<T>(r: Result<T, RuntimeError>) -> Result<(), RuntimeError> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A container to stop: its id, its name in the spec, and whether it runs (only then is preStop run).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Victim<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    pub running: bool,
+}
+
+impl<'a> From<&'a ContainerRecord> for Victim<'a> {
+    fn from(r: &'a ContainerRecord) -> Self {
+        Self {
+            id: &r.id,
+            name: &r.name,
+            running: r.state == CState::Running,
+        }
+    }
+}
+
+/// Stops one container within `grace`.
+pub(crate) async fn kill_container(
+    ctx: &AgentCtx,
+    pod: &DesiredPod,
+    victim: Victim<'_>,
+    pod_ip: &str,
+    grace: Duration,
+    message: Option<&str>,
+) -> Result<(), RuntimeError> {
+    let message = message.map_or_else(|| format!("Stopping container {}", victim.name), str::to_owned);
+    ctx.events
+        .container(pod, victim.name, EventType::Normal, "Killing", message);
+    let started = Instant::now();
+    let pre_stop = pod.container(victim.name).and_then(|c| c.pre_stop.as_ref());
+    if let (Some(hook), true) = (pre_stop, victim.running) {
+        let at = Where {
+            pod,
+            container: victim.name,
+            container_id: victim.id,
+            pod_ip,
+        };
+        match tokio::time::timeout(grace, actions::run(ctx, at, hook, grace)).await {
+            Ok(ProbeOutcome::Success) => {}
+            Ok(ProbeOutcome::Failure(out) | ProbeOutcome::Unknown(out)) => {
+                let msg = format!("PreStopHook failed: {out}");
+                ctx.events
+                    .container(pod, victim.name, EventType::Warning, "FailedPreStopHook", msg);
+            }
+            Err(_) => {
+                let msg = format!(
+                    "PreStopHook did not finish within the grace period of {}s",
+                    grace.as_secs()
+                );
+                ctx.events
+                    .container(pod, victim.name, EventType::Warning, "FailedPreStopHook", msg);
+            }
+        }
+    }
+    // whole seconds, the hook's time rounded down (as the kubelet counts it), never below the floor
+    let remaining = grace
+        .as_secs()
+        .saturating_sub(started.elapsed().as_secs())
+        .max(MIN_GRACE.as_secs());
+    let req = cri::StopContainerRequest {
+        container_id: victim.id.to_owned(),
+        timeout: i64::try_from(remaining).unwrap_or(i64::MAX),
+    };
+    ok_if_gone(ctx.rt("stop_container", ctx.runtime.stop_container(req)).await)
+}
+
+fn alive(r: &&ContainerRecord) -> bool {
+    matches!(r.state, CState::Running | CState::Created | CState::Unknown)
+}
+
+/// Stops every container of the pod, then its sandboxes, within `grace`.
+pub(crate) async fn kill_pod(
+    ctx: &AgentCtx,
+    pod: &DesiredPod,
+    view: &RuntimeView,
+    grace: Duration,
+) -> Result<(), RuntimeError> {
+    let deadline = Instant::now() + grace;
+    let pod_ip = view
+        .sandbox()
+        .and_then(|s| s.ips.first().cloned())
+        .unwrap_or_default();
+    let is_sidecar = |name: &str| pod.init_containers.iter().any(|c| c.sidecar && c.name == name);
+    let first: Vec<&ContainerRecord> = view
+        .containers
+        .iter()
+        .filter(alive)
+        .filter(|r| !is_sidecar(&r.name))
+        .collect();
+    let results = join_all(
+        first
+            .iter()
+            .map(|r| kill_container(ctx, pod, Victim::from(*r), &pod_ip, grace, None)),
+    )
+    .await;
+    let mut outcome: Result<(), RuntimeError> = results.into_iter().collect();
+    for c in pod.init_containers.iter().rev().filter(|c| c.sidecar) {
+        for r in view.containers.iter().filter(alive).filter(|r| r.name == c.name) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Err(e) = kill_container(ctx, pod, r.into(), &pod_ip, left, None).await {
+                outcome = Err(e);
+            }
+        }
+    }
+    for sb in view.sandboxes.iter().filter(|s| s.ready) {
+        let req = cri::StopPodSandboxRequest {
+            pod_sandbox_id: sb.id.clone(),
+        };
+        if let Err(e) = ok_if_gone(ctx.rt("stop_podsandbox", ctx.runtime.stop_pod_sandbox(req)).await) {
+            outcome = Err(e);
+        }
+    }
+    outcome
+}
+
+/// Removes every container and sandbox of the pod from the runtime.
+pub(crate) async fn remove_pod(ctx: &AgentCtx, view: &RuntimeView) -> Result<(), RuntimeError> {
+    for c in &view.containers {
+        let req = cri::RemoveContainerRequest {
+            container_id: c.id.clone(),
+        };
+        ok_if_gone(
+            ctx.rt("remove_container", ctx.runtime.remove_container(req))
+                .await,
+        )?;
+    }
+    for sb in &view.sandboxes {
+        let stop = cri::StopPodSandboxRequest {
+            pod_sandbox_id: sb.id.clone(),
+        };
+        ok_if_gone(
+            ctx.rt("stop_podsandbox", ctx.runtime.stop_pod_sandbox(stop))
+                .await,
+        )?;
+        let req = cri::RemovePodSandboxRequest {
+            pod_sandbox_id: sb.id.clone(),
+        };
+        ok_if_gone(
+            ctx.rt("remove_podsandbox", ctx.runtime.remove_pod_sandbox(req))
+                .await,
+        )?;
+    }
+    Ok(())
+}
+
+/// Removes exited instances of `name` older than the newest exited one (the kubelet keeps one dead container
+/// per container name for `lastState` and logs).
+pub(crate) async fn prune_dead(ctx: &AgentCtx, view: &RuntimeView, name: &str) -> Result<(), RuntimeError> {
+    let dead = view
+        .containers
+        .iter()
+        .filter(|c| c.name == name && c.state == CState::Exited)
+        .skip(1);
+    for c in dead {
+        let req = cri::RemoveContainerRequest {
+            container_id: c.id.clone(),
+        };
+        ok_if_gone(
+            ctx.rt("remove_container", ctx.runtime.remove_container(req))
+                .await,
+        )?;
+    }
+    Ok(())
+}

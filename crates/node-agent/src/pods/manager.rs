@@ -1,0 +1,366 @@
+//! The pod manager: the desired pods of one agent, and one worker per pod UID.
+//!
+//! It consumes the pod source, admits new pods (in creation order, against allocatable minus what admitted
+//! pods already hold), starts a worker for every pod — refused and already finished pods included, so their
+//! status is reported and their object deleted when asked — routes updates, deletions and runtime events to
+//! the right worker, and releases a pod's resources when its worker reports it stopped. After each full
+//! snapshot it removes runtime sandboxes of pods that no longer exist (deleted while the agent was down).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use runtime_api::cri;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use super::admission::{self, Committed, Rejection};
+use super::context::AgentCtx;
+use super::events::EventType;
+use super::labels;
+use super::metrics::{Stage, Timeline};
+use super::pleg::PlegEvent;
+use super::source::PodEvent;
+use super::spec::DesiredPod;
+use super::worker::{Finished, PodWorker, WorkerInit, WorkerMsg};
+
+struct Entry {
+    tx: mpsc::UnboundedSender<WorkerMsg>,
+    pod: Arc<DesiredPod>,
+    /// Counted in `committed`.
+    admitted: bool,
+}
+
+pub(crate) struct PodManager {
+    ctx: Arc<AgentCtx>,
+    workers: HashMap<String, Entry>,
+    committed: Committed,
+    /// Pods waiting for the node view before admission.
+    pending: Vec<Pod>,
+    done_tx: mpsc::UnboundedSender<Finished>,
+    done_rx: mpsc::UnboundedReceiver<Finished>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+fn terminal_phase(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn started_before(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| s.start_time.is_some())
+}
+
+impl PodManager {
+    pub(crate) fn new(ctx: Arc<AgentCtx>, tracker: TaskTracker, cancel: CancellationToken) -> Self {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        Self {
+            ctx,
+            workers: HashMap::new(),
+            committed: Committed::default(),
+            pending: Vec::new(),
+            done_tx,
+            done_rx,
+            tracker,
+            cancel,
+        }
+    }
+
+    /// Runs until `cancel` fires or the source ends.
+    pub(crate) async fn run(
+        mut self,
+        mut source: mpsc::Receiver<PodEvent>,
+        mut pleg: mpsc::UnboundedReceiver<PlegEvent>,
+    ) {
+        let mut node = self.ctx.node.clone();
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => break,
+                event = source.recv() => match event {
+                    Some(event) => self.on_source(event).await,
+                    None => break,
+                },
+                Some(uid) = pleg.recv() => self.on_runtime(uid),
+                Some(done) = self.done_rx.recv() => self.on_finished(done),
+                changed = node.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let pending = std::mem::take(&mut self.pending);
+                    for pod in pending {
+                        self.apply(pod);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn on_source(&mut self, event: PodEvent) {
+        match event {
+            PodEvent::Apply(pod) => self.apply(pod),
+            PodEvent::Delete(pod) => {
+                if let Some(e) = pod.metadata.uid.as_deref().and_then(|uid| self.workers.get(uid)) {
+                    let _ = e.tx.send(WorkerMsg::Removed);
+                }
+            }
+            PodEvent::Snapshot(mut pods) => {
+                let live: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+                for (uid, e) in &self.workers {
+                    if !live.contains(uid) {
+                        let _ = e.tx.send(WorkerMsg::Removed);
+                    }
+                }
+                self.pending
+                    .retain(|p| p.metadata.uid.as_ref().is_some_and(|u| live.contains(u)));
+                // admission in creation order, like the kubelet
+                pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
+                for pod in pods {
+                    self.apply(pod);
+                }
+                self.cleanup_orphans(&live).await;
+            }
+        }
+    }
+
+    fn on_runtime(&self, uid: PlegEvent) {
+        match uid {
+            Some(uid) => {
+                if let Some(e) = self.workers.get(&uid) {
+                    let _ = e.tx.send(WorkerMsg::Runtime);
+                }
+            }
+            None => {
+                for e in self.workers.values() {
+                    let _ = e.tx.send(WorkerMsg::Runtime);
+                }
+            }
+        }
+    }
+
+    fn on_finished(&mut self, done: Finished) {
+        let (uid, gone) = match done {
+            Finished::Stopped { uid } => (uid, false),
+            Finished::Gone { uid } => (uid, true),
+        };
+        if let Some(e) = self.workers.get_mut(&uid)
+            && e.admitted
+        {
+            e.admitted = false;
+            self.committed.remove(&e.pod);
+        }
+        if gone {
+            self.workers.remove(&uid);
+        }
+    }
+
+    fn apply(&mut self, pod: Pod) {
+        let node = &self.ctx.config.node_name;
+        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.as_str()) {
+            return;
+        }
+        let Some(desired) = DesiredPod::from_pod(&pod) else {
+            tracing::warn!(pod = ?pod.metadata.name, "pod without uid or spec ignored");
+            return;
+        };
+        if let Some(e) = self.workers.get_mut(&desired.uid) {
+            e.pod = desired.clone();
+            let _ = e.tx.send(WorkerMsg::Update(desired));
+            return;
+        }
+        let observed = Timeline::observed(desired.created);
+        let api_status = pod.status.clone();
+        if terminal_phase(&pod) {
+            self.spawn(
+                desired.clone(),
+                WorkerInit {
+                    pod: desired,
+                    api_status,
+                    rejected: None,
+                    timeline: None,
+                },
+                false,
+            );
+            return;
+        }
+        let view = self.ctx.node.borrow().clone();
+        let Some(mut view) = view else {
+            self.pending.push(pod);
+            return;
+        };
+        if view.pods <= 0 {
+            view.pods = i64::from(self.ctx.config.max_pods);
+        }
+        let verdict: Result<(), Rejection> = if started_before(&pod) || desired.deletion.is_some() {
+            Ok(())
+        } else {
+            admission::admit(&pod, &desired, &view, &self.committed)
+        };
+        match verdict {
+            Ok(()) => {
+                let timeline = (!started_before(&pod)).then(|| {
+                    let mut t = observed;
+                    t.mark(Stage::Admitted);
+                    t
+                });
+                self.committed.add(&desired);
+                self.spawn(
+                    desired.clone(),
+                    WorkerInit {
+                        pod: desired,
+                        api_status,
+                        rejected: None,
+                        timeline,
+                    },
+                    true,
+                );
+            }
+            Err(rejection) => {
+                tracing::info!(pod = %desired.name, namespace = %desired.namespace, reason = %rejection.reason, "pod rejected");
+                let msg = rejection.message.clone();
+                let ctx = self.ctx.clone();
+                ctx.events
+                    .pod(&desired, EventType::Warning, event_reason(&rejection.reason), msg);
+                let init = WorkerInit {
+                    pod: desired.clone(),
+                    api_status,
+                    rejected: Some(rejection),
+                    timeline: None,
+                };
+                self.spawn(desired, init, false);
+            }
+        }
+    }
+
+    fn spawn(&mut self, desired: Arc<DesiredPod>, init: WorkerInit, admitted: bool) {
+        let (worker, tx) = PodWorker::new(self.ctx.clone(), init, self.done_tx.clone());
+        let span = tracing::debug_span!(
+            "pod",
+            pod = %desired.name,
+            namespace = %desired.namespace,
+            node = %self.ctx.config.node_name
+        );
+        self.tracker
+            .spawn(worker.run(self.cancel.child_token()).instrument(span));
+        self.workers.insert(
+            desired.uid.clone(),
+            Entry {
+                tx,
+                pod: desired,
+                admitted,
+            },
+        );
+    }
+
+    /// Stops and removes sandboxes and containers of pods that are not in `live`.
+    async fn cleanup_orphans(&mut self, live: &HashSet<String>) {
+        let ctx = &self.ctx;
+        let sandboxes = match ctx
+            .rt(
+                "list_podsandbox",
+                ctx.runtime
+                    .list_pod_sandbox(cri::ListPodSandboxRequest::default()),
+            )
+            .await
+        {
+            Ok(r) => r.items,
+            Err(error) => {
+                tracing::warn!(%error, "cannot list sandboxes for orphan cleanup");
+                return;
+            }
+        };
+        let orphans: HashSet<String> = sandboxes
+            .iter()
+            .filter_map(|s| s.labels.get(labels::POD_UID))
+            .filter(|uid| !live.contains(*uid) && !self.workers.contains_key(*uid))
+            .cloned()
+            .collect();
+        for uid in orphans {
+            let ctx = self.ctx.clone();
+            self.tracker.spawn(async move {
+                if let Err(error) = remove_orphan(&ctx, &uid).await {
+                    tracing::warn!(%uid, %error, "orphan cleanup failed");
+                }
+            });
+        }
+    }
+}
+
+/// The event reason of a rejection (event reasons are `&'static str`; admission's come from a fixed set).
+fn event_reason(reason: &str) -> &'static str {
+    const KNOWN: [&str; 7] = [
+        "OutOfcpu",
+        "OutOfmemory",
+        "OutOfpods",
+        "OutOfephemeral-storage",
+        "NodeAffinity",
+        "NodePorts",
+        "TaintToleration",
+    ];
+    KNOWN
+        .into_iter()
+        .find(|k| *k == reason)
+        .unwrap_or("UnexpectedAdmissionError")
+}
+
+async fn remove_orphan(ctx: &AgentCtx, uid: &str) -> Result<(), runtime_api::RuntimeError> {
+    let filter = cri::ContainerFilter {
+        label_selector: labels::selector(uid),
+        ..Default::default()
+    };
+    let containers = ctx
+        .rt(
+            "list_containers",
+            ctx.runtime
+                .list_containers(cri::ListContainersRequest { filter: Some(filter) }),
+        )
+        .await?;
+    for c in containers.containers {
+        let grace = labels::grace_secs(&c.annotations).unwrap_or(30).max(2);
+        let stop = cri::StopContainerRequest {
+            container_id: c.id.clone(),
+            timeout: grace,
+        };
+        let _ = ctx.rt("stop_container", ctx.runtime.stop_container(stop)).await;
+        let _ = ctx
+            .rt(
+                "remove_container",
+                ctx.runtime
+                    .remove_container(cri::RemoveContainerRequest { container_id: c.id }),
+            )
+            .await;
+    }
+    let filter = cri::PodSandboxFilter {
+        label_selector: labels::selector(uid),
+        ..Default::default()
+    };
+    let sandboxes = ctx
+        .rt(
+            "list_podsandbox",
+            ctx.runtime
+                .list_pod_sandbox(cri::ListPodSandboxRequest { filter: Some(filter) }),
+        )
+        .await?;
+    for s in sandboxes.items {
+        let _ = ctx
+            .rt(
+                "stop_podsandbox",
+                ctx.runtime.stop_pod_sandbox(cri::StopPodSandboxRequest {
+                    pod_sandbox_id: s.id.clone(),
+                }),
+            )
+            .await;
+        ctx.rt(
+            "remove_podsandbox",
+            ctx.runtime
+                .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: s.id }),
+        )
+        .await?;
+    }
+    tracing::info!(%uid, "removed the runtime objects of a pod that no longer exists");
+    Ok(())
+}

@@ -1,0 +1,282 @@
+//! The pod lifecycle: everything between "a pod is bound to this node" and "its object is deleted".
+//!
+//! [`PodLifecycle`] is a self-contained manager the agent (or a test, or a hollow fleet) runs next to the node
+//! half. It takes plain values — a [`PodConfig`], a `kube::Client` with the node's identity, the runtime, a
+//! [`ProbeTransport`], and a `watch` of the node's [`NodeView`] — and runs these tasks until cancelled:
+//!
+//! | task | module | owns |
+//! |---|---|---|
+//! | pod source | [`source`] | the per-node watch (or a [`SharedPodFeed`] subscription) |
+//! | pod manager | `manager` | desired pods, admission ([`admission`]), one worker per pod UID |
+//! | pod workers | `worker`, `sync`, `plan`, `kill` | sync / terminate / terminated per pod |
+//! | prober | [`probes`] | one timer per probe; results to the pod's worker |
+//! | PLEG | `pleg` | runtime events (or a 1 s relist) to workers |
+//! | status manager | `status` | PATCH `pods/status` on change; final DELETE |
+//! | event writer | [`events`] | core/v1 Events |
+//!
+//! Supporting modules: [`spec`] (the compact desired pod), `resources` (requests, QoS), `labels` (runtime
+//! labels and annotations), `observed` (the runtime's view of a pod), `images`, `restart`
+//! (CrashLoopBackOff), `actions` (exec/http/tcp/grpc/sleep), [`metrics`] (per-stage hdrhistograms and the
+//! kubelet's Prometheus series), `gofmt` (Go-style durations in messages).
+//!
+//! Shutdown (cancelling the token) stops every loop and leaves containers running: a restarted agent rebuilds
+//! its state from the runtime (labels and annotations written by `labels`) and the API server, starting nothing
+//! twice.
+
+mod actions;
+pub mod admission;
+mod context;
+pub mod events;
+mod gofmt;
+mod images;
+mod kill;
+pub mod labels;
+mod manager;
+pub mod metrics;
+mod observed;
+mod plan;
+mod pleg;
+pub mod probes;
+pub mod resources;
+mod restart;
+pub mod source;
+pub mod spec;
+pub mod status;
+mod sync;
+mod wiring;
+mod worker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use runtime_api::{Runtime, RuntimeError, cri};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use admission::NodeView;
+pub use events::{MemoryEvents, NoEvents, PodEvent as PodEventRecord, PodEventSink};
+pub use labels::RuntimeLayout;
+pub use metrics::{PodMetrics, Stage, StageReport};
+pub use probes::{FnProbes, NetworkProbes, ProbeOutcome, ProbeTarget, ProbeTransport};
+pub use source::{PodEvent, PodSource, SharedPodFeed};
+pub use wiring::{PodOptions, run_for_agent};
+
+use crate::api::ApiCalls;
+use crate::backoff::{Backoff, BackoffPolicy};
+use crate::metrics::Metrics;
+
+/// Settings of the pod lifecycle. `PodConfig::new(node)` gives the kubelet's defaults.
+#[derive(Debug, Clone)]
+pub struct PodConfig {
+    /// This node's name (pods are those with `spec.nodeName` equal to it).
+    pub node_name: String,
+    /// How often a running pod is re-synced without any trigger (`syncFrequency`, default 1 min, jittered).
+    pub sync_frequency: Duration,
+    /// Pod capacity used when the node view reports no allocatable pods (`maxPods`, default 110).
+    pub max_pods: u32,
+    /// Relist period when the runtime has no event stream (1 s).
+    pub relist_period: Duration,
+    /// How long shutdown waits for tasks to finish.
+    pub shutdown_grace: Duration,
+    /// Paths for sandbox logs.
+    pub layout: RuntimeLayout,
+}
+
+impl PodConfig {
+    /// Defaults for node `node_name`.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            sync_frequency: Duration::from_secs(60),
+            max_pods: 110,
+            relist_period: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(5),
+            layout: RuntimeLayout::default(),
+        }
+    }
+}
+
+/// Why the pod lifecycle stopped on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    /// The runtime never answered `Version` before shutdown.
+    #[error("container runtime unavailable")]
+    Runtime(#[source] RuntimeError),
+}
+
+/// The pod lifecycle of one node agent.
+pub struct PodLifecycle {
+    config: PodConfig,
+    client: kube::Client,
+    runtime: Arc<dyn Runtime>,
+    probes: Arc<dyn ProbeTransport>,
+    node: watch::Receiver<Option<NodeView>>,
+    metrics: Arc<PodMetrics>,
+    events: Option<Arc<dyn PodEventSink>>,
+    api: ApiCalls,
+    source: PodSource,
+    /// Extra tasks to run alongside (e.g. the node view bridge of [`PodLifecycle::for_agent`]).
+    companions: Vec<Companion>,
+}
+
+type Companion = Box<dyn FnOnce(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+impl std::fmt::Debug for PodLifecycle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodLifecycle")
+            .field("node", &self.config.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PodLifecycle {
+    /// A lifecycle for `config.node_name`, watching its own pods, writing events to the API server and keeping
+    /// its own metrics; see the `with_*` methods to share metrics or feed pods from elsewhere.
+    ///
+    /// `node` carries the node's allocatable, labels, taints and addresses; pods wait for admission until it
+    /// holds a value.
+    pub fn new(
+        config: PodConfig,
+        client: kube::Client,
+        runtime: Arc<dyn Runtime>,
+        probes: Arc<dyn ProbeTransport>,
+        node: watch::Receiver<Option<NodeView>>,
+    ) -> Self {
+        Self {
+            config,
+            client,
+            runtime,
+            probes,
+            node,
+            metrics: Arc::new(PodMetrics::new()),
+            events: None,
+            api: ApiCalls::new(Arc::new(Metrics::unregistered()), 0, 0),
+            source: PodSource::Watch,
+            companions: Vec::new(),
+        }
+    }
+
+    /// Records into `metrics` (share one across a fleet).
+    pub fn with_metrics(mut self, metrics: Arc<PodMetrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Sends events to `sink` (default: an event writer of its own for this node).
+    pub fn with_events(mut self, sink: Arc<dyn PodEventSink>) -> Self {
+        self.events = Some(sink);
+        self
+    }
+
+    /// Sends API requests through `api` (the agent's rate limit and request accounting).
+    pub fn with_api(mut self, api: ApiCalls) -> Self {
+        self.api = api;
+        self
+    }
+
+    /// Takes pods from `source` instead of a per-node watch.
+    pub fn with_source(mut self, source: PodSource) -> Self {
+        self.source = source;
+        self
+    }
+
+    /// The metrics this lifecycle records into.
+    pub fn metrics(&self) -> Arc<PodMetrics> {
+        self.metrics.clone()
+    }
+
+    async fn runtime_type(&self, cancel: &CancellationToken) -> Result<String, PodError> {
+        let mut backoff = Backoff::new(BackoffPolicy::registration());
+        loop {
+            let attempt = self.runtime.version(cri::VersionRequest { version: "v1".into() });
+            let result = tokio::select! {
+                _ = cancel.cancelled() => return Err(PodError::Runtime(RuntimeError::unavailable("shut down before the runtime answered"))),
+                r = attempt => r,
+            };
+            match result {
+                Ok(v) => return Ok(v.runtime_name),
+                Err(error) => {
+                    tracing::warn!(%error, "container runtime not answering Version, retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Err(PodError::Runtime(error)),
+                        () = backoff.wait() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs until `cancel` fires. Containers keep running after it returns.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), PodError> {
+        let runtime_type = match self.runtime_type(&cancel).await {
+            Ok(t) => t,
+            Err(_) if cancel.is_cancelled() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let tracker = TaskTracker::new();
+        let tasks = cancel.child_token();
+        for companion in self.companions {
+            tracker.spawn(companion(tasks.clone()));
+        }
+        let events: Arc<dyn PodEventSink> = match self.events {
+            Some(sink) => sink,
+            None => {
+                // the kubelet's default eventRecordQPS / eventBurst
+                let (recorder, writer) = crate::events::EventSink::new(
+                    self.client.clone(),
+                    self.api.clone(),
+                    self.config.node_name.clone(),
+                    50,
+                    100,
+                    tasks.clone(),
+                );
+                tracker.spawn(writer.run());
+                Arc::new(recorder)
+            }
+        };
+        let (status, status_rx) = status::StatusHandle::channel();
+        let ctx = Arc::new(context::AgentCtx {
+            config: self.config,
+            runtime: self.runtime,
+            runtime_type,
+            probes: self.probes,
+            events: events::Recorder::new(events),
+            metrics: self.metrics.clone(),
+            status,
+            node: self.node,
+        });
+        let status_manager =
+            status::StatusManager::new(self.client.clone(), self.api.clone(), status_rx, self.metrics);
+        tracker.spawn(status_manager.run(tasks.clone()));
+        let (pleg_tx, pleg_rx) = mpsc::unbounded_channel();
+        tracker.spawn(pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()));
+        let source = match self.source {
+            PodSource::Feed(rx) => rx,
+            PodSource::Watch => {
+                let (tx, rx) = mpsc::channel(256);
+                let node = ctx.config.node_name.clone();
+                tracker.spawn(source::watch_node_pods(
+                    self.client.clone(),
+                    node,
+                    tx,
+                    tasks.clone(),
+                ));
+                rx
+            }
+        };
+        let grace = ctx.config.shutdown_grace;
+        manager::PodManager::new(ctx, tracker.clone(), tasks.clone())
+            .run(source, pleg_rx)
+            .await;
+        tasks.cancel();
+        tracker.close();
+        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+            tracing::warn!("pod lifecycle tasks did not stop within {grace:?}");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

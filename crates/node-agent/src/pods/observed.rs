@@ -1,0 +1,285 @@
+//! What the runtime holds for one pod: its sandboxes and containers, found by the `io.kubernetes.pod.uid`
+//! label, reduced to the fields the lifecycle reads.
+//!
+//! [`RuntimeView::refresh`] lists the pod's sandboxes and containers and asks for the status only of objects
+//! that are new or changed state since the last refresh, so a steady pod costs two list calls per sync.
+
+use k8s_openapi::jiff::Timestamp;
+use runtime_api::{RuntimeError, cri};
+use tokio::time::Instant;
+
+use super::context::AgentCtx;
+use super::labels;
+
+/// A container's state as the runtime reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CState {
+    /// Created, not started.
+    Created,
+    /// Running.
+    Running,
+    /// Exited.
+    Exited,
+    /// The runtime does not know.
+    Unknown,
+}
+
+impl CState {
+    fn from_cri(state: i32) -> Self {
+        match cri::ContainerState::try_from(state) {
+            Ok(cri::ContainerState::ContainerCreated) => Self::Created,
+            Ok(cri::ContainerState::ContainerRunning) => Self::Running,
+            Ok(cri::ContainerState::ContainerExited) => Self::Exited,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// One container instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerRecord {
+    /// Runtime id.
+    pub id: String,
+    /// Container name in the pod spec.
+    pub name: String,
+    /// Sandbox it runs in.
+    pub sandbox_id: String,
+    /// The restart count it was created with.
+    pub restart_count: u32,
+    /// The spec hash it was created from.
+    pub hash: Option<u64>,
+    /// State.
+    pub state: CState,
+    /// Created, started and finished times, nanoseconds since the epoch (0 = not yet).
+    pub created_at: i64,
+    /// See `created_at`.
+    pub started_at: i64,
+    /// See `created_at`.
+    pub finished_at: i64,
+    /// Exit code (exited only).
+    pub exit_code: i32,
+    /// The runtime's reason (`Completed`, `Error`, `OOMKilled`).
+    pub reason: String,
+    /// The runtime's message.
+    pub message: String,
+    /// Image as the runtime names it.
+    pub image: String,
+    /// Image reference (digest) the container runs.
+    pub image_ref: String,
+    /// When this agent first saw the container exited: the restart back-off clock.
+    pub exited_seen: Option<Instant>,
+    /// When the container started, on the tokio clock (probe delays count from it).
+    pub started_seen: Option<Instant>,
+}
+
+impl ContainerRecord {
+    fn from_status(s: cri::ContainerStatus, sandbox_id: String) -> Self {
+        let state = CState::from_cri(s.state);
+        let exited_seen = (state == CState::Exited).then(|| seen_at(s.finished_at));
+        let started_seen = (s.started_at > 0).then(|| seen_at(s.started_at));
+        Self {
+            name: s
+                .labels
+                .get(labels::CONTAINER_NAME)
+                .cloned()
+                .or_else(|| s.metadata.as_ref().map(|m| m.name.clone()))
+                .unwrap_or_default(),
+            restart_count: labels::restart_count(&s.annotations),
+            hash: labels::hash(&s.annotations),
+            id: s.id,
+            sandbox_id,
+            state,
+            created_at: s.created_at,
+            started_at: s.started_at,
+            finished_at: s.finished_at,
+            exit_code: s.exit_code,
+            reason: s.reason,
+            message: s.message,
+            image: s.image.map(|i| i.image).unwrap_or_default(),
+            image_ref: s.image_ref,
+            exited_seen,
+            started_seen,
+        }
+    }
+
+    /// Whether the container counts as running.
+    pub fn running(&self) -> bool {
+        self.state == CState::Running
+    }
+
+    /// Whether it exited successfully.
+    pub fn succeeded(&self) -> bool {
+        self.state == CState::Exited && self.exit_code == 0
+    }
+}
+
+/// Maps a wall-clock exit time onto the tokio clock: "now" minus how long ago it happened.
+fn seen_at(finished_ns: i64) -> Instant {
+    let now = Instant::now();
+    let ago_ns = Timestamp::now().as_nanosecond() - i128::from(finished_ns);
+    if finished_ns <= 0 || ago_ns <= 0 {
+        return now;
+    }
+    let ago = std::time::Duration::from_nanos(u64::try_from(ago_ns).unwrap_or(u64::MAX));
+    now.checked_sub(ago).unwrap_or(now)
+}
+
+/// One sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxRecord {
+    /// Runtime id.
+    pub id: String,
+    /// Attempt number from its metadata.
+    pub attempt: u32,
+    /// Whether it is ready.
+    pub ready: bool,
+    /// Created time, nanoseconds.
+    pub created_at: i64,
+    /// Pod IPs, primary first.
+    pub ips: Vec<String>,
+}
+
+/// A pod's sandboxes and containers, newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuntimeView {
+    /// Sandboxes, newest (highest attempt) first.
+    pub sandboxes: Vec<SandboxRecord>,
+    /// Containers, newest first within each name.
+    pub containers: Vec<ContainerRecord>,
+}
+
+impl RuntimeView {
+    /// The newest sandbox.
+    pub fn sandbox(&self) -> Option<&SandboxRecord> {
+        self.sandboxes.first()
+    }
+
+    /// The newest instance of container `name`.
+    pub fn latest(&self, name: &str) -> Option<&ContainerRecord> {
+        self.containers.iter().find(|c| c.name == name)
+    }
+
+    /// The newest instance of `name` inside sandbox `sandbox_id`.
+    pub fn latest_in(&self, name: &str, sandbox_id: &str) -> Option<&ContainerRecord> {
+        self.containers
+            .iter()
+            .find(|c| c.name == name && c.sandbox_id == sandbox_id)
+    }
+
+    /// The instance before the newest one of `name`.
+    pub fn previous(&self, name: &str) -> Option<&ContainerRecord> {
+        self.containers.iter().filter(|c| c.name == name).nth(1)
+    }
+
+    /// Re-reads the pod's objects from the runtime.
+    pub async fn refresh(&mut self, ctx: &AgentCtx, uid: &str) -> Result<(), RuntimeError> {
+        let sandboxes = ctx
+            .rt(
+                "list_podsandbox",
+                ctx.runtime.list_pod_sandbox(cri::ListPodSandboxRequest {
+                    filter: Some(cri::PodSandboxFilter {
+                        label_selector: labels::selector(uid),
+                        ..Default::default()
+                    }),
+                }),
+            )
+            .await?
+            .items;
+        let mut fresh_sandboxes = Vec::with_capacity(sandboxes.len());
+        for sb in sandboxes {
+            let ready = sb.state == cri::PodSandboxState::SandboxReady as i32;
+            if let Some(known) = self.sandboxes.iter().find(|k| k.id == sb.id && k.ready == ready) {
+                fresh_sandboxes.push(known.clone());
+                continue;
+            }
+            let mut ips = self
+                .sandboxes
+                .iter()
+                .find(|k| k.id == sb.id)
+                .map(|k| k.ips.clone())
+                .unwrap_or_default();
+            if ready {
+                match ctx
+                    .rt(
+                        "podsandbox_status",
+                        ctx.runtime.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                            pod_sandbox_id: sb.id.clone(),
+                            verbose: false,
+                        }),
+                    )
+                    .await
+                {
+                    Ok(resp) => {
+                        if let Some(net) = resp.status.and_then(|s| s.network) {
+                            ips.clear();
+                            ips.extend(std::iter::once(net.ip).filter(|ip| !ip.is_empty()));
+                            ips.extend(net.additional_ips.into_iter().map(|i| i.ip));
+                        }
+                    }
+                    Err(e) if e.is_not_found() => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            fresh_sandboxes.push(SandboxRecord {
+                attempt: sb.metadata.map(|m| m.attempt).unwrap_or(0),
+                id: sb.id,
+                ready,
+                created_at: sb.created_at,
+                ips,
+            });
+        }
+        fresh_sandboxes.sort_by_key(|s| std::cmp::Reverse((s.attempt, s.created_at)));
+
+        let containers = ctx
+            .rt(
+                "list_containers",
+                ctx.runtime.list_containers(cri::ListContainersRequest {
+                    filter: Some(cri::ContainerFilter {
+                        label_selector: labels::selector(uid),
+                        ..Default::default()
+                    }),
+                }),
+            )
+            .await?
+            .containers;
+        let mut fresh = Vec::with_capacity(containers.len());
+        for c in containers {
+            let state = CState::from_cri(c.state);
+            if let Some(known) = self.containers.iter().find(|k| k.id == c.id && k.state == state) {
+                fresh.push(known.clone());
+                continue;
+            }
+            let status = ctx
+                .rt(
+                    "container_status",
+                    ctx.runtime.container_status(cri::ContainerStatusRequest {
+                        container_id: c.id.clone(),
+                        verbose: false,
+                    }),
+                )
+                .await;
+            match status {
+                Ok(resp) => {
+                    if let Some(s) = resp.status {
+                        let mut rec = ContainerRecord::from_status(s, c.pod_sandbox_id);
+                        // keep the clocks of what was seen before
+                        if let Some(known) = self.containers.iter().find(|k| k.id == rec.id) {
+                            rec.exited_seen = known.exited_seen.or(rec.exited_seen);
+                            rec.started_seen = known.started_seen.or(rec.started_seen);
+                        }
+                        fresh.push(rec);
+                    }
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        fresh.sort_by(|a, b| {
+            (&a.name, std::cmp::Reverse((a.restart_count, a.created_at)))
+                .cmp(&(&b.name, std::cmp::Reverse((b.restart_count, b.created_at))))
+        });
+        self.sandboxes = fresh_sandboxes;
+        self.containers = fresh;
+        Ok(())
+    }
+}

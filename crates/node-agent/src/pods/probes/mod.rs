@@ -1,0 +1,161 @@
+//! Probes: liveness, readiness and startup checks with the kubelet's semantics.
+//!
+//! * [`ProbeTransport`] is how network probes (and HTTP lifecycle hooks) reach a container: real mode uses
+//!   [`NetworkProbes`] (TCP connect, HTTP GET, gRPC health check), hollow mode a [`FnProbes`] that asks the fake
+//!   runtime's script. Exec probes always go through the runtime's `ExecSync`.
+//! * `prober` runs one task per pod with probes: one timer per probe, startup gating the other
+//!   two, thresholds, `Unhealthy` events, results to the pod worker on change.
+
+mod network;
+pub(crate) mod prober;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use network::NetworkProbes;
+
+use super::spec::Action;
+
+/// Which probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProbeKind {
+    /// Restart the container when it fails.
+    Liveness,
+    /// Mark the container (and pod) not ready when it fails.
+    Readiness,
+    /// Hold the other probes until it succeeds; restart the container when it fails.
+    Startup,
+}
+
+impl ProbeKind {
+    /// `Liveness`, `Readiness` or `Startup`, as in event messages and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Liveness => "Liveness",
+            Self::Readiness => "Readiness",
+            Self::Startup => "Startup",
+        }
+    }
+}
+
+/// The result of one probe or hook call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// Passed.
+    Success,
+    /// Failed, with the output or error shown in the `Unhealthy` event.
+    Failure(String),
+    /// Could not be run at all (ignored by the thresholds, like the kubelet does).
+    Unknown(String),
+}
+
+/// Who a network probe or hook is aimed at.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeTarget<'a> {
+    /// Pod namespace.
+    pub namespace: &'a str,
+    /// Pod name.
+    pub pod: &'a str,
+    /// Container name.
+    pub container: &'a str,
+    /// Runtime container id.
+    pub container_id: &'a str,
+    /// The pod IP (the default host of HTTP/TCP/gRPC actions).
+    pub pod_ip: &'a str,
+}
+
+/// Carries network probes to containers.
+#[async_trait]
+pub trait ProbeTransport: Send + Sync + 'static {
+    /// Runs an `Http`, `Tcp` or `Grpc` action against `target` within `timeout`.
+    async fn check(&self, target: &ProbeTarget<'_>, action: &Action, timeout: Duration) -> ProbeOutcome;
+}
+
+/// A transport answering from a function: the hollow fleet's way to hand probes to its fake runtime's script
+/// (`FnProbes::new(move |t, a| ... fake.probe_result(t.container_id, ...) ...)`).
+pub struct FnProbes<F>(F);
+
+impl<F> FnProbes<F>
+where
+    F: Fn(&ProbeTarget<'_>, &Action) -> ProbeOutcome + Send + Sync + 'static,
+{
+    /// Wraps `f`.
+    pub fn new(f: F) -> Self {
+        Self(f)
+    }
+}
+
+impl<F> std::fmt::Debug for FnProbes<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FnProbes")
+    }
+}
+
+#[async_trait]
+impl<F> ProbeTransport for FnProbes<F>
+where
+    F: Fn(&ProbeTarget<'_>, &Action) -> ProbeOutcome + Send + Sync + 'static,
+{
+    async fn check(&self, target: &ProbeTarget<'_>, action: &Action, _timeout: Duration) -> ProbeOutcome {
+        (self.0)(target, action)
+    }
+}
+
+/// The latest probe results of one pod's containers, by container id, as its worker keeps them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ProbeResults {
+    by_id: std::collections::HashMap<String, ProbeState>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ProbeState {
+    ready: Option<bool>,
+    started: Option<bool>,
+    failed: Option<ProbeKind>,
+}
+
+impl ProbeResults {
+    /// Records a result change from the prober.
+    pub(crate) fn apply(&mut self, u: &prober::ProbeUpdate) {
+        let s = self.by_id.entry(u.container_id.clone()).or_default();
+        match u.kind {
+            ProbeKind::Readiness => s.ready = Some(u.ok),
+            ProbeKind::Startup => {
+                s.started = Some(u.ok);
+                if !u.ok {
+                    s.failed = Some(ProbeKind::Startup);
+                }
+            }
+            ProbeKind::Liveness if !u.ok => s.failed = Some(ProbeKind::Liveness),
+            ProbeKind::Liveness => {}
+        }
+    }
+
+    /// Seeds results for a container that was running before this agent started.
+    pub(crate) fn seed(&mut self, id: &str, ready: bool, started: bool) {
+        let s = self.by_id.entry(id.to_owned()).or_default();
+        s.ready = ready.then_some(true);
+        s.started = started.then_some(true);
+    }
+
+    /// The readiness result (`None`: no result yet).
+    pub(crate) fn ready(&self, id: &str) -> Option<bool> {
+        self.by_id.get(id).and_then(|s| s.ready)
+    }
+
+    /// Whether the startup probe passed.
+    pub(crate) fn started(&self, id: &str) -> bool {
+        self.by_id.get(id).and_then(|s| s.started) == Some(true)
+    }
+
+    /// A liveness or startup failure that requires a restart.
+    pub(crate) fn failed(&self, id: &str) -> Option<ProbeKind> {
+        self.by_id.get(id).and_then(|s| s.failed)
+    }
+
+    /// Drops results of containers not in `live`.
+    pub(crate) fn retain(&mut self, live: impl Fn(&str) -> bool) {
+        self.by_id.retain(|id, _| live(id));
+    }
+}

@@ -1,0 +1,253 @@
+//! Where pods come from: the API server's pods bound to this node.
+//!
+//! The agent consumes a [`PodSource`] — a stream of [`PodEvent`]s: a full [`PodEvent::Snapshot`] after every
+//! (re)list, then [`PodEvent::Apply`] / [`PodEvent::Delete`]. Two producers exist:
+//!
+//! * [`watch_node_pods`] — the kubelet's own watch: list+watch `pods` with `fieldSelector=spec.nodeName=<node>`
+//!   through kube-runtime's `watcher`, which resumes from the last resourceVersion on reconnect and relists on
+//!   410 Gone (each relist arrives here as a new snapshot); errors back off with kube-runtime's default backoff.
+//! * [`SharedPodFeed`] — one process-wide watch for a hollow fleet, dispatching each pod to the agent named by
+//!   its `spec.nodeName`; subscribers get the same event sequence as from their own watch.
+//!
+//! Pods are passed on without `managedFields` (never read, often the largest part of the object).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// One change of the pods bound to a node.
+#[derive(Debug, Clone)]
+pub enum PodEvent {
+    /// Every pod bound to the node right now (after a list or relist); pods not in it are gone.
+    Snapshot(Vec<Pod>),
+    /// A pod was added or changed.
+    Apply(Pod),
+    /// A pod object was deleted.
+    Delete(Pod),
+}
+
+/// The stream of pod events an agent consumes.
+#[derive(Debug)]
+pub enum PodSource {
+    /// The agent opens its own per-node watch ([`watch_node_pods`]).
+    Watch,
+    /// Events arrive on this channel (a [`SharedPodFeed`] subscription, or a test).
+    Feed(mpsc::Receiver<PodEvent>),
+}
+
+impl PodSource {
+    /// A channel-fed source and its sending half.
+    pub fn channel(capacity: usize) -> (mpsc::Sender<PodEvent>, Self) {
+        let (tx, rx) = mpsc::channel(capacity);
+        (tx, Self::Feed(rx))
+    }
+}
+
+fn slim(mut pod: Pod) -> Pod {
+    pod.metadata.managed_fields = None;
+    pod
+}
+
+/// Buffers a watcher's `Init…InitDone` sequence into snapshots.
+#[derive(Debug, Default)]
+struct Relist(Option<Vec<Pod>>);
+
+impl Relist {
+    /// Feeds one watcher event; returns what to pass on.
+    fn step(&mut self, event: Event<Pod>) -> Option<PodEvent> {
+        match event {
+            Event::Init => {
+                self.0 = Some(Vec::new());
+                None
+            }
+            Event::InitApply(p) => {
+                self.0.get_or_insert_with(Vec::new).push(slim(p));
+                None
+            }
+            Event::InitDone => Some(PodEvent::Snapshot(self.0.take().unwrap_or_default())),
+            Event::Apply(p) => Some(PodEvent::Apply(slim(p))),
+            Event::Delete(p) => Some(PodEvent::Delete(slim(p))),
+        }
+    }
+}
+
+/// Watches the pods bound to `node` and sends them to `tx` until `cancel` fires or the receiver is dropped.
+pub async fn watch_node_pods(
+    client: kube::Client,
+    node: String,
+    tx: mpsc::Sender<PodEvent>,
+    cancel: CancellationToken,
+) {
+    let api: Api<Pod> = Api::all(client);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut relist = Relist::default();
+    loop {
+        let next = tokio::select! {
+            _ = cancel.cancelled() => return,
+            next = stream.next() => next,
+        };
+        match next {
+            None => return,
+            Some(Err(error)) => tracing::warn!(%node, %error, "pod watch failed, retrying"),
+            Some(Ok(event)) => {
+                if let Some(e) = relist.step(event)
+                    && tx.send(e).await.is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// One watch of all scheduled pods, fanned out to many agents by `spec.nodeName`.
+#[derive(Debug, Clone, Default)]
+pub struct SharedPodFeed {
+    routes: Arc<Mutex<HashMap<String, mpsc::Sender<PodEvent>>>>,
+}
+
+fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.node_name.as_deref()
+}
+
+impl SharedPodFeed {
+    /// A feed with no subscribers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The source for agent `node`; replaces an earlier subscription of the same node.
+    pub fn subscribe(&self, node: &str, capacity: usize) -> PodSource {
+        let (tx, source) = PodSource::channel(capacity);
+        if let Ok(mut routes) = self.routes.lock() {
+            routes.insert(node.to_owned(), tx);
+        }
+        source
+    }
+
+    /// Stops routing to `node`.
+    pub fn unsubscribe(&self, node: &str) {
+        if let Ok(mut routes) = self.routes.lock() {
+            routes.remove(node);
+        }
+    }
+
+    fn route(&self, node: &str) -> Option<mpsc::Sender<PodEvent>> {
+        self.routes.lock().ok()?.get(node).cloned()
+    }
+
+    async fn dispatch(&self, event: PodEvent) {
+        match event {
+            PodEvent::Snapshot(pods) => {
+                let mut by_node: HashMap<String, Vec<Pod>> = HashMap::new();
+                for p in pods {
+                    if let Some(n) = node_of(&p) {
+                        by_node.entry(n.to_owned()).or_default().push(p);
+                    }
+                }
+                let routes: Vec<(String, mpsc::Sender<PodEvent>)> = match self.routes.lock() {
+                    Ok(r) => r.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    Err(_) => return,
+                };
+                for (node, tx) in routes {
+                    let pods = by_node.remove(&node).unwrap_or_default();
+                    let _ = tx.send(PodEvent::Snapshot(pods)).await;
+                }
+            }
+            PodEvent::Apply(p) | PodEvent::Delete(p) if node_of(&p).is_none() => drop(p),
+            PodEvent::Apply(p) => {
+                if let Some(tx) = node_of(&p).and_then(|n| self.route(n)) {
+                    let _ = tx.send(PodEvent::Apply(p)).await;
+                }
+            }
+            PodEvent::Delete(p) => {
+                if let Some(tx) = node_of(&p).and_then(|n| self.route(n)) {
+                    let _ = tx.send(PodEvent::Delete(p)).await;
+                }
+            }
+        }
+    }
+
+    /// Watches every pod with a node (`spec.nodeName!=`) and dispatches until `cancel` fires.
+    pub async fn run(self, client: kube::Client, cancel: CancellationToken) {
+        let api: Api<Pod> = Api::all(client);
+        let config = watcher::Config::default().fields("spec.nodeName!=");
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut relist = Relist::default();
+        loop {
+            let next = tokio::select! {
+                _ = cancel.cancelled() => return,
+                next = stream.next() => next,
+            };
+            match next {
+                None => return,
+                Some(Err(error)) => tracing::warn!(%error, "shared pod watch failed, retrying"),
+                Some(Ok(event)) => {
+                    if let Some(e) = relist.step(event) {
+                        self.dispatch(e).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, node: &str) -> Pod {
+        serde_json::from_value(
+            json!({"metadata": {"name": name, "uid": name}, "spec": {"nodeName": node, "containers": []}}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn relist_buffers_init_into_one_snapshot() {
+        let mut r = Relist::default();
+        assert!(r.step(Event::Init).is_none());
+        assert!(r.step(Event::InitApply(pod("a", "n1"))).is_none());
+        assert!(r.step(Event::InitApply(pod("b", "n1"))).is_none());
+        match r.step(Event::InitDone) {
+            Some(PodEvent::Snapshot(pods)) => assert_eq!(pods.len(), 2),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            r.step(Event::Apply(pod("c", "n1"))),
+            Some(PodEvent::Apply(_))
+        ));
+        // a relist after 410 Gone starts over
+        assert!(r.step(Event::Init).is_none());
+        assert!(matches!(r.step(Event::InitDone), Some(PodEvent::Snapshot(p)) if p.is_empty()));
+    }
+
+    #[tokio::test]
+    async fn shared_feed_routes_by_node_and_snapshots_everyone() {
+        let feed = SharedPodFeed::new();
+        let PodSource::Feed(mut n1) = feed.subscribe("n1", 8) else {
+            panic!()
+        };
+        let PodSource::Feed(mut n2) = feed.subscribe("n2", 8) else {
+            panic!()
+        };
+        feed.dispatch(PodEvent::Snapshot(vec![pod("a", "n1"), pod("b", "n3")]))
+            .await;
+        feed.dispatch(PodEvent::Apply(pod("c", "n2"))).await;
+        assert!(matches!(n1.recv().await, Some(PodEvent::Snapshot(p)) if p.len() == 1));
+        assert!(matches!(n2.recv().await, Some(PodEvent::Snapshot(p)) if p.is_empty()));
+        assert!(
+            matches!(n2.recv().await, Some(PodEvent::Apply(p)) if p.metadata.name.as_deref() == Some("c"))
+        );
+        assert!(n1.try_recv().is_err());
+    }
+}

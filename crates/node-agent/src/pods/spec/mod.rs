@@ -1,0 +1,472 @@
+//! The desired pod as the lifecycle keeps it: a compact, immutable extract of a `Pod` object.
+//!
+//! A hollow fleet holds 100,000 pods in one process, so workers never keep whole API objects. [`DesiredPod`]
+//! carries only what syncing, probing, terminating and status generation read again: identity, restart policy,
+//! grace periods, readiness gates, and per container the image, command, environment, ports, probes, hooks and
+//! resources. Fields that matter only once (node selector, affinity, tolerations) are read by admission from the
+//! full object before it is dropped. Named probe ports are resolved here, once.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::jiff::Timestamp;
+
+mod extract;
+
+use extract::{EnvCtx, container};
+
+use super::resources::{self, ContainerResources, PodRequests, QosClass};
+
+/// The pod-level restart policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    /// Restart every container whenever it exits (the default).
+    Always,
+    /// Restart containers that exit with a non-zero code.
+    OnFailure,
+    /// Never restart.
+    Never,
+}
+
+impl RestartPolicy {
+    fn parse(value: Option<&str>) -> Self {
+        match value {
+            Some("Never") => Self::Never,
+            Some("OnFailure") => Self::OnFailure,
+            _ => Self::Always,
+        }
+    }
+
+    /// Whether a container that exited with `exit_code` is started again.
+    pub fn restarts(self, exit_code: i32) -> bool {
+        match self {
+            Self::Always => true,
+            Self::OnFailure => exit_code != 0,
+            Self::Never => false,
+        }
+    }
+}
+
+/// When to pull a container's image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullPolicy {
+    /// Pull on every container start.
+    Always,
+    /// Pull only when the runtime lacks the image.
+    IfNotPresent,
+    /// Never pull; fail when the image is absent.
+    Never,
+}
+
+impl PullPolicy {
+    pub(super) fn parse(value: Option<&str>, image: &str) -> Self {
+        match value {
+            Some("Always") => Self::Always,
+            Some("Never") => Self::Never,
+            Some("IfNotPresent") => Self::IfNotPresent,
+            // the API server defaults it; mirror its rule for objects that skipped defaulting
+            _ if image_tag_is_latest(image) => Self::Always,
+            _ => Self::IfNotPresent,
+        }
+    }
+}
+
+fn image_tag_is_latest(image: &str) -> bool {
+    if image.contains('@') {
+        return false;
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    match last.rsplit_once(':') {
+        Some((_, tag)) => tag == "latest",
+        None => true,
+    }
+}
+
+/// An environment variable's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvValue {
+    /// A literal (or a field of the pod resolved when the pod was read).
+    Literal(String),
+    /// `status.podIP`, known once the sandbox exists.
+    PodIp,
+    /// `status.hostIP`.
+    HostIp,
+}
+
+/// A port, with named ports already resolved against the container's ports.
+pub type Port = u16;
+
+/// An HTTP GET target (probes and hooks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpGet {
+    /// `HTTP` or `HTTPS`.
+    pub https: bool,
+    /// Host to connect to; `None` means the pod IP.
+    pub host: Option<String>,
+    /// Port.
+    pub port: Port,
+    /// Path, starting with `/`.
+    pub path: String,
+    /// Extra request headers.
+    pub headers: Vec<(String, String)>,
+}
+
+/// What a probe or lifecycle hook does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Run a command in the container (runtime `ExecSync`).
+    Exec(Vec<String>),
+    /// HTTP GET; 200..=399 is success.
+    Http(HttpGet),
+    /// Open a TCP connection.
+    Tcp {
+        /// Host; `None` means the pod IP.
+        host: Option<String>,
+        /// Port.
+        port: Port,
+    },
+    /// gRPC health check (`grpc.health.v1.Health/Check`).
+    Grpc {
+        /// Port.
+        port: Port,
+        /// Service name sent in the request.
+        service: String,
+    },
+    /// Sleep (lifecycle hooks only).
+    Sleep(Duration),
+}
+
+/// A liveness, readiness or startup probe with the kubelet's defaults applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeSpec {
+    /// What to run.
+    pub action: Action,
+    /// Wait after the container started before the first probe (default 0).
+    pub initial_delay: Duration,
+    /// Time between probes (default 10 s).
+    pub period: Duration,
+    /// Probe timeout (default 1 s).
+    pub timeout: Duration,
+    /// Consecutive successes to count as passing (default 1).
+    pub success_threshold: u32,
+    /// Consecutive failures to count as failing (default 3).
+    pub failure_threshold: u32,
+    /// Probe-level termination grace period, overriding the pod's on a liveness/startup kill.
+    pub termination_grace_secs: Option<i64>,
+}
+
+/// One container of the pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerSpec {
+    /// Container name.
+    pub name: String,
+    /// Image reference as written in the spec.
+    pub image: String,
+    /// When to pull the image.
+    pub pull_policy: PullPolicy,
+    /// Entrypoint override.
+    pub command: Vec<String>,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Working directory.
+    pub working_dir: String,
+    /// Environment (literal values and pod fields; config map and secret references are not resolved).
+    pub env: Vec<(String, EnvValue)>,
+    /// `(containerPort, hostPort, protocol)` triples.
+    pub ports: Vec<(i32, i32, String)>,
+    /// Readiness probe.
+    pub readiness: Option<ProbeSpec>,
+    /// Liveness probe.
+    pub liveness: Option<ProbeSpec>,
+    /// Startup probe.
+    pub startup: Option<ProbeSpec>,
+    /// postStart hook.
+    pub post_start: Option<Action>,
+    /// preStop hook.
+    pub pre_stop: Option<Action>,
+    /// For init containers: `restartPolicy: Always`, i.e. a sidecar.
+    pub sidecar: bool,
+    /// Requests and limits.
+    pub resources: ContainerResources,
+    /// Where the container writes its termination message.
+    pub termination_message_path: String,
+    /// Allocate a TTY.
+    pub tty: bool,
+    /// Keep stdin open.
+    pub stdin: bool,
+    /// Close stdin after the first attach.
+    pub stdin_once: bool,
+    /// Hash of the fields whose change restarts the container.
+    pub hash: u64,
+}
+
+/// A pending deletion of the pod object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deletion {
+    /// `metadata.deletionTimestamp`.
+    pub at: Timestamp,
+    /// `metadata.deletionGracePeriodSeconds`.
+    pub grace_secs: Option<i64>,
+}
+
+/// The desired pod. Immutable; a new one replaces it on every update from the source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredPod {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// `metadata.creationTimestamp`.
+    pub created: Option<Timestamp>,
+    /// Pod labels (passed to the sandbox).
+    pub labels: BTreeMap<String, String>,
+    /// Pod annotations (passed to the sandbox; the fake runtime reads its script from them).
+    pub annotations: BTreeMap<String, String>,
+    /// Restart policy.
+    pub restart_policy: RestartPolicy,
+    /// `spec.terminationGracePeriodSeconds` (default 30).
+    pub termination_grace_secs: i64,
+    /// Set once the object is being deleted.
+    pub deletion: Option<Deletion>,
+    /// Init containers (including sidecars), in order.
+    pub init_containers: Vec<ContainerSpec>,
+    /// App containers, in order.
+    pub containers: Vec<ContainerSpec>,
+    /// `spec.readinessGates` condition types.
+    pub readiness_gates: Vec<String>,
+    /// Status of each readiness-gate condition as last seen on the object (set by other controllers).
+    pub gate_status: Vec<(String, bool)>,
+    /// Effective requests, for admission accounting.
+    pub requests: PodRequests,
+    /// QoS class.
+    pub qos: QosClass,
+    /// `spec.hostNetwork`.
+    pub host_network: bool,
+    /// The sandbox hostname.
+    pub hostname: String,
+    /// `spec.runtimeClassName`, passed as the runtime handler.
+    pub runtime_handler: String,
+}
+
+impl DesiredPod {
+    /// Extracts the desired pod from an API object. Fails only when the object has no UID or name.
+    pub fn from_pod(pod: &Pod) -> Option<Arc<Self>> {
+        let meta = &pod.metadata;
+        let uid = meta.uid.clone()?;
+        let name = meta.name.clone()?;
+        let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_owned());
+        let spec = pod.spec.as_ref()?;
+        let mut ctx = EnvCtx {
+            name: &name,
+            namespace: &namespace,
+            uid: &uid,
+            node: spec.node_name.as_deref().unwrap_or_default(),
+            service_account: spec.service_account_name.as_deref().unwrap_or_default(),
+            labels: meta.labels.as_ref(),
+            annotations: meta.annotations.as_ref(),
+        };
+        let init_containers: Vec<ContainerSpec> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| container(c, true, &mut ctx))
+            .collect();
+        let containers: Vec<ContainerSpec> = spec
+            .containers
+            .iter()
+            .map(|c| container(c, false, &mut ctx))
+            .collect();
+        let readiness_gates: Vec<String> = spec
+            .readiness_gates
+            .iter()
+            .flatten()
+            .map(|g| g.condition_type.clone())
+            .collect();
+        let conditions: &[PodCondition] = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
+        let gate_status = readiness_gates
+            .iter()
+            .filter_map(|gate| {
+                conditions
+                    .iter()
+                    .find(|c| &c.type_ == gate)
+                    .map(|c| (gate.clone(), c.status == "True"))
+            })
+            .collect();
+        let requests = resources::pod_requests(&init_containers, &containers, spec.overhead.as_ref());
+        let qos = resources::qos_class(init_containers.iter().chain(&containers));
+        Some(Arc::new(Self {
+            hostname: spec.hostname.clone().unwrap_or_else(|| name.clone()),
+            uid,
+            name,
+            namespace,
+            generation: meta.generation,
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            labels: meta.labels.clone().unwrap_or_default(),
+            annotations: meta.annotations.clone().unwrap_or_default(),
+            restart_policy: RestartPolicy::parse(spec.restart_policy.as_deref()),
+            termination_grace_secs: spec.termination_grace_period_seconds.unwrap_or(30).max(0),
+            deletion: meta.deletion_timestamp.as_ref().map(|t| Deletion {
+                at: t.0,
+                grace_secs: meta.deletion_grace_period_seconds,
+            }),
+            init_containers,
+            containers,
+            readiness_gates,
+            gate_status,
+            requests,
+            qos,
+            host_network: spec.host_network.unwrap_or(false),
+            runtime_handler: spec.runtime_class_name.clone().unwrap_or_default(),
+        }))
+    }
+
+    /// `name_namespace(uid)`, the kubelet's way of naming a pod in messages.
+    pub fn display(&self) -> String {
+        format!("{}_{}({})", self.name, self.namespace, self.uid)
+    }
+
+    /// The grace period for terminating the whole pod: the deletion's, else the spec's.
+    pub fn grace_secs(&self) -> i64 {
+        self.deletion
+            .and_then(|d| d.grace_secs)
+            .unwrap_or(self.termination_grace_secs)
+            .max(0)
+    }
+
+    /// Looks a container (init or app) up by name.
+    pub fn container(&self, name: &str) -> Option<&ContainerSpec> {
+        self.init_containers
+            .iter()
+            .chain(&self.containers)
+            .find(|c| c.name == name)
+    }
+
+    /// Whether `name` is an init container (sidecars included).
+    pub fn is_init(&self, name: &str) -> bool {
+        self.init_containers.iter().any(|c| c.name == name)
+    }
+
+    /// The API field path of a container, for event `involvedObject.fieldPath`.
+    pub fn field_path(&self, name: &str) -> String {
+        if self.is_init(name) {
+            format!("spec.initContainers{{{name}}}")
+        } else {
+            format!("spec.containers{{{name}}}")
+        }
+    }
+
+    /// Whether any container has a probe.
+    pub fn has_probes(&self) -> bool {
+        self.init_containers
+            .iter()
+            .chain(&self.containers)
+            .any(|c| c.readiness.is_some() || c.liveness.is_some() || c.startup.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn extracts_defaults_ports_and_probes() {
+        let p = pod(json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "u1", "labels": {"app": "x"}},
+            "spec": {
+                "nodeName": "n1",
+                "initContainers": [
+                    {"name": "setup", "image": "busybox:1.36"},
+                    {"name": "proxy", "image": "envoy", "restartPolicy": "Always"}
+                ],
+                "containers": [{
+                    "name": "app", "image": "nginx:1.27",
+                    "ports": [{"name": "http", "containerPort": 8080}],
+                    "env": [
+                        {"name": "A", "value": "1"},
+                        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}}
+                    ],
+                    "readinessProbe": {"httpGet": {"path": "healthz", "port": "http"}},
+                    "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 5, "failureThreshold": 1},
+                    "lifecycle": {"preStop": {"sleep": {"seconds": 3}}}
+                }]
+            }
+        }));
+        let d = DesiredPod::from_pod(&p).unwrap();
+        assert_eq!(d.restart_policy, RestartPolicy::Always);
+        assert_eq!(d.termination_grace_secs, 30);
+        assert_eq!(d.display(), "web_ns(u1)");
+        assert!(!d.init_containers[0].sidecar);
+        assert!(d.init_containers[1].sidecar);
+        assert_eq!(
+            d.init_containers[1].pull_policy,
+            PullPolicy::Always,
+            "untagged image pulls always"
+        );
+        let app = &d.containers[0];
+        assert_eq!(app.pull_policy, PullPolicy::IfNotPresent);
+        let r = app.readiness.as_ref().unwrap();
+        assert_eq!(
+            (r.period, r.timeout, r.failure_threshold),
+            (Duration::from_secs(10), Duration::from_secs(1), 3)
+        );
+        match &r.action {
+            Action::Http(h) => assert_eq!((h.port, h.path.as_str()), (8080, "/healthz")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(app.liveness.as_ref().unwrap().period, Duration::from_secs(5));
+        assert_eq!(app.pre_stop, Some(Action::Sleep(Duration::from_secs(3))));
+        assert_eq!(
+            app.env,
+            vec![
+                ("A".into(), EnvValue::Literal("1".into())),
+                ("POD".into(), EnvValue::Literal("web".into())),
+                ("IP".into(), EnvValue::PodIp),
+                ("APP".into(), EnvValue::Literal("x".into())),
+            ]
+        );
+        assert_eq!(d.field_path("proxy"), "spec.initContainers{proxy}");
+        assert_eq!(d.field_path("app"), "spec.containers{app}");
+        assert!(d.has_probes());
+    }
+
+    #[test]
+    fn hash_changes_with_image_only() {
+        let mk = |image: &str| {
+            let p = pod(json!({
+                "metadata": {"name": "a", "uid": "u"},
+                "spec": {"containers": [{"name": "c", "image": image}]}
+            }));
+            DesiredPod::from_pod(&p).unwrap().containers[0].hash
+        };
+        assert_eq!(mk("a:1"), mk("a:1"));
+        assert_ne!(mk("a:1"), mk("a:2"));
+    }
+
+    #[test]
+    fn deletion_grace_overrides_spec() {
+        let p = pod(json!({
+            "metadata": {"name": "a", "uid": "u", "deletionTimestamp": "2024-01-01T00:00:00Z",
+                          "deletionGracePeriodSeconds": 5},
+            "spec": {"terminationGracePeriodSeconds": 60, "containers": [{"name": "c", "image": "i"}]}
+        }));
+        let d = DesiredPod::from_pod(&p).unwrap();
+        assert_eq!(d.grace_secs(), 5);
+    }
+}

@@ -1,0 +1,448 @@
+//! Computing a pod's API status from its spec, what the runtime holds, probe results and the waiting reasons
+//! of the last sync — the kubelet's rules:
+//!
+//! * container statuses: `state` from the newest instance (`waiting` with the last sync's reason while a
+//!   restart is pending, e.g. CrashLoopBackOff), `lastState` from the instance before (or the exited one being
+//!   restarted), `restartCount` from the instance's annotation, `ready` = running, started and readiness passed,
+//!   `started` = running and startup probe passed; app containers sorted by name, init containers in order;
+//! * phase: Pending until init containers finish, Running while any app container runs or will restart,
+//!   Succeeded / Failed when all are done for good;
+//! * conditions PodReadyToStartContainers, Initialized, Ready (with readiness gates), ContainersReady and
+//!   PodScheduled, each keeping its lastTransitionTime while its status does not change.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
+    HostIP, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::pods::observed::{CState, ContainerRecord, RuntimeView};
+use crate::pods::probes::ProbeResults;
+use crate::pods::spec::{ContainerSpec, DesiredPod};
+
+/// A pod phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Not all containers started yet.
+    Pending,
+    /// Running or restarting.
+    Running,
+    /// All containers exited 0 and will not restart.
+    Succeeded,
+    /// All containers exited, some failed, none will restart.
+    Failed,
+}
+
+impl Phase {
+    /// The API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Running => "Running",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+        }
+    }
+
+    /// Parses the API spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "Pending" => Some(Self::Pending),
+            "Running" => Some(Self::Running),
+            "Succeeded" => Some(Self::Succeeded),
+            "Failed" => Some(Self::Failed),
+            _ => None,
+        }
+    }
+
+    /// Succeeded or Failed.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+}
+
+/// Everything status generation reads.
+pub(crate) struct Inputs<'a> {
+    pub pod: &'a DesiredPod,
+    pub view: &'a RuntimeView,
+    pub probes: &'a ProbeResults,
+    /// Waiting reason and message per container name, from the last sync.
+    pub waiting: &'a HashMap<String, (&'static str, String)>,
+    pub host_ips: &'a [String],
+    pub start_time: Option<Timestamp>,
+    pub old: Option<&'a PodStatus>,
+    pub runtime_type: &'a str,
+    /// A phase decided elsewhere (the pod terminated).
+    pub terminal: Option<Phase>,
+}
+
+/// A timestamp with the API's one-second resolution.
+pub(crate) fn api_time(t: Timestamp) -> Time {
+    Time(Timestamp::from_second(t.as_second()).unwrap_or(t))
+}
+
+fn ns_time(ns: i64) -> Option<Time> {
+    (ns > 0).then(|| Time(Timestamp::from_second(ns / 1_000_000_000).unwrap_or(Timestamp::UNIX_EPOCH)))
+}
+
+fn waiting(reason: &str, message: Option<String>) -> ContainerState {
+    ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.to_owned()),
+            message,
+        }),
+        ..Default::default()
+    }
+}
+
+fn terminated(r: &ContainerRecord, id: &str) -> ContainerState {
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: r.exit_code,
+            reason: Some(r.reason.clone())
+                .filter(|s| !s.is_empty())
+                .or_else(|| Some(if r.exit_code == 0 { "Completed" } else { "Error" }.to_owned())),
+            message: Some(r.message.clone()).filter(|s| !s.is_empty()),
+            started_at: ns_time(r.started_at),
+            finished_at: ns_time(r.finished_at),
+            container_id: Some(id.to_owned()),
+            signal: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Whether the pod's init phase is over: an app container exists, or every regular init container succeeded and
+/// every sidecar started, in the newest sandbox.
+pub(crate) fn initialized(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeResults) -> bool {
+    let Some(sandbox) = view.sandbox() else {
+        return false;
+    };
+    if pod
+        .containers
+        .iter()
+        .any(|c| view.latest_in(&c.name, &sandbox.id).is_some())
+    {
+        return true;
+    }
+    pod.init_containers
+        .iter()
+        .all(|c| match view.latest_in(&c.name, &sandbox.id) {
+            None => false,
+            Some(r) if c.sidecar => r.running() && (c.startup.is_none() || probes.started(&r.id)),
+            Some(r) => r.succeeded(),
+        })
+}
+
+struct Gen<'a> {
+    i: &'a Inputs<'a>,
+    initialized: bool,
+}
+
+impl Gen<'_> {
+    fn status(&self, c: &ContainerSpec, init: bool) -> ContainerStatus {
+        let view = self.i.view;
+        let default_reason = if init || !self.initialized {
+            "PodInitializing"
+        } else {
+            "ContainerCreating"
+        };
+        let cached = self.i.waiting.get(&c.name);
+        let Some(r) = view.latest(&c.name) else {
+            let (reason, message) = cached.map_or((default_reason, None), |(r, m)| (*r, Some(m.clone())));
+            return ContainerStatus {
+                name: c.name.clone(),
+                image: c.image.clone(),
+                state: Some(waiting(reason, message.filter(|m| !m.is_empty()))),
+                ready: false,
+                started: Some(false),
+                ..Default::default()
+            };
+        };
+        let id = format!("{}://{}", self.i.runtime_type, r.id);
+        let prev = view.previous(&c.name).filter(|p| p.state == CState::Exited);
+        let mut last = prev.map(|p| terminated(p, &format!("{}://{}", self.i.runtime_type, p.id)));
+        let state = match r.state {
+            CState::Running => ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: ns_time(r.started_at),
+                }),
+                ..Default::default()
+            },
+            CState::Created => waiting("ContainerCreating", None),
+            CState::Exited => match cached {
+                Some((reason, message)) if self.i.terminal.is_none() => {
+                    last = Some(terminated(r, &id));
+                    waiting(reason, Some(message.clone()).filter(|m| !m.is_empty()))
+                }
+                _ => terminated(r, &id),
+            },
+            CState::Unknown => waiting("ContainerStatusUnknown", None),
+        };
+        let started = r.running() && (c.startup.is_none() || self.i.probes.started(&r.id));
+        let ready = started && (c.readiness.is_none() || self.i.probes.ready(&r.id) == Some(true));
+        ContainerStatus {
+            name: c.name.clone(),
+            image: if r.image.is_empty() {
+                c.image.clone()
+            } else {
+                r.image.clone()
+            },
+            image_id: r.image_ref.clone(),
+            container_id: Some(id),
+            state: Some(state),
+            last_state: last,
+            ready,
+            started: Some(started),
+            restart_count: i32::try_from(r.restart_count).unwrap_or(i32::MAX),
+            ..Default::default()
+        }
+    }
+}
+
+fn is(state: &Option<ContainerState>, f: impl Fn(&ContainerState) -> bool) -> bool {
+    state.as_ref().is_some_and(f)
+}
+
+fn phase(pod: &DesiredPod, init: &[ContainerStatus], app: &[ContainerStatus], initialized: bool) -> Phase {
+    let never = pod.restart_policy == crate::pods::spec::RestartPolicy::Never;
+    if !initialized {
+        let failed_init = pod.init_containers.iter().zip(init).any(|(c, s)| {
+            !c.sidecar
+                && is(&s.state, |st| {
+                    st.terminated.as_ref().is_some_and(|t| t.exit_code != 0)
+                })
+        });
+        if failed_init && never {
+            return Phase::Failed;
+        }
+        return Phase::Pending;
+    }
+    let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    for s in app {
+        if is(&s.state, |st| st.running.is_some()) {
+            running += 1;
+        } else if let Some(t) = s.state.as_ref().and_then(|st| st.terminated.as_ref()) {
+            stopped += 1;
+            if t.exit_code == 0 {
+                succeeded += 1;
+            }
+        } else if s.last_state.as_ref().is_some_and(|l| l.terminated.is_some()) {
+            stopped += 1;
+        } else {
+            waiting += 1;
+        }
+    }
+    if waiting > 0 {
+        return Phase::Pending;
+    }
+    if running > 0 {
+        return Phase::Running;
+    }
+    if stopped == 0 {
+        return Phase::Pending;
+    }
+    match pod.restart_policy {
+        crate::pods::spec::RestartPolicy::Always => Phase::Running,
+        _ if stopped == succeeded => Phase::Succeeded,
+        crate::pods::spec::RestartPolicy::Never => Phase::Failed,
+        crate::pods::spec::RestartPolicy::OnFailure => Phase::Running,
+    }
+}
+
+fn condition(
+    old: Option<&PodStatus>,
+    type_: &str,
+    ok: bool,
+    reason: Option<&str>,
+    message: Option<String>,
+    now: Time,
+) -> PodCondition {
+    let status = if ok { "True" } else { "False" };
+    let previous = old
+        .and_then(|o| o.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == type_));
+    let since = previous
+        .filter(|p| p.status == status)
+        .and_then(|p| p.last_transition_time.clone());
+    PodCondition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.map(str::to_owned),
+        message,
+        last_transition_time: Some(since.unwrap_or(now)),
+        ..Default::default()
+    }
+}
+
+fn names(list: &[&str]) -> String {
+    format!("[{}]", list.join(" "))
+}
+
+/// Generates the status; returns it with its phase.
+pub(crate) fn generate(i: &Inputs<'_>) -> (PodStatus, Phase) {
+    let pod = i.pod;
+    let initialized_now = initialized(pod, i.view, i.probes);
+    let g = Gen {
+        i,
+        initialized: initialized_now,
+    };
+    let init: Vec<ContainerStatus> = pod.init_containers.iter().map(|c| g.status(c, true)).collect();
+    let mut app: Vec<ContainerStatus> = pod.containers.iter().map(|c| g.status(c, false)).collect();
+    let phase = i
+        .terminal
+        .unwrap_or_else(|| phase(pod, &init, &app, initialized_now));
+    app.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let now = api_time(Timestamp::now());
+    let old = i.old;
+    let sandbox_ready = i.view.sandbox().is_some_and(|s| s.ready) && !phase.is_terminal();
+    let incomplete: Vec<&str> = pod
+        .init_containers
+        .iter()
+        .zip(&init)
+        .filter(|(c, s)| {
+            if c.sidecar {
+                s.started != Some(true)
+            } else {
+                !is(&s.state, |st| {
+                    st.terminated.as_ref().is_some_and(|t| t.exit_code == 0)
+                })
+            }
+        })
+        .map(|(c, _)| c.name.as_str())
+        .collect();
+    let initialized = initialized_now || incomplete.is_empty() || phase == Phase::Succeeded;
+    let unready: Vec<&str> = pod
+        .init_containers
+        .iter()
+        .zip(&init)
+        .filter(|(c, s)| c.sidecar && !s.ready)
+        .map(|(c, _)| c.name.as_str())
+        .chain(pod.containers.iter().filter_map(|c| {
+            let s = app.iter().find(|s| s.name == c.name)?;
+            (!s.ready).then_some(c.name.as_str())
+        }))
+        .collect();
+    let completed = phase == Phase::Succeeded;
+    let containers_ready = unready.is_empty() && !phase.is_terminal();
+    let (cr_reason, cr_message) = if completed {
+        (Some("PodCompleted"), None)
+    } else if containers_ready {
+        (None, None)
+    } else {
+        (
+            Some("ContainersNotReady"),
+            Some(format!("containers with unready status: {}", names(&unready))),
+        )
+    };
+    let gates_pending: Vec<String> = pod
+        .readiness_gates
+        .iter()
+        .filter_map(|gate| match pod.gate_status.iter().find(|(t, _)| t == gate) {
+            None => Some(format!(
+                "corresponding condition of pod readiness gate {gate:?} does not exist."
+            )),
+            Some((_, true)) => None,
+            Some((_, false)) => Some(format!(
+                "the status of pod readiness gate {gate:?} is not \"True\", but False"
+            )),
+        })
+        .collect();
+    let ready = containers_ready && gates_pending.is_empty();
+    let (ready_reason, ready_message) = if ready || completed || !containers_ready {
+        (cr_reason, cr_message.clone())
+    } else {
+        (Some("ReadinessGatesNotReady"), Some(gates_pending.join(", ")))
+    };
+    let mut conditions = vec![
+        condition(
+            old,
+            "PodReadyToStartContainers",
+            sandbox_ready,
+            None,
+            None,
+            now.clone(),
+        ),
+        if initialized {
+            condition(
+                old,
+                "Initialized",
+                true,
+                completed
+                    .then_some("PodCompleted")
+                    .filter(|_| !pod.init_containers.is_empty()),
+                None,
+                now.clone(),
+            )
+        } else {
+            condition(
+                old,
+                "Initialized",
+                false,
+                Some("ContainersNotInitialized"),
+                Some(format!(
+                    "containers with incomplete status: {}",
+                    names(&incomplete)
+                )),
+                now.clone(),
+            )
+        },
+        condition(old, "Ready", ready, ready_reason, ready_message, now.clone()),
+        condition(
+            old,
+            "ContainersReady",
+            containers_ready,
+            cr_reason,
+            cr_message,
+            now.clone(),
+        ),
+        condition(old, "PodScheduled", true, None, None, now.clone()),
+    ];
+    for c in &mut conditions {
+        c.observed_generation = pod.generation;
+    }
+
+    let mut pod_ips: Vec<String> = i.view.sandbox().map(|s| s.ips.clone()).unwrap_or_default();
+    if pod.host_network {
+        pod_ips = i.host_ips.to_vec();
+    }
+    if pod_ips.is_empty() {
+        pod_ips = old
+            .and_then(|o| o.pod_ips.as_ref())
+            .map(|ips| ips.iter().map(|p| p.ip.clone()).collect())
+            .unwrap_or_default();
+    }
+    let status = PodStatus {
+        phase: Some(phase.as_str().to_owned()),
+        conditions: Some(conditions),
+        host_ip: i.host_ips.first().cloned(),
+        host_ips: (!i.host_ips.is_empty())
+            .then(|| i.host_ips.iter().map(|ip| HostIP { ip: ip.clone() }).collect()),
+        pod_ip: pod_ips.first().cloned(),
+        pod_ips: (!pod_ips.is_empty()).then(|| pod_ips.into_iter().map(|ip| PodIP { ip }).collect()),
+        start_time: i.start_time.map(api_time),
+        qos_class: Some(pod.qos.as_str().to_owned()),
+        init_container_statuses: (!init.is_empty()).then_some(init),
+        container_statuses: Some(app),
+        observed_generation: pod.generation,
+        ..Default::default()
+    };
+    (status, phase)
+}
+
+/// The status of a pod admission refused: Failed, with the reason and `Pod was rejected: <message>`.
+pub(crate) fn rejected(pod: &DesiredPod, reason: &str, message: &str, start_time: Timestamp) -> PodStatus {
+    PodStatus {
+        phase: Some(Phase::Failed.as_str().to_owned()),
+        reason: Some(reason.to_owned()),
+        message: Some(format!("Pod was rejected: {message}")),
+        start_time: Some(api_time(start_time)),
+        qos_class: Some(pod.qos.as_str().to_owned()),
+        observed_generation: pod.generation,
+        ..Default::default()
+    }
+}

@@ -1,0 +1,60 @@
+//! Pod status: what the agent reports about each pod, and the one task per agent that reports it.
+//!
+//! * `generate` turns the runtime's view of a pod into the API `PodStatus` (kubelet rules).
+//! * `canonical` is the kubelet-owned part of a status as JSON: PATCH body and change fingerprint.
+//! * `manager` PATCHes `pods/status` only when the fingerprint changed since the last acknowledged write,
+//!   with the pod's UID as precondition, retries with back-off, records the start-up timeline when the API
+//!   server acknowledges Running, and finally DELETEs terminated pods (grace 0, UID precondition).
+
+pub(crate) mod canonical;
+pub(crate) mod generate;
+mod manager;
+
+use k8s_openapi::api::core::v1::PodStatus;
+use tokio::sync::mpsc;
+
+pub use generate::Phase;
+pub(crate) use manager::StatusManager;
+
+use super::metrics::Timeline;
+
+/// A request to the status manager.
+#[derive(Debug)]
+pub(crate) enum StatusMsg {
+    /// The status the API server holds now (first sight of the pod): nothing is written while ours equals it.
+    Seed { uid: String, status: Box<PodStatus> },
+    /// Report this status; attach the start-up timeline to record once Running is acknowledged.
+    Set {
+        uid: String,
+        namespace: String,
+        name: String,
+        status: Box<PodStatus>,
+        timeline: Option<Box<Timeline>>,
+    },
+    /// After the last `Set`, delete the pod object (grace 0, UID precondition).
+    Delete {
+        uid: String,
+        namespace: String,
+        name: String,
+    },
+    /// Drop everything about the pod.
+    Forget { uid: String },
+}
+
+/// The pod workers' handle on the status manager.
+#[derive(Debug, Clone)]
+pub(crate) struct StatusHandle {
+    tx: mpsc::UnboundedSender<StatusMsg>,
+}
+
+impl StatusHandle {
+    pub(crate) fn channel() -> (Self, mpsc::UnboundedReceiver<StatusMsg>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self { tx }, rx)
+    }
+
+    pub(crate) fn send(&self, msg: StatusMsg) {
+        // the manager outlives the workers; a closed channel means shutdown
+        let _ = self.tx.send(msg);
+    }
+}

@@ -1,0 +1,346 @@
+//! One sync of a running pod (the kubelet's SyncPod): refresh the runtime view, compute the [`plan`], then
+//! carry it out in order — stop what must stop, create the sandbox, start containers (restart back-off, image
+//! ensure, create, start, postStart hook) — and report the resulting status.
+
+use std::time::Duration;
+
+use runtime_api::{Code, RuntimeError, cri};
+use tokio::time::Instant;
+
+use super::actions::{self, Where};
+use super::events::EventType;
+use super::gofmt;
+use super::images::ImageState;
+use super::kill;
+use super::labels;
+use super::metrics::Stage;
+use super::plan::{self, Start};
+use super::probes::ProbeOutcome;
+use super::status::generate::{self, Inputs};
+use super::status::{Phase, StatusMsg};
+use super::worker::{PodWorker, State};
+
+impl PodWorker {
+    fn wake(&mut self, at: Instant) {
+        self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
+    }
+
+    fn pod_ip(&self) -> String {
+        self.view
+            .sandbox()
+            .and_then(|s| s.ips.first().cloned())
+            .unwrap_or_default()
+    }
+
+    pub(super) async fn sync_running(&mut self) -> Result<(), RuntimeError> {
+        if self.rejected.is_some() {
+            // a rejected pod never runs: report Failed, then only wait for the object's deletion
+            self.report_status();
+            self.state = State::Terminated;
+            return Ok(());
+        }
+        if self.removed || self.pod.deletion.is_some() {
+            self.state = State::Terminating;
+            return Ok(());
+        }
+        let ctx = self.ctx.clone();
+        let pod = self.pod.clone();
+        self.view.refresh(&ctx, &pod.uid).await?;
+        if let Some(t) = self.timeline.as_deref_mut() {
+            t.mark(Stage::VolumesReady);
+        }
+        for _round in 0..2 {
+            let plan = plan::plan(&pod, &self.view, &self.probes);
+            if let Some(phase) = plan.terminal {
+                self.terminal = Some(phase);
+                self.state = State::Terminating;
+                return Ok(());
+            }
+            let pod_ip = self.pod_ip();
+            for k in &plan.kill {
+                let Some(rec) = self.view.containers.iter().find(|r| r.id == k.id).cloned() else {
+                    continue;
+                };
+                let grace = k.grace_secs.unwrap_or(pod.termination_grace_secs);
+                let grace = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+                kill::kill_container(&ctx, &pod, (&rec).into(), &pod_ip, grace, k.message.as_deref()).await?;
+            }
+            if let Some(attempt) = plan.create_sandbox {
+                for sb in self.view.sandboxes.iter().filter(|s| s.ready) {
+                    let req = cri::StopPodSandboxRequest {
+                        pod_sandbox_id: sb.id.clone(),
+                    };
+                    ctx.rt("stop_podsandbox", ctx.runtime.stop_pod_sandbox(req))
+                        .await?;
+                }
+                if attempt > 0 {
+                    let msg = "Pod sandbox changed, it will be killed and re-created.";
+                    ctx.events.pod(&pod, EventType::Normal, "SandboxChanged", msg);
+                }
+                self.create_sandbox(attempt).await?;
+                self.view.refresh(&ctx, &pod.uid).await?;
+                continue;
+            }
+            let mut changed = !plan.kill.is_empty();
+            for s in &plan.start {
+                let started = self.start_one(s).await?;
+                changed |= started;
+                if !started && s.init {
+                    break;
+                }
+            }
+            if changed {
+                self.view.refresh(&ctx, &pod.uid).await?;
+            }
+            break;
+        }
+        let view = &self.view;
+        self.probes
+            .retain(|id| view.containers.iter().any(|c| c.id == id && c.running()));
+        self.mark_started();
+        self.update_prober();
+        if !self.counted_running && self.view.sandbox().is_some_and(|s| s.ready) {
+            self.counted_running = true;
+            ctx.metrics.running_pods(1);
+        }
+        self.report_status();
+        Ok(())
+    }
+
+    async fn create_sandbox(&mut self, attempt: u32) -> Result<(), RuntimeError> {
+        let ctx = self.ctx.clone();
+        let pod = self.pod.clone();
+        let req = cri::RunPodSandboxRequest {
+            config: Some(labels::sandbox_config(&pod, attempt, &ctx.config.layout)),
+            runtime_handler: pod.runtime_handler.clone(),
+        };
+        match ctx.rt("run_podsandbox", ctx.runtime.run_pod_sandbox(req)).await {
+            Ok(_) => {
+                if let Some(t) = self.timeline.as_deref_mut() {
+                    t.mark(Stage::SandboxReady);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let msg = format!("Failed to create pod sandbox: {}", e.message);
+                ctx.events
+                    .pod(&pod, EventType::Warning, "FailedCreatePodSandBox", msg);
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts one container; `Ok(false)` when it has to wait (the reason is recorded for the status).
+    async fn start_one(&mut self, s: &Start) -> Result<bool, RuntimeError> {
+        let ctx = self.ctx.clone();
+        let pod = self.pod.clone();
+        let Some(c) = pod.container(&s.name) else {
+            return Ok(false);
+        };
+        let Some(sandbox) = self.view.sandbox().filter(|s| s.ready).cloned() else {
+            return Ok(false);
+        };
+        let now = Instant::now();
+        if let Some(exited) = s.exited
+            && let Err(wait) = self.restarts.try_restart(&s.name, exited, now)
+        {
+            let msg = format!(
+                "back-off {} restarting failed container={} pod={}",
+                gofmt::duration(wait.backoff),
+                s.name,
+                pod.display()
+            );
+            self.waiting.insert(s.name.clone(), ("CrashLoopBackOff", msg));
+            let event = format!(
+                "Back-off restarting failed container {} in pod {}",
+                s.name,
+                pod.display()
+            );
+            ctx.events
+                .container(&pod, &s.name, EventType::Warning, "BackOff", event);
+            self.wake(now + wait.remaining);
+            return Ok(false);
+        }
+        let sandbox_config = labels::sandbox_config(&pod, sandbox.attempt, &ctx.config.layout);
+        match self.images.ensure(&ctx, &pod, c, &sandbox_config).await {
+            ImageState::Waiting { reason, message } => {
+                self.waiting.insert(s.name.clone(), (reason, message));
+                // a failed pull shows ErrImagePull, then (a second later) ImagePullBackOff until the retry
+                let retry = match reason {
+                    "ErrImagePull" => Some(Duration::from_secs(1)),
+                    _ => self.images.retry_in(&c.image, Instant::now()),
+                };
+                self.wake(Instant::now() + retry.unwrap_or(Duration::from_secs(10)));
+                return Ok(false);
+            }
+            ImageState::Ready { pulled } => {
+                if let (Some(t), Some(d)) = (self.timeline.as_deref_mut(), pulled) {
+                    t.add_pulling(d);
+                }
+            }
+        }
+        if !s.init
+            && pod.containers.last().is_some_and(|last| last.name == s.name)
+            && let Some(t) = self.timeline.as_deref_mut()
+        {
+            t.mark(Stage::ImagesReady);
+        }
+        let pod_ip = sandbox.ips.first().cloned().unwrap_or_default();
+        let host_ip = ctx.host_ips().into_iter().next().unwrap_or_default();
+        let req = cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.id.clone(),
+            config: Some(labels::container_config(
+                &pod,
+                c,
+                s.restart_count,
+                &pod_ip,
+                &host_ip,
+            )),
+            sandbox_config: Some(sandbox_config),
+        };
+        let id = match ctx
+            .rt("create_container", ctx.runtime.create_container(req))
+            .await
+        {
+            Ok(resp) => resp.container_id,
+            Err(e) => return self.start_failed(s, "CreateContainerError", e),
+        };
+        ctx.events.container(
+            &pod,
+            &s.name,
+            EventType::Normal,
+            "Created",
+            format!("Created container: {}", s.name),
+        );
+        let req = cri::StartContainerRequest {
+            container_id: id.clone(),
+        };
+        if let Err(e) = ctx.rt("start_container", ctx.runtime.start_container(req)).await {
+            return self.start_failed(s, "RunContainerError", e);
+        }
+        ctx.events.container(
+            &pod,
+            &s.name,
+            EventType::Normal,
+            "Started",
+            format!("Started container {}", s.name),
+        );
+        ctx.metrics
+            .container_started(if s.init { "init_container" } else { "container" });
+        self.waiting.remove(&s.name);
+        kill::prune_dead(&ctx, &self.view, &s.name).await?;
+        if let Some(hook) = &c.post_start {
+            let at = Where {
+                pod: &pod,
+                container: &s.name,
+                container_id: &id,
+                pod_ip: &pod_ip,
+            };
+            let grace = Duration::from_secs(u64::try_from(pod.termination_grace_secs).unwrap_or(0));
+            if let ProbeOutcome::Failure(out) | ProbeOutcome::Unknown(out) =
+                actions::run(&ctx, at, hook, grace).await
+            {
+                let msg = format!("PostStartHook failed: {out}");
+                ctx.events
+                    .container(&pod, &s.name, EventType::Warning, "FailedPostStartHook", msg);
+                let victim = kill::Victim {
+                    id: &id,
+                    name: &s.name,
+                    running: true,
+                };
+                kill::kill_container(&ctx, &pod, victim, &pod_ip, grace, Some("FailedPostStartHook")).await?;
+            }
+        }
+        Ok(true)
+    }
+
+    fn start_failed(
+        &mut self,
+        s: &Start,
+        reason: &'static str,
+        e: RuntimeError,
+    ) -> Result<bool, RuntimeError> {
+        if e.code == Code::Unavailable {
+            return Err(e);
+        }
+        let msg = e.message.clone();
+        self.ctx.events.container(
+            &self.pod,
+            &s.name,
+            EventType::Warning,
+            "Failed",
+            format!("Error: {msg}"),
+        );
+        self.waiting.insert(s.name.clone(), (reason, msg));
+        let retry = Instant::now() + self.errors.next_delay();
+        self.wake(retry);
+        Ok(false)
+    }
+
+    fn mark_started(&mut self) {
+        let Some(t) = self.timeline.as_deref_mut() else {
+            return;
+        };
+        let Some(sandbox) = self.view.sandbox() else {
+            return;
+        };
+        let all = self.pod.containers.iter().all(|c| {
+            self.view
+                .latest_in(&c.name, &sandbox.id)
+                .is_some_and(|r| r.started_at > 0)
+        });
+        if all {
+            t.mark(Stage::ContainersStarted);
+        }
+    }
+
+    /// Generates the status and hands it to the status manager (which writes only changes).
+    pub(super) fn report_status(&mut self) {
+        let host_ips = self.ctx.host_ips();
+        let pod = &self.pod;
+        let (status, phase) = match &self.rejected {
+            Some(r) => (
+                generate::rejected(
+                    pod,
+                    &r.reason,
+                    &r.message,
+                    self.start_time.unwrap_or_else(k8s_openapi::jiff::Timestamp::now),
+                ),
+                Phase::Failed,
+            ),
+            None => generate::generate(&Inputs {
+                pod,
+                view: &self.view,
+                probes: &self.probes,
+                waiting: &self.waiting,
+                host_ips: &host_ips,
+                start_time: self.start_time,
+                old: self.last_status.as_ref(),
+                runtime_type: &self.ctx.runtime_type,
+                terminal: if self.state == State::Syncing {
+                    None
+                } else {
+                    self.terminal
+                },
+            }),
+        };
+        let timeline = match &self.timeline {
+            Some(t) if phase == Phase::Running && t.reached(Stage::ContainersStarted) => self.timeline.take(),
+            _ => None,
+        };
+        if phase.is_terminal() {
+            self.timeline = None;
+        }
+        if timeline.is_none() && self.last_status.as_ref() == Some(&status) {
+            return;
+        }
+        self.last_status = Some(status.clone());
+        self.ctx.status.send(StatusMsg::Set {
+            uid: pod.uid.clone(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            status: Box::new(status),
+            timeline,
+        });
+    }
+}

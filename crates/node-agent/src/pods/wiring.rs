@@ -1,0 +1,140 @@
+//! Running the pod lifecycle as one manager of an [`Agent`](crate::Agent): configuration from the agent's
+//! KubeletConfiguration, events through the agent's recorder, API calls through its rate limit, and the
+//! [`NodeView`] assembled from the Node the node half registered plus the agent's allocatable.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::admission::NodeView;
+use super::{NetworkProbes, PodConfig, PodLifecycle, PodMetrics, PodSource, ProbeTransport};
+use crate::agent::AgentContext;
+use crate::node::{NodeSnapshot, ResourceList};
+
+/// What an agent's pod lifecycle uses besides the agent context.
+pub struct PodOptions {
+    /// How network probes reach containers (default: the real network).
+    pub probes: Arc<dyn ProbeTransport>,
+    /// Where start-up timing goes (share one across a fleet).
+    pub metrics: Arc<PodMetrics>,
+    /// Where pods come from (default: the agent's own watch).
+    pub source: PodSource,
+}
+
+impl Default for PodOptions {
+    fn default() -> Self {
+        Self {
+            probes: Arc::new(NetworkProbes::new()),
+            metrics: Arc::new(PodMetrics::new()),
+            source: PodSource::Watch,
+        }
+    }
+}
+
+impl std::fmt::Debug for PodOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodOptions")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The node view from the registered Node and the allocatable the agent computed.
+fn node_view(node: &NodeSnapshot, allocatable: &ResourceList) -> NodeView {
+    let get = |key: &str, milli: bool| {
+        allocatable
+            .get(key)
+            .and_then(|q| i64::try_from(if milli { q.milli() } else { q.value() }).ok())
+            .unwrap_or(0)
+    };
+    let mut host_ips: Vec<String> = Vec::new();
+    for kind in ["InternalIP", "ExternalIP"] {
+        for (t, addr) in &node.addresses {
+            if t == kind && !host_ips.contains(addr) {
+                host_ips.push(addr.clone());
+            }
+        }
+    }
+    NodeView {
+        name: node.name.clone(),
+        cpu_milli: get("cpu", true),
+        memory: get("memory", false),
+        ephemeral: get("ephemeral-storage", false),
+        pods: get("pods", false),
+        labels: node.labels.clone(),
+        no_execute_taints: node
+            .taints
+            .iter()
+            .filter(|t| t.effect == "NoExecute")
+            .map(|t| (t.key.clone(), t.value.clone().unwrap_or_default()))
+            .collect(),
+        host_ips,
+    }
+}
+
+/// Keeps `tx` equal to the view of the agent's latest Node and allocatable.
+async fn bridge(
+    mut node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
+    mut allocatable: watch::Receiver<Arc<ResourceList>>,
+    tx: watch::Sender<Option<NodeView>>,
+    cancel: CancellationToken,
+) {
+    let (mut node_open, mut alloc_open) = (true, true);
+    loop {
+        let view = node
+            .borrow_and_update()
+            .as_ref()
+            .map(|n| node_view(n, &allocatable.borrow_and_update()));
+        tx.send_if_modified(|cur| {
+            let changed = *cur != view;
+            *cur = view;
+            changed
+        });
+        if !node_open && !alloc_open {
+            return;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = node.changed(), if node_open => node_open = r.is_ok(),
+            r = allocatable.changed(), if alloc_open => alloc_open = r.is_ok(),
+        }
+    }
+}
+
+impl PodLifecycle {
+    /// The pod lifecycle of the agent behind `ctx`.
+    pub fn for_agent(ctx: &AgentContext, options: PodOptions) -> Self {
+        let k = &ctx.config.kubelet;
+        let mut config = PodConfig::new(ctx.config.node_name.clone());
+        config.sync_frequency = k.sync_frequency;
+        config.max_pods = k.max_pods;
+        config.layout.pod_logs_dir = k.pod_logs_dir.display().to_string();
+        let (tx, rx) = watch::channel(None);
+        let (node, allocatable) = (ctx.node.clone(), ctx.allocatable.clone());
+        let mut lifecycle = PodLifecycle::new(
+            config,
+            ctx.client.clone(),
+            ctx.runtime.clone(),
+            options.probes,
+            rx,
+        )
+        .with_metrics(options.metrics)
+        .with_events(Arc::new(ctx.events.clone()))
+        .with_api(ctx.api.clone())
+        .with_source(options.source);
+        lifecycle.companions.push(Box::new(move |cancel| {
+            bridge(node, allocatable, tx, cancel).boxed()
+        }));
+        lifecycle
+    }
+}
+
+/// Runs the pod lifecycle of the agent behind `ctx` until the agent's token fires (errors are logged).
+pub async fn run_for_agent(ctx: AgentContext, options: PodOptions) {
+    let token = ctx.token.clone();
+    if let Err(error) = PodLifecycle::for_agent(&ctx, options).run(token).await {
+        tracing::error!(node = %ctx.config.node_name, %error, "pod lifecycle stopped");
+    }
+}

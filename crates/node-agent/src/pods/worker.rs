@@ -1,0 +1,386 @@
+//! The pod worker: one task per pod UID, so syncs of one pod never overlap.
+//!
+//! A worker moves through the kubelet's three states:
+//! * **syncing** — make the runtime match the spec ([`sync`](super::sync)): sandbox, init containers,
+//!   sidecars, app containers, restarts with back-off, probes; report status;
+//! * **terminating** — the pod is being deleted, was removed, or finished for good: stop every container
+//!   (preStop, grace period) and the sandbox ([`kill`](super::kill)); report the final status;
+//! * **terminated** — nothing runs. Once the object is being deleted (or is gone): remove containers and
+//!   sandbox, ask the status manager to delete the object, tell the manager, and exit.
+//!
+//! Inputs are coalesced: any number of updates, runtime events and probe results since the last sync cause
+//! one sync. Besides inputs, a worker wakes for a back-off expiring, after an error (with back-off) and every
+//! `syncFrequency` (jittered) while syncing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PodStatus;
+use k8s_openapi::jiff::Timestamp;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::admission::Rejection;
+use super::context::AgentCtx;
+use super::images::Images;
+use super::kill;
+use super::metrics::Timeline;
+use super::observed::RuntimeView;
+use super::probes::ProbeResults;
+use super::probes::prober::{ProbeUpdate, Prober, Seeds, Targets};
+use super::restart::RestartBackoff;
+use super::spec::DesiredPod;
+use super::status::{Phase, StatusMsg};
+use crate::backoff::{Backoff, BackoffPolicy, jittered};
+
+/// Input to a pod worker.
+#[derive(Debug)]
+pub(crate) enum WorkerMsg {
+    /// A newer version of the pod object.
+    Update(Arc<DesiredPod>),
+    /// The pod object is gone from the API server.
+    Removed,
+    /// The runtime reported a change for this pod.
+    Runtime,
+    /// A probe result changed.
+    Probe(ProbeUpdate),
+}
+
+/// What the worker tells the pod manager.
+#[derive(Debug)]
+pub(crate) enum Finished {
+    /// The pod is terminated and its object deleted (or gone): forget it.
+    Gone { uid: String },
+    /// The pod no longer runs anything (terminal or terminated): release its admitted resources.
+    Stopped { uid: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum State {
+    Syncing,
+    Terminating,
+    Terminated,
+    Exit,
+}
+
+/// How a worker starts.
+pub(crate) struct WorkerInit {
+    pub pod: Arc<DesiredPod>,
+    /// The status the API server holds (seeds change detection, start time, conditions, probe results).
+    pub api_status: Option<PodStatus>,
+    /// Admission refused the pod.
+    pub rejected: Option<Rejection>,
+    /// The start-up timeline, for a pod admitted just now.
+    pub timeline: Option<Timeline>,
+}
+
+pub(crate) struct PodWorker {
+    pub(super) ctx: Arc<AgentCtx>,
+    pub(super) pod: Arc<DesiredPod>,
+    pub(super) rx: mpsc::UnboundedReceiver<WorkerMsg>,
+    pub(super) tx: mpsc::UnboundedSender<WorkerMsg>,
+    pub(super) done: mpsc::UnboundedSender<Finished>,
+    pub(super) state: State,
+    pub(super) removed: bool,
+    pub(super) rejected: Option<Rejection>,
+    pub(super) view: RuntimeView,
+    pub(super) probes: ProbeResults,
+    pub(super) waiting: HashMap<String, (&'static str, String)>,
+    pub(super) restarts: RestartBackoff,
+    pub(super) images: Images,
+    pub(super) start_time: Option<Timestamp>,
+    pub(super) last_status: Option<PodStatus>,
+    pub(super) terminal: Option<Phase>,
+    pub(super) timeline: Option<Box<Timeline>>,
+    pub(super) prober: Option<(watch::Sender<Targets>, CancellationToken)>,
+    pub(super) wake_at: Option<Instant>,
+    pub(super) errors: Backoff,
+    pub(super) stopped_reported: bool,
+    pub(super) counted_running: bool,
+}
+
+impl PodWorker {
+    pub(crate) fn new(
+        ctx: Arc<AgentCtx>,
+        init: WorkerInit,
+        done: mpsc::UnboundedSender<Finished>,
+    ) -> (Self, mpsc::UnboundedSender<WorkerMsg>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let api_phase = init
+            .api_status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .and_then(Phase::parse);
+        let start_time = init
+            .api_status
+            .as_ref()
+            .and_then(|s| s.start_time.as_ref())
+            .map(|t| t.0)
+            .or_else(|| Some(Timestamp::now()));
+        let mut probes = ProbeResults::default();
+        if let Some(status) = &init.api_status {
+            for cs in status
+                .container_statuses
+                .iter()
+                .flatten()
+                .chain(status.init_container_statuses.iter().flatten())
+            {
+                if let Some(id) = cs
+                    .container_id
+                    .as_deref()
+                    .and_then(|id| id.split_once("://"))
+                    .map(|(_, id)| id)
+                {
+                    probes.seed(id, cs.ready, cs.started == Some(true));
+                }
+            }
+            ctx.status.send(StatusMsg::Seed {
+                uid: init.pod.uid.clone(),
+                status: Box::new(status.clone()),
+            });
+        }
+        let terminal = api_phase.filter(|p| p.is_terminal());
+        let state = if init.rejected.is_some() {
+            State::Syncing
+        } else if terminal.is_some() {
+            // the pod already finished (before an agent restart): make sure nothing runs, never restart it
+            State::Terminating
+        } else {
+            State::Syncing
+        };
+        let worker = Self {
+            ctx,
+            pod: init.pod,
+            rx,
+            tx: tx.clone(),
+            done,
+            state,
+            removed: false,
+            rejected: init.rejected,
+            view: RuntimeView::default(),
+            probes,
+            waiting: HashMap::new(),
+            restarts: RestartBackoff::default(),
+            images: Images::default(),
+            start_time,
+            last_status: init.api_status,
+            terminal,
+            timeline: init.timeline.map(Box::new),
+            prober: None,
+            wake_at: None,
+            errors: Backoff::new(BackoffPolicy::api_retry()),
+            stopped_reported: false,
+            counted_running: false,
+        };
+        (worker, tx)
+    }
+
+    fn handle(&mut self, msg: WorkerMsg) {
+        match msg {
+            WorkerMsg::Update(pod) => self.pod = pod,
+            WorkerMsg::Removed => self.removed = true,
+            WorkerMsg::Runtime => {}
+            WorkerMsg::Probe(update) => self.probes.apply(&update),
+        }
+        if (self.removed || self.pod.deletion.is_some()) && self.state == State::Syncing {
+            self.state = State::Terminating;
+        }
+    }
+
+    /// Syncs until the pod is gone, or `cancel` fires (agent shutdown: containers keep running).
+    pub(crate) async fn run(mut self, cancel: CancellationToken) {
+        let mut resync_at;
+        let operation = if self.timeline.is_some() { "create" } else { "sync" };
+        let mut first = true;
+        loop {
+            {
+                let began = Instant::now();
+                self.wake_at = None;
+                let before = self.state;
+                let result = self.step().await;
+                let op = if first {
+                    operation
+                } else if self.state == State::Syncing {
+                    "sync"
+                } else {
+                    "update"
+                };
+                first = false;
+                self.ctx.metrics.worker_sync(op, began.elapsed());
+                resync_at = Instant::now() + jittered(self.ctx.config.sync_frequency, 0.5);
+                match result {
+                    Ok(()) => {
+                        self.errors.reset();
+                        // a state change (e.g. syncing -> terminating) is acted on at once
+                        if self.state != before && self.state != State::Exit {
+                            continue;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(pod = %self.pod.name, namespace = %self.pod.namespace, %error, "pod sync failed, will retry");
+                        let retry = Instant::now() + self.errors.next_delay();
+                        self.wake_at = Some(self.wake_at.map_or(retry, |w| w.min(retry)));
+                    }
+                }
+            }
+            if self.state == State::Exit {
+                break;
+            }
+            let resync = (self.state == State::Syncing).then_some(resync_at);
+            let wake = [self.wake_at, resync].into_iter().flatten().min();
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                msg = self.rx.recv() => {
+                    let Some(msg) = msg else { break };
+                    self.handle(msg);
+                    while let Ok(more) = self.rx.try_recv() {
+                        self.handle(more);
+                    }
+                }
+                _ = sleep_until(wake) => {}
+            }
+        }
+        self.stop_prober();
+        if self.counted_running {
+            self.ctx.metrics.running_pods(-1);
+        }
+    }
+
+    async fn step(&mut self) -> Result<(), runtime_api::RuntimeError> {
+        match self.state {
+            State::Syncing => self.sync_running().await,
+            State::Terminating => self.terminate().await,
+            State::Terminated => self.finish().await,
+            State::Exit => Ok(()),
+        }
+    }
+
+    /// Stops everything, reports the final status.
+    async fn terminate(&mut self) -> Result<(), runtime_api::RuntimeError> {
+        self.stop_prober();
+        self.view.refresh(&self.ctx, &self.pod.uid).await?;
+        let grace = Duration::from_secs(u64::try_from(self.pod.grace_secs()).unwrap_or(0));
+        kill::kill_pod(&self.ctx, &self.pod, &self.view, grace).await?;
+        self.view.refresh(&self.ctx, &self.pod.uid).await?;
+        if self.terminal.is_none() {
+            // stopped on request: the phase follows how the app containers ended
+            let ok = self
+                .pod
+                .containers
+                .iter()
+                .all(|c| self.view.latest(&c.name).is_none_or(|r| r.succeeded()));
+            self.terminal = Some(if ok { Phase::Succeeded } else { Phase::Failed });
+        }
+        self.waiting.clear();
+        self.state = State::Terminated;
+        self.finish().await
+    }
+
+    /// Terminated: report the final status; remove everything once the object is going away.
+    async fn finish(&mut self) -> Result<(), runtime_api::RuntimeError> {
+        if !self.stopped_reported {
+            self.stopped_reported = true;
+            let _ = self.done.send(Finished::Stopped {
+                uid: self.pod.uid.clone(),
+            });
+        }
+        if self.counted_running {
+            self.counted_running = false;
+            self.ctx.metrics.running_pods(-1);
+        }
+        if self.rejected.is_none() && !self.removed {
+            self.report_status();
+        }
+        if !(self.removed || self.pod.deletion.is_some()) {
+            return Ok(());
+        }
+        self.view.refresh(&self.ctx, &self.pod.uid).await?;
+        kill::remove_pod(&self.ctx, &self.view).await?;
+        let uid = self.pod.uid.clone();
+        if self.removed {
+            self.ctx.status.send(StatusMsg::Forget { uid: uid.clone() });
+        } else {
+            self.ctx.status.send(StatusMsg::Delete {
+                uid: uid.clone(),
+                namespace: self.pod.namespace.clone(),
+                name: self.pod.name.clone(),
+            });
+        }
+        let _ = self.done.send(Finished::Gone { uid });
+        self.state = State::Exit;
+        Ok(())
+    }
+
+    pub(super) fn stop_prober(&mut self) {
+        if let Some((_, cancel)) = self.prober.take() {
+            cancel.cancel();
+        }
+    }
+
+    /// Publishes the running containers to the prober, starting it on first need.
+    pub(super) fn update_prober(&mut self) {
+        if !self.pod.has_probes() {
+            return;
+        }
+        let targets = Targets {
+            pod_ip: self
+                .view
+                .sandbox()
+                .and_then(|s| s.ips.first().cloned())
+                .unwrap_or_default(),
+            running: self
+                .view
+                .containers
+                .iter()
+                .filter(|r| r.running())
+                .map(|r| super::probes::prober::Running {
+                    name: r.name.clone(),
+                    id: r.id.clone(),
+                    started: r.started_seen.unwrap_or_else(Instant::now),
+                })
+                .collect(),
+        };
+        if let Some((tx, _)) = &self.prober {
+            tx.send_if_modified(|cur| {
+                if *cur == targets {
+                    false
+                } else {
+                    *cur = targets;
+                    true
+                }
+            });
+            return;
+        }
+        if targets.running.is_empty() {
+            return;
+        }
+        let seeds: Seeds = self
+            .last_status
+            .iter()
+            .flat_map(|s| {
+                s.container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(s.init_container_statuses.iter().flatten())
+            })
+            .filter_map(|cs| {
+                let id = cs.container_id.as_deref()?.split_once("://")?.1.to_owned();
+                Some((id, (cs.ready, cs.started == Some(true))))
+            })
+            .collect();
+        let (tx, rx) = watch::channel(targets);
+        let cancel = CancellationToken::new();
+        let prober = Prober::new(self.ctx.clone(), self.pod.clone(), rx, self.tx.clone(), seeds);
+        tokio::spawn(prober.run(cancel.clone()));
+        self.prober = Some((tx, cancel));
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
