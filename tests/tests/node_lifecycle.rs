@@ -1,12 +1,17 @@
 //! Node lifecycle against the real control plane, with node credentials under the Node authorizer and
 //! NodeRestriction: registration with every field, the lease, the status loop, the controller-manager's view of
-//! a dead agent, restart, runtime faults, idle write volume, graceful stop and configuration errors.
+//! a dead agent, restart, runtime faults, idle write volume, graceful stop and configuration errors; in
+//! [`recovery`], what the agent does about changes others make: a Node left by a previous run, a lease
+//! conflict, a deleted Node, repeated events.
 //!
 //! Agents run in-process (library + the in-memory fake runtime) except where the process matters: killing it
 //! (SIGKILL), stopping it (SIGTERM) and a bad configuration file (exit code) run the `node-agent` binary.
 //! The control plane of this test binary runs the controller-manager with a 20 s node-monitor grace period and
 //! the API server with an audit log of every request made by a node identity, so write volume is measured by
 //! the API server itself as well as by the agent's own counters.
+
+#[path = "node_lifecycle/recovery.rs"]
+mod recovery;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -67,6 +72,22 @@ struct InProcess {
 }
 
 async fn start_in_process(cp: &testenv::ControlPlane, name: &str) -> anyhow::Result<InProcess> {
+    start_with(
+        cp,
+        name,
+        KubeletConfig::default(),
+        Arc::new(Metrics::unregistered()),
+    )
+    .await
+}
+
+/// An in-process agent with this kubelet configuration, counting into `metrics`.
+async fn start_with(
+    cp: &testenv::ControlPlane,
+    name: &str,
+    kubelet: KubeletConfig,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<InProcess> {
     let client = cp.node_client(name).await?;
     let runtime = FakeRuntime::new(FakeConfig {
         images: vec!["registry.k8s.io/pause:3.10".into()],
@@ -75,10 +96,9 @@ async fn start_in_process(cp: &testenv::ControlPlane, name: &str) -> anyhow::Res
     let config = AgentConfig::new(
         name,
         "127.0.0.1".parse()?,
-        Arc::new(KubeletConfig::default()),
+        Arc::new(kubelet),
         MachineInfo::synthetic(name),
     );
-    let metrics = Arc::new(Metrics::unregistered());
     let agent = Agent::builder(config, client, Arc::new(runtime.clone()))
         .metrics(metrics.clone())
         .build()?
@@ -256,8 +276,10 @@ async fn node_is_ready_within_five_seconds_with_every_field() -> anyhow::Result<
     let nodes: Api<Node> = Api::all(admin.clone());
     let name = "nl-ready";
 
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Arc::new(Metrics::register(&mut registry));
     let t0 = Instant::now();
-    let a = start_in_process(cp, name).await?;
+    let a = start_with(cp, name, KubeletConfig::default(), metrics).await?;
     let node = wait_node(&nodes, name, "Ready=True", Duration::from_secs(5), |n| {
         ready_status(n).as_deref() == Some("True")
     })
@@ -396,6 +418,13 @@ async fn node_is_ready_within_five_seconds_with_every_field() -> anyhow::Result<
     println!(
         "[node_lifecycle] {name}: podCIDR {cidr} assigned by the controller-manager and handed to the runtime"
     );
+    // ... and published to the agent's other managers (pod admission reads the Node from here)
+    let snapshot = a.agent.context().node.borrow().clone().context("node snapshot")?;
+    assert_eq!(snapshot.pod_cidrs, vec![cidr.clone()]);
+    assert_eq!(
+        snapshot.addresses[0],
+        ("InternalIP".to_string(), "127.0.0.1".to_string())
+    );
 
     let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
     let lease = leases.get(name).await?;
@@ -423,6 +452,12 @@ async fn node_is_ready_within_five_seconds_with_every_field() -> anyhow::Result<
     .await?;
     println!("[node_lifecycle] {name}: events {reasons:?}");
     assert_eq!(a.metrics.request_count("create", "nodes", 201), 1);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    for phase in ["", "_pre_registration", "_registration", "_post_registration"] {
+        let line = format!("kubelet_node_startup{phase}_duration_seconds_count 1");
+        assert!(text.contains(&line), "{line} missing from\n{text}");
+    }
     a.agent.stop(Duration::from_secs(10)).await?;
     Ok(())
 }

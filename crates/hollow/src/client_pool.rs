@@ -3,7 +3,7 @@
 //!
 //! `kube::Client::try_from(config)` speaks HTTP/1.1 only, so a thousand agents each holding a watch would hold
 //! a thousand TCP+TLS connections. Here each pooled client is a `kube::Client` over a hyper client that speaks
-//! only HTTP/2 (ALPN `h2`), built from kube's own TLS configuration, base-URI and auth layers. Agent `i` uses
+//! only HTTP/2 (ALPN `h2`, set by the connector), built from kube's own TLS configuration, base-URI and auth layers. Agent `i` uses
 //! client `i % K`. The API server caps concurrent streams per connection
 //! (`--http2-max-streams-per-connection`); a watch holds its stream for its lifetime, so size K so that
 //! `agents / K` stays below that cap.
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::{Body, ConfigExt};
 use tower::ServiceBuilder;
 
@@ -31,8 +31,7 @@ pub enum PoolError {
 
 /// One `kube::Client` speaking HTTP/2 only over a single connection pool.
 pub fn http2_client(config: &kube::Config) -> Result<kube::Client, PoolError> {
-    let mut tls = config.rustls_client_config().map_err(PoolError::Kube)?;
-    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let tls = config.rustls_client_config().map_err(PoolError::Kube)?;
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -43,6 +42,8 @@ pub fn http2_client(config: &kube::Config) -> Result<kube::Client, PoolError> {
         .enable_http2()
         .wrap_connector(http);
     let hyper: HyperClient<_, Body> = HyperClient::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
         .http2_only(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .http2_keep_alive_while_idle(true)

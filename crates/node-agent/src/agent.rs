@@ -319,7 +319,3 @@ impl RunningAgent {
         }
     }
 }
-
-#[cfg(test)]
-#[path = "agent_tests.rs"]
-mod tests;

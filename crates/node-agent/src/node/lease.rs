@@ -7,8 +7,11 @@
 //! When renewals succeed again after failing, the status loop is asked to re-check the Node (the
 //! controller-manager may have marked it Unknown meanwhile).
 //!
-//! Per-agent state is the last Lease minus its managed fields.
+//! The schedule (wait for the Node, renew, back off, signal recovery) lives in [`LeaseManager::run`], generic
+//! over [`LeaseRenewer`] so it is unit-tested on paused time without an API server; [`ApiLease`] is the
+//! renewal against the API server. Per-agent state is the last Lease minus its managed fields.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,17 +32,20 @@ pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 /// Jitter of the renew interval (the kubelet's).
 pub const RENEW_JITTER: f64 = 0.04;
 
+/// One renewal: make sure the lease exists, names `owner` and was renewed now.
+pub trait LeaseRenewer: Send {
+    /// Renews the lease of the Node `owner` (creating it if needed).
+    fn renew(&mut self, owner: &RegisteredNode) -> impl Future<Output = Result<(), NodeError>> + Send;
+}
+
 /// The task keeping one node's lease fresh.
-pub struct LeaseManager {
-    api: Api<Lease>,
-    calls: ApiCalls,
+pub struct LeaseManager<R = ApiLease> {
+    renewer: R,
     node_name: String,
-    duration_seconds: i32,
     renew_interval: Duration,
     registered: watch::Receiver<Option<RegisteredNode>>,
     recovered: Arc<Notify>,
     token: CancellationToken,
-    lease: Option<Lease>,
     backoff: Backoff,
 }
 
@@ -57,21 +63,40 @@ impl LeaseManager {
         recovered: Arc<Notify>,
         token: CancellationToken,
     ) -> Self {
-        Self {
+        let renewer = ApiLease {
             api: Api::namespaced(client, LEASE_NAMESPACE),
             calls,
-            node_name,
+            node_name: node_name.clone(),
             duration_seconds: i32::try_from(duration_seconds).unwrap_or(i32::MAX),
+            lease: None,
+        };
+        Self::with_renewer(renewer, node_name, renew_interval, registered, recovered, token)
+    }
+}
+
+impl<R: LeaseRenewer> LeaseManager<R> {
+    /// A lease manager renewing through `renewer`.
+    pub fn with_renewer(
+        renewer: R,
+        node_name: String,
+        renew_interval: Duration,
+        registered: watch::Receiver<Option<RegisteredNode>>,
+        recovered: Arc<Notify>,
+        token: CancellationToken,
+    ) -> Self {
+        Self {
+            renewer,
+            node_name,
             renew_interval,
             registered,
             recovered,
             token,
-            lease: None,
             backoff: Backoff::new(BackoffPolicy::lease_retry()),
         }
     }
 
-    /// Renews until the token fires.
+    /// Renews until the token fires: at once when the Node is known, then every renew interval (jittered 4 %);
+    /// after a failure 200 ms doubling to 7 s (jittered 10 %).
     pub async fn run(mut self) {
         // Wait for the Node: the lease carries an owner reference to it.
         let mut owner = loop {
@@ -89,7 +114,7 @@ impl LeaseManager {
             {
                 owner = n;
             }
-            let delay = match self.renew(&owner).await {
+            let delay = match self.renewer.renew(&owner).await {
                 Ok(()) => {
                     if self.backoff.attempts() > 0 {
                         tracing::info!(node = %self.node_name, failures = self.backoff.attempts(), "node lease renewed again");
@@ -110,7 +135,25 @@ impl LeaseManager {
             }
         }
     }
+}
 
+/// Renewal against the API server: get or create the Lease once, then optimistic-concurrency PUTs; a conflict or
+/// a vanished Lease makes the next renewal read it again.
+pub struct ApiLease {
+    api: Api<Lease>,
+    calls: ApiCalls,
+    node_name: String,
+    duration_seconds: i32,
+    lease: Option<Lease>,
+}
+
+impl LeaseRenewer for ApiLease {
+    async fn renew(&mut self, owner: &RegisteredNode) -> Result<(), NodeError> {
+        self.renew_once(owner).await
+    }
+}
+
+impl ApiLease {
     fn owner_reference(owner: &RegisteredNode) -> OwnerReference {
         OwnerReference {
             api_version: "v1".into(),
@@ -144,7 +187,7 @@ impl LeaseManager {
     }
 
     /// Makes sure the lease exists and is renewed now.
-    async fn renew(&mut self, owner: &RegisteredNode) -> Result<(), NodeError> {
+    async fn renew_once(&mut self, owner: &RegisteredNode) -> Result<(), NodeError> {
         let api_err = |verb: &'static str| {
             move |source| NodeError::Api {
                 verb,
@@ -214,5 +257,185 @@ impl LeaseManager {
                 Err(api_err("update")(e))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures::FutureExt;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// Records every renewal (when, for which owner UID); fails the next `fail` of them.
+    #[derive(Clone, Default)]
+    struct Recorder {
+        calls: Arc<Mutex<Vec<(Instant, String)>>>,
+        fail: Arc<Mutex<u32>>,
+    }
+
+    impl Recorder {
+        fn calls(&self) -> Vec<(Instant, String)> {
+            self.calls.lock().unwrap().clone()
+        }
+        fn gaps(&self) -> Vec<Duration> {
+            self.calls().windows(2).map(|w| w[1].0 - w[0].0).collect()
+        }
+        fn fail_next(&self, n: u32) {
+            *self.fail.lock().unwrap() = n;
+        }
+    }
+
+    impl LeaseRenewer for Recorder {
+        async fn renew(&mut self, owner: &RegisteredNode) -> Result<(), NodeError> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push((Instant::now(), owner.uid.clone()));
+            let mut fail = self.fail.lock().unwrap();
+            if *fail > 0 {
+                *fail -= 1;
+                return Err(NodeError::NotRegistered("injected".into()));
+            }
+            Ok(())
+        }
+    }
+
+    fn node(uid: &str) -> Option<RegisteredNode> {
+        Some(RegisteredNode {
+            name: "n1".into(),
+            uid: uid.into(),
+        })
+    }
+
+    struct Harness {
+        rec: Recorder,
+        registered: watch::Sender<Option<RegisteredNode>>,
+        recovered: Arc<Notify>,
+        token: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    /// A lease manager with the default renew interval (10 s), renewing through a recorder.
+    fn start(owner: Option<RegisteredNode>) -> Harness {
+        let rec = Recorder::default();
+        let (registered, rx) = watch::channel(owner);
+        let recovered = Arc::new(Notify::new());
+        let token = CancellationToken::new();
+        let interval = crate::config::KubeletConfig::default().lease_renew_interval();
+        assert_eq!(interval, Duration::from_secs(10));
+        let m = LeaseManager::with_renewer(
+            rec.clone(),
+            "n1".into(),
+            interval,
+            rx,
+            recovered.clone(),
+            token.clone(),
+        );
+        let task = tokio::spawn(m.run());
+        Harness {
+            rec,
+            registered,
+            recovered,
+            token,
+            task,
+        }
+    }
+
+    /// `gap` is `base` stretched by less than `jitter` (plus the paused clock's 1 ms rounding).
+    fn within(gap: Duration, base: Duration, jitter: f64) -> bool {
+        gap >= base && gap <= base + base.mul_f64(jitter) + Duration::from_millis(1)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renews_once_the_node_exists_then_every_ten_seconds_with_jitter() {
+        let h = start(None);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(h.rec.calls().is_empty(), "no lease before the Node exists");
+
+        let registered_at = Instant::now();
+        h.registered.send_replace(node("u1"));
+        tokio::time::sleep(Duration::from_secs(63)).await;
+        let calls = h.rec.calls();
+        assert_eq!(
+            calls[0].0, registered_at,
+            "first renewal as soon as the Node exists"
+        );
+        let gaps = h.rec.gaps();
+        assert!(gaps.len() >= 6, "{} renewals in 63 s", calls.len());
+        for g in &gaps {
+            assert!(within(*g, Duration::from_secs(10), RENEW_JITTER), "gap {g:?}");
+        }
+        assert!(
+            gaps.iter().any(|g| *g != gaps[0]),
+            "periods are jittered, not lock-step: {gaps:?}"
+        );
+
+        h.token.cancel();
+        tokio::time::timeout(Duration::from_millis(1), h.task)
+            .await
+            .expect("stops at once when cancelled")
+            .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_renewals_back_off_200ms_doubling_to_7s_then_signal_recovery() {
+        let h = start(node("u1"));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(h.rec.calls().len(), 1);
+        h.rec.fail_next(9);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(
+            h.recovered.notified().now_or_never().is_none(),
+            "no recovery signal while renewals merely work or are failing"
+        );
+        tokio::time::sleep(Duration::from_secs(50)).await;
+
+        let gaps = h.rec.gaps();
+        assert!(gaps.len() >= 11, "{gaps:?}");
+        assert!(within(gaps[0], Duration::from_secs(10), RENEW_JITTER), "{gaps:?}");
+        // calls 1..=9 fail: each is followed by the next backoff step (10 % jitter)
+        for (i, ms) in [200, 400, 800, 1600, 3200, 6400, 7000, 7000, 7000]
+            .into_iter()
+            .enumerate()
+        {
+            let g = gaps[i + 1];
+            assert!(
+                within(g, Duration::from_millis(ms), 0.1),
+                "retry {i}: {g:?}, expected {ms} ms + <10 %"
+            );
+        }
+        // call 10 succeeds: back to the renew interval, backoff reset, the status loop poked once
+        assert!(
+            within(gaps[10], Duration::from_secs(10), RENEW_JITTER),
+            "{gaps:?}"
+        );
+        assert!(
+            h.recovered.notified().now_or_never().is_some(),
+            "recovery signalled"
+        );
+        assert!(h.recovered.notified().now_or_never().is_none(), "signalled once");
+        h.rec.fail_next(1);
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        let gaps = h.rec.gaps();
+        let after_second_failure = gaps[gaps.len() - 1];
+        assert!(
+            within(after_second_failure, Duration::from_millis(200), 0.1),
+            "a later failure starts over at 200 ms: {after_second_failure:?}"
+        );
+        h.token.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_registered_again_becomes_the_owner_at_the_next_renewal() {
+        let h = start(node("u1"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        h.registered.send_replace(node("u2"));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let owners: Vec<String> = h.rec.calls().into_iter().map(|(_, uid)| uid).collect();
+        assert_eq!(owners, vec!["u1".to_string(), "u2".to_string()]);
+        h.token.cancel();
     }
 }

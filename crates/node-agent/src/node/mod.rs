@@ -5,6 +5,8 @@
 //! * [`registration`] creates the Node, or reconciles the one left by a previous run, with backoff.
 //! * [`status`] is the node status task: registration first, then compute every `nodeStatusUpdateFrequency`,
 //!   PATCH `nodes/status` only on change or every `nodeStatusReportFrequency`, record node events.
+//! * [`triggers`] is when the status task computes (its timers and wake-up signals).
+//! * [`report`] is whether a computed status is written, and with which parts.
 //! * [`lease`] is the lease heartbeat task.
 //!
 //! Signals other managers feed in: [`Pressure`] (from the eviction manager) and [`HealthChecks`] (e.g. PLEG);
@@ -14,7 +16,9 @@ pub mod conditions;
 pub mod lease;
 pub mod object;
 pub mod registration;
+pub mod report;
 pub mod status;
+pub mod triggers;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};

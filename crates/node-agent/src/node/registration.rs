@@ -7,6 +7,7 @@
 //! upstream. Failures are retried forever (100 ms doubling to 7 s) until the token fires; nothing panics.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -32,6 +33,29 @@ pub struct Registered {
     pub created: bool,
 }
 
+/// Runs `attempt` until it succeeds: at once, then after each failure 100 ms doubling to 7 s (10 % jitter), the
+/// kubelet's registration schedule. `None` when `token` fires first.
+pub async fn retry_registration<T, F, Fut>(node: &str, token: &CancellationToken, mut attempt: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, NodeError>>,
+{
+    let mut backoff = Backoff::new(BackoffPolicy::registration());
+    loop {
+        match attempt().await {
+            Ok(r) => return Some(r),
+            Err(e) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(%node, error = %e, retry_in = ?delay, "unable to register node");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = token.cancelled() => return None,
+                }
+            }
+        }
+    }
+}
+
 /// What registration needs.
 pub struct Registrar<'a> {
     /// The agent's config.
@@ -48,20 +72,7 @@ impl Registrar<'_> {
     /// Registers `initial` (or reconciles the existing Node), retrying until it works or `token` fires
     /// (`None`).
     pub async fn register(&self, initial: &Node, token: &CancellationToken) -> Option<Registered> {
-        let mut backoff = Backoff::new(BackoffPolicy::registration());
-        loop {
-            match self.try_register(initial).await {
-                Ok(r) => return Some(r),
-                Err(e) => {
-                    let delay = backoff.next_delay();
-                    tracing::warn!(node = %self.config.node_name, error = %e, retry_in = ?delay, "unable to register node");
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        () = token.cancelled() => return None,
-                    }
-                }
-            }
-        }
+        retry_registration(&self.config.node_name, token, || self.try_register(initial)).await
     }
 
     async fn try_register(&self, initial: &Node) -> Result<Registered, NodeError> {
@@ -211,9 +222,11 @@ impl Registrar<'_> {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::time::Duration;
 
     use k8s_openapi::api::core::v1::NodeSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use tokio::time::Instant;
 
     use super::*;
     use crate::config::KubeletConfig;
@@ -296,5 +309,65 @@ mod tests {
             Some(true),
         );
         assert_eq!(Registrar::reconcile_patch(&c, &n), None);
+    }
+
+    /// Runs [`retry_registration`] with an attempt that fails `failures` times (recording when it was called).
+    async fn attempts_until_success(
+        failures: usize,
+        token: &CancellationToken,
+    ) -> (Option<usize>, Vec<Instant>) {
+        let calls = std::cell::RefCell::new(Vec::new());
+        let out = retry_registration("n1", token, || {
+            calls.borrow_mut().push(Instant::now());
+            let n = calls.borrow().len();
+            async move {
+                if n <= failures {
+                    Err(NodeError::NotRegistered("n1".into()))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        (out, calls.into_inner())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn registration_retries_100ms_doubling_to_7s() {
+        let t0 = Instant::now();
+        let (out, calls) = attempts_until_success(9, &CancellationToken::new()).await;
+        assert_eq!(out, Some(10), "the tenth attempt succeeded and ended the loop");
+        assert_eq!(calls[0], t0, "first attempt at once");
+        let gaps: Vec<Duration> = calls.windows(2).map(|w| w[1] - w[0]).collect();
+        for (g, ms) in gaps
+            .iter()
+            .zip([100u64, 200, 400, 800, 1600, 3200, 6400, 7000, 7000])
+        {
+            let base = Duration::from_millis(ms);
+            assert!(
+                *g >= base && *g <= base + base / 10 + Duration::from_millis(1),
+                "{g:?} after a failure, expected {ms} ms + <10 %: {gaps:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn registration_gives_up_when_cancelled_while_waiting() {
+        let token = CancellationToken::new();
+        let t0 = Instant::now();
+        let cancel = token.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(2000)).await;
+            cancel.cancel();
+        });
+        let (out, calls) = attempts_until_success(usize::MAX, &token).await;
+        assert_eq!(out, None);
+        assert_eq!(
+            Instant::now() - t0,
+            Duration::from_millis(2000),
+            "returns when cancelled, not after the pending delay"
+        );
+        // 0, 0.1, 0.3, 0.7, 1.5 s (+ jitter); the next would be at >= 3.1 s
+        assert_eq!(calls.len(), 5, "{calls:?}");
     }
 }

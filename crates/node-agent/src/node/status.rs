@@ -8,13 +8,15 @@
 //! `nodeStatusReportFrequency` passed since the last write. The patch carries the conditions always and the
 //! other parts (addresses, capacity/allocatable, nodeInfo, images, ...) only when they changed.
 //!
-//! State kept between ticks is compact: the condition state machine, fingerprints of what was last reported,
-//! the pod CIDR handed to the runtime and the last-seen `spec.unschedulable`.
+//! The timing is in [`triggers`](super::triggers) and the write-or-skip decision in [`report`](super::report),
+//! both unit-tested without an API server; this module does the computing and the API calls.
+//!
+//! State kept between ticks is compact: the condition state machine, the report policy (fingerprints of what
+//! was last reported), the pod CIDR handed to the runtime and the last-seen `spec.unschedulable`.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ContainerImage, Node, NodeStatus};
 use k8s_openapi::jiff::Timestamp;
@@ -29,35 +31,17 @@ use tokio_util::sync::CancellationToken;
 use super::conditions::{ConditionInputs, NodeConditions};
 use super::object::{self, ResourceList};
 use super::registration::{Registered, Registrar};
+use super::report::{Fingerprints, ReportPolicy};
+use super::triggers::{StatusTriggers, Trigger, wait_for_first_health};
 use super::{HealthChecks, NodeError, NodeSnapshot, Pressure, RegisteredNode};
 use crate::api::{ApiCalls, is_not_found};
-use crate::backoff::{Backoff, BackoffPolicy, JitteredInterval};
 use crate::config::AgentConfig;
 use crate::events::{EventRecorder, node_reference};
 use crate::metrics::{Metrics, StartupPhases};
 use crate::runtime_health::RuntimeHealth;
 
-/// Jitter of the status loop (the kubelet's).
-pub const STATUS_JITTER: f64 = 0.04;
-/// How often the image list is re-read from the runtime.
-pub const IMAGE_REFRESH: Duration = Duration::from_secs(30);
-/// How long registration waits for the runtime's first answer before registering anyway.
-pub const FIRST_HEALTH_WAIT: Duration = Duration::from_secs(2);
 /// Immediate attempts per status write before waiting for the next tick (the kubelet's).
 pub const PATCH_ATTEMPTS: u32 = 5;
-/// Looking for a pod CIDR assigned after registration: 250 ms doubling to 10 s ...
-const CIDR_POLL: BackoffPolicy =
-    BackoffPolicy::const_new(Duration::from_millis(250), Duration::from_secs(10), 0.1);
-/// ... at most this many reads (about two minutes), then only status-write responses tell.
-const CIDR_POLL_ATTEMPTS: u32 = 16;
-
-/// Fingerprints of what the API server last received.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Reported {
-    conditions: Option<u64>,
-    static_part: Option<u64>,
-    images: Option<u64>,
-}
 
 /// The channels the status task shares with the rest of the agent.
 #[derive(Debug, Clone)]
@@ -89,10 +73,8 @@ pub struct NodeStatusManager {
     token: CancellationToken,
 
     conditions: NodeConditions,
-    reported: Reported,
-    last_report: Option<Instant>,
+    policy: ReportPolicy,
     images: Option<(u64, Vec<ContainerImage>)>,
-    images_read: Option<Instant>,
     pod_cidr: Option<String>,
     unschedulable: bool,
     registered_at: Option<Instant>,
@@ -123,6 +105,7 @@ impl NodeStatusManager {
         token: CancellationToken,
     ) -> Self {
         Self {
+            policy: ReportPolicy::new(config.kubelet.node_status_report_frequency),
             config,
             client,
             calls,
@@ -133,10 +116,7 @@ impl NodeStatusManager {
             started,
             token,
             conditions: NodeConditions::unknown(),
-            reported: Reported::default(),
-            last_report: None,
             images: None,
-            images_read: None,
             pod_cidr: None,
             unschedulable: false,
             registered_at: None,
@@ -149,44 +129,32 @@ impl NodeStatusManager {
     /// Registers the Node, then keeps its status current until the token fires.
     pub async fn run(mut self) {
         // Give the runtime monitor a moment for its first answer, so the Node is created with real readiness.
-        if self.channels.health.borrow().last_sync.is_none()
-            && self.channels.health.borrow().runtime_error.is_none()
-        {
-            let mut health = self.channels.health.clone();
-            tokio::select! {
-                _ = tokio::time::timeout(FIRST_HEALTH_WAIT, health.changed()) => {}
-                () = self.token.cancelled() => return,
-            }
+        if !wait_for_first_health(&self.channels.health, &self.token).await {
+            return;
         }
         if !self.register().await {
             return;
         }
-        let mut interval =
-            JitteredInterval::after_period(self.config.kubelet.node_status_update_frequency, STATUS_JITTER);
-        let (mut health_open, mut pressure_open) = (true, true);
-        // The controller-manager usually assigns the pod CIDR right after registration: look for it a few times.
-        let mut cidr_poll = Backoff::new(CIDR_POLL);
-        let mut cidr_at = Some(Instant::now() + cidr_poll.next_delay());
+        let mut triggers = StatusTriggers::new(
+            self.config.kubelet.node_status_update_frequency,
+            self.channels.health.clone(),
+            self.channels.pressure.clone(),
+            self.channels.resync.clone(),
+            self.token.clone(),
+        );
         loop {
-            let mut force = false;
-            if self.pod_cidr.is_some() || cidr_poll.attempts() > CIDR_POLL_ATTEMPTS {
-                cidr_at = None;
-            }
-            tokio::select! {
-                () = tokio::time::sleep_until(cidr_at.unwrap_or_else(Instant::now)), if cidr_at.is_some() => {
+            let force = match triggers.next(self.pod_cidr.is_some()).await {
+                Trigger::Tick | Trigger::InputsChanged => false,
+                Trigger::Resync => {
+                    self.reread_node().await;
+                    true
+                }
+                Trigger::PollPodCidr => {
                     self.poll_pod_cidr().await;
-                    cidr_at = Some(Instant::now() + cidr_poll.next_delay());
                     continue;
                 }
-                _ = interval.tick() => {}
-                r = self.channels.health.changed(), if health_open => health_open = r.is_ok(),
-                r = self.channels.pressure.changed(), if pressure_open => pressure_open = r.is_ok(),
-                () = self.channels.resync.notified() => {
-                    self.reread_node().await;
-                    force = true;
-                }
-                () = self.token.cancelled() => return,
-            }
+                Trigger::Stop => return,
+            };
             self.sync(force).await;
             if self.needs_registration {
                 self.needs_registration = false;
@@ -303,16 +271,16 @@ impl NodeStatusManager {
             name: self.config.node_name.clone(),
             uid,
         }));
-        self.images_read = Some(registered_at);
+        self.policy.images_read(registered_at);
         if created {
             self.record_condition_events(&events);
             self.conditions = fresh;
-            self.reported = Reported {
-                conditions: Some(self.conditions.fingerprint()),
-                static_part: Some(Self::static_fingerprint(&health)),
+            let sent = Fingerprints {
+                conditions: self.conditions.fingerprint(),
+                static_part: Self::static_fingerprint(&health),
                 images: images.as_ref().map(|(fp, _)| *fp),
             };
-            self.last_report = Some(registered_at);
+            self.policy.written(registered_at, &sent);
             self.learn(&node).await;
             self.observe_startup_if_ready(registered_at);
         } else {
@@ -323,7 +291,7 @@ impl NodeStatusManager {
                     .and_then(|s| s.conditions.as_deref())
                     .unwrap_or(&[]),
             );
-            self.reported = Reported::default();
+            self.policy.forget();
             self.images = images;
             self.learn(&node).await;
             self.sync(true).await;
@@ -419,7 +387,7 @@ impl NodeStatusManager {
                         .and_then(|s| s.conditions.as_deref())
                         .unwrap_or(&[]),
                 );
-                self.reported = Reported::default();
+                self.policy.forget();
                 self.learn(&node).await;
             }
             Ok(None) => {
@@ -440,15 +408,11 @@ impl NodeStatusManager {
         let events = self.conditions.update(&inputs, wall);
         self.record_condition_events(&events);
 
-        if self
-            .images_read
-            .is_none_or(|t| now.saturating_duration_since(t) >= IMAGE_REFRESH)
-            || self.reported.images.is_none()
-        {
-            self.images_read = Some(now);
+        if self.policy.images_due(now) {
+            self.policy.images_read(now);
             if let Some((fp, list)) = self.list_images().await {
                 // Hold the list only while it still has to be reported.
-                let list = if self.reported.images == Some(fp) {
+                let list = if self.policy.images_reported(fp) {
                     Vec::new()
                 } else {
                     list
@@ -456,27 +420,25 @@ impl NodeStatusManager {
                 self.images = Some((fp, list));
             }
         }
-        let cond_fp = self.conditions.fingerprint();
-        let static_fp = Self::static_fingerprint(&health);
-        let images_fp = self.images.as_ref().map(|(fp, _)| *fp);
-        let report_due = self.last_report.is_none_or(|t| {
-            now.saturating_duration_since(t) >= self.config.kubelet.node_status_report_frequency
-        });
-        let static_changed = self.reported.static_part != Some(static_fp);
-        let images_changed = images_fp.is_some() && self.reported.images != images_fp;
-        let changed = self.reported.conditions != Some(cond_fp) || static_changed || images_changed;
-        if !(changed || report_due || force) {
+        let fps = Fingerprints {
+            conditions: self.conditions.fingerprint(),
+            static_part: Self::static_fingerprint(&health),
+            images: self.images.as_ref().map(|(fp, _)| *fp),
+        };
+        let Some(plan) = self.policy.plan(now, &fps, force) else {
             return;
-        }
+        };
 
         let mut status = NodeStatus {
             conditions: Some(self.conditions.to_api(wall)),
             ..Default::default()
         };
-        if static_changed {
+        if plan.static_part {
             self.static_status(&health, &mut status);
         }
-        if images_changed && let Some((_, list)) = &self.images {
+        if plan.images
+            && let Some((_, list)) = &self.images
+        {
             status.images = Some(list.clone());
         }
         let patch = match serde_json::to_value(&status) {
@@ -488,15 +450,10 @@ impl NodeStatusManager {
         };
         match self.write(&patch).await {
             Ok(node) => {
-                self.reported = Reported {
-                    conditions: Some(cond_fp),
-                    static_part: Some(static_fp),
-                    images: images_fp,
-                };
-                self.last_report = Some(now);
+                self.policy.written(now, &fps);
                 self.learn(&node).await;
                 self.observe_startup_if_ready(Instant::now());
-                if self.reported.images.is_some() {
+                if fps.images.is_some() {
                     // The list is reported; keep only its fingerprint.
                     if let Some((fp, _)) = self.images.take() {
                         self.images = Some((fp, Vec::new()));

@@ -1,0 +1,262 @@
+//! The hollow fleet against the real control plane: a thousand nodes register and stay Ready under the real
+//! controller-manager, node profiles reach the scheduler (GPU pods land only on GPU nodes), and a killed fleet
+//! process comes back to the same Node objects.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use e2e::{init_logging, wait_for};
+use hollow::client_pool::ClientPool;
+use hollow::fleet::{Fleet, FleetSpec};
+use hollow::profiles;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use node_agent::{KubeletConfig, Metrics};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn spec(prefix: &str, nodes: usize, profile_yaml: Option<&str>) -> anyhow::Result<FleetSpec> {
+    let profile_list = match profile_yaml {
+        Some(y) => profiles::parse(y, "test")?,
+        None => profiles::default_profiles(),
+    };
+    let assignments = profiles::assign(&profile_list, nodes)?;
+    Ok(FleetSpec {
+        nodes,
+        name_template: format!("{prefix}-{{index}}"),
+        pod_name: "test".into(),
+        node_ip: "127.0.0.1".parse()?,
+        kubelet_port: 10250,
+        register_qps: 200.0,
+        kubelet: KubeletConfig::default(),
+        profiles: profile_list,
+        assignments,
+        runtime_profile: Arc::new(cri_fake::Profile::default()),
+    })
+}
+
+fn is_ready(node: &Node) -> bool {
+    ready_condition(node).is_some_and(|c| c.status == "True")
+}
+
+fn ready_condition(node: &Node) -> Option<&k8s_openapi::api::core::v1::NodeCondition> {
+    node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")
+}
+
+async fn fleet_nodes(nodes: &Api<Node>, prefix: &str) -> anyhow::Result<Vec<Node>> {
+    let all = nodes.list(&ListParams::default()).await?;
+    Ok(all
+        .items
+        .into_iter()
+        .filter(|n| n.metadata.name.as_deref().is_some_and(|name| name.starts_with(&format!("{prefix}-"))))
+        .collect())
+}
+
+fn name_of(node: &Node) -> String {
+    node.metadata.name.clone().unwrap_or_default()
+}
+
+/// When the node's Ready condition last changed (as text, for comparison).
+fn transition_of(node: &Node) -> String {
+    format!("{:?}", ready_condition(node).and_then(|c| c.last_transition_time.clone()))
+}
+
+fn lease_updates(metrics: &Metrics) -> u64 {
+    metrics.request_count("update", "leases", 200)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_nodes_register_and_stay_ready() -> anyhow::Result<()> {
+    init_logging();
+    let n = usize::try_from(env_or("HOLLOW_SOAK_NODES", 1000))?;
+    let soak = Duration::from_secs(env_or("HOLLOW_SOAK_SECS", 300));
+    let cp = testenv::shared().await?;
+    let config = cp.admin_config().await?;
+    let admin = cp.admin_client().await?;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let pool = ClientPool::new(&config, 4)?;
+    let metrics = Arc::new(Metrics::unregistered());
+    let token = CancellationToken::new();
+    let started = tokio::time::Instant::now();
+    let fleet = Fleet::start(&spec("soak", n, None)?, &pool, metrics.clone(), token.clone()).await?;
+
+    wait_for("every hollow node Ready", Duration::from_secs(180), || async {
+        let ready = fleet_nodes(&nodes, "soak").await?.iter().filter(|x| is_ready(x)).count();
+        Ok((ready == n).then_some(()))
+    })
+    .await?;
+    let all_ready = started.elapsed();
+    let at_ready = fleet_nodes(&nodes, "soak").await?;
+    let transitions: BTreeMap<String, String> = at_ready.iter().map(|x| (name_of(x), transition_of(x))).collect();
+    let leases_before = lease_updates(&metrics);
+    let soak_start = tokio::time::Instant::now();
+    let mut min_ready = n;
+    while soak_start.elapsed() < soak {
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        let ready = fleet_nodes(&nodes, "soak").await?.iter().filter(|x| is_ready(x)).count();
+        min_ready = min_ready.min(ready);
+    }
+    let soaked = soak_start.elapsed();
+    let renewals = lease_updates(&metrics) - leases_before;
+    let after = fleet_nodes(&nodes, "soak").await?;
+    let flapped = after.iter().filter(|x| transitions.get(&name_of(x)) != Some(&transition_of(x))).count();
+    let not_ready_events = Api::<Event>::namespaced(admin.clone(), "default")
+        .list(&ListParams::default().fields("reason=NodeNotReady"))
+        .await?
+        .items
+        .iter()
+        .filter(|e| e.involved_object.name.as_deref().is_some_and(|name| name.starts_with("soak-")))
+        .count();
+    let per_node_minute = renewals as f64 / n as f64 / (soaked.as_secs_f64() / 60.0);
+    for code in [0u16, 409, 429, 500, 503, 504] {
+        let c = metrics.request_count("update", "leases", code);
+        if c > 0 {
+            println!("lease updates answered {code}: {c}");
+        }
+    }
+    println!(
+        "hollow soak: {n} nodes, all Ready {:.1}s after start; {:.0}s soak: min Ready {min_ready}, Ready flips {flapped}, \
+         NodeNotReady events {not_ready_events}; lease renewals {renewals} = {per_node_minute:.2} per node-minute \
+         (one per {:.1}s)",
+        all_ready.as_secs_f64(),
+        soaked.as_secs_f64(),
+        60.0 / per_node_minute.max(f64::MIN_POSITIVE),
+    );
+    assert_eq!(min_ready, n, "some node was not Ready during the soak");
+    assert_eq!(flapped, 0, "Ready condition transitioned during the soak");
+    assert_eq!(not_ready_events, 0, "NodeNotReady events during the soak");
+    assert!((4.5..=7.5).contains(&per_node_minute), "lease renewals per node-minute: {per_node_minute}");
+    assert_eq!(after.len(), n, "no duplicate or missing Node objects");
+    fleet.stop(Duration::from_secs(10)).await;
+    Ok(())
+}
+
+const GPU_PROFILES: &str = r#"
+profiles:
+  - name: gpu
+    count: 2
+    capacity: {cpu: "16", memory: 64Gi, pods: "110", nvidia.com/gpu: "4"}
+    labels: {accelerator: nvidia}
+  - name: general
+    weight: 1
+    capacity: {cpu: "8", memory: 32Gi, pods: "110"}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_profile_nodes_get_gpus_and_gpu_pods_land_only_there() -> anyhow::Result<()> {
+    init_logging();
+    let cp = testenv::shared().await?;
+    let config = cp.admin_config().await?;
+    let admin = cp.admin_client().await?;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let pool = ClientPool::new(&config, 1)?;
+    let token = CancellationToken::new();
+    let fleet =
+        Fleet::start(&spec("gpu", 6, Some(GPU_PROFILES))?, &pool, Arc::new(Metrics::unregistered()), token).await?;
+    let ready = wait_for("the GPU fleet Ready", Duration::from_secs(60), || async {
+        let all = fleet_nodes(&nodes, "gpu").await?;
+        Ok((all.len() == 6 && all.iter().all(is_ready)).then_some(all))
+    })
+    .await?;
+    let gpu_of = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .and_then(|a| a.get("nvidia.com/gpu"))
+            .map(|q| q.0.clone())
+    };
+    let gpu_nodes: BTreeSet<String> =
+        ready.iter().filter(|n| gpu_of(n).is_some()).filter_map(|n| n.metadata.name.clone()).collect();
+    assert_eq!(gpu_nodes.len(), 2, "two nodes carry the GPU profile");
+    for n in ready.iter().filter(|n| gpu_of(n).is_some()) {
+        assert_eq!(gpu_of(n).as_deref(), Some("4"));
+        let labels = n.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels.get("accelerator").map(String::as_str), Some("nvidia"));
+        assert_eq!(labels.get("hollow.node-agent.io/profile").map(String::as_str), Some("gpu"));
+    }
+
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    for i in 0..6 {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("gpu-job-{i}")},
+            "spec": {"containers": [{"name": "c", "image": "cuda:test",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        }))?;
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    let placed = wait_for("GPU pods scheduled", Duration::from_secs(60), || async {
+        let mut out = Vec::new();
+        for i in 0..6 {
+            match pods.get(&format!("gpu-job-{i}")).await?.spec.and_then(|s| s.node_name) {
+                Some(n) => out.push(n),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    })
+    .await?;
+    for node in &placed {
+        assert!(gpu_nodes.contains(node), "a GPU pod landed on {node}, not a GPU node");
+    }
+    fleet.stop(Duration::from_secs(10)).await;
+    Ok(())
+}
+
+fn start_binary(kubeconfig: &std::path::Path, port: u16) -> anyhow::Result<Child> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_hollow"))
+        .args(["run", "--nodes", "20", "--name-template", "restart-{index}", "--clients", "2"])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_fleet_comes_back_to_the_same_nodes() -> anyhow::Result<()> {
+    init_logging();
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let mut first = start_binary(&cp.admin_kubeconfig(), port)?;
+    let before = wait_for("20 nodes Ready", Duration::from_secs(60), || async {
+        let all = fleet_nodes(&nodes, "restart").await?;
+        Ok((all.len() == 20 && all.iter().all(is_ready)).then_some(all))
+    })
+    .await?;
+    let uids: BTreeSet<String> = before.iter().filter_map(|n| n.metadata.uid.clone()).collect();
+    first.kill().context("SIGKILL the fleet")?;
+    first.wait()?;
+
+    let mut second = start_binary(&cp.admin_kubeconfig(), port)?;
+    let after = wait_for("the same 20 nodes Ready again", Duration::from_secs(60), || async {
+        let all = fleet_nodes(&nodes, "restart").await?;
+        let fresh = all.iter().all(|n| {
+            ready_condition(n).and_then(|c| c.last_heartbeat_time.clone()).is_some_and(|t| {
+                before.iter().all(|b| {
+                    b.metadata.name != n.metadata.name
+                        || ready_condition(b).and_then(|c| c.last_heartbeat_time.clone()).is_none_or(|old| t.0 > old.0)
+                })
+            })
+        });
+        Ok((all.len() == 20 && all.iter().all(is_ready) && fresh).then_some(all))
+    })
+    .await?;
+    let uids_after: BTreeSet<String> = after.iter().filter_map(|n| n.metadata.uid.clone()).collect();
+    assert_eq!(uids, uids_after, "the restarted fleet reuses its Node objects");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(second.id())?), nix::sys::signal::SIGTERM)?;
+    let status = second.wait()?;
+    assert!(status.success(), "SIGTERM stops the fleet cleanly: {status}");
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! What wakes the node status loop, and when.
+//!
+//! This module owns the status loop's timing, apart from any API call so it is unit-tested on paused time:
+//! * [`wait_for_first_health`] holds registration back until the runtime's first answer, at most
+//!   [`FIRST_HEALTH_WAIT`], so the Node is usually created already Ready.
+//! * [`StatusTriggers`] yields what the loop does next: a status computation every `nodeStatusUpdateFrequency`
+//!   (jittered 4 %, the first one a period after registration); one at once when the runtime health or the
+//!   pressure signals changed (a node that registered NotReady is reported Ready as soon as the runtime answers,
+//!   not a period later); a re-read when the lease task asks; and, while the pod CIDR is unknown, a read of the
+//!   Node at 250 ms doubling to 10 s, at most [`CIDR_POLL_ATTEMPTS`] times (the controller-manager usually
+//!   assigns it right after registration; later, status-write responses tell).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Pressure;
+use crate::backoff::{Backoff, BackoffPolicy, JitteredInterval};
+use crate::runtime_health::RuntimeHealth;
+
+/// Jitter of the status loop (the kubelet's).
+pub const STATUS_JITTER: f64 = 0.04;
+/// How long registration waits for the runtime's first answer before registering anyway.
+pub const FIRST_HEALTH_WAIT: Duration = Duration::from_secs(2);
+/// Looking for a pod CIDR assigned after registration: 250 ms doubling to 10 s ...
+const CIDR_POLL: BackoffPolicy =
+    BackoffPolicy::const_new(Duration::from_millis(250), Duration::from_secs(10), 0.1);
+/// ... at most this many reads (about two minutes).
+pub const CIDR_POLL_ATTEMPTS: u32 = 16;
+
+/// Waits until the runtime monitor published its first answer (at most [`FIRST_HEALTH_WAIT`]); `false` when
+/// `token` fired meanwhile.
+pub async fn wait_for_first_health(
+    health: &watch::Receiver<RuntimeHealth>,
+    token: &CancellationToken,
+) -> bool {
+    {
+        let h = health.borrow();
+        if h.last_sync.is_some() || h.runtime_error.is_some() {
+            return true;
+        }
+    }
+    let mut health = health.clone();
+    tokio::select! {
+        _ = tokio::time::timeout(FIRST_HEALTH_WAIT, health.changed()) => true,
+        () = token.cancelled() => false,
+    }
+}
+
+/// What the status loop does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// The periodic computation is due.
+    Tick,
+    /// Runtime health or pressure changed: compute now.
+    InputsChanged,
+    /// The lease task recovered from failures: re-read the Node and write.
+    Resync,
+    /// Read the Node for a pod CIDR assigned after registration (no status computation).
+    PollPodCidr,
+    /// The agent is stopping.
+    Stop,
+}
+
+/// The timers and signals of one status loop.
+#[derive(Debug)]
+pub struct StatusTriggers {
+    interval: JitteredInterval,
+    health: watch::Receiver<RuntimeHealth>,
+    health_open: bool,
+    pressure: watch::Receiver<Pressure>,
+    pressure_open: bool,
+    resync: Arc<Notify>,
+    cidr_poll: Backoff,
+    cidr_at: Option<Instant>,
+    token: CancellationToken,
+}
+
+impl StatusTriggers {
+    /// Triggers for a loop starting now (right after registration), computing every `update_frequency`.
+    pub fn new(
+        update_frequency: Duration,
+        health: watch::Receiver<RuntimeHealth>,
+        pressure: watch::Receiver<Pressure>,
+        resync: Arc<Notify>,
+        token: CancellationToken,
+    ) -> Self {
+        let mut cidr_poll = Backoff::new(CIDR_POLL);
+        let cidr_at = Some(Instant::now() + cidr_poll.next_delay());
+        Self {
+            interval: JitteredInterval::after_period(update_frequency, STATUS_JITTER),
+            health,
+            health_open: true,
+            pressure,
+            pressure_open: true,
+            resync,
+            cidr_poll,
+            cidr_at,
+            token,
+        }
+    }
+
+    /// Waits for the next thing to do. `pod_cidr_known` stops the pod CIDR reads; the next read is scheduled
+    /// from the end of the previous one.
+    pub async fn next(&mut self, pod_cidr_known: bool) -> Trigger {
+        if pod_cidr_known {
+            self.cidr_at = None;
+        } else if self.cidr_at.is_none() && self.cidr_poll.attempts() < CIDR_POLL_ATTEMPTS {
+            self.cidr_at = Some(Instant::now() + self.cidr_poll.next_delay());
+        }
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(self.cidr_at.unwrap_or_else(Instant::now)), if self.cidr_at.is_some() => {
+                    self.cidr_at = None;
+                    return Trigger::PollPodCidr;
+                }
+                _ = self.interval.tick() => return Trigger::Tick,
+                r = self.health.changed(), if self.health_open => {
+                    self.health_open = r.is_ok();
+                    if self.health_open {
+                        return Trigger::InputsChanged;
+                    }
+                }
+                r = self.pressure.changed(), if self.pressure_open => {
+                    self.pressure_open = r.is_ok();
+                    if self.pressure_open {
+                        return Trigger::InputsChanged;
+                    }
+                }
+                () = self.resync.notified() => return Trigger::Resync,
+                () = self.token.cancelled() => return Trigger::Stop,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KubeletConfig;
+
+    struct Harness {
+        triggers: StatusTriggers,
+        health: watch::Sender<RuntimeHealth>,
+        pressure: watch::Sender<Pressure>,
+        resync: Arc<Notify>,
+        token: CancellationToken,
+    }
+
+    fn start() -> Harness {
+        let (health, health_rx) = watch::channel(RuntimeHealth::initial());
+        let (pressure, pressure_rx) = watch::channel(Pressure::default());
+        let resync = Arc::new(Notify::new());
+        let token = CancellationToken::new();
+        let frequency = KubeletConfig::default().node_status_update_frequency;
+        assert_eq!(frequency, Duration::from_secs(10));
+        let triggers = StatusTriggers::new(frequency, health_rx, pressure_rx, resync.clone(), token.clone());
+        Harness {
+            triggers,
+            health,
+            pressure,
+            resync,
+            token,
+        }
+    }
+
+    fn within(gap: Duration, base: Duration, jitter: f64) -> bool {
+        gap >= base && gap <= base + base.mul_f64(jitter) + Duration::from_millis(1)
+    }
+
+    fn answered() -> RuntimeHealth {
+        RuntimeHealth {
+            last_sync: Some(Instant::now()),
+            network_error: None,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn status_is_computed_every_update_frequency_starting_one_period_after_registration() {
+        let mut h = start();
+        let t0 = Instant::now();
+        let mut at = vec![t0];
+        for _ in 0..6 {
+            assert_eq!(h.triggers.next(true).await, Trigger::Tick);
+            at.push(Instant::now());
+        }
+        let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        for g in &gaps {
+            assert!(within(*g, Duration::from_secs(10), STATUS_JITTER), "{gaps:?}");
+        }
+        assert!(gaps.iter().any(|g| *g != gaps[0]), "jittered: {gaps:?}");
+        h.token.cancel();
+        assert_eq!(h.triggers.next(true).await, Trigger::Stop);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn input_changes_and_resync_requests_are_acted_on_at_once() {
+        let h = start();
+        let t0 = Instant::now();
+        let Harness {
+            mut triggers,
+            health,
+            pressure,
+            resync,
+            token: _token,
+        } = h;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            health.send_replace(answered());
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            pressure.send_replace(Pressure {
+                memory: true,
+                ..Default::default()
+            });
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            resync.notify_one();
+            // the senders are dropped here: the agent is going away
+        });
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let t = triggers.next(true).await;
+            seen.push((t, Instant::now() - t0));
+        }
+        assert_eq!(seen[0], (Trigger::InputsChanged, Duration::from_millis(300)));
+        assert_eq!(seen[1], (Trigger::InputsChanged, Duration::from_millis(2300)));
+        assert_eq!(seen[2], (Trigger::Resync, Duration::from_millis(4300)));
+        assert_eq!(seen[3].0, Trigger::Tick);
+        assert!(
+            within(seen[3].1, Duration::from_secs(10), STATUS_JITTER),
+            "the periodic computation keeps its schedule: {seen:?}"
+        );
+        let before = Instant::now();
+        assert_eq!(
+            triggers.next(true).await,
+            Trigger::Tick,
+            "closed input channels are not changes"
+        );
+        assert!(Instant::now() - before >= Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pod_cidr_is_read_with_backoff_until_known() {
+        let mut h = start();
+        let mut last = Instant::now();
+        for ms in [250, 500, 1000] {
+            assert_eq!(h.triggers.next(false).await, Trigger::PollPodCidr);
+            let gap = Instant::now() - last;
+            assert!(
+                within(gap, Duration::from_millis(ms), 0.1),
+                "{gap:?}, expected {ms} ms"
+            );
+            // the read itself takes a while; the next delay counts from its end
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            last = Instant::now();
+        }
+        let t = Instant::now();
+        while Instant::now() - t < Duration::from_secs(120) {
+            assert_eq!(h.triggers.next(true).await, Trigger::Tick, "no reads once known");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pod_cidr_reads_stop_after_sixteen() {
+        let mut h = start();
+        let t0 = Instant::now();
+        let mut reads = Vec::new();
+        while Instant::now() - t0 < Duration::from_secs(300) {
+            if h.triggers.next(false).await == Trigger::PollPodCidr {
+                reads.push(Instant::now() - t0);
+            }
+        }
+        assert_eq!(reads.len(), CIDR_POLL_ATTEMPTS as usize, "{reads:?}");
+        // 0.25 + 0.5 + 1 + 2 + 4 + 8 + 10 x 10 s = 115.75 s, +10 % at most
+        let last = reads[reads.len() - 1];
+        assert!(within(last, Duration::from_millis(115_750), 0.1), "{last:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn registration_waits_for_the_first_runtime_answer_at_most_two_seconds() {
+        let token = CancellationToken::new();
+        let (tx, rx) = watch::channel(RuntimeHealth::initial());
+
+        let t0 = Instant::now();
+        assert!(wait_for_first_health(&rx, &token).await);
+        assert_eq!(
+            Instant::now() - t0,
+            FIRST_HEALTH_WAIT,
+            "no answer: register anyway"
+        );
+
+        let t0 = Instant::now();
+        let sender = tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            sender.send_replace(answered());
+        });
+        assert!(wait_for_first_health(&rx, &token).await);
+        assert_eq!(
+            Instant::now() - t0,
+            Duration::from_millis(300),
+            "registers on the answer"
+        );
+
+        let t0 = Instant::now();
+        assert!(wait_for_first_health(&rx, &token).await);
+        assert_eq!(Instant::now(), t0, "already answered: no wait");
+
+        let (_tx, rx) = watch::channel(RuntimeHealth::initial());
+        token.cancel();
+        assert!(!wait_for_first_health(&rx, &token).await, "stopping");
+    }
+}
