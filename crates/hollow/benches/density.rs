@@ -48,12 +48,21 @@ fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
 async fn api_requests(port: u16) -> anyhow::Result<BTreeMap<String, f64>> {
     let body = fetch_metrics(port).await?;
     let mut out = BTreeMap::new();
-    for line in body.lines().filter(|l| l.starts_with("node_agent_api_requests_total{")) {
+    for line in body
+        .lines()
+        .filter(|l| l.starts_with("node_agent_api_requests_total{"))
+    {
         let (labels, value) = line.rsplit_once(' ').context("metric line")?;
         let get = |key: &str| {
-            labels.split(&format!("{key}=\"")).nth(1).and_then(|r| r.split('"').next()).unwrap_or("").to_owned()
+            labels
+                .split(&format!("{key}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("")
+                .to_owned()
         };
-        *out.entry(format!("{} {}", get("verb"), get("resource"))).or_insert(0.0) += value.parse::<f64>()?;
+        *out.entry(format!("{} {}", get("verb"), get("resource")))
+            .or_insert(0.0) += value.parse::<f64>()?;
     }
     Ok(out)
 }
@@ -61,10 +70,14 @@ async fn api_requests(port: u16) -> anyhow::Result<BTreeMap<String, f64>> {
 async fn fetch_metrics(port: u16) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).await?;
-    Ok(buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+    Ok(buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default())
 }
 
 struct Row {
@@ -78,7 +91,10 @@ struct Row {
 
 async fn run_size(nodes: usize, idle: Duration) -> anyhow::Result<Row> {
     let cp = testenv::ControlPlane::start(testenv::Options {
-        apiserver_args: vec!["--max-requests-inflight=3000".into(), "--max-mutating-requests-inflight=1500".into()],
+        apiserver_args: vec![
+            "--max-requests-inflight=3000".into(),
+            "--max-mutating-requests-inflight=1500".into(),
+        ],
         start_timeout: Duration::from_secs(120),
         ..Default::default()
     })
@@ -90,10 +106,15 @@ async fn run_size(nodes: usize, idle: Duration) -> anyhow::Result<Row> {
 
 async fn measure(cp: &testenv::ControlPlane, nodes: usize, idle: Duration) -> anyhow::Result<Row> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let clients = nodes.div_ceil(1000).max(2);
     let mut child: Child = Command::new(env!("CARGO_BIN_EXE_hollow"))
-        .args(["run", "--nodes", &nodes.to_string(), "--name-template", "bench-{index}"])
-        .args(["--clients", &clients.to_string(), "--register-qps", "500"])
+        .args([
+            "run",
+            "--nodes",
+            &nodes.to_string(),
+            "--name-template",
+            "bench-{index}",
+        ])
+        .args(["--register-qps", "500"])
         .arg("--kubeconfig")
         .arg(cp.admin_kubeconfig())
         .args(["--metrics-address", &format!("127.0.0.1:{port}")])
@@ -115,9 +136,10 @@ async fn measure(cp: &testenv::ControlPlane, nodes: usize, idle: Duration) -> an
                     .items
                     .iter()
                     .filter(|n| {
-                        n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
-                            c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                        })
+                        n.status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
                     })
                     .count();
                 if ready >= nodes {
@@ -155,7 +177,10 @@ async fn measure(cp: &testenv::ControlPlane, nodes: usize, idle: Duration) -> an
         })
     }
     .await;
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(pid)?), nix::sys::signal::SIGTERM);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid)?),
+        nix::sys::signal::SIGTERM,
+    );
     let _ = child.wait();
     out
 }
@@ -179,7 +204,9 @@ async fn main() -> anyhow::Result<()> {
         );
         rows.push(row);
     }
-    println!("\n| nodes | all Ready after | fleet RSS | RSS per node | CPU per node-minute | API requests/s (idle) |");
+    println!(
+        "\n| nodes | all Ready after | fleet RSS | RSS per node | CPU per node-minute | API requests/s (idle) |"
+    );
     println!("|---:|---:|---:|---:|---:|---|");
     for r in &rows {
         let reqs: Vec<String> = r.requests.iter().map(|(k, v)| format!("{k} {v:.1}")).collect();

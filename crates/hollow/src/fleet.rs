@@ -74,7 +74,9 @@ pub struct FleetSpec {
 impl FleetSpec {
     /// The name of node `index`.
     pub fn node_name(&self, index: usize) -> String {
-        self.name_template.replace("{pod}", &self.pod_name).replace("{index}", &index.to_string())
+        self.name_template
+            .replace("{pod}", &self.pod_name)
+            .replace("{index}", &index.to_string())
     }
 }
 
@@ -91,7 +93,12 @@ pub struct FleetNode {
 /// A cheap, shareable view of the fleet for gauges and chaos.
 #[derive(Clone)]
 pub struct FleetView {
-    nodes: Arc<Vec<(tokio::sync::watch::Receiver<Option<node_agent::node::RegisteredNode>>, FakeRuntime)>>,
+    nodes: Arc<
+        Vec<(
+            tokio::sync::watch::Receiver<Option<node_agent::node::RegisteredNode>>,
+            FakeRuntime,
+        )>,
+    >,
 }
 
 impl FleetView {
@@ -106,7 +113,9 @@ impl FleetView {
             sandboxes += i64::try_from(c.sandboxes).unwrap_or(i64::MAX);
             containers += i64::try_from(c.containers).unwrap_or(i64::MAX);
         }
-        gauges.nodes.set(i64::try_from(self.nodes.len()).unwrap_or(i64::MAX));
+        gauges
+            .nodes
+            .set(i64::try_from(self.nodes.len()).unwrap_or(i64::MAX));
         gauges.registered.set(registered);
         gauges.sandboxes.set(sandboxes);
         gauges.containers.set(containers);
@@ -115,7 +124,10 @@ impl FleetView {
 
     /// Number of registered nodes.
     pub fn registered(&self) -> usize {
-        self.nodes.iter().filter(|(reg, _)| reg.borrow().is_some()).count()
+        self.nodes
+            .iter()
+            .filter(|(reg, _)| reg.borrow().is_some())
+            .count()
     }
 }
 
@@ -171,12 +183,14 @@ fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError
             }
         }
     }
-    kubelet.register_with_taints.extend(p.taints.iter().map(|taint| Taint {
-        key: taint.key.clone(),
-        value: taint.value.clone(),
-        effect: taint.effect.clone(),
-        time_added: None,
-    }));
+    kubelet
+        .register_with_taints
+        .extend(p.taints.iter().map(|taint| Taint {
+            key: taint.key.clone(),
+            value: taint.value.clone(),
+            effect: taint.effect.clone(),
+            time_added: None,
+        }));
     t.kubelet = Arc::new(kubelet);
     t.labels.insert(PROFILE_LABEL.into(), p.name.clone());
     Ok(t)
@@ -191,7 +205,11 @@ impl Fleet {
         metrics: Arc<Metrics>,
         token: CancellationToken,
     ) -> Result<Fleet, FleetError> {
-        let templates = spec.profiles.iter().map(|p| template(spec, p)).collect::<Result<Vec<_>, _>>()?;
+        let templates = spec
+            .profiles
+            .iter()
+            .map(|p| template(spec, p))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut nodes = Vec::with_capacity(spec.nodes);
         let period = Duration::from_secs_f64(1.0 / spec.register_qps.max(0.001));
         let mut tick = tokio::time::interval(period);
@@ -214,14 +232,22 @@ impl Fleet {
             let mut config = AgentConfig::new(name.clone(), spec.node_ip, t.kubelet.clone(), machine);
             config.node_labels = t.labels.clone();
             if let Some(zone) = &assignment.zone {
-                config.node_labels.insert("topology.kubernetes.io/zone".into(), zone.clone());
+                config
+                    .node_labels
+                    .insert("topology.kubernetes.io/zone".into(), zone.clone());
             }
-            let runtime = FakeRuntime::new(FakeConfig { profile: spec.runtime_profile.clone(), ..FakeConfig::default() });
+            let runtime = FakeRuntime::new(FakeConfig {
+                profile: spec.runtime_profile.clone(),
+                ..FakeConfig::default()
+            });
             let agent = Agent::builder(config, pool.for_agent(index), Arc::new(runtime.clone()))
                 .token(token.child_token())
                 .metrics(metrics.clone())
                 .build()
-                .map_err(|source| FleetError::Agent { node: name.clone(), source })?
+                .map_err(|source| FleetError::Agent {
+                    node: name.clone(),
+                    source,
+                })?
                 .start();
             nodes.push(FleetNode { name, runtime, agent });
             if (index + 1) % step == 0 || index + 1 == spec.nodes {
@@ -240,7 +266,10 @@ impl Fleet {
     pub fn view(&self) -> FleetView {
         FleetView {
             nodes: Arc::new(
-                self.nodes.iter().map(|n| (n.agent.context().registered.clone(), n.runtime.clone())).collect(),
+                self.nodes
+                    .iter()
+                    .map(|n| (n.agent.context().registered.clone(), n.runtime.clone()))
+                    .collect(),
             ),
         }
     }

@@ -63,9 +63,15 @@ struct RunArgs {
     /// The kubelet port every node publishes.
     #[arg(long, default_value_t = 10250)]
     kubelet_port: u16,
-    /// HTTP/2 connections to the API server; nodes are sharded over them.
-    #[arg(long, default_value_t = 4)]
+    /// HTTP/2 connections to the API server; nodes are sharded over them. 0 (the default) sizes the pool from
+    /// --agents-per-connection.
+    #[arg(long, default_value_t = 0)]
     clients: usize,
+    /// With --clients 0: at most this many nodes share one connection. Each node holds a pod watch stream and
+    /// bursts of requests; the API server caps concurrent streams per connection (1000 by default), and a
+    /// connection whose streams are all taken stalls every node on it.
+    #[arg(long, default_value_t = 200)]
+    agents_per_connection: usize,
     /// Pod watch mode.
     #[arg(long, value_enum, default_value_t = WatchMode::PerNode)]
     watch_mode: WatchMode,
@@ -92,7 +98,9 @@ struct RunArgs {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
@@ -101,14 +109,19 @@ async fn main() -> anyhow::Result<()> {
 }
 
 fn runtime_profile(path: Option<&PathBuf>) -> anyhow::Result<cri_fake::Profile> {
-    let Some(path) = path else { return Ok(cri_fake::Profile::default()) };
+    let Some(path) = path else {
+        return Ok(cri_fake::Profile::default());
+    };
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let map: std::collections::BTreeMap<String, serde_yaml::Value> =
         serde_yaml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     let pairs = map.into_iter().map(|(k, v)| {
         let v = match v {
             serde_yaml::Value::String(s) => s,
-            other => serde_yaml::to_string(&other).unwrap_or_default().trim().to_owned(),
+            other => serde_yaml::to_string(&other)
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
         };
         (k, v)
     });
@@ -156,7 +169,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (bound, server) = server::serve(args.metrics_address, registry, token.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz and /metrics");
 
-    let pool = ClientPool::new(&kube_config, args.clients)?;
+    let clients = hollow::client_pool::pool_size(args.nodes, args.clients, args.agents_per_connection);
+    let pool = ClientPool::new(&kube_config, clients)?;
+    tracing::info!(connections = clients, nodes = args.nodes, "API client pool");
     let fleet_token = token.child_token();
     let start = tokio::time::Instant::now();
     let fleet = tokio::select! {

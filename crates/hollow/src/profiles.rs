@@ -120,10 +120,15 @@ pub fn default_profiles() -> Vec<Profile> {
         count: None,
         percent: None,
         weight: Some(1),
-        capacity: [("cpu", "8"), ("memory", "32Gi"), ("pods", "110"), ("ephemeral-storage", "100Gi")]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
+        capacity: [
+            ("cpu", "8"),
+            ("memory", "32Gi"),
+            ("pods", "110"),
+            ("ephemeral-storage", "100Gi"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
         labels: BTreeMap::new(),
         taints: Vec::new(),
         zones: Vec::new(),
@@ -133,17 +138,29 @@ pub fn default_profiles() -> Vec<Profile> {
 /// Reads and checks a profile file.
 pub fn load(path: &Path) -> Result<Vec<Profile>, ProfileError> {
     let p = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read { path: p.clone(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+        path: p.clone(),
+        source,
+    })?;
     parse(&text, &p)
 }
 
 /// Parses and checks profile YAML (`origin` names it in errors).
 pub fn parse(text: &str, origin: &str) -> Result<Vec<Profile>, ProfileError> {
-    let file: ProfileFile =
-        serde_yaml::from_str(text).map_err(|source| ProfileError::Parse { path: origin.to_owned(), source })?;
+    let file: ProfileFile = serde_yaml::from_str(text).map_err(|source| ProfileError::Parse {
+        path: origin.to_owned(),
+        source,
+    })?;
     for (index, p) in file.profiles.iter().enumerate() {
-        let invalid = |message: String| ProfileError::Invalid { index, name: p.name.clone(), message };
-        let shares = [p.count.is_some(), p.percent.is_some(), p.weight.is_some()].iter().filter(|b| **b).count();
+        let invalid = |message: String| ProfileError::Invalid {
+            index,
+            name: p.name.clone(),
+            message,
+        };
+        let shares = [p.count.is_some(), p.percent.is_some(), p.weight.is_some()]
+            .iter()
+            .filter(|b| **b)
+            .count();
         if shares != 1 {
             return Err(invalid("set exactly one of count, percent, weight".into()));
         }
@@ -153,9 +170,9 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Profile>, ProfileError> {
             return Err(invalid(format!("percent {pc} is not within 0..100")));
         }
         for (k, v) in &p.capacity {
-            node_agent::quantity::Quantity::from_api(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
-                v.clone(),
-            ))
+            node_agent::quantity::Quantity::from_api(
+                &k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()),
+            )
             .map_err(|e| invalid(format!("capacity.{k}: {e}")))?;
         }
         for t in &p.taints {
@@ -165,7 +182,10 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Profile>, ProfileError> {
         }
     }
     if file.profiles.is_empty() {
-        return Err(ProfileError::Fit { nodes: 0, message: "no profiles".into() });
+        return Err(ProfileError::Fit {
+            nodes: 0,
+            message: "no profiles".into(),
+        });
     }
     Ok(file.profiles)
 }
@@ -195,7 +215,10 @@ pub fn assign(profiles: &[Profile], nodes: usize) -> Result<Vec<Assignment>, Pro
         fixed += counts[i];
     }
     if fixed > nodes {
-        return Err(ProfileError::Fit { nodes, message: format!("counts and percentages ask for {fixed} nodes") });
+        return Err(ProfileError::Fit {
+            nodes,
+            message: format!("counts and percentages ask for {fixed} nodes"),
+        });
     }
     let rest = nodes - fixed;
     let total_weight: u64 = profiles.iter().filter_map(|p| p.weight).map(u64::from).sum();
@@ -207,7 +230,9 @@ pub fn assign(profiles: &[Profile], nodes: usize) -> Result<Vec<Assignment>, Pro
             });
         }
         let mut given = 0usize;
-        let weighted: Vec<usize> = (0..profiles.len()).filter(|i| profiles[*i].weight.is_some()).collect();
+        let weighted: Vec<usize> = (0..profiles.len())
+            .filter(|i| profiles[*i].weight.is_some())
+            .collect();
         for (n, i) in weighted.iter().enumerate() {
             let w = u64::from(profiles[*i].weight.unwrap_or(0));
             let share = if n + 1 == weighted.len() {
@@ -260,7 +285,11 @@ profiles:
         assert_eq!(per(1), 4); // 10% of 43, rounded down
         assert_eq!(per(2), 9); // 36 left: 1/4 of them
         assert_eq!(per(3), 27);
-        let zones: Vec<_> = a.iter().filter(|x| x.profile == 0).map(|x| x.zone.clone().unwrap()).collect();
+        let zones: Vec<_> = a
+            .iter()
+            .filter(|x| x.profile == 0)
+            .map(|x| x.zone.clone().unwrap())
+            .collect();
         assert_eq!(zones, ["a", "b", "a"]);
         // stable: node i keeps its profile
         assert_eq!(assign(&profiles, 43).unwrap(), a);
@@ -269,15 +298,40 @@ profiles:
     #[test]
     fn bad_profiles_name_what_is_wrong() {
         let two = "profiles:\n  - {name: x, count: 1, weight: 2}\n";
-        assert!(parse(two, "t").unwrap_err().to_string().contains("profiles[0] (x): set exactly one"));
+        assert!(
+            parse(two, "t")
+                .unwrap_err()
+                .to_string()
+                .contains("profiles[0] (x): set exactly one")
+        );
         let unknown = "profiles:\n  - {name: x, weight: 1, colour: red}\n";
         assert!(parse(unknown, "t").unwrap_err().to_string().contains("colour"));
         let quantity = "profiles:\n  - {name: x, weight: 1, capacity: {cpu: lots}}\n";
-        assert!(parse(quantity, "t").unwrap_err().to_string().contains("capacity.cpu"));
+        assert!(
+            parse(quantity, "t")
+                .unwrap_err()
+                .to_string()
+                .contains("capacity.cpu")
+        );
         let effect = "profiles:\n  - {name: x, weight: 1, taints: [{key: k, effect: Never}]}\n";
-        assert!(parse(effect, "t").unwrap_err().to_string().contains("unknown effect"));
+        assert!(
+            parse(effect, "t")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown effect")
+        );
         let too_many = parse("profiles:\n  - {name: x, count: 5}\n", "t").unwrap();
-        assert!(assign(&too_many, 3).unwrap_err().to_string().contains("ask for 5"));
-        assert!(assign(&too_many, 7).unwrap_err().to_string().contains("2 nodes left over"));
+        assert!(
+            assign(&too_many, 3)
+                .unwrap_err()
+                .to_string()
+                .contains("ask for 5")
+        );
+        assert!(
+            assign(&too_many, 7)
+                .unwrap_err()
+                .to_string()
+                .contains("2 nodes left over")
+        );
     }
 }

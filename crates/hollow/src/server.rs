@@ -32,11 +32,31 @@ pub struct FleetGauges {
 impl FleetGauges {
     /// Registers the gauges.
     pub fn register(&self, registry: &mut Registry) {
-        registry.register("hollow_nodes", "Hollow nodes started in this process", self.nodes.clone());
-        registry.register("hollow_nodes_registered", "Hollow nodes whose Node object exists", self.registered.clone());
-        registry.register("hollow_pod_sandboxes", "Pod sandboxes in the fake runtimes", self.sandboxes.clone());
-        registry.register("hollow_containers", "Containers in the fake runtimes", self.containers.clone());
-        registry.register("hollow_process_resident_memory_bytes", "Resident memory of the fleet process", self.rss_bytes.clone());
+        registry.register(
+            "hollow_nodes",
+            "Hollow nodes started in this process",
+            self.nodes.clone(),
+        );
+        registry.register(
+            "hollow_nodes_registered",
+            "Hollow nodes whose Node object exists",
+            self.registered.clone(),
+        );
+        registry.register(
+            "hollow_pod_sandboxes",
+            "Pod sandboxes in the fake runtimes",
+            self.sandboxes.clone(),
+        );
+        registry.register(
+            "hollow_containers",
+            "Containers in the fake runtimes",
+            self.containers.clone(),
+        );
+        registry.register(
+            "hollow_process_resident_memory_bytes",
+            "Resident memory of the fleet process",
+            self.rss_bytes.clone(),
+        );
     }
 }
 
@@ -51,8 +71,16 @@ async fn healthz() -> &'static str {
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let mut body = String::new();
     match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
-        Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], e.to_string()),
+        Ok(()) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            body,
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            e.to_string(),
+        ),
     }
 }
 
@@ -63,7 +91,10 @@ pub async fn serve(
     token: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let state = Arc::new(AppState { registry });
-    let app = Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(state);
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .with_state(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let handle = tokio::spawn(async move {

@@ -20,7 +20,10 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn spec(prefix: &str, nodes: usize, profile_yaml: Option<&str>) -> anyhow::Result<FleetSpec> {
@@ -48,7 +51,12 @@ fn is_ready(node: &Node) -> bool {
 }
 
 fn ready_condition(node: &Node) -> Option<&k8s_openapi::api::core::v1::NodeCondition> {
-    node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
 }
 
 async fn fleet_nodes(nodes: &Api<Node>, prefix: &str) -> anyhow::Result<Vec<Node>> {
@@ -56,7 +64,12 @@ async fn fleet_nodes(nodes: &Api<Node>, prefix: &str) -> anyhow::Result<Vec<Node
     Ok(all
         .items
         .into_iter()
-        .filter(|n| n.metadata.name.as_deref().is_some_and(|name| name.starts_with(&format!("{prefix}-"))))
+        .filter(|n| {
+            n.metadata
+                .name
+                .as_deref()
+                .is_some_and(|name| name.starts_with(&format!("{prefix}-")))
+        })
         .collect())
 }
 
@@ -66,7 +79,10 @@ fn name_of(node: &Node) -> String {
 
 /// When the node's Ready condition last changed (as text, for comparison).
 fn transition_of(node: &Node) -> String {
-    format!("{:?}", ready_condition(node).and_then(|c| c.last_transition_time.clone()))
+    format!(
+        "{:?}",
+        ready_condition(node).and_then(|c| c.last_transition_time.clone())
+    )
 }
 
 fn lease_updates(metrics: &Metrics) -> u64 {
@@ -82,38 +98,55 @@ async fn a_thousand_nodes_register_and_stay_ready() -> anyhow::Result<()> {
     let config = cp.admin_config().await?;
     let admin = cp.admin_client().await?;
     let nodes: Api<Node> = Api::all(admin.clone());
-    let pool = ClientPool::new(&config, 4)?;
+    let pool = ClientPool::new(&config, hollow::client_pool::pool_size(n, 0, 200))?;
     let metrics = Arc::new(Metrics::unregistered());
     let token = CancellationToken::new();
     let started = tokio::time::Instant::now();
     let fleet = Fleet::start(&spec("soak", n, None)?, &pool, metrics.clone(), token.clone()).await?;
 
     wait_for("every hollow node Ready", Duration::from_secs(180), || async {
-        let ready = fleet_nodes(&nodes, "soak").await?.iter().filter(|x| is_ready(x)).count();
+        let ready = fleet_nodes(&nodes, "soak")
+            .await?
+            .iter()
+            .filter(|x| is_ready(x))
+            .count();
         Ok((ready == n).then_some(()))
     })
     .await?;
     let all_ready = started.elapsed();
     let at_ready = fleet_nodes(&nodes, "soak").await?;
-    let transitions: BTreeMap<String, String> = at_ready.iter().map(|x| (name_of(x), transition_of(x))).collect();
+    let transitions: BTreeMap<String, String> =
+        at_ready.iter().map(|x| (name_of(x), transition_of(x))).collect();
     let leases_before = lease_updates(&metrics);
     let soak_start = tokio::time::Instant::now();
     let mut min_ready = n;
     while soak_start.elapsed() < soak {
         tokio::time::sleep(Duration::from_secs(15)).await;
-        let ready = fleet_nodes(&nodes, "soak").await?.iter().filter(|x| is_ready(x)).count();
+        let ready = fleet_nodes(&nodes, "soak")
+            .await?
+            .iter()
+            .filter(|x| is_ready(x))
+            .count();
         min_ready = min_ready.min(ready);
     }
     let soaked = soak_start.elapsed();
     let renewals = lease_updates(&metrics) - leases_before;
     let after = fleet_nodes(&nodes, "soak").await?;
-    let flapped = after.iter().filter(|x| transitions.get(&name_of(x)) != Some(&transition_of(x))).count();
+    let flapped = after
+        .iter()
+        .filter(|x| transitions.get(&name_of(x)) != Some(&transition_of(x)))
+        .count();
     let not_ready_events = Api::<Event>::namespaced(admin.clone(), "default")
         .list(&ListParams::default().fields("reason=NodeNotReady"))
         .await?
         .items
         .iter()
-        .filter(|e| e.involved_object.name.as_deref().is_some_and(|name| name.starts_with("soak-")))
+        .filter(|e| {
+            e.involved_object
+                .name
+                .as_deref()
+                .is_some_and(|name| name.starts_with("soak-"))
+        })
         .count();
     let per_node_minute = renewals as f64 / n as f64 / (soaked.as_secs_f64() / 60.0);
     for code in [0u16, 409, 429, 500, 503, 504] {
@@ -133,7 +166,10 @@ async fn a_thousand_nodes_register_and_stay_ready() -> anyhow::Result<()> {
     assert_eq!(min_ready, n, "some node was not Ready during the soak");
     assert_eq!(flapped, 0, "Ready condition transitioned during the soak");
     assert_eq!(not_ready_events, 0, "NodeNotReady events during the soak");
-    assert!((4.5..=7.5).contains(&per_node_minute), "lease renewals per node-minute: {per_node_minute}");
+    assert!(
+        (4.5..=7.5).contains(&per_node_minute),
+        "lease renewals per node-minute: {per_node_minute}"
+    );
     assert_eq!(after.len(), n, "no duplicate or missing Node objects");
     fleet.stop(Duration::from_secs(10)).await;
     Ok(())
@@ -159,8 +195,13 @@ async fn gpu_profile_nodes_get_gpus_and_gpu_pods_land_only_there() -> anyhow::Re
     let nodes: Api<Node> = Api::all(admin.clone());
     let pool = ClientPool::new(&config, 1)?;
     let token = CancellationToken::new();
-    let fleet =
-        Fleet::start(&spec("gpu", 6, Some(GPU_PROFILES))?, &pool, Arc::new(Metrics::unregistered()), token).await?;
+    let fleet = Fleet::start(
+        &spec("gpu", 6, Some(GPU_PROFILES))?,
+        &pool,
+        Arc::new(Metrics::unregistered()),
+        token,
+    )
+    .await?;
     let ready = wait_for("the GPU fleet Ready", Duration::from_secs(60), || async {
         let all = fleet_nodes(&nodes, "gpu").await?;
         Ok((all.len() == 6 && all.iter().all(is_ready)).then_some(all))
@@ -173,14 +214,20 @@ async fn gpu_profile_nodes_get_gpus_and_gpu_pods_land_only_there() -> anyhow::Re
             .and_then(|a| a.get("nvidia.com/gpu"))
             .map(|q| q.0.clone())
     };
-    let gpu_nodes: BTreeSet<String> =
-        ready.iter().filter(|n| gpu_of(n).is_some()).filter_map(|n| n.metadata.name.clone()).collect();
+    let gpu_nodes: BTreeSet<String> = ready
+        .iter()
+        .filter(|n| gpu_of(n).is_some())
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
     assert_eq!(gpu_nodes.len(), 2, "two nodes carry the GPU profile");
     for n in ready.iter().filter(|n| gpu_of(n).is_some()) {
         assert_eq!(gpu_of(n).as_deref(), Some("4"));
         let labels = n.metadata.labels.clone().unwrap_or_default();
         assert_eq!(labels.get("accelerator").map(String::as_str), Some("nvidia"));
-        assert_eq!(labels.get("hollow.node-agent.io/profile").map(String::as_str), Some("gpu"));
+        assert_eq!(
+            labels.get("hollow.node-agent.io/profile").map(String::as_str),
+            Some("gpu")
+        );
     }
 
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
@@ -195,7 +242,12 @@ async fn gpu_profile_nodes_get_gpus_and_gpu_pods_land_only_there() -> anyhow::Re
     let placed = wait_for("GPU pods scheduled", Duration::from_secs(60), || async {
         let mut out = Vec::new();
         for i in 0..6 {
-            match pods.get(&format!("gpu-job-{i}")).await?.spec.and_then(|s| s.node_name) {
+            match pods
+                .get(&format!("gpu-job-{i}"))
+                .await?
+                .spec
+                .and_then(|s| s.node_name)
+            {
                 Some(n) => out.push(n),
                 None => return Ok(None),
             }
@@ -204,7 +256,10 @@ async fn gpu_profile_nodes_get_gpus_and_gpu_pods_land_only_there() -> anyhow::Re
     })
     .await?;
     for node in &placed {
-        assert!(gpu_nodes.contains(node), "a GPU pod landed on {node}, not a GPU node");
+        assert!(
+            gpu_nodes.contains(node),
+            "a GPU pod landed on {node}, not a GPU node"
+        );
     }
     fleet.stop(Duration::from_secs(10)).await;
     Ok(())
@@ -212,7 +267,15 @@ async fn gpu_profile_nodes_get_gpus_and_gpu_pods_land_only_there() -> anyhow::Re
 
 fn start_binary(kubeconfig: &std::path::Path, port: u16) -> anyhow::Result<Child> {
     Ok(Command::new(env!("CARGO_BIN_EXE_hollow"))
-        .args(["run", "--nodes", "20", "--name-template", "restart-{index}", "--clients", "2"])
+        .args([
+            "run",
+            "--nodes",
+            "20",
+            "--name-template",
+            "restart-{index}",
+            "--clients",
+            "2",
+        ])
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["--metrics-address", &format!("127.0.0.1:{port}")])
@@ -240,22 +303,33 @@ async fn a_killed_fleet_comes_back_to_the_same_nodes() -> anyhow::Result<()> {
     first.wait()?;
 
     let mut second = start_binary(&cp.admin_kubeconfig(), port)?;
-    let after = wait_for("the same 20 nodes Ready again", Duration::from_secs(60), || async {
-        let all = fleet_nodes(&nodes, "restart").await?;
-        let fresh = all.iter().all(|n| {
-            ready_condition(n).and_then(|c| c.last_heartbeat_time.clone()).is_some_and(|t| {
-                before.iter().all(|b| {
-                    b.metadata.name != n.metadata.name
-                        || ready_condition(b).and_then(|c| c.last_heartbeat_time.clone()).is_none_or(|old| t.0 > old.0)
-                })
-            })
-        });
-        Ok((all.len() == 20 && all.iter().all(is_ready) && fresh).then_some(all))
-    })
+    let after = wait_for(
+        "the same 20 nodes Ready again",
+        Duration::from_secs(60),
+        || async {
+            let all = fleet_nodes(&nodes, "restart").await?;
+            let fresh = all.iter().all(|n| {
+                ready_condition(n)
+                    .and_then(|c| c.last_heartbeat_time.clone())
+                    .is_some_and(|t| {
+                        before.iter().all(|b| {
+                            b.metadata.name != n.metadata.name
+                                || ready_condition(b)
+                                    .and_then(|c| c.last_heartbeat_time.clone())
+                                    .is_none_or(|old| t.0 > old.0)
+                        })
+                    })
+            });
+            Ok((all.len() == 20 && all.iter().all(is_ready) && fresh).then_some(all))
+        },
+    )
     .await?;
     let uids_after: BTreeSet<String> = after.iter().filter_map(|n| n.metadata.uid.clone()).collect();
     assert_eq!(uids, uids_after, "the restarted fleet reuses its Node objects");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(second.id())?), nix::sys::signal::SIGTERM)?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(second.id())?),
+        nix::sys::signal::SIGTERM,
+    )?;
     let status = second.wait()?;
     assert!(status.success(), "SIGTERM stops the fleet cleanly: {status}");
     Ok(())
