@@ -12,6 +12,7 @@ use std::time::Duration;
 use cri_fake::{FakeConfig, FakeRuntime};
 use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
+use node_agent::pods::{PodMetrics, PodOptions, PodSource, SharedPodFeed};
 use node_agent::quantity::Quantity;
 use node_agent::{Agent, AgentConfig, KubeletConfig, MachineInfo, Metrics, RunningAgent};
 use tokio_util::sync::CancellationToken;
@@ -46,6 +47,16 @@ pub enum FleetError {
     },
 }
 
+/// How agents receive their pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WatchMode {
+    /// Every agent its own watch with `fieldSelector=spec.nodeName=<node>`, as kubelets do.
+    #[default]
+    PerNode,
+    /// One process-wide watch of scheduled pods, dispatched to agents by `spec.nodeName`.
+    Shared,
+}
+
 /// Everything the fleet needs, as plain values.
 #[derive(Clone)]
 pub struct FleetSpec {
@@ -69,6 +80,8 @@ pub struct FleetSpec {
     pub assignments: Vec<Assignment>,
     /// Fake runtime behaviour for every node.
     pub runtime_profile: Arc<cri_fake::Profile>,
+    /// How agents receive their pods.
+    pub watch_mode: WatchMode,
 }
 
 impl FleetSpec {
@@ -203,8 +216,10 @@ impl Fleet {
         spec: &FleetSpec,
         pool: &ClientPool,
         metrics: Arc<Metrics>,
+        pod_metrics: Arc<PodMetrics>,
         token: CancellationToken,
     ) -> Result<Fleet, FleetError> {
+        let feed = (spec.watch_mode == WatchMode::Shared).then(SharedPodFeed::new);
         let templates = spec
             .profiles
             .iter()
@@ -240,7 +255,17 @@ impl Fleet {
                 profile: spec.runtime_profile.clone(),
                 ..FakeConfig::default()
             });
+            let source = match &feed {
+                Some(feed) => feed.subscribe(&name, 64),
+                None => PodSource::Watch,
+            };
+            let pods = PodOptions {
+                probes: Arc::new(crate::probes::scripted(runtime.clone())),
+                metrics: pod_metrics.clone(),
+                source,
+            };
             let agent = Agent::builder(config, pool.for_agent(index), Arc::new(runtime.clone()))
+                .pods(pods)
                 .token(token.child_token())
                 .metrics(metrics.clone())
                 .build()
@@ -253,6 +278,10 @@ impl Fleet {
             if (index + 1) % step == 0 || index + 1 == spec.nodes {
                 tracing::info!(started = index + 1, of = spec.nodes, "starting hollow nodes");
             }
+        }
+        if let Some(feed) = feed {
+            // subscriptions are in place: start the one watch
+            tokio::spawn(feed.run(pool.for_agent(0), token.child_token()));
         }
         Ok(Fleet { nodes, token })
     }

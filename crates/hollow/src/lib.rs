@@ -5,9 +5,11 @@
 //! * [`profiles`] — node profiles (capacity, labels, taints, zones, extended resources) and who gets which.
 //! * [`client_pool`] — a few HTTP/2 API connections the agents are sharded over.
 //! * [`fleet`] — building, starting (rate-limited) and stopping the agents.
-//! * [`server`] — the one HTTP endpoint: `/healthz`, `/metrics`.
+//! * [`probes`] — network probes answered from each node's fake runtime script.
+//! * [`server`] — the one HTTP endpoint: `/healthz`, `/metrics`, `/histograms`.
 
 pub mod client_pool;
 pub mod fleet;
+pub mod probes;
 pub mod profiles;
 pub mod server;

@@ -12,11 +12,12 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use hollow::client_pool::ClientPool;
-use hollow::fleet::{Fleet, FleetSpec};
+use hollow::fleet::{Fleet, FleetSpec, WatchMode};
 use hollow::profiles;
 use hollow::server::{self, FleetGauges};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams};
+use node_agent::pods::PodMetrics;
 use node_agent::{KubeletConfig, Metrics};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -36,7 +37,7 @@ enum Command {
 
 /// How agents watch their pods.
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-enum WatchMode {
+enum WatchArg {
     /// Every node its own watch (fieldSelector spec.nodeName), like kubelets.
     PerNode,
     /// One process-wide watch, dispatched by node name.
@@ -73,8 +74,8 @@ struct RunArgs {
     #[arg(long, default_value_t = 200)]
     agents_per_connection: usize,
     /// Pod watch mode.
-    #[arg(long, value_enum, default_value_t = WatchMode::PerNode)]
-    watch_mode: WatchMode,
+    #[arg(long, value_enum, default_value_t = WatchArg::PerNode)]
+    watch_mode: WatchArg,
     /// Node registrations started per second.
     #[arg(long, default_value_t = 100.0)]
     register_qps: f64,
@@ -129,9 +130,6 @@ fn runtime_profile(path: Option<&PathBuf>) -> anyhow::Result<cri_fake::Profile> 
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    if args.watch_mode == WatchMode::Shared {
-        tracing::warn!("watch mode `shared` is not available yet; using per-node watches");
-    }
     let kube_config = match &args.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)?;
@@ -159,14 +157,21 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         profiles: profile_list,
         assignments,
         runtime_profile: Arc::new(runtime_profile(args.runtime_profile.as_ref())?),
+        watch_mode: match args.watch_mode {
+            WatchArg::PerNode => WatchMode::PerNode,
+            WatchArg::Shared => WatchMode::Shared,
+        },
     };
 
     let token = CancellationToken::new();
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::register(&mut registry));
+    let pod_metrics = Arc::new(PodMetrics::new());
+    pod_metrics.register(&mut registry);
     let gauges = FleetGauges::default();
     gauges.register(&mut registry);
-    let (bound, server) = server::serve(args.metrics_address, registry, token.clone()).await?;
+    let (bound, server) =
+        server::serve(args.metrics_address, registry, pod_metrics.clone(), token.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz and /metrics");
 
     let clients = hollow::client_pool::pool_size(args.nodes, args.clients, args.agents_per_connection);
@@ -175,7 +180,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let fleet_token = token.child_token();
     let start = tokio::time::Instant::now();
     let fleet = tokio::select! {
-        fleet = Fleet::start(&spec, &pool, metrics, fleet_token.clone()) => fleet?,
+        fleet = Fleet::start(&spec, &pool, metrics, pod_metrics.clone(), fleet_token.clone()) => fleet?,
         _ = shutdown_signal() => { token.cancel(); return Ok(()); }
     };
     let view = fleet.view();

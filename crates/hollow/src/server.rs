@@ -1,6 +1,9 @@
-//! The fleet's one HTTP endpoint: `/healthz`, and `/metrics` (Prometheus text: the agents' metrics, aggregated
-//! over the fleet because they share one registry, plus fleet gauges).
+//! The fleet's one HTTP endpoint: `/healthz`; `/metrics` (Prometheus text: the agents' metrics, aggregated
+//! over the fleet because they share one registry, plus fleet gauges); and `/histograms`: the raw per-stage
+//! pod start-up HDR histograms (JSON: stage name -> base64 of the HdrHistogram V2 serialization, values in
+//! microseconds), which merge exactly across processes.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64};
@@ -10,6 +13,9 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use hdrhistogram::Histogram;
+use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
+use node_agent::pods::{PodMetrics, Stage};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -62,6 +68,49 @@ impl FleetGauges {
 
 struct AppState {
     registry: Registry,
+    pod_metrics: Arc<PodMetrics>,
+}
+
+async fn histograms(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    match encode_histograms(&state.pod_metrics) {
+        Ok(map) => (StatusCode::OK, axum::Json(map)).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
+    }
+}
+
+/// Every stage's histogram (and `pod_start`, the whole span), V2-serialized and base64-encoded.
+pub fn encode_histograms(metrics: &PodMetrics) -> Result<BTreeMap<String, String>, String> {
+    use base64::Engine;
+    let mut out = BTreeMap::new();
+    let stages = Stage::ALL
+        .iter()
+        .map(|s| (s.name(), Some(*s)))
+        .chain(std::iter::once(("pod_start", None)));
+    for (name, stage) in stages {
+        let Some(h) = metrics.stage_histogram(stage) else {
+            continue;
+        };
+        let mut buf = Vec::new();
+        V2Serializer::new()
+            .serialize(&h, &mut buf)
+            .map_err(|e| format!("{name}: {e:?}"))?;
+        out.insert(
+            name.to_owned(),
+            base64::engine::general_purpose::STANDARD.encode(buf),
+        );
+    }
+    Ok(out)
+}
+
+/// The inverse of [`encode_histograms`] for one stage.
+pub fn decode_histogram(encoded: &str) -> Result<Histogram<u64>, String> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|e| e.to_string())?;
+    Deserializer::new()
+        .deserialize(&mut bytes.as_slice())
+        .map_err(|e| format!("{e:?}"))
 }
 
 async fn healthz() -> &'static str {
@@ -88,12 +137,17 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 pub async fn serve(
     addr: SocketAddr,
     registry: Registry,
+    pod_metrics: Arc<PodMetrics>,
     token: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let state = Arc::new(AppState { registry });
+    let state = Arc::new(AppState {
+        registry,
+        pod_metrics,
+    });
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/histograms", get(histograms))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;

@@ -15,6 +15,7 @@ use hollow::profiles;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
+use node_agent::pods::PodMetrics;
 use node_agent::{KubeletConfig, Metrics};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +44,7 @@ fn spec(prefix: &str, nodes: usize, profile_yaml: Option<&str>) -> anyhow::Resul
         profiles: profile_list,
         assignments,
         runtime_profile: Arc::new(cri_fake::Profile::default()),
+        watch_mode: hollow::fleet::WatchMode::PerNode,
     })
 }
 
@@ -102,7 +104,14 @@ async fn a_thousand_nodes_register_and_stay_ready() -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::unregistered());
     let token = CancellationToken::new();
     let started = tokio::time::Instant::now();
-    let fleet = Fleet::start(&spec("soak", n, None)?, &pool, metrics.clone(), token.clone()).await?;
+    let fleet = Fleet::start(
+        &spec("soak", n, None)?,
+        &pool,
+        metrics.clone(),
+        Arc::new(PodMetrics::new()),
+        token.clone(),
+    )
+    .await?;
 
     wait_for("every hollow node Ready", Duration::from_secs(180), || async {
         let ready = fleet_nodes(&nodes, "soak")
@@ -199,6 +208,7 @@ async fn gpu_profile_nodes_get_gpus_and_gpu_pods_land_only_there() -> anyhow::Re
         &spec("gpu", 6, Some(GPU_PROFILES))?,
         &pool,
         Arc::new(Metrics::unregistered()),
+        Arc::new(PodMetrics::new()),
         token,
     )
     .await?;
