@@ -30,6 +30,35 @@ fn ok_if_gone<T>(r: Result<T, RuntimeError>) -> Result<(), RuntimeError> {
     }
 }
 
+/// `StopContainer` with `timeout` seconds; an unknown container counts as stopped.
+pub(crate) async fn stop_container(ctx: &AgentCtx, id: &str, timeout: u64) -> Result<(), RuntimeError> {
+    let timeout = i64::try_from(timeout).unwrap_or(i64::MAX);
+    let req = cri::StopContainerRequest {
+        container_id: id.to_owned(),
+        timeout,
+    };
+    ok_if_gone(ctx.rt("stop_container", ctx.runtime.stop_container(req)).await)
+}
+
+/// `RemoveContainer`; an unknown container counts as removed.
+async fn remove_container(ctx: &AgentCtx, id: &str) -> Result<(), RuntimeError> {
+    let req = cri::RemoveContainerRequest {
+        container_id: id.to_owned(),
+    };
+    ok_if_gone(
+        ctx.rt("remove_container", ctx.runtime.remove_container(req))
+            .await,
+    )
+}
+
+/// `StopPodSandbox`; an unknown sandbox counts as stopped.
+pub(crate) async fn stop_sandbox(ctx: &AgentCtx, id: &str) -> Result<(), RuntimeError> {
+    let req = cri::StopPodSandboxRequest {
+        pod_sandbox_id: id.to_owned(),
+    };
+    ok_if_gone(ctx.rt("stop_podsandbox", ctx.runtime.stop_pod_sandbox(req)).await)
+}
+
 /// A container to stop: its id, its name in the spec, and whether it runs (only then is preStop run).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Victim<'a> {
@@ -91,11 +120,7 @@ pub(crate) async fn kill_container(
         .as_secs()
         .saturating_sub(started.elapsed().as_secs())
         .max(MIN_GRACE.as_secs());
-    let req = cri::StopContainerRequest {
-        container_id: victim.id.to_owned(),
-        timeout: i64::try_from(remaining).unwrap_or(i64::MAX),
-    };
-    ok_if_gone(ctx.rt("stop_container", ctx.runtime.stop_container(req)).await)
+    stop_container(ctx, victim.id, remaining).await
 }
 
 fn alive(r: &&ContainerRecord) -> bool {
@@ -137,10 +162,7 @@ pub(crate) async fn kill_pod(
         }
     }
     for sb in view.sandboxes.iter().filter(|s| s.ready) {
-        let req = cri::StopPodSandboxRequest {
-            pod_sandbox_id: sb.id.clone(),
-        };
-        if let Err(e) = ok_if_gone(ctx.rt("stop_podsandbox", ctx.runtime.stop_pod_sandbox(req)).await) {
+        if let Err(e) = stop_sandbox(ctx, &sb.id).await {
             outcome = Err(e);
         }
     }
@@ -150,22 +172,10 @@ pub(crate) async fn kill_pod(
 /// Removes every container and sandbox of the pod from the runtime.
 pub(crate) async fn remove_pod(ctx: &AgentCtx, view: &RuntimeView) -> Result<(), RuntimeError> {
     for c in &view.containers {
-        let req = cri::RemoveContainerRequest {
-            container_id: c.id.clone(),
-        };
-        ok_if_gone(
-            ctx.rt("remove_container", ctx.runtime.remove_container(req))
-                .await,
-        )?;
+        remove_container(ctx, &c.id).await?;
     }
     for sb in &view.sandboxes {
-        let stop = cri::StopPodSandboxRequest {
-            pod_sandbox_id: sb.id.clone(),
-        };
-        ok_if_gone(
-            ctx.rt("stop_podsandbox", ctx.runtime.stop_pod_sandbox(stop))
-                .await,
-        )?;
+        stop_sandbox(ctx, &sb.id).await?;
         let req = cri::RemovePodSandboxRequest {
             pod_sandbox_id: sb.id.clone(),
         };
@@ -183,16 +193,9 @@ pub(crate) async fn prune_dead(ctx: &AgentCtx, view: &RuntimeView, name: &str) -
     let dead = view
         .containers
         .iter()
-        .filter(|c| c.name == name && c.state == CState::Exited)
-        .skip(1);
-    for c in dead {
-        let req = cri::RemoveContainerRequest {
-            container_id: c.id.clone(),
-        };
-        ok_if_gone(
-            ctx.rt("remove_container", ctx.runtime.remove_container(req))
-                .await,
-        )?;
+        .filter(|c| c.name == name && c.state == CState::Exited);
+    for c in dead.skip(1) {
+        remove_container(ctx, &c.id).await?;
     }
     Ok(())
 }

@@ -35,12 +35,16 @@ pub const TERMINATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
 pub struct RuntimeLayout {
     /// Root of the per-pod log directories (`/var/log/pods`).
     pub pod_logs_dir: String,
+    /// Create each sandbox's log directory before `RunPodSandbox`, as the kubelet does (a real runtime writes
+    /// container logs there and does not create it). Off by default: hollow nodes have no logs on disk.
+    pub create_log_dirs: bool,
 }
 
 impl Default for RuntimeLayout {
     fn default() -> Self {
         Self {
             pod_logs_dir: "/var/log/pods".to_owned(),
+            create_log_dirs: false,
         }
     }
 }

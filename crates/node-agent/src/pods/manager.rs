@@ -19,8 +19,10 @@ use tracing::Instrument;
 use super::admission::{self, Committed, Rejection};
 use super::context::AgentCtx;
 use super::events::EventType;
+use super::kill;
 use super::labels;
 use super::metrics::{Stage, Timeline};
+use super::observed::RuntimeView;
 use super::pleg::PlegEvent;
 use super::source::PodEvent;
 use super::spec::DesiredPod;
@@ -102,7 +104,7 @@ impl PodManager {
 
     async fn on_source(&mut self, event: PodEvent) {
         match event {
-            PodEvent::Apply(pod) => self.apply(pod),
+            PodEvent::Apply(pod) => self.apply(*pod),
             PodEvent::Delete(pod) => {
                 if let Some(e) = pod.metadata.uid.as_deref().and_then(|uid| self.workers.get(uid)) {
                     let _ = e.tx.send(WorkerMsg::Removed);
@@ -307,60 +309,15 @@ fn event_reason(reason: &str) -> &'static str {
         .unwrap_or("UnexpectedAdmissionError")
 }
 
+/// Stops and removes what the runtime holds of pod `uid`. Its object is gone, and with it the grace period
+/// (which ran out while nobody watched), so containers get the 2 s minimum and no preStop hook.
 async fn remove_orphan(ctx: &AgentCtx, uid: &str) -> Result<(), runtime_api::RuntimeError> {
-    let filter = cri::ContainerFilter {
-        label_selector: labels::selector(uid),
-        ..Default::default()
-    };
-    let containers = ctx
-        .rt(
-            "list_containers",
-            ctx.runtime
-                .list_containers(cri::ListContainersRequest { filter: Some(filter) }),
-        )
-        .await?;
-    for c in containers.containers {
-        let grace = labels::grace_secs(&c.annotations).unwrap_or(30).max(2);
-        let stop = cri::StopContainerRequest {
-            container_id: c.id.clone(),
-            timeout: grace,
-        };
-        let _ = ctx.rt("stop_container", ctx.runtime.stop_container(stop)).await;
-        let _ = ctx
-            .rt(
-                "remove_container",
-                ctx.runtime
-                    .remove_container(cri::RemoveContainerRequest { container_id: c.id }),
-            )
-            .await;
+    let mut view = RuntimeView::default();
+    view.refresh(ctx, uid).await?;
+    for c in view.containers.iter().filter(|c| c.running()) {
+        kill::stop_container(ctx, &c.id, 2).await?;
     }
-    let filter = cri::PodSandboxFilter {
-        label_selector: labels::selector(uid),
-        ..Default::default()
-    };
-    let sandboxes = ctx
-        .rt(
-            "list_podsandbox",
-            ctx.runtime
-                .list_pod_sandbox(cri::ListPodSandboxRequest { filter: Some(filter) }),
-        )
-        .await?;
-    for s in sandboxes.items {
-        let _ = ctx
-            .rt(
-                "stop_podsandbox",
-                ctx.runtime.stop_pod_sandbox(cri::StopPodSandboxRequest {
-                    pod_sandbox_id: s.id.clone(),
-                }),
-            )
-            .await;
-        ctx.rt(
-            "remove_podsandbox",
-            ctx.runtime
-                .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: s.id }),
-        )
-        .await?;
-    }
+    kill::remove_pod(ctx, &view).await?;
     tracing::info!(%uid, "removed the runtime objects of a pod that no longer exists");
     Ok(())
 }

@@ -12,12 +12,16 @@
 //! | prober | [`probes`] | one timer per probe; results to the pod's worker |
 //! | PLEG | `pleg` | runtime events (or a 1 s relist) to workers |
 //! | status manager | `status` | PATCH `pods/status` on change; final DELETE |
-//! | event writer | [`events`] | core/v1 Events |
+//!
+//! Events go through a [`PodEventSink`] ([`events`]): the agent's own recorder when run by an
+//! [`Agent`](crate::Agent) (see [`PodLifecycle::for_agent`] and [`PodOptions`]), else an event writer of
+//! its own. API writes go through the agent's rate limit ([`ApiCalls`]).
 //!
 //! Supporting modules: [`spec`] (the compact desired pod), `resources` (requests, QoS), `labels` (runtime
 //! labels and annotations), `observed` (the runtime's view of a pod), `images`, `restart`
 //! (CrashLoopBackOff), `actions` (exec/http/tcp/grpc/sleep), [`metrics`] (per-stage hdrhistograms and the
-//! kubelet's Prometheus series), `gofmt` (Go-style durations in messages).
+//! kubelet's Prometheus series), `gofmt` (Go-style durations in messages), `wiring` (running as a manager of
+//! an [`Agent`](crate::Agent)).
 //!
 //! Shutdown (cancelling the token) stops every loop and leaves containers running: a restarted agent rebuilds
 //! its state from the runtime (labels and annotations written by `labels`) and the API server, starting nothing

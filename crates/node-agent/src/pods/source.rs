@@ -12,6 +12,7 @@
 //! Pods are passed on without `managedFields` (never read, often the largest part of the object).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -27,10 +28,10 @@ use tokio_util::sync::CancellationToken;
 pub enum PodEvent {
     /// Every pod bound to the node right now (after a list or relist); pods not in it are gone.
     Snapshot(Vec<Pod>),
-    /// A pod was added or changed.
-    Apply(Pod),
+    /// A pod was added or changed (boxed: channels of events stay small).
+    Apply(Box<Pod>),
     /// A pod object was deleted.
-    Delete(Pod),
+    Delete(Box<Pod>),
 }
 
 /// The stream of pod events an agent consumes.
@@ -72,8 +73,38 @@ impl Relist {
                 None
             }
             Event::InitDone => Some(PodEvent::Snapshot(self.0.take().unwrap_or_default())),
-            Event::Apply(p) => Some(PodEvent::Apply(slim(p))),
-            Event::Delete(p) => Some(PodEvent::Delete(slim(p))),
+            Event::Apply(p) => Some(PodEvent::Apply(Box::new(slim(p)))),
+            Event::Delete(p) => Some(PodEvent::Delete(Box::new(slim(p)))),
+        }
+    }
+}
+
+/// Follows a list+watch of pods matching `field_selector`, handing every resulting event to `deliver` until
+/// `cancel` fires, the watch ends, or `deliver` returns false.
+async fn follow<F, Fut>(client: kube::Client, field_selector: &str, cancel: CancellationToken, mut deliver: F)
+where
+    F: FnMut(PodEvent) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let api: Api<Pod> = Api::all(client);
+    let config = watcher::Config::default().fields(field_selector);
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut relist = Relist::default();
+    loop {
+        let next = tokio::select! {
+            _ = cancel.cancelled() => return,
+            next = stream.next() => next,
+        };
+        match next {
+            None => return,
+            Some(Err(error)) => tracing::warn!(%field_selector, %error, "pod watch failed, retrying"),
+            Some(Ok(event)) => {
+                if let Some(e) = relist.step(event)
+                    && !deliver(e).await
+                {
+                    return;
+                }
+            }
         }
     }
 }
@@ -85,27 +116,12 @@ pub async fn watch_node_pods(
     tx: mpsc::Sender<PodEvent>,
     cancel: CancellationToken,
 ) {
-    let api: Api<Pod> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    let mut relist = Relist::default();
-    loop {
-        let next = tokio::select! {
-            _ = cancel.cancelled() => return,
-            next = stream.next() => next,
-        };
-        match next {
-            None => return,
-            Some(Err(error)) => tracing::warn!(%node, %error, "pod watch failed, retrying"),
-            Some(Ok(event)) => {
-                if let Some(e) = relist.step(event)
-                    && tx.send(e).await.is_err()
-                {
-                    return;
-                }
-            }
-        }
-    }
+    let selector = format!("spec.nodeName={node}");
+    follow(client, &selector, cancel, |e| {
+        let tx = tx.clone();
+        async move { tx.send(e).await.is_ok() }
+    })
+    .await;
 }
 
 /// One watch of all scheduled pods, fanned out to many agents by `spec.nodeName`.
@@ -178,25 +194,12 @@ impl SharedPodFeed {
 
     /// Watches every pod with a node (`spec.nodeName!=`) and dispatches until `cancel` fires.
     pub async fn run(self, client: kube::Client, cancel: CancellationToken) {
-        let api: Api<Pod> = Api::all(client);
-        let config = watcher::Config::default().fields("spec.nodeName!=");
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-        let mut relist = Relist::default();
-        loop {
-            let next = tokio::select! {
-                _ = cancel.cancelled() => return,
-                next = stream.next() => next,
-            };
-            match next {
-                None => return,
-                Some(Err(error)) => tracing::warn!(%error, "shared pod watch failed, retrying"),
-                Some(Ok(event)) => {
-                    if let Some(e) = relist.step(event) {
-                        self.dispatch(e).await;
-                    }
-                }
-            }
-        }
+        let feed = &self;
+        follow(client, "spec.nodeName!=", cancel, |e| async move {
+            feed.dispatch(e).await;
+            true
+        })
+        .await;
     }
 }
 
@@ -242,7 +245,7 @@ mod tests {
         };
         feed.dispatch(PodEvent::Snapshot(vec![pod("a", "n1"), pod("b", "n3")]))
             .await;
-        feed.dispatch(PodEvent::Apply(pod("c", "n2"))).await;
+        feed.dispatch(PodEvent::Apply(Box::new(pod("c", "n2")))).await;
         assert!(matches!(n1.recv().await, Some(PodEvent::Snapshot(p)) if p.len() == 1));
         assert!(matches!(n2.recv().await, Some(PodEvent::Snapshot(p)) if p.is_empty()));
         assert!(

@@ -67,11 +67,7 @@ impl PodWorker {
             }
             if let Some(attempt) = plan.create_sandbox {
                 for sb in self.view.sandboxes.iter().filter(|s| s.ready) {
-                    let req = cri::StopPodSandboxRequest {
-                        pod_sandbox_id: sb.id.clone(),
-                    };
-                    ctx.rt("stop_podsandbox", ctx.runtime.stop_pod_sandbox(req))
-                        .await?;
+                    kill::stop_sandbox(&ctx, &sb.id).await?;
                 }
                 if attempt > 0 {
                     let msg = "Pod sandbox changed, it will be killed and re-created.";
@@ -110,8 +106,15 @@ impl PodWorker {
     async fn create_sandbox(&mut self, attempt: u32) -> Result<(), RuntimeError> {
         let ctx = self.ctx.clone();
         let pod = self.pod.clone();
+        let config = labels::sandbox_config(&pod, attempt, &ctx.config.layout);
+        if ctx.config.layout.create_log_dirs
+            && let Err(error) = tokio::fs::create_dir_all(&config.log_directory).await
+        {
+            // the runtime's own error (it cannot open the log file) will say the rest
+            tracing::warn!(dir = %config.log_directory, %error, "cannot create the pod log directory");
+        }
         let req = cri::RunPodSandboxRequest {
-            config: Some(labels::sandbox_config(&pod, attempt, &ctx.config.layout)),
+            config: Some(config),
             runtime_handler: pod.runtime_handler.clone(),
         };
         match ctx.rt("run_podsandbox", ctx.runtime.run_pod_sandbox(req)).await {
@@ -315,7 +318,7 @@ impl PodWorker {
                 waiting: &self.waiting,
                 host_ips: &host_ips,
                 start_time: self.start_time,
-                old: self.last_status.as_ref(),
+                old: self.last_status.as_deref(),
                 runtime_type: &self.ctx.runtime_type,
                 terminal: if self.state == State::Syncing {
                     None
@@ -331,10 +334,10 @@ impl PodWorker {
         if phase.is_terminal() {
             self.timeline = None;
         }
-        if timeline.is_none() && self.last_status.as_ref() == Some(&status) {
+        if timeline.is_none() && self.last_status.as_deref() == Some(&status) {
             return;
         }
-        self.last_status = Some(status.clone());
+        self.last_status = Some(Box::new(status.clone()));
         self.ctx.status.send(StatusMsg::Set {
             uid: pod.uid.clone(),
             namespace: pod.namespace.clone(),

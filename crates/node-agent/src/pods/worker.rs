@@ -29,7 +29,7 @@ use super::kill;
 use super::metrics::Timeline;
 use super::observed::RuntimeView;
 use super::probes::ProbeResults;
-use super::probes::prober::{ProbeUpdate, Prober, Seeds, Targets};
+use super::probes::prober::{self, ProbeUpdate, Prober, Seeds, Targets};
 use super::restart::RestartBackoff;
 use super::spec::DesiredPod;
 use super::status::{Phase, StatusMsg};
@@ -45,7 +45,7 @@ pub(crate) enum WorkerMsg {
     /// The runtime reported a change for this pod.
     Runtime,
     /// A probe result changed.
-    Probe(ProbeUpdate),
+    Probe(Box<ProbeUpdate>),
 }
 
 /// What the worker tells the pod manager.
@@ -91,7 +91,7 @@ pub(crate) struct PodWorker {
     pub(super) restarts: RestartBackoff,
     pub(super) images: Images,
     pub(super) start_time: Option<Timestamp>,
-    pub(super) last_status: Option<PodStatus>,
+    pub(super) last_status: Option<Box<PodStatus>>,
     pub(super) terminal: Option<Phase>,
     pub(super) timeline: Option<Box<Timeline>>,
     pub(super) prober: Option<(watch::Sender<Targets>, CancellationToken)>,
@@ -121,20 +121,8 @@ impl PodWorker {
             .or_else(|| Some(Timestamp::now()));
         let mut probes = ProbeResults::default();
         if let Some(status) = &init.api_status {
-            for cs in status
-                .container_statuses
-                .iter()
-                .flatten()
-                .chain(status.init_container_statuses.iter().flatten())
-            {
-                if let Some(id) = cs
-                    .container_id
-                    .as_deref()
-                    .and_then(|id| id.split_once("://"))
-                    .map(|(_, id)| id)
-                {
-                    probes.seed(id, cs.ready, cs.started == Some(true));
-                }
+            for (id, (ready, started)) in prober::seeds(status) {
+                probes.seed(&id, ready, started);
             }
             ctx.status.send(StatusMsg::Seed {
                 uid: init.pod.uid.clone(),
@@ -165,7 +153,7 @@ impl PodWorker {
             restarts: RestartBackoff::default(),
             images: Images::default(),
             start_time,
-            last_status: init.api_status,
+            last_status: init.api_status.map(Box::new),
             terminal,
             timeline: init.timeline.map(Box::new),
             prober: None,
@@ -199,7 +187,8 @@ impl PodWorker {
                 let began = Instant::now();
                 self.wake_at = None;
                 let before = self.state;
-                let result = self.step().await;
+                // boxed: the sync's state lives on the heap only while a sync runs
+                let result = Box::pin(self.step()).await;
                 let op = if first {
                     operation
                 } else if self.state == State::Syncing {
@@ -356,20 +345,7 @@ impl PodWorker {
         if targets.running.is_empty() {
             return;
         }
-        let seeds: Seeds = self
-            .last_status
-            .iter()
-            .flat_map(|s| {
-                s.container_statuses
-                    .iter()
-                    .flatten()
-                    .chain(s.init_container_statuses.iter().flatten())
-            })
-            .filter_map(|cs| {
-                let id = cs.container_id.as_deref()?.split_once("://")?.1.to_owned();
-                Some((id, (cs.ready, cs.started == Some(true))))
-            })
-            .collect();
+        let seeds: Seeds = self.last_status.as_deref().map(prober::seeds).unwrap_or_default();
         let (tx, rx) = watch::channel(targets);
         let cancel = CancellationToken::new();
         let prober = Prober::new(self.ctx.clone(), self.pod.clone(), rx, self.tx.clone(), seeds);

@@ -230,12 +230,25 @@ mod tests {
             let conn = l.accept().await.map(|(s, _)| s);
             Some((conn, l))
         });
-        tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming),
+        );
         let probes = NetworkProbes::new();
         let t = target("127.0.0.1");
-        let check = |service: &str| Action::Grpc { port, service: service.into() };
-        assert_eq!(probes.check(&t, &check(""), Duration::from_secs(2)).await, ProbeOutcome::Success);
+        let check = |service: &str| Action::Grpc {
+            port,
+            service: service.into(),
+        };
+        assert_eq!(
+            probes.check(&t, &check(""), Duration::from_secs(2)).await,
+            ProbeOutcome::Success
+        );
         let sick = probes.check(&t, &check("db"), Duration::from_secs(2)).await;
-        assert!(matches!(sick, ProbeOutcome::Failure(ref m) if m.contains("NotServing")), "{sick:?}");
+        assert!(
+            matches!(sick, ProbeOutcome::Failure(ref m) if m.contains("NotServing")),
+            "{sick:?}"
+        );
     }
 }

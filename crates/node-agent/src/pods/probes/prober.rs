@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::future::join_all;
+use k8s_openapi::api::core::v1::PodStatus;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -51,6 +52,17 @@ pub(crate) struct ProbeUpdate {
 
 /// Initial results for containers that already ran before this agent started: `(ready, started)` by id.
 pub(crate) type Seeds = HashMap<String, (bool, bool)>;
+
+/// The seeds a status the API server holds gives: `ready` and `started` of every container it names by id.
+pub(crate) fn seeds(status: &PodStatus) -> Seeds {
+    let all = status.container_statuses.iter().flatten();
+    all.chain(status.init_container_statuses.iter().flatten())
+        .filter_map(|cs| {
+            let id = cs.container_id.as_deref()?.split_once("://")?.1.to_owned();
+            Some((id, (cs.ready, cs.started == Some(true))))
+        })
+        .collect()
+}
 
 struct Entry {
     container: String,
@@ -256,7 +268,7 @@ impl Prober {
                 other.next = other.next.max(started);
             }
         }
-        let _ = self.to_worker.send(WorkerMsg::Probe(update));
+        let _ = self.to_worker.send(WorkerMsg::Probe(Box::new(update)));
     }
 }
 

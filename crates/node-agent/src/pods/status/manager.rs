@@ -1,9 +1,13 @@
-//! The status manager task: one per agent, writing pod statuses and final deletions in order, one request
-//! at a time, coalescing updates of a pod that arrive while a write is pending.
+//! The status manager task: one per agent, writing pod statuses and final deletions. Writes for one pod are
+//! in order and never overlap; up to [`IN_FLIGHT`] pods are written at once; updates of a pod that arrive
+//! while its write is in flight are coalesced into the next one.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
@@ -16,22 +20,31 @@ use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::pods::metrics::{PodMetrics, Timeline};
 
+/// Pods written at the same time by one agent.
+pub(crate) const IN_FLIGHT: usize = 4;
+
 struct Entry {
     namespace: String,
     name: String,
+    /// Fingerprint of the status the API server holds (as last written or seen).
     acked: Option<u64>,
     pending: Option<Box<PodStatus>>,
     timeline: Option<Box<Timeline>>,
     delete: bool,
+    in_flight: bool,
     retry_at: Option<Instant>,
     backoff: Option<Backoff>,
 }
 
-/// What happened to one write.
+/// How one write ended.
 enum Outcome {
-    Done,
+    /// Written (or nothing needed writing); `acked` is the fingerprint now held, `running` whether that status
+    /// is Running.
+    Done { acked: Option<u64>, running: bool },
+    /// The pod object is gone (or belongs to another UID now).
     Gone,
-    Retry,
+    /// Failed; the status to write again, if a PATCH failed.
+    Retry(Option<Box<PodStatus>>),
 }
 
 pub(crate) struct StatusManager {
@@ -43,9 +56,66 @@ pub(crate) struct StatusManager {
     dirty: VecDeque<String>,
 }
 
+/// Whether a write failed because the pod it was meant for no longer exists: 404; or another pod now has the
+/// name — a PATCH carrying the old UID is refused as an immutable-field change (422 naming `metadata.uid`), a
+/// DELETE with a UID precondition as a conflict (409).
 fn gone(err: &kube::Error) -> bool {
-    // 404: the object is gone; 409 on a UID precondition: a new pod took the name
-    matches!(err, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+    match err {
+        kube::Error::Api(s) => {
+            s.code == 404 || s.code == 409 || (s.code == 422 && s.message.contains("metadata.uid"))
+        }
+        _ => false,
+    }
+}
+
+/// One write: the status PATCH if it changed, then the DELETE if asked for.
+async fn write(
+    api: Api<Pod>,
+    calls: ApiCalls,
+    uid: String,
+    name: String,
+    status: Option<(Box<PodStatus>, u64)>,
+    delete: bool,
+) -> (String, Outcome) {
+    let mut acked = None;
+    let mut running = false;
+    if let Some((status, fingerprint)) = status {
+        let body = json!({"metadata": {"uid": uid}, "status": canonical::owned(&status)});
+        let (patch, params) = (Patch::Strategic(body), PatchParams::default());
+        match calls
+            .run("patch", "pods/status", api.patch_status(&name, &params, &patch))
+            .await
+        {
+            Ok(_) => {
+                acked = Some(fingerprint);
+                running = status.phase.as_deref() == Some("Running");
+            }
+            Err(err) if gone(&err) => return (uid, Outcome::Gone),
+            Err(err) => {
+                tracing::warn!(pod = %name, error = %err, "status update failed, will retry");
+                return (uid, Outcome::Retry(Some(status)));
+            }
+        }
+    }
+    if delete {
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        return match calls.run("delete", "pods", api.delete(&name, &params)).await {
+            Ok(_) => (uid, Outcome::Gone),
+            Err(err) if gone(&err) => (uid, Outcome::Gone),
+            Err(err) => {
+                tracing::warn!(pod = %name, error = %err, "pod delete failed, will retry");
+                (uid, Outcome::Retry(None))
+            }
+        };
+    }
+    (uid, Outcome::Done { acked, running })
 }
 
 impl StatusManager {
@@ -79,6 +149,7 @@ impl StatusManager {
             pending: None,
             timeline: None,
             delete: false,
+            in_flight: false,
             retry_at: None,
             backoff: None,
         })
@@ -100,8 +171,7 @@ impl StatusManager {
                 timeline,
             } => {
                 let e = self.entry(&uid, &namespace, &name);
-                e.namespace = namespace;
-                e.name = name;
+                (e.namespace, e.name) = (namespace, name);
                 e.pending = Some(status);
                 if timeline.is_some() {
                     e.timeline = timeline;
@@ -112,8 +182,7 @@ impl StatusManager {
             }
             StatusMsg::Delete { uid, namespace, name } => {
                 let e = self.entry(&uid, &namespace, &name);
-                e.namespace = namespace;
-                e.name = name;
+                (e.namespace, e.name) = (namespace, name);
                 e.delete = true;
                 if e.retry_at.is_none() {
                     self.mark(&uid);
@@ -132,32 +201,104 @@ impl StatusManager {
 
     fn requeue_due(&mut self) {
         let now = Instant::now();
-        let due: Vec<String> = self
-            .entries
-            .iter_mut()
-            .filter(|(_, e)| e.retry_at.is_some_and(|at| at <= now))
-            .map(|(uid, e)| {
+        let mut due = Vec::new();
+        for (uid, e) in &mut self.entries {
+            if e.retry_at.is_some_and(|at| at <= now) {
                 e.retry_at = None;
-                uid.clone()
-            })
-            .collect();
+                due.push(uid.clone());
+            }
+        }
         for uid in due {
+            self.mark(&uid);
+        }
+    }
+
+    /// Starts the write of the next dirty pod not already being written, if any has something to write.
+    fn start_next(&mut self) -> Option<BoxFuture<'static, (String, Outcome)>> {
+        loop {
+            let i = self
+                .dirty
+                .iter()
+                .position(|u| self.entries.get(u).is_some_and(|e| !e.in_flight))?;
+            let uid = self.dirty.remove(i)?;
+            let e = self.entries.get_mut(&uid)?;
+            let mut status = e.pending.take().map(|s| {
+                let fingerprint = canonical::fingerprint(&s);
+                (s, fingerprint)
+            });
+            if let Some((s, fingerprint)) = &status
+                && e.acked == Some(*fingerprint)
+            {
+                // the API server holds it already: only a start-up timeline may be waiting for it
+                if s.phase.as_deref() == Some("Running")
+                    && let Some(t) = e.timeline.take()
+                {
+                    self.metrics.record_start(*t);
+                }
+                status = None;
+            }
+            if status.is_none() && !e.delete {
+                continue;
+            }
+            e.in_flight = true;
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &e.namespace);
+            return Some(Box::pin(write(
+                api,
+                self.api.clone(),
+                uid,
+                e.name.clone(),
+                status,
+                e.delete,
+            )));
+        }
+    }
+
+    fn finish(&mut self, uid: String, outcome: Outcome) {
+        let Some(e) = self.entries.get_mut(&uid) else {
+            return;
+        };
+        e.in_flight = false;
+        match outcome {
+            Outcome::Gone => {
+                self.entries.remove(&uid);
+                return;
+            }
+            Outcome::Done { acked, running } => {
+                e.acked = acked.or(e.acked);
+                e.backoff = None;
+                if running && let Some(t) = e.timeline.take() {
+                    self.metrics.record_start(*t);
+                }
+            }
+            Outcome::Retry(status) => {
+                if e.pending.is_none() {
+                    e.pending = status;
+                }
+                let delay = e
+                    .backoff
+                    .get_or_insert_with(|| Backoff::new(BackoffPolicy::api_retry()))
+                    .next_delay();
+                e.retry_at = Some(Instant::now() + delay);
+                self.dirty.retain(|u| *u != uid);
+                return;
+            }
+        }
+        if e.pending.is_some() || e.delete {
             self.mark(&uid);
         }
     }
 
     /// Writes until `cancel` fires or every handle is dropped.
     pub(crate) async fn run(mut self, cancel: CancellationToken) {
+        let mut writes = FuturesUnordered::new();
         loop {
             while let Ok(msg) = self.rx.try_recv() {
                 self.apply(msg);
             }
-            if let Some(uid) = self.dirty.pop_front() {
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    () = self.process(&uid) => {}
-                }
-                continue;
+            while writes.len() < IN_FLIGHT
+                && let Some(w) = self.start_next()
+            {
+                writes.push(w);
             }
             let retry = self.next_retry();
             tokio::select! {
@@ -166,72 +307,15 @@ impl StatusManager {
                     Some(msg) => self.apply(msg),
                     None => return,
                 },
+                Some((uid, outcome)) = writes.next(), if !writes.is_empty() => self.finish(uid, outcome),
                 _ = async { match retry { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
                     self.requeue_due();
                 }
             }
         }
     }
-
-    async fn process(&mut self, uid: &str) {
-        let Some(e) = self.entries.get_mut(uid) else {
-            return;
-        };
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &e.namespace);
-        let mut outcome = Outcome::Done;
-        if let Some(status) = e.pending.take() {
-            let fingerprint = canonical::fingerprint(&status);
-            if e.acked != Some(fingerprint) {
-                let body = json!({"metadata": {"uid": uid}, "status": canonical::owned(&status)});
-                let (patch, params) = (Patch::Strategic(body), PatchParams::default());
-                let request = api.patch_status(&e.name, &params, &patch);
-                match self.api.run("patch", "pods/status", request).await {
-                    Ok(_) => e.acked = Some(fingerprint),
-                    Err(err) if gone(&err) => outcome = Outcome::Gone,
-                    Err(err) => {
-                        tracing::warn!(pod = %e.name, namespace = %e.namespace, error = %err, "status update failed, will retry");
-                        e.pending = Some(status.clone());
-                        outcome = Outcome::Retry;
-                    }
-                }
-            }
-            if matches!(outcome, Outcome::Done)
-                && status.phase.as_deref() == Some("Running")
-                && let Some(t) = e.timeline.take()
-            {
-                self.metrics.record_start(*t);
-            }
-        }
-        if matches!(outcome, Outcome::Done) && e.delete && e.pending.is_none() {
-            let params = DeleteParams {
-                grace_period_seconds: Some(0),
-                preconditions: Some(Preconditions {
-                    uid: Some(uid.to_owned()),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            match self.api.run("delete", "pods", api.delete(&e.name, &params)).await {
-                Ok(_) => outcome = Outcome::Gone,
-                Err(err) if gone(&err) => outcome = Outcome::Gone,
-                Err(err) => {
-                    tracing::warn!(pod = %e.name, namespace = %e.namespace, error = %err, "pod delete failed, will retry");
-                    outcome = Outcome::Retry;
-                }
-            }
-        }
-        match outcome {
-            Outcome::Done => e.backoff = None,
-            Outcome::Gone => {
-                self.entries.remove(uid);
-            }
-            Outcome::Retry => {
-                let delay = e
-                    .backoff
-                    .get_or_insert_with(|| Backoff::new(BackoffPolicy::api_retry()))
-                    .next_delay();
-                e.retry_at = Some(Instant::now() + delay);
-            }
-        }
-    }
 }
+
+#[cfg(test)]
+#[path = "manager_tests.rs"]
+mod tests;

@@ -1,6 +1,7 @@
 //! Lifecycle tests under paused tokio time: the real pod manager, workers, prober and PLEG against the
 //! in-memory fake runtime, with the status manager replaced by a recorder of what it would write.
 
+mod probes;
 mod scenarios;
 
 use std::collections::HashMap;
@@ -55,7 +56,7 @@ pub(super) fn node_view() -> NodeView {
         cpu_milli: 4000,
         memory: 8 << 30,
         ephemeral: 0,
-        pods: 110,
+        pods: 10_000,
         host_ips: vec!["127.0.0.1".into()],
         ..Default::default()
     }
@@ -98,13 +99,18 @@ impl Harness {
     }
 
     pub(super) fn start_with(runtime: FakeRuntime) -> Self {
+        Self::start_on(runtime.clone(), Arc::new(runtime))
+    }
+
+    /// Starts on `cri` (the fake runtime itself, or a wrapper around it).
+    pub(super) fn start_on(runtime: FakeRuntime, cri: Arc<dyn Runtime>) -> Self {
         let events = Arc::new(MemoryEvents::default());
         let metrics = Arc::new(PodMetrics::new());
         let (status, status_rx) = StatusHandle::channel();
         let (node_tx, node_rx) = watch::channel(Some(node_view()));
         let ctx = Arc::new(AgentCtx {
             config: PodConfig::new("n1"),
-            runtime: Arc::new(runtime.clone()),
+            runtime: cri,
             runtime_type: "cri-fake".into(),
             probes: Arc::new(fake_probes(runtime.clone())),
             events: Recorder::new(events.clone()),
@@ -238,4 +244,160 @@ impl Harness {
     pub(super) fn event_reasons(&self) -> Vec<(&'static str, String)> {
         self.events.reasons()
     }
+}
+
+/// The fake runtime without an event stream (like containerd 1.6): the agent must fall back to relisting.
+#[derive(Clone)]
+pub(super) struct NoEventStream(pub FakeRuntime);
+
+#[async_trait::async_trait]
+impl Runtime for NoEventStream {
+    async fn version(&self, req: cri::VersionRequest) -> runtime_api::Result<cri::VersionResponse> {
+        self.0.version(req).await
+    }
+    async fn status(&self, req: cri::StatusRequest) -> runtime_api::Result<cri::StatusResponse> {
+        self.0.status(req).await
+    }
+    async fn run_pod_sandbox(
+        &self,
+        req: cri::RunPodSandboxRequest,
+    ) -> runtime_api::Result<cri::RunPodSandboxResponse> {
+        self.0.run_pod_sandbox(req).await
+    }
+    async fn stop_pod_sandbox(
+        &self,
+        req: cri::StopPodSandboxRequest,
+    ) -> runtime_api::Result<cri::StopPodSandboxResponse> {
+        self.0.stop_pod_sandbox(req).await
+    }
+    async fn remove_pod_sandbox(
+        &self,
+        req: cri::RemovePodSandboxRequest,
+    ) -> runtime_api::Result<cri::RemovePodSandboxResponse> {
+        self.0.remove_pod_sandbox(req).await
+    }
+    async fn pod_sandbox_status(
+        &self,
+        req: cri::PodSandboxStatusRequest,
+    ) -> runtime_api::Result<cri::PodSandboxStatusResponse> {
+        self.0.pod_sandbox_status(req).await
+    }
+    async fn list_pod_sandbox(
+        &self,
+        req: cri::ListPodSandboxRequest,
+    ) -> runtime_api::Result<cri::ListPodSandboxResponse> {
+        self.0.list_pod_sandbox(req).await
+    }
+    async fn create_container(
+        &self,
+        req: cri::CreateContainerRequest,
+    ) -> runtime_api::Result<cri::CreateContainerResponse> {
+        self.0.create_container(req).await
+    }
+    async fn start_container(
+        &self,
+        req: cri::StartContainerRequest,
+    ) -> runtime_api::Result<cri::StartContainerResponse> {
+        self.0.start_container(req).await
+    }
+    async fn stop_container(
+        &self,
+        req: cri::StopContainerRequest,
+    ) -> runtime_api::Result<cri::StopContainerResponse> {
+        self.0.stop_container(req).await
+    }
+    async fn remove_container(
+        &self,
+        req: cri::RemoveContainerRequest,
+    ) -> runtime_api::Result<cri::RemoveContainerResponse> {
+        self.0.remove_container(req).await
+    }
+    async fn list_containers(
+        &self,
+        req: cri::ListContainersRequest,
+    ) -> runtime_api::Result<cri::ListContainersResponse> {
+        self.0.list_containers(req).await
+    }
+    async fn container_status(
+        &self,
+        req: cri::ContainerStatusRequest,
+    ) -> runtime_api::Result<cri::ContainerStatusResponse> {
+        self.0.container_status(req).await
+    }
+    async fn exec_sync(&self, req: cri::ExecSyncRequest) -> runtime_api::Result<cri::ExecSyncResponse> {
+        self.0.exec_sync(req).await
+    }
+    async fn container_stats(
+        &self,
+        req: cri::ContainerStatsRequest,
+    ) -> runtime_api::Result<cri::ContainerStatsResponse> {
+        self.0.container_stats(req).await
+    }
+    async fn list_container_stats(
+        &self,
+        req: cri::ListContainerStatsRequest,
+    ) -> runtime_api::Result<cri::ListContainerStatsResponse> {
+        self.0.list_container_stats(req).await
+    }
+    async fn pod_sandbox_stats(
+        &self,
+        req: cri::PodSandboxStatsRequest,
+    ) -> runtime_api::Result<cri::PodSandboxStatsResponse> {
+        self.0.pod_sandbox_stats(req).await
+    }
+    async fn list_pod_sandbox_stats(
+        &self,
+        req: cri::ListPodSandboxStatsRequest,
+    ) -> runtime_api::Result<cri::ListPodSandboxStatsResponse> {
+        self.0.list_pod_sandbox_stats(req).await
+    }
+    async fn update_runtime_config(
+        &self,
+        req: cri::UpdateRuntimeConfigRequest,
+    ) -> runtime_api::Result<cri::UpdateRuntimeConfigResponse> {
+        self.0.update_runtime_config(req).await
+    }
+    async fn list_images(&self, req: cri::ListImagesRequest) -> runtime_api::Result<cri::ListImagesResponse> {
+        self.0.list_images(req).await
+    }
+    async fn image_status(
+        &self,
+        req: cri::ImageStatusRequest,
+    ) -> runtime_api::Result<cri::ImageStatusResponse> {
+        self.0.image_status(req).await
+    }
+    async fn pull_image(&self, req: cri::PullImageRequest) -> runtime_api::Result<cri::PullImageResponse> {
+        self.0.pull_image(req).await
+    }
+    async fn remove_image(
+        &self,
+        req: cri::RemoveImageRequest,
+    ) -> runtime_api::Result<cri::RemoveImageResponse> {
+        self.0.remove_image(req).await
+    }
+    async fn image_fs_info(
+        &self,
+        req: cri::ImageFsInfoRequest,
+    ) -> runtime_api::Result<cri::ImageFsInfoResponse> {
+        self.0.image_fs_info(req).await
+    }
+    async fn get_container_events(
+        &self,
+        _req: cri::GetEventsRequest,
+    ) -> runtime_api::Result<runtime_api::EventStream> {
+        Err(runtime_api::RuntimeError::unimplemented("GetContainerEvents"))
+    }
+}
+
+/// Channels allocate their buffers up front (tokio: 32 slots), so messages must stay small: one agent per
+/// hollow node, one worker per pod.
+#[test]
+fn channel_messages_stay_small() {
+    assert!(
+        std::mem::size_of::<PodEvent>() <= 32,
+        "{}",
+        std::mem::size_of::<PodEvent>()
+    );
+    assert!(std::mem::size_of::<super::worker::WorkerMsg>() <= 16);
+    assert!(std::mem::size_of::<super::pleg::PlegEvent>() <= 24);
 }

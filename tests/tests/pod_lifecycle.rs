@@ -1,0 +1,610 @@
+//! Pod lifecycle against the real control plane (API server, scheduler, controller-manager): full agents
+//! (node half + pod lifecycle) on the in-memory fake runtime, node credentials under the Node authorizer and
+//! NodeRestriction. Each test owns its nodes (unique names, a `pool` label its workloads select) and namespace.
+
+#[path = "pod_lifecycle/support.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use e2e::{init_logging, wait_for};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use node_agent::pods::{PodMetrics, SharedPodFeed};
+use runtime_api::{Runtime, cri};
+use serde_json::json;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use support::{
+    Setup, TIMING, app_status, check_running_pod, condition, containers, create_pod, delete_and_watch,
+    namespace, pod_events, pod_json, start_agent, stop, wait_node_ready, wait_pod,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployment_of_50_on_5_agents_runs_in_each_node_cidr_then_scales_to_zero() -> anyhow::Result<()> {
+    init_logging();
+    // 50 pods starting at once would disturb the timing tests: they wait for each other
+    let _alone = TIMING.write().await;
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    namespace(&admin, "pl-deploy").await?;
+    let metrics = Arc::new(PodMetrics::new());
+    let mut agents = Vec::new();
+    let mut cidrs = std::collections::HashMap::new();
+    for i in 1..=5 {
+        let name = format!("pl-d{i}");
+        agents.push(
+            start_agent(
+                cp,
+                &name,
+                "pl-deploy",
+                Setup {
+                    metrics: Some(metrics.clone()),
+                    ..Default::default()
+                },
+            )
+            .await?,
+        );
+    }
+    for (i, a) in agents.iter().enumerate() {
+        let name = format!("pl-d{}", i + 1);
+        cidrs.insert(name.clone(), wait_node_ready(&admin, a, &name).await?);
+    }
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), "pl-deploy");
+    let deployment = json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 50,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}, "annotations": {"cri-fake.node-agent.io/pull-duration": "200ms"}},
+                "spec": {
+                    "nodeSelector": {"pool": "pl-deploy"},
+                    "containers": [{
+                        "name": "web", "image": "nginx:1.27",
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+                        "readinessProbe": {"httpGet": {"path": "/", "port": 80}, "periodSeconds": 2}
+                    }]
+                }
+            }
+        }
+    });
+    let started = Instant::now();
+    deployments
+        .create(&PostParams::default(), &serde_json::from_value(deployment)?)
+        .await?;
+    wait_for("50 ready replicas", Duration::from_secs(180), || async {
+        let d = deployments.get("web").await?;
+        Ok((d.status.and_then(|s| s.ready_replicas) == Some(50)).then_some(()))
+    })
+    .await?;
+    println!(
+        "deployment: 50/50 ready {:.1} s after creation",
+        started.elapsed().as_secs_f64()
+    );
+
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "pl-deploy");
+    let list = pods.list(&ListParams::default().labels("app=web")).await?;
+    assert_eq!(list.items.len(), 50);
+    let mut per_node = std::collections::BTreeMap::<String, usize>::new();
+    for p in &list.items {
+        let node = check_running_pod(p, &cidrs)?;
+        *per_node.entry(node).or_default() += 1;
+    }
+    println!("pods per node: {per_node:?}");
+    println!(
+        "per-stage start-up latency, 50 pods on 5 agents:\n{}",
+        metrics.stage_report()
+    );
+
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await?;
+    wait_for("all pods gone", Duration::from_secs(120), || async {
+        Ok(pods
+            .list(&ListParams::default().labels("app=web"))
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    for a in &agents {
+        let containers = a
+            .runtime
+            .list_containers(cri::ListContainersRequest::default())
+            .await?
+            .containers;
+        let sandboxes = a
+            .runtime
+            .list_pod_sandbox(cri::ListPodSandboxRequest::default())
+            .await?
+            .items;
+        assert!(
+            containers.is_empty() && sandboxes.is_empty(),
+            "{containers:?} {sandboxes:?}"
+        );
+    }
+    for a in agents {
+        stop(a).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_succeed_and_fail() -> anyhow::Result<()> {
+    init_logging();
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    namespace(&admin, "pl-jobs").await?;
+    let a = start_agent(cp, "pl-job", "pl-job", Setup::default()).await?;
+    wait_node_ready(&admin, &a, "pl-job").await?;
+    let jobs: Api<Job> = Api::namespaced(admin.clone(), "pl-jobs");
+    for (name, code) in [("ok", "0"), ("fail", "1")] {
+        let job = json!({
+            "metadata": {"name": name},
+            "spec": {"backoffLimit": 0, "template": {
+                "metadata": {"annotations": {"cri-fake.node-agent.io/exit-after": "1s", "cri-fake.node-agent.io/exit-code": code}},
+                "spec": {"restartPolicy": "Never", "nodeSelector": {"pool": "pl-job"},
+                         "containers": [{"name": "main", "image": "busybox:1.36"}]}
+            }}
+        });
+        jobs.create(&PostParams::default(), &serde_json::from_value(job)?)
+            .await?;
+    }
+    let job_condition = |name: &'static str, ty: &'static str| {
+        let jobs = jobs.clone();
+        async move {
+            wait_for(&format!("job {name} {ty}"), Duration::from_secs(60), || async {
+                let j = jobs.get(name).await?;
+                let cs = j.status.and_then(|s| s.conditions).unwrap_or_default();
+                Ok(cs
+                    .iter()
+                    .any(|c| c.type_ == ty && c.status == "True")
+                    .then_some(()))
+            })
+            .await
+        }
+    };
+    job_condition("ok", "Complete").await?;
+    job_condition("fail", "Failed").await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "pl-jobs");
+    for (job, phase, exit) in [("ok", "Succeeded", 0), ("fail", "Failed", 1)] {
+        let list = pods
+            .list(&ListParams::default().labels(&format!("job-name={job}")))
+            .await?;
+        let p = list.items.first().context("job pod")?;
+        assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some(phase));
+        let t = app_status(p)
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.clone())
+            .context("terminated")?;
+        assert_eq!(t.exit_code, exit);
+    }
+    stop(a).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_loop_backs_off_with_events_and_waiting_reason() -> anyhow::Result<()> {
+    init_logging();
+    let _timing = TIMING.read().await;
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    namespace(&admin, "pl-crash").await?;
+    let a = start_agent(cp, "pl-crash", "pl-crash", Setup::default()).await?;
+    wait_node_ready(&admin, &a, "pl-crash").await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "pl-crash");
+    let ann = json!({"cri-fake.node-agent.io/exit-after": "1s", "cri-fake.node-agent.io/exit-code": "1"});
+    create_pod(
+        &pods,
+        pod_json(
+            "crash",
+            "pl-crash",
+            json!({"containers": [{"name": "app", "image": "busybox:1.36"}]}),
+            ann,
+        ),
+    )
+    .await?;
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    let mut backoff_seen = false;
+    while seen.len() < 3 {
+        if t0.elapsed() > Duration::from_secs(90) {
+            bail!("restarts seen so far: {seen:?}");
+        }
+        let p = pods.get("crash").await?;
+        if let Some(c) = app_status(&p) {
+            let rc = c.restart_count;
+            if rc as usize > seen.len() {
+                seen.push((rc, t0.elapsed().as_secs_f64()));
+            }
+            let waiting = c.state.as_ref().and_then(|s| s.waiting.as_ref());
+            if waiting.and_then(|w| w.reason.as_deref()) == Some("CrashLoopBackOff") {
+                backoff_seen = true;
+                assert!(
+                    waiting
+                        .and_then(|w| w.message.as_deref())
+                        .is_some_and(|m| m.starts_with("back-off "))
+                );
+                assert_eq!(
+                    c.last_state
+                        .as_ref()
+                        .and_then(|l| l.terminated.as_ref())
+                        .map(|t| t.exit_code),
+                    Some(1)
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("crash loop: (restartCount, seconds after creation) = {seen:?}");
+    assert!(backoff_seen, "CrashLoopBackOff waiting reason observed");
+    // restart 1 right after the first exit, restart 2 ten seconds after the second exit, restart 3 twenty after
+    let gap2 = seen[1].1 - seen[0].1;
+    let gap3 = seen[2].1 - seen[1].1;
+    assert!(
+        (10.5..12.5).contains(&gap2) && (20.5..22.5).contains(&gap3),
+        "gaps {gap2:.1} s, {gap3:.1} s"
+    );
+    let events = pod_events(&admin, "pl-crash", "crash").await?;
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "BackOff" && m.starts_with("Back-off restarting failed container app")),
+        "{events:?}"
+    );
+    stop(a).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_readiness_liveness_and_startup() -> anyhow::Result<()> {
+    init_logging();
+    let _timing = TIMING.read().await;
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    namespace(&admin, "pl-probes").await?;
+    let a = start_agent(cp, "pl-probe", "pl-probe", Setup::default()).await?;
+    wait_node_ready(&admin, &a, "pl-probe").await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "pl-probes");
+    let ready = json!({"containers": [{"name": "app", "image": "nginx:1.27",
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1}}]});
+    let live = json!({"containers": [{"name": "app", "image": "nginx:1.27",
+        "livenessProbe": {"tcpSocket": {"port": 9000}, "periodSeconds": 1, "failureThreshold": 3}}]});
+    let slow = json!({"containers": [{"name": "app", "image": "nginx:1.27",
+        "startupProbe": {"httpGet": {"path": "/started", "port": 8081}, "periodSeconds": 1, "failureThreshold": 30},
+        "livenessProbe": {"tcpSocket": {"port": 9000}, "periodSeconds": 1, "failureThreshold": 1}}]});
+    create_pod(
+        &pods,
+        pod_json(
+            "ready",
+            "pl-probe",
+            ready,
+            json!({"cri-fake.node-agent.io/probe": "http:8080/ready=fail, ok@20s"}),
+        ),
+    )
+    .await?;
+    create_pod(
+        &pods,
+        pod_json(
+            "live",
+            "pl-probe",
+            live,
+            json!({"cri-fake.node-agent.io/probe": "tcp:9000=ok, fail@5s"}),
+        ),
+    )
+    .await?;
+    create_pod(
+        &pods,
+        pod_json(
+            "slow",
+            "pl-probe",
+            slow,
+            json!({"cri-fake.node-agent.io/probe": "http:8081/started=fail, ok@10s; tcp:9000=fail, ok@10s"}),
+        ),
+    )
+    .await?;
+
+    let running = wait_pod(&pods, "ready", "running, not ready", 30, |p| {
+        app_status(p).is_some_and(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+    })
+    .await?;
+    assert_eq!(condition(&running, "Ready"), Some(false));
+    let t_running = Instant::now();
+    let p = wait_pod(&pods, "ready", "Ready", 40, |p| {
+        condition(p, "Ready") == Some(true)
+    })
+    .await?;
+    let flip = t_running.elapsed().as_secs_f64();
+    let started_at = app_status(&p)
+        .and_then(|c| c.state.as_ref()?.running.as_ref()?.started_at.clone())
+        .context("startedAt")?;
+    let ready_at = p.status.as_ref().and_then(|s| {
+        s.conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "Ready")?
+            .last_transition_time
+            .clone()
+    });
+    let by_api = ready_at.map(|t| t.0.as_second() - started_at.0.as_second());
+    println!(
+        "readiness: Ready flipped ~{flip:.1} s after Running was seen; lastTransitionTime - startedAt = {by_api:?} s"
+    );
+    assert!(
+        by_api.is_some_and(|d| (19..=22).contains(&d)),
+        "Ready {by_api:?} s after start"
+    );
+
+    let p = wait_pod(&pods, "live", "restarted by liveness", 40, |p| {
+        app_status(p).is_some_and(|c| c.restart_count >= 1)
+    })
+    .await?;
+    assert!(app_status(&p).is_some());
+    let events = pod_events(&admin, "pl-probes", "live").await?;
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "Killing" && m == "Container app failed liveness probe, will be restarted"),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "Unhealthy" && m.starts_with("Liveness probe failed")),
+        "{events:?}"
+    );
+
+    let p = wait_pod(&pods, "slow", "started", 40, |p| {
+        app_status(p).is_some_and(|c| c.started == Some(true))
+    })
+    .await?;
+    assert_eq!(
+        app_status(&p).map(|c| c.restart_count),
+        Some(0),
+        "liveness held back until startup passed"
+    );
+    assert_eq!(condition(&p, "Ready"), Some(true));
+    stop(a).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_containers_run_in_order_sidecar_stays_and_oversized_pod_is_refused() -> anyhow::Result<()> {
+    init_logging();
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    namespace(&admin, "pl-init").await?;
+    let a = start_agent(cp, "pl-init", "pl-init", Setup::default()).await?;
+    wait_node_ready(&admin, &a, "pl-init").await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "pl-init");
+    let spec = json!({
+        "initContainers": [
+            {"name": "init1", "image": "busybox:1.36"},
+            {"name": "proxy", "image": "envoy:1.30", "restartPolicy": "Always"},
+            {"name": "init2", "image": "busybox:1.36"}
+        ],
+        "containers": [{"name": "app", "image": "nginx:1.27"}]
+    });
+    let ann = json!({"cri-fake.node-agent.io/exit-after.init1": "1s", "cri-fake.node-agent.io/exit-after.init2": "1s"});
+    create_pod(&pods, pod_json("ordered", "pl-init", spec, ann)).await?;
+    let p = wait_pod(&pods, "ordered", "Ready", 30, |p| {
+        condition(p, "Ready") == Some(true)
+    })
+    .await?;
+    let inits = p
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.clone())
+        .context("init statuses")?;
+    let names: Vec<&str> = inits.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, vec!["init1", "proxy", "init2"]);
+    for done in [&inits[0], &inits[2]] {
+        let t = done
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .context("init terminated")?;
+        assert_eq!((t.exit_code, t.reason.as_deref()), (0, Some("Completed")));
+    }
+    assert!(
+        inits[1].state.as_ref().is_some_and(|s| s.running.is_some()) && inits[1].ready,
+        "sidecar running and ready"
+    );
+    // the runtime saw them created in order
+    let mut created: Vec<(i64, String)> = a
+        .runtime
+        .list_containers(cri::ListContainersRequest::default())
+        .await?
+        .containers
+        .into_iter()
+        .map(|c| (c.created_at, c.metadata.map(|m| m.name).unwrap_or_default()))
+        .collect();
+    created.sort();
+    let order: Vec<&str> = created.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(order, vec!["init1", "proxy", "init2", "app"]);
+
+    let big = json!({"containers": [{"name": "app", "image": "nginx:1.27", "resources": {"requests": {"cpu": "64"}}}]});
+    create_pod(&pods, pod_json("big", "pl-init", big, json!({}))).await?;
+    let p = wait_pod(&pods, "big", "Failed", 30, |p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
+    })
+    .await?;
+    let s = p.status.as_ref().context("status")?;
+    assert_eq!(s.reason.as_deref(), Some("OutOfcpu"));
+    assert!(
+        s.message
+            .as_deref()
+            .is_some_and(|m| m
+                .starts_with("Pod was rejected: Node didn't have enough resource: cpu, requested: 64000")),
+        "{s:?}"
+    );
+    let events = pod_events(&admin, "pl-init", "big").await?;
+    assert!(events.iter().any(|(r, _)| r == "OutOfcpu"), "{events:?}");
+    stop(a).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_with_grace_runs_pre_stop_then_removes_the_pod() -> anyhow::Result<()> {
+    init_logging();
+    let _timing = TIMING.read().await;
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    namespace(&admin, "pl-grace").await?;
+    let a = start_agent(cp, "pl-grace", "pl-grace", Setup::default()).await?;
+    wait_node_ready(&admin, &a, "pl-grace").await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "pl-grace");
+    let spec = json!({"terminationGracePeriodSeconds": 30, "containers": [{"name": "app", "image": "nginx:1.27",
+        "lifecycle": {"preStop": {"exec": {"command": ["/bin/drain"]}}}}]});
+    // preStop takes 2 s; after SIGTERM the container needs 1 s ("polite") or ignores it ("stubborn")
+    for (name, stop_after) in [("polite", "1s"), ("stubborn", "60s")] {
+        let ann = json!({"cri-fake.node-agent.io/exec": "[{\"cmd\": \"/bin/drain\", \"duration\": \"2s\"}]",
+                         "cri-fake.node-agent.io/stop-duration": stop_after});
+        create_pod(&pods, pod_json(name, "pl-grace", spec.clone(), ann)).await?;
+        wait_pod(&pods, name, "Running", 30, |p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .await?;
+    }
+    let mut took = Vec::new();
+    for (name, expect) in [("polite", 3.0..4.5), ("stubborn", 5.0..6.5)] {
+        let (gone, last) = delete_and_watch(&pods, name, 5).await?;
+        let secs = gone.as_secs_f64();
+        took.push((name, secs));
+        assert!(expect.contains(&secs), "{name} removed after {secs:.2} s");
+        let final_state = last
+            .as_ref()
+            .and_then(app_status)
+            .and_then(|c| c.state.clone())
+            .and_then(|s| s.terminated);
+        let code = final_state.map(|t| t.exit_code);
+        assert_eq!(
+            code,
+            Some(if name == "polite" { 0 } else { 137 }),
+            "{name} final status before removal: {:?}",
+            last.as_ref().and_then(|p| p.status.as_ref())
+        );
+        let events = pod_events(&admin, "pl-grace", name).await?;
+        assert!(
+            events
+                .iter()
+                .any(|(r, m)| r == "Killing" && m == "Stopping container app"),
+            "{events:?}"
+        );
+    }
+    println!("delete with grace 5 s, preStop 2 s: removed after {took:?} s");
+    let left = a
+        .runtime
+        .list_containers(cri::ListContainersRequest::default())
+        .await?
+        .containers;
+    assert!(left.is_empty(), "{left:?}");
+    stop(a).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_restart_starts_nothing_twice_and_keeps_statuses() -> anyhow::Result<()> {
+    init_logging();
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    namespace(&admin, "pl-restart").await?;
+    let a = start_agent(cp, "pl-restart", "pl-restart", Setup::default()).await?;
+    wait_node_ready(&admin, &a, "pl-restart").await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "pl-restart");
+    let specs = [
+        json!({"containers": [{"name": "app", "image": "nginx:1.27",
+            "readinessProbe": {"httpGet": {"path": "/", "port": 80}, "periodSeconds": 1}}]}),
+        json!({"initContainers": [{"name": "proxy", "image": "envoy:1.30", "restartPolicy": "Always"}],
+               "containers": [{"name": "app", "image": "nginx:1.27"}]}),
+        json!({"containers": [{"name": "a", "image": "nginx:1.27"}, {"name": "b", "image": "redis:7"}]}),
+    ];
+    let names = ["probed", "sidecar", "pair"];
+    for (name, spec) in names.iter().zip(specs) {
+        create_pod(&pods, pod_json(name, "pl-restart", spec, json!({}))).await?;
+    }
+    for name in names {
+        wait_pod(&pods, name, "Ready", 30, |p| condition(p, "Ready") == Some(true)).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before: Vec<Pod> = futures::future::try_join_all(names.iter().map(|n| pods.get(n))).await?;
+    let runtime = stop(a).await;
+    let held = containers(&runtime).await?;
+
+    let a = start_agent(
+        cp,
+        "pl-restart",
+        "pl-restart",
+        Setup {
+            runtime: Some(runtime.clone()),
+            ..Default::default()
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        containers(&runtime).await?,
+        held,
+        "same containers, none new, none restarted"
+    );
+    for (old, name) in before.iter().zip(names) {
+        let now = pods.get(name).await?;
+        assert_eq!(
+            now.status, old.status,
+            "{name}: status changed across the restart"
+        );
+        assert_eq!(
+            now.metadata.resource_version, old.metadata.resource_version,
+            "{name}: object written again"
+        );
+    }
+    stop(a).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shared_watch_feeds_two_agents() -> anyhow::Result<()> {
+    init_logging();
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    namespace(&admin, "pl-shared").await?;
+    let feed = SharedPodFeed::new();
+    let mut agents = Vec::new();
+    for name in ["pl-s1", "pl-s2"] {
+        let setup = Setup {
+            source: Some(feed.subscribe(name, 64)),
+            ..Default::default()
+        };
+        let a = start_agent(cp, name, "pl-shared", setup).await?;
+        wait_node_ready(&admin, &a, name).await?;
+        agents.push(a);
+    }
+    let token = CancellationToken::new();
+    let watch = tokio::spawn(feed.clone().run(admin.clone(), token.clone()));
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "pl-shared");
+    for (pod, node) in [("on-s1", "pl-s1"), ("on-s2", "pl-s2")] {
+        let spec = json!({"containers": [{"name": "app", "image": "nginx:1.27"}]});
+        create_pod(&pods, pod_json(pod, node, spec, json!({}))).await?;
+    }
+    for (pod, node) in [("on-s1", "pl-s1"), ("on-s2", "pl-s2")] {
+        let p = wait_pod(&pods, pod, "Ready", 30, |p| condition(p, "Ready") == Some(true)).await?;
+        assert_eq!(p.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(node));
+    }
+    token.cancel();
+    watch.await?;
+    for a in agents {
+        stop(a).await;
+    }
+    Ok(())
+}
