@@ -1,4 +1,5 @@
-//! Shared helpers for the integration tests in `tests/tests/`: logging and polling.
+//! Shared helpers for the integration tests in `tests/tests/`: logging, polling, and the scripted probe
+//! transport of agents on the fake runtime.
 
 use std::future::Future;
 use std::time::Duration;
@@ -14,13 +15,15 @@ pub fn init_logging() {
         .try_init();
 }
 
-/// Polls `check` every 200 ms until it yields `Some`, or fails after `timeout` naming `what`.
+/// Polls `check` until it yields `Some`, or fails after `timeout` naming `what`. Polls start 200 ms apart and
+/// stretch to 2 s, so long waits (thousands of pods) do not load the API server with lists.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<Option<T>>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = Duration::from_millis(200);
     loop {
         if let Some(v) = check().await? {
             return Ok(v);
@@ -28,6 +31,22 @@ where
         if tokio::time::Instant::now() >= deadline {
             anyhow::bail!("timed out after {timeout:?} waiting for {what}");
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 3 / 2).min(Duration::from_secs(2));
     }
+}
+
+/// Pod options for an agent on `fake`: network probes (and HTTP hooks) answered by the fake runtime's script
+/// (`cri-fake.node-agent.io/probe`), never over the network — fake pods' addresses are not on this machine.
+pub fn fake_pod_options(fake: cri_fake::FakeRuntime) -> node_agent::pods::PodOptions {
+    use node_agent::pods::{NetTarget, PodOptions, ScriptedProbes};
+    let probes = ScriptedProbes::new(move |container_id, target| {
+        let target = match target {
+            NetTarget::Http { port, path } => cri_fake::ProbeTarget::Http { port, path },
+            NetTarget::Tcp { port } => cri_fake::ProbeTarget::Tcp { port },
+            NetTarget::Grpc { port, service } => cri_fake::ProbeTarget::Grpc { port, service },
+        };
+        fake.probe_result(container_id, target).map_err(|e| e.to_string())
+    });
+    PodOptions::with_probes(std::sync::Arc::new(probes))
 }

@@ -4,27 +4,18 @@
 //! runtime's `ExecSync`.
 
 use cri_fake::FakeRuntime;
-use node_agent::pods::spec::Action;
-use node_agent::pods::{FnProbes, ProbeOutcome, ProbeTarget};
+use node_agent::pods::{NetTarget, ScriptedProbes};
 
 /// A probe transport answering from `fake`'s script.
 pub fn scripted(
     fake: FakeRuntime,
-) -> FnProbes<impl Fn(&ProbeTarget<'_>, &Action) -> ProbeOutcome + Send + Sync> {
-    FnProbes::new(move |target, action| {
-        let scripted = match action {
-            Action::Http(h) => cri_fake::ProbeTarget::Http {
-                port: h.port,
-                path: &h.path,
-            },
-            Action::Tcp { port, .. } => cri_fake::ProbeTarget::Tcp { port: *port },
-            Action::Grpc { port, service } => cri_fake::ProbeTarget::Grpc { port: *port, service },
-            other => return ProbeOutcome::Unknown(format!("{other:?} is not a network probe")),
+) -> ScriptedProbes<impl Fn(&str, NetTarget<'_>) -> Result<bool, String> + Send + Sync + 'static> {
+    ScriptedProbes::new(move |container_id, target| {
+        let target = match target {
+            NetTarget::Http { port, path } => cri_fake::ProbeTarget::Http { port, path },
+            NetTarget::Tcp { port } => cri_fake::ProbeTarget::Tcp { port },
+            NetTarget::Grpc { port, service } => cri_fake::ProbeTarget::Grpc { port, service },
         };
-        match fake.probe_result(target.container_id, scripted) {
-            Ok(true) => ProbeOutcome::Success,
-            Ok(false) => ProbeOutcome::Failure("scripted probe failure".into()),
-            Err(e) => ProbeOutcome::Unknown(e.to_string()),
-        }
+        fake.probe_result(container_id, target).map_err(|e| e.to_string())
     })
 }

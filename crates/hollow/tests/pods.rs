@@ -104,10 +104,9 @@ async fn get(port: u16, path: &str) -> anyhow::Result<String> {
         .await?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).await?;
-    Ok(buf
-        .split_once("\r\n\r\n")
+    buf.split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
-        .context("HTTP response")?)
+        .context("HTTP response")
 }
 
 /// Cumulative buckets (upper bound seconds, count) of one stage of the Prometheus stage histogram.

@@ -108,7 +108,7 @@ pub struct AgentBuilder {
     runtime: Arc<dyn Runtime>,
     token: Option<CancellationToken>,
     metrics: Option<Arc<Metrics>>,
-    pods: crate::pods::PodOptions,
+    pods: Option<crate::pods::PodOptions>,
 }
 
 impl AgentBuilder {
@@ -124,9 +124,11 @@ impl AgentBuilder {
         self
     }
 
-    /// Pod lifecycle options: probe transport, (shared) start-up metrics, pod source.
+    /// Pod lifecycle options: probe transport, (shared) start-up metrics, pod source (default:
+    /// [`PodOptions::default`](crate::pods::PodOptions), probes over the real network — an agent on an in-memory
+    /// runtime must pass scripted probes here).
     pub fn pods(mut self, options: crate::pods::PodOptions) -> Self {
-        self.pods = options;
+        self.pods = Some(options);
         self
     }
 
@@ -179,7 +181,7 @@ impl AgentBuilder {
             node_tx,
             pressure_rx,
             started: Instant::now(),
-            pods: self.pods,
+            pods: self.pods.unwrap_or_default(),
         })
     }
 }
@@ -206,7 +208,7 @@ impl Agent {
             runtime,
             token: None,
             metrics: None,
-            pods: Default::default(),
+            pods: None,
         }
     }
 

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use e2e::init_logging;
 
-use super::{
+use super::support::{
     condition, control_plane, event_reasons, poll, ready_status, start_in_process, start_with, wait_node,
 };
 

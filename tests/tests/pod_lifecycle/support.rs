@@ -1,4 +1,4 @@
-//! Helpers of the pod lifecycle tests: agents on the fake runtime with the hollow probe transport, waiting for
+//! Helpers of the pod lifecycle tests: agents on the fake runtime with the scripted probe transport, waiting for
 //! nodes, namespaces and pods, reading events.
 
 use std::collections::HashMap;
@@ -13,8 +13,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
-use node_agent::pods::spec::Action;
-use node_agent::pods::{FnProbes, PodMetrics, PodOptions, PodSource, ProbeOutcome};
+use node_agent::pods::{PodMetrics, PodSource};
 use node_agent::{Agent, AgentConfig, KubeletConfig, MachineInfo, RunningAgent};
 use runtime_api::{Runtime, cri};
 use serde_json::json;
@@ -23,30 +22,6 @@ use tokio::time::Instant;
 pub struct TestAgent {
     pub agent: RunningAgent,
     pub runtime: FakeRuntime,
-}
-
-/// The hollow probe transport: network probes answered by the fake runtime's script.
-pub fn fake_probes(fake: FakeRuntime) -> PodOptions {
-    let probes = FnProbes::new(move |t, action| {
-        let target = match action {
-            Action::Http(h) => cri_fake::ProbeTarget::Http {
-                port: h.port,
-                path: &h.path,
-            },
-            Action::Tcp { port, .. } => cri_fake::ProbeTarget::Tcp { port: *port },
-            Action::Grpc { port, service } => cri_fake::ProbeTarget::Grpc { port: *port, service },
-            other => return ProbeOutcome::Unknown(format!("{other:?} is not a network action")),
-        };
-        match fake.probe_result(t.container_id, target) {
-            Ok(true) => ProbeOutcome::Success,
-            Ok(false) => ProbeOutcome::Failure("scripted failure".into()),
-            Err(e) => ProbeOutcome::Unknown(e.to_string()),
-        }
-    });
-    PodOptions {
-        probes: Arc::new(probes),
-        ..Default::default()
-    }
 }
 
 /// Tests that measure timings hold this shared; the 50-pod Deployment test holds it exclusively, so the
@@ -77,7 +52,7 @@ pub async fn start_agent(
         MachineInfo::synthetic(name),
     );
     config.node_labels.insert("pool".into(), pool.into());
-    let mut pods = fake_probes(runtime.clone());
+    let mut pods = e2e::fake_pod_options(runtime.clone());
     if let Some(m) = setup.metrics {
         pods.metrics = m;
     }

@@ -11,8 +11,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use cri_fake::{FakeConfig, FakeRuntime};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use node_agent::config::RuntimeKind;
+use node_agent::pods::{NetTarget, PodOptions, ScriptedProbes};
 use node_agent::{Agent, Flags, MachineInfo, Metrics};
 use prometheus_client::registry::Registry;
 use runtime_api::Runtime;
@@ -51,6 +53,26 @@ fn machine_hostname() -> String {
         .unwrap_or_default()
 }
 
+/// `--runtime fake`: the in-memory runtime, and pod options whose HTTP, TCP and gRPC probes (and HTTP hooks)
+/// are answered by that runtime's script (`cri-fake.node-agent.io/probe`). Fake pods get addresses from the
+/// node's pod CIDR that belong to no container on this machine: nothing may be sent to them, so no real-network
+/// transport is built in this mode.
+fn fake_mode(config: FakeConfig) -> (FakeRuntime, PodOptions) {
+    let fake = FakeRuntime::new(config);
+    let script = fake.clone();
+    let probes = ScriptedProbes::new(move |container_id, target| {
+        let target = match target {
+            NetTarget::Http { port, path } => cri_fake::ProbeTarget::Http { port, path },
+            NetTarget::Tcp { port } => cri_fake::ProbeTarget::Tcp { port },
+            NetTarget::Grpc { port, service } => cri_fake::ProbeTarget::Grpc { port, service },
+        };
+        script
+            .probe_result(container_id, target)
+            .map_err(|e| e.to_string())
+    });
+    (fake, PodOptions::with_probes(Arc::new(probes)))
+}
+
 async fn run(flags: Flags) -> anyhow::Result<()> {
     // Configuration first: a bad file or flag fails before any connection is attempted.
     let (kubelet, ignored) = flags.kubelet_config().with_context(|| match &flags.config {
@@ -84,10 +106,13 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         .with_context(|| format!("loading kubeconfig {}", kubeconfig_path.display()))?;
     let client = kube::Client::try_from(client_config).context("building the API client")?;
 
-    let runtime: Arc<dyn Runtime> = match flags.runtime {
+    let (runtime, pods): (Arc<dyn Runtime>, PodOptions) = match flags.runtime {
         RuntimeKind::Fake => {
-            tracing::info!("using the in-memory fake container runtime");
-            Arc::new(cri_fake::FakeRuntime::new(cri_fake::FakeConfig::default()))
+            tracing::info!(
+                "using the in-memory fake container runtime (network probes answered by its script)"
+            );
+            let (fake, pods) = fake_mode(FakeConfig::default());
+            (Arc::new(fake), pods)
         }
         RuntimeKind::Remote => {
             let endpoint = &kubelet.container_runtime_endpoint;
@@ -99,7 +124,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("connecting to the container runtime at {endpoint}"))?;
             tracing::info!(%endpoint, "connected to the container runtime");
-            Arc::new(rt)
+            (Arc::new(rt), PodOptions::default())
         }
     };
 
@@ -110,6 +135,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let agent = Agent::builder(config, client, runtime)
         .token(token.clone())
         .metrics(metrics)
+        .pods(pods)
         .build()?
         .start();
     tracing::info!(%node, "node agent started");
@@ -124,4 +150,118 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     agent.stop(flags.shutdown_timeout).await?;
     tracing::info!(%node, "node agent stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use node_agent::pods::spec::{Action, HttpGet};
+    use node_agent::pods::{ProbeOutcome, ProbeTarget};
+    use runtime_api::cri;
+
+    use super::*;
+
+    /// A running fake container whose script fails HTTP `/ready` on `port`; its id and its pod IP.
+    async fn scripted_container(fake: &FakeRuntime, port: u16) -> anyhow::Result<(String, String)> {
+        let sandbox = fake
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(cri::PodSandboxConfig {
+                    metadata: Some(cri::PodSandboxMetadata {
+                        name: "web".into(),
+                        uid: "uid-web".into(),
+                        namespace: "default".into(),
+                        attempt: 0,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await?
+            .pod_sandbox_id;
+        let pod_ip = fake
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: sandbox.clone(),
+                verbose: false,
+            })
+            .await?
+            .status
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .unwrap_or_default();
+        let rules = format!("http:{port}/ready=fail");
+        let id = fake
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: sandbox,
+                config: Some(cri::ContainerConfig {
+                    metadata: Some(cri::ContainerMetadata {
+                        name: "app".into(),
+                        attempt: 0,
+                    }),
+                    image: Some(cri::ImageSpec {
+                        image: "registry.k8s.io/pause:3.10".into(),
+                        ..Default::default()
+                    }),
+                    annotations: [(format!("{}probe", cri_fake::ANNOTATION_PREFIX), rules)].into(),
+                    ..Default::default()
+                }),
+                sandbox_config: None,
+            })
+            .await?
+            .container_id;
+        fake.start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await?;
+        Ok((id, pod_ip))
+    }
+
+    /// The pod options `--runtime fake` runs with answer network probes from the fake runtime's script: a
+    /// scripted failure fails, an unscripted probe passes, and neither touches the network.
+    #[tokio::test]
+    async fn fake_mode_answers_network_probes_from_the_runtime_script() -> anyhow::Result<()> {
+        let (fake, pods) = fake_mode(FakeConfig {
+            pod_cidr: Some("10.128.1.0/24".into()),
+            images: vec!["registry.k8s.io/pause:3.10".into()],
+            ..FakeConfig::default()
+        });
+        // a loopback port nobody listens on: were these probes sent over the network, they would be refused
+        // here rather than leave the machine for the pod's private address
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let (id, pod_ip) = scripted_container(&fake, port).await?;
+        assert!(pod_ip.starts_with("10.128.1."), "fake pod IP {pod_ip}");
+        let target = ProbeTarget {
+            namespace: "default",
+            pod: "web",
+            container: "app",
+            container_id: &id,
+            pod_ip: "127.0.0.1",
+        };
+        let http = |path: &str| {
+            Action::Http(HttpGet {
+                https: false,
+                host: None,
+                port,
+                path: path.into(),
+                headers: vec![],
+            })
+        };
+        let timeout = Duration::from_secs(1);
+        assert_eq!(
+            pods.probes.check(&target, &http("/ready"), timeout).await,
+            ProbeOutcome::Failure("scripted probe failure".into()),
+            "the script fails /ready"
+        );
+        assert_eq!(
+            pods.probes.check(&target, &http("/healthz"), timeout).await,
+            ProbeOutcome::Success,
+            "no rule: passes, though nothing listens"
+        );
+        let tcp = Action::Tcp { host: None, port };
+        assert_eq!(
+            pods.probes.check(&target, &tcp, timeout).await,
+            ProbeOutcome::Success
+        );
+        Ok(())
+    }
 }

@@ -62,7 +62,7 @@ pub use admission::NodeView;
 pub use events::{MemoryEvents, NoEvents, PodEvent as PodEventRecord, PodEventSink};
 pub use labels::RuntimeLayout;
 pub use metrics::{PodMetrics, Stage, StageReport};
-pub use probes::{FnProbes, NetworkProbes, ProbeOutcome, ProbeTarget, ProbeTransport};
+pub use probes::{NetTarget, NetworkProbes, ProbeOutcome, ProbeTarget, ProbeTransport, ScriptedProbes};
 pub use source::{PodEvent, PodSource, SharedPodFeed};
 pub use wiring::{PodOptions, run_for_agent};
 

@@ -23,13 +23,22 @@ pub struct PodOptions {
     pub source: PodSource,
 }
 
-impl Default for PodOptions {
-    fn default() -> Self {
+impl PodOptions {
+    /// Network probes through `probes`, own start-up metrics, the agent's own watch. An agent on an in-memory
+    /// runtime passes a [`ScriptedProbes`](super::ScriptedProbes) here: nothing of the real network is built.
+    pub fn with_probes(probes: Arc<dyn ProbeTransport>) -> Self {
         Self {
-            probes: Arc::new(NetworkProbes::new()),
+            probes,
             metrics: Arc::new(PodMetrics::new()),
             source: PodSource::Watch,
         }
+    }
+}
+
+/// Probes over the real network ([`NetworkProbes`]), own metrics, own watch.
+impl Default for PodOptions {
+    fn default() -> Self {
+        Self::with_probes(Arc::new(NetworkProbes::new()))
     }
 }
 

@@ -1,19 +1,22 @@
 //! Probes: liveness, readiness and startup checks with the kubelet's semantics.
 //!
 //! * [`ProbeTransport`] is how network probes (and HTTP lifecycle hooks) reach a container: real mode uses
-//!   [`NetworkProbes`] (TCP connect, HTTP GET, gRPC health check), hollow mode a [`FnProbes`] that asks the fake
-//!   runtime's script. Exec probes always go through the runtime's `ExecSync`.
+//!   [`NetworkProbes`] (TCP connect, HTTP GET, gRPC health check); an agent on an in-memory runtime (hollow
+//!   nodes, `node-agent --runtime fake`) a [`ScriptedProbes`] that asks that runtime's script and never touches
+//!   the network. Exec probes always go through the runtime's `ExecSync`.
 //! * `prober` runs one task per pod with probes: one timer per probe, startup gating the other
 //!   two, thresholds, `Unhealthy` events, results to the pod worker on change.
 
 mod network;
 pub(crate) mod prober;
+mod scripted;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 pub use network::NetworkProbes;
+pub use scripted::{NetTarget, ScriptedProbes};
 
 use super::spec::Action;
 
@@ -70,36 +73,6 @@ pub struct ProbeTarget<'a> {
 pub trait ProbeTransport: Send + Sync + 'static {
     /// Runs an `Http`, `Tcp` or `Grpc` action against `target` within `timeout`.
     async fn check(&self, target: &ProbeTarget<'_>, action: &Action, timeout: Duration) -> ProbeOutcome;
-}
-
-/// A transport answering from a function: the hollow fleet's way to hand probes to its fake runtime's script
-/// (`FnProbes::new(move |t, a| ... fake.probe_result(t.container_id, ...) ...)`).
-pub struct FnProbes<F>(F);
-
-impl<F> FnProbes<F>
-where
-    F: Fn(&ProbeTarget<'_>, &Action) -> ProbeOutcome + Send + Sync + 'static,
-{
-    /// Wraps `f`.
-    pub fn new(f: F) -> Self {
-        Self(f)
-    }
-}
-
-impl<F> std::fmt::Debug for FnProbes<F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("FnProbes")
-    }
-}
-
-#[async_trait]
-impl<F> ProbeTransport for FnProbes<F>
-where
-    F: Fn(&ProbeTarget<'_>, &Action) -> ProbeOutcome + Send + Sync + 'static,
-{
-    async fn check(&self, target: &ProbeTarget<'_>, action: &Action, _timeout: Duration) -> ProbeOutcome {
-        (self.0)(target, action)
-    }
 }
 
 /// The latest probe results of one pod's containers, by container id, as its worker keeps them.

@@ -24,29 +24,21 @@ use super::events::{MemoryEvents, Recorder};
 use super::manager::PodManager;
 use super::metrics::PodMetrics;
 use super::pleg::Pleg;
-use super::probes::{FnProbes, ProbeOutcome};
+use super::probes::{NetTarget, ScriptedProbes};
 use super::source::PodEvent;
-use super::spec::Action;
 use super::status::{StatusHandle, StatusMsg};
 
+/// Network probes answered by `fake`'s script.
 pub(super) fn fake_probes(
     fake: FakeRuntime,
-) -> FnProbes<impl Fn(&super::ProbeTarget<'_>, &Action) -> ProbeOutcome> {
-    FnProbes::new(move |t, action| {
-        let target = match action {
-            Action::Http(h) => cri_fake::ProbeTarget::Http {
-                port: h.port,
-                path: &h.path,
-            },
-            Action::Tcp { port, .. } => cri_fake::ProbeTarget::Tcp { port: *port },
-            Action::Grpc { port, service } => cri_fake::ProbeTarget::Grpc { port: *port, service },
-            other => return ProbeOutcome::Unknown(format!("{other:?} is not a network action")),
+) -> ScriptedProbes<impl Fn(&str, NetTarget<'_>) -> Result<bool, String>> {
+    ScriptedProbes::new(move |id, target| {
+        let target = match target {
+            NetTarget::Http { port, path } => cri_fake::ProbeTarget::Http { port, path },
+            NetTarget::Tcp { port } => cri_fake::ProbeTarget::Tcp { port },
+            NetTarget::Grpc { port, service } => cri_fake::ProbeTarget::Grpc { port, service },
         };
-        match fake.probe_result(t.container_id, target) {
-            Ok(true) => ProbeOutcome::Success,
-            Ok(false) => ProbeOutcome::Failure("scripted failure".into()),
-            Err(e) => ProbeOutcome::Unknown(e.to_string()),
-        }
+        fake.probe_result(id, target).map_err(|e| e.to_string())
     })
 }
 
