@@ -191,7 +191,7 @@ async fn five_thousand_pods_run_and_both_histogram_views_agree() -> anyhow::Resu
     let started = tokio::time::Instant::now();
     deploy(&admin, "dense", "dense", pods_wanted).await?;
     let wanted = usize::try_from(pods_wanted)?;
-    let run = wait_for("every pod Running", Duration::from_secs(900), || async {
+    let run = wait_for("every pod Running", Duration::from_secs(1500), || async {
         let r = running(&admin, "dense").await?;
         Ok((r.len() == wanted).then_some(r))
     })
