@@ -72,8 +72,38 @@ pub struct ControlPlane {
 
 const INFO_FILE: &str = "control-plane.json";
 
+/// A port that is free now, picked below the kernel's ephemeral range: a port the kernel hands out (bind to 0)
+/// is also what it hands to outgoing connections, so a component could lose it before it binds. Ports are never
+/// handed out twice by one process.
 fn free_port() -> anyhow::Result<u16> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next().and_then(|l| l.parse::<u32>().ok()))
+        .unwrap_or(32768);
+    const FIRST: u32 = 10_000;
+    if low <= FIRST + 1000 {
+        return Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port());
+    }
+    let span = low - FIRST;
+    // Different processes start at different offsets (their PID), one process walks the range.
+    let start = NEXT
+        .fetch_add(1, Ordering::Relaxed)
+        .wrapping_add(std::process::id().wrapping_mul(7919));
+    for i in 0..span {
+        let port = u16::try_from(FIRST + (start.wrapping_add(i)) % span)?;
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            NEXT.fetch_add(i, Ordering::Relaxed);
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+}
+
+/// Whether a start failed because a port was taken between picking and binding.
+fn port_conflict(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    text.contains("address already in use") || text.contains("bind: address")
 }
 
 fn write_pem(dir: &Path, name: &str, pem: &Pem) -> anyhow::Result<(PathBuf, PathBuf)> {
@@ -124,12 +154,33 @@ async fn wait_tcp(port: u16, deadline: tokio::time::Instant, proc: &mut Proc) ->
 impl ControlPlane {
     /// Builds (if needed) and starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler, and waits
     /// until the API server is ready and the controller-manager is working.
+    /// A start that loses a port to another process between picking and binding is retried with fresh ports
+    /// (three attempts).
     pub async fn start(opts: Options) -> anyhow::Result<Self> {
+        let mut attempt = 1;
+        loop {
+            let dir = match &opts.dir {
+                Some(d) => d.clone(),
+                None => fresh_dir()?,
+            };
+            match Self::start_once(&opts, dir.clone()).await {
+                Err(e) if attempt < 3 && port_conflict(&e) => {
+                    tracing::warn!(attempt, error = %e, "port taken while starting; retrying with other ports");
+                    // the failed attempt's processes are gone (dropped); its state must not leak into the next
+                    let _ = std::fs::remove_dir_all(if opts.dir.is_some() {
+                        dir.join("etcd-data")
+                    } else {
+                        dir
+                    });
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(opts: &Options, dir: PathBuf) -> anyhow::Result<Self> {
         let binaries = tokio::task::spawn_blocking(assets::locate).await??;
-        let dir = match &opts.dir {
-            Some(d) => d.clone(),
-            None => fresh_dir()?,
-        };
         let pki = dir.join("pki");
         let logs = dir.join("logs");
         for d in [&pki, &logs] {
@@ -501,4 +552,38 @@ fn http_get(path: &str) -> anyhow::Result<http::Request<Vec<u8>>> {
 pub async fn config_from_file(path: &Path) -> anyhow::Result<Config> {
     let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picked_ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
+        let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next().and_then(|l| l.parse().ok()))
+            .unwrap_or(32768);
+        let ports: Vec<u16> = (0..50).map(|_| free_port().unwrap()).collect();
+        let distinct: std::collections::BTreeSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        for p in &ports {
+            assert!(
+                u32::from(*p) < low,
+                "port {p} is in the ephemeral range from {low}"
+            );
+            TcpListener::bind((Ipv4Addr::LOCALHOST, *p)).unwrap();
+        }
+    }
+
+    #[test]
+    fn bind_failures_are_recognised_as_port_conflicts() {
+        let e = anyhow::anyhow!(
+            "etcd exited (exit status: 1); log tail:\nlisten tcp 127.0.0.1:40809: bind: address already in use"
+        );
+        assert!(port_conflict(&e.context("starting")));
+        assert!(!port_conflict(&anyhow::anyhow!(
+            "kube-apiserver did not listen in time"
+        )));
+    }
 }

@@ -118,6 +118,17 @@ impl Proc {
     }
 }
 
+impl Drop for Proc {
+    /// A component whose handle is dropped without [`Proc::stop`] (a start that failed half-way) is killed
+    /// and reaped at once.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Whether a process with this PID exists (zombies included).
 pub fn pid_alive(pid: u32) -> bool {
     i32::try_from(pid)
