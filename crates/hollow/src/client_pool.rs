@@ -3,12 +3,21 @@
 //!
 //! `kube::Client::try_from(config)` speaks HTTP/1.1 only, so a thousand agents each holding a watch would hold
 //! a thousand TCP+TLS connections. Here each pooled client is a `kube::Client` over a hyper client that speaks
-//! only HTTP/2 (ALPN `h2`, set by the connector), built from kube's own TLS configuration, base-URI and auth layers. Agent `i` uses
-//! client `i % K`. The API server caps concurrent streams per connection
-//! (`--http2-max-streams-per-connection`); a watch holds its stream for its lifetime, so size K so that
-//! `agents / K` stays well below that cap: measured here, 1,000 agents on 2 connections stalled at 774
-//! registered (requests queued behind a full stream budget), on 8 connections all were Ready within 40 s.
-//! [`pool_size`] applies a per-connection bound.
+//! only HTTP/2 (ALPN `h2`, set by the connector), built from kube's own TLS configuration, base-URI and auth
+//! layers.
+//!
+//! The API server advertises at most 100 concurrent streams per HTTP/2 connection
+//! (`--http2-max-streams-per-connection`, whose default is 100 since the HTTP/2 rapid-reset fixes), and a
+//! client queues any further request until a stream closes. A watch holds its stream for its whole life, so
+//! one connection carrying 100 agents' pod watches has no stream left for anything else: every request on it
+//! (registrations, lease renewals) waits forever. The pool therefore keeps two kinds of connection:
+//!
+//! * request connections carry the short requests of up to `agents_per_connection` agents (queueing there
+//!   only adds latency, every stream ends);
+//! * watch connections carry the per-node pod watches, at most `watches_per_connection` per connection, well
+//!   under the server's cap (a watcher's relisting LIST uses the same connection, one at a time per agent).
+//!
+//! In `shared` watch mode there is one watch for the whole process, on one watch connection.
 
 use std::time::Duration;
 
@@ -60,59 +69,143 @@ pub fn http2_client(config: &kube::Config) -> Result<kube::Client, PoolError> {
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
 
-/// How many connections a fleet of `nodes` uses: `explicit` when non-zero, else enough that no connection
-/// carries more than `per_connection` nodes.
-pub fn pool_size(nodes: usize, explicit: usize, per_connection: usize) -> usize {
-    if explicit > 0 {
-        return explicit;
+/// How a fleet's connections are sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLimits {
+    /// Request connections; 0 sizes them from `agents_per_connection`.
+    pub request_connections: usize,
+    /// At most this many agents' requests share one connection (when `request_connections` is 0).
+    pub agents_per_connection: usize,
+    /// At most this many per-node watches share one connection; keep it under the server's stream cap.
+    pub watches_per_connection: usize,
+}
+
+impl Default for PoolLimits {
+    fn default() -> Self {
+        Self {
+            request_connections: 0,
+            agents_per_connection: 200,
+            watches_per_connection: 80,
+        }
     }
-    nodes.div_ceil(per_connection.max(1)).max(1)
+}
+
+/// The connection counts for one fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSize {
+    /// Connections for short requests.
+    pub request_connections: usize,
+    /// Connections for pod watches.
+    pub watch_connections: usize,
+}
+
+impl PoolSize {
+    /// Connections for `nodes` agents: per-node watches need `nodes / watches_per_connection` watch
+    /// connections, a shared watch one.
+    pub fn for_fleet(nodes: usize, per_node_watches: bool, limits: PoolLimits) -> Self {
+        let request_connections = if limits.request_connections > 0 {
+            limits.request_connections
+        } else {
+            nodes.div_ceil(limits.agents_per_connection.max(1)).max(1)
+        };
+        let watch_connections = if per_node_watches {
+            nodes.div_ceil(limits.watches_per_connection.max(1)).max(1)
+        } else {
+            1
+        };
+        Self {
+            request_connections,
+            watch_connections,
+        }
+    }
 }
 
 /// A fixed set of HTTP/2 clients; agents are sharded over them by index.
 #[derive(Clone)]
 pub struct ClientPool {
-    clients: Vec<kube::Client>,
+    requests: Vec<kube::Client>,
+    watches: Vec<kube::Client>,
 }
 
 impl ClientPool {
-    /// `size` HTTP/2 clients for the same configuration (each opens its own connection).
-    pub fn new(config: &kube::Config, size: usize) -> Result<Self, PoolError> {
-        if size == 0 {
+    /// HTTP/2 clients for the same configuration, each with its own connection.
+    pub fn new(config: &kube::Config, size: PoolSize) -> Result<Self, PoolError> {
+        if size.request_connections == 0 || size.watch_connections == 0 {
             return Err(PoolError::Empty);
         }
-        let clients = (0..size)
-            .map(|_| http2_client(config))
-            .collect::<Result<_, _>>()?;
-        Ok(Self { clients })
+        let build = |n: usize| {
+            (0..n)
+                .map(|_| http2_client(config))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(Self {
+            requests: build(size.request_connections)?,
+            watches: build(size.watch_connections)?,
+        })
     }
 
-    /// The client agent number `index` uses.
+    /// The client agent number `index` sends its requests over.
     pub fn for_agent(&self, index: usize) -> kube::Client {
-        self.clients[index % self.clients.len()].clone()
+        self.requests[index % self.requests.len()].clone()
+    }
+
+    /// The client agent number `index` holds its pod watch on (for the shared watch: index 0).
+    pub fn watch_for_agent(&self, index: usize) -> kube::Client {
+        self.watches[index % self.watches.len()].clone()
     }
 
     /// How many connections the pool holds.
-    pub fn len(&self) -> usize {
-        self.clients.len()
-    }
-
-    /// Whether the pool is empty (never, once built).
-    pub fn is_empty(&self) -> bool {
-        self.clients.is_empty()
+    pub fn size(&self) -> PoolSize {
+        PoolSize {
+            request_connections: self.requests.len(),
+            watch_connections: self.watches.len(),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::pool_size;
+    use super::{PoolLimits, PoolSize};
 
     #[test]
-    fn pool_size_bounds_agents_per_connection() {
-        assert_eq!(pool_size(1000, 0, 200), 5);
-        assert_eq!(pool_size(1001, 0, 200), 6);
-        assert_eq!(pool_size(10, 0, 200), 1);
-        assert_eq!(pool_size(0, 0, 200), 1);
-        assert_eq!(pool_size(10_000, 3, 200), 3, "an explicit size wins");
+    fn watches_and_requests_get_their_own_connections() {
+        let d = PoolLimits::default();
+        assert_eq!(
+            PoolSize::for_fleet(1000, true, d),
+            PoolSize {
+                request_connections: 5,
+                watch_connections: 13
+            }
+        );
+        assert_eq!(PoolSize::for_fleet(1001, true, d).request_connections, 6);
+        assert_eq!(
+            PoolSize::for_fleet(10, true, d),
+            PoolSize {
+                request_connections: 1,
+                watch_connections: 1
+            }
+        );
+        assert_eq!(
+            PoolSize::for_fleet(0, true, d),
+            PoolSize {
+                request_connections: 1,
+                watch_connections: 1
+            }
+        );
+        assert_eq!(
+            PoolSize::for_fleet(10_000, false, d).watch_connections,
+            1,
+            "a shared watch needs one stream"
+        );
+        let explicit = PoolLimits {
+            request_connections: 3,
+            ..d
+        };
+        assert_eq!(
+            PoolSize::for_fleet(10_000, true, explicit).request_connections,
+            3,
+            "an explicit size wins"
+        );
+        assert_eq!(PoolSize::for_fleet(10_000, true, explicit).watch_connections, 125);
     }
 }

@@ -257,7 +257,7 @@ impl Fleet {
             });
             let source = match &feed {
                 Some(feed) => feed.subscribe(&name, 64),
-                None => PodSource::Watch,
+                None => PodSource::WatchVia(pool.watch_for_agent(index)),
             };
             let pods = PodOptions {
                 probes: Arc::new(crate::probes::scripted(runtime.clone())),
@@ -281,7 +281,7 @@ impl Fleet {
         }
         if let Some(feed) = feed {
             // subscriptions are in place: start the one watch
-            tokio::spawn(feed.run(pool.for_agent(0), token.child_token()));
+            tokio::spawn(feed.run(pool.watch_for_agent(0), token.child_token()));
         }
         Ok(Fleet { nodes, token })
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use hollow::client_pool::ClientPool;
+use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
 use hollow::fleet::{Fleet, FleetSpec, WatchMode};
 use hollow::profiles;
 use hollow::server::{self, FleetGauges};
@@ -64,15 +64,18 @@ struct RunArgs {
     /// The kubelet port every node publishes.
     #[arg(long, default_value_t = 10250)]
     kubelet_port: u16,
-    /// HTTP/2 connections to the API server; nodes are sharded over them. 0 (the default) sizes the pool from
-    /// --agents-per-connection.
+    /// HTTP/2 connections for the nodes' requests; nodes are sharded over them. 0 (the default) sizes them
+    /// from --agents-per-connection. Pod watches have connections of their own (--watches-per-connection).
     #[arg(long, default_value_t = 0)]
     clients: usize,
-    /// With --clients 0: at most this many nodes share one connection. Each node holds a pod watch stream and
-    /// bursts of requests; the API server caps concurrent streams per connection (1000 by default), and a
-    /// connection whose streams are all taken stalls every node on it.
+    /// With --clients 0: at most this many nodes send their requests over one connection.
     #[arg(long, default_value_t = 200)]
     agents_per_connection: usize,
+    /// At most this many per-node pod watches share one connection. A watch holds an HTTP/2 stream for its
+    /// life and the API server allows 100 concurrent streams per connection by default
+    /// (--http2-max-streams-per-connection); keep this below the server's figure.
+    #[arg(long, default_value_t = 80)]
+    watches_per_connection: usize,
     /// Pod watch mode.
     #[arg(long, value_enum, default_value_t = WatchArg::PerNode)]
     watch_mode: WatchArg,
@@ -174,9 +177,28 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         server::serve(args.metrics_address, registry, pod_metrics.clone(), token.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz and /metrics");
 
-    let clients = hollow::client_pool::pool_size(args.nodes, args.clients, args.agents_per_connection);
-    let pool = ClientPool::new(&kube_config, clients)?;
-    tracing::info!(connections = clients, nodes = args.nodes, "API client pool");
+    let size = PoolSize::for_fleet(
+        args.nodes,
+        spec.watch_mode == WatchMode::PerNode,
+        PoolLimits {
+            request_connections: args.clients,
+            agents_per_connection: args.agents_per_connection,
+            watches_per_connection: args.watches_per_connection,
+        },
+    );
+    if args.watches_per_connection > 100 && spec.watch_mode == WatchMode::PerNode {
+        tracing::warn!(
+            watches_per_connection = args.watches_per_connection,
+            "the API server allows 100 concurrent streams per connection by default; watches beyond its figure wait and their nodes get no pods"
+        );
+    }
+    let pool = ClientPool::new(&kube_config, size)?;
+    tracing::info!(
+        request_connections = size.request_connections,
+        watch_connections = size.watch_connections,
+        nodes = args.nodes,
+        "API client pool"
+    );
     let fleet_token = token.child_token();
     let start = tokio::time::Instant::now();
     let fleet = tokio::select! {

@@ -135,7 +135,11 @@ impl AgentBuilder {
     /// Validates the per-node configuration and prepares the agent (nothing runs yet).
     pub fn build(self) -> Result<Agent, AgentError> {
         self.config.validate().map_err(AgentError::Config)?;
-        if self.config.node_ip.is_loopback() {
+        // once per process: a hollow fleet builds thousands of agents on the same loopback address
+        static LOOPBACK_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if self.config.node_ip.is_loopback()
+            && !LOOPBACK_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
             tracing::warn!(node = %self.config.node_name, ip = %self.config.node_ip, "node IP is a loopback address; only clients on this machine can reach the node");
         }
         let token = self.token.unwrap_or_default();

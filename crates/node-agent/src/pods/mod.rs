@@ -255,17 +255,17 @@ impl PodLifecycle {
         tracker.spawn(status_manager.run(tasks.clone()));
         let (pleg_tx, pleg_rx) = mpsc::unbounded_channel();
         tracker.spawn(pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()));
-        let source = match self.source {
-            PodSource::Feed(rx) => rx,
-            PodSource::Watch => {
+        let watch_client = match self.source {
+            PodSource::Feed(rx) => Err(rx),
+            PodSource::Watch => Ok(self.client.clone()),
+            PodSource::WatchVia(client) => Ok(client),
+        };
+        let source = match watch_client {
+            Err(rx) => rx,
+            Ok(client) => {
                 let (tx, rx) = mpsc::channel(256);
                 let node = ctx.config.node_name.clone();
-                tracker.spawn(source::watch_node_pods(
-                    self.client.clone(),
-                    node,
-                    tx,
-                    tasks.clone(),
-                ));
+                tracker.spawn(source::watch_node_pods(client, node, tx, tasks.clone()));
                 rx
             }
         };

@@ -35,12 +35,26 @@ pub enum PodEvent {
 }
 
 /// The stream of pod events an agent consumes.
-#[derive(Debug)]
 pub enum PodSource {
     /// The agent opens its own per-node watch ([`watch_node_pods`]).
     Watch,
+    /// The agent opens its own per-node watch over this client instead of its request client. An HTTP/2
+    /// connection carries a bounded number of concurrent streams (the API server advertises 100) and a watch
+    /// holds one for its lifetime, so a process multiplexing many agents keeps watches on connections of their
+    /// own: short requests then never queue behind streams that do not end.
+    WatchVia(kube::Client),
     /// Events arrive on this channel (a [`SharedPodFeed`] subscription, or a test).
     Feed(mpsc::Receiver<PodEvent>),
+}
+
+impl std::fmt::Debug for PodSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Watch => "Watch",
+            Self::WatchVia(_) => "WatchVia(..)",
+            Self::Feed(_) => "Feed(..)",
+        })
+    }
 }
 
 impl PodSource {
