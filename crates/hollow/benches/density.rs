@@ -1,12 +1,14 @@
 //! Density benchmark: the `hollow` binary (release build) against a fresh real control plane per fleet size.
 //!
 //! For each size it measures the time until every node is Ready, then over an idle window the fleet process's
-//! resident memory per node, its CPU seconds per node-minute, and its API requests per second by kind; it
-//! prints a table. Bounded: every run has a deadline and all processes are stopped afterwards.
+//! resident memory per node, its CPU seconds per node-minute, and its API requests per second by kind. Then,
+//! unless the size is above `DENSITY_PODS_MAX_NODES`, it creates a Deployment of `DENSITY_PODS_PER_NODE` pods
+//! per node, waits for all of them Running and measures the same window again. It prints a table. Bounded:
+//! every run has a deadline and all processes are stopped afterwards.
 //!
 //! ```sh
-//! cargo bench -p hollow --bench density                          # 1000,5000,10000 nodes, 120 s idle
-//! DENSITY_NODES=1000 DENSITY_IDLE_SECS=60 cargo bench -p hollow --bench density
+//! cargo bench -p hollow --bench density     # 1000,5000,10000 nodes, 120 s windows, 10 pods/node up to 5000
+//! DENSITY_NODES=1000 DENSITY_IDLE_SECS=60 DENSITY_PODS_PER_NODE=0 cargo bench -p hollow --bench density
 //! ```
 
 use std::collections::BTreeMap;
@@ -82,6 +84,7 @@ async fn fetch_metrics(port: u16) -> anyhow::Result<String> {
 
 struct Row {
     nodes: usize,
+    pods: usize,
     ready_secs: f64,
     rss_per_node_kib: f64,
     rss_mib: f64,
@@ -89,7 +92,72 @@ struct Row {
     requests: BTreeMap<String, f64>,
 }
 
-async fn run_size(nodes: usize, idle: Duration) -> anyhow::Result<Row> {
+/// Fleet process figures over one window.
+struct Window {
+    rss: u64,
+    cpu_ms_per_node_minute: f64,
+    requests: BTreeMap<String, f64>,
+}
+
+async fn window(pid: u32, port: u16, nodes: usize, idle: Duration) -> anyhow::Result<Window> {
+    let cpu0 = cpu_seconds(pid)?;
+    let req0 = api_requests(port).await?;
+    let t0 = tokio::time::Instant::now();
+    tokio::time::sleep(idle).await;
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(pid)? - cpu0;
+    let req1 = api_requests(port).await?;
+    let requests = req1
+        .iter()
+        .map(|(k, v)| (k.clone(), (v - req0.get(k).copied().unwrap_or(0.0)) / secs))
+        .filter(|(_, v)| *v > 0.0)
+        .collect();
+    Ok(Window {
+        rss: rss_bytes(pid)?,
+        cpu_ms_per_node_minute: cpu * 1000.0 / nodes as f64 / (secs / 60.0),
+        requests,
+    })
+}
+
+/// Creates a Deployment of `replicas` pause pods (no resource requests) and waits until all run.
+async fn run_pods(client: &kube::Client, replicas: usize) -> anyhow::Result<f64> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Pod;
+    let d: Deployment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "density", "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "density"}},
+            "template": {
+                "metadata": {"labels": {"app": "density"}},
+                "spec": {"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}
+            }
+        }
+    }))?;
+    let start = tokio::time::Instant::now();
+    Api::<Deployment>::namespaced(client.clone(), "default")
+        .create(&Default::default(), &d)
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let deadline = start + Duration::from_secs(1800);
+    loop {
+        let running = pods
+            .list_metadata(&ListParams::default().labels("app=density").fields("status.phase=Running"))
+            .await?
+            .items
+            .len();
+        if running >= replicas {
+            return Ok(start.elapsed().as_secs_f64());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("{running} of {replicas} pods Running after 1800 s");
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+async fn run_size(nodes: usize, idle: Duration, pods_per_node: usize) -> anyhow::Result<Vec<Row>> {
     let cp = testenv::ControlPlane::start(testenv::Options {
         apiserver_args: vec![
             "--max-requests-inflight=3000".into(),
@@ -99,12 +167,17 @@ async fn run_size(nodes: usize, idle: Duration) -> anyhow::Result<Row> {
         ..Default::default()
     })
     .await?;
-    let result = measure(&cp, nodes, idle).await;
+    let result = measure(&cp, nodes, idle, pods_per_node).await;
     cp.stop().await?;
     result
 }
 
-async fn measure(cp: &testenv::ControlPlane, nodes: usize, idle: Duration) -> anyhow::Result<Row> {
+async fn measure(
+    cp: &testenv::ControlPlane,
+    nodes: usize,
+    idle: Duration,
+    pods_per_node: usize,
+) -> anyhow::Result<Vec<Row>> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let mut child: Child = Command::new(env!("CARGO_BIN_EXE_hollow"))
         .args([
@@ -154,27 +227,33 @@ async fn measure(cp: &testenv::ControlPlane, nodes: usize, idle: Duration) -> an
         let ready_secs = start.elapsed().as_secs_f64();
         // let registration bursts settle before the idle window
         tokio::time::sleep(Duration::from_secs(20)).await;
-        let cpu0 = cpu_seconds(pid)?;
-        let req0 = api_requests(port).await?;
-        let t0 = tokio::time::Instant::now();
-        tokio::time::sleep(idle).await;
-        let secs = t0.elapsed().as_secs_f64();
-        let cpu = cpu_seconds(pid)? - cpu0;
-        let req1 = api_requests(port).await?;
-        let rss = rss_bytes(pid)?;
-        let requests = req1
-            .iter()
-            .map(|(k, v)| (k.clone(), (v - req0.get(k).copied().unwrap_or(0.0)) / secs))
-            .filter(|(_, v)| *v > 0.0)
-            .collect();
-        Ok(Row {
+        let w = window(pid, port, nodes, idle).await?;
+        let mut rows = vec![Row {
             nodes,
+            pods: 0,
             ready_secs,
-            rss_per_node_kib: rss as f64 / 1024.0 / nodes as f64,
-            rss_mib: rss as f64 / 1048576.0,
-            cpu_ms_per_node_minute: cpu * 1000.0 / nodes as f64 / (secs / 60.0),
-            requests,
-        })
+            rss_per_node_kib: w.rss as f64 / 1024.0 / nodes as f64,
+            rss_mib: w.rss as f64 / 1048576.0,
+            cpu_ms_per_node_minute: w.cpu_ms_per_node_minute,
+            requests: w.requests,
+        }];
+        if pods_per_node > 0 {
+            let replicas = nodes * pods_per_node;
+            eprintln!("density: {nodes} nodes idle measured; starting {replicas} pods ...");
+            let pods_secs = run_pods(&cp.admin_client().await?, replicas).await?;
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            let w = window(pid, port, nodes, idle).await?;
+            rows.push(Row {
+                nodes,
+                pods: replicas,
+                ready_secs: pods_secs,
+                rss_per_node_kib: w.rss as f64 / 1024.0 / nodes as f64,
+                rss_mib: w.rss as f64 / 1048576.0,
+                cpu_ms_per_node_minute: w.cpu_ms_per_node_minute,
+                requests: w.requests,
+            });
+        }
+        Ok(rows)
     }
     .await;
     let _ = nix::sys::signal::kill(
@@ -199,25 +278,31 @@ async fn main() -> anyhow::Result<()> {
         .collect::<Result<_, _>>()
         .context("DENSITY_NODES: comma-separated node counts")?;
     let idle = Duration::from_secs(env_or("DENSITY_IDLE_SECS", "120").parse()?);
+    let pods_per_node: usize = env_or("DENSITY_PODS_PER_NODE", "10").parse()?;
+    let pods_max_nodes: usize = env_or("DENSITY_PODS_MAX_NODES", "5000").parse()?;
     let mut rows = Vec::new();
     for n in sizes {
         eprintln!("density: {n} nodes ...");
-        let row = run_size(n, idle).await.with_context(|| format!("{n} nodes"))?;
-        eprintln!(
-            "density: {n} nodes Ready after {:.1}s, {:.1} KiB/node, {:.3} ms CPU/node-minute",
-            row.ready_secs, row.rss_per_node_kib, row.cpu_ms_per_node_minute
-        );
-        rows.push(row);
+        let ppn = if n <= pods_max_nodes { pods_per_node } else { 0 };
+        let measured = run_size(n, idle, ppn).await.with_context(|| format!("{n} nodes"))?;
+        for row in measured {
+            eprintln!(
+                "density: {n} nodes, {} pods: Ready/Running after {:.1}s, {:.1} KiB/node, {:.3} ms CPU/node-minute",
+                row.pods, row.ready_secs, row.rss_per_node_kib, row.cpu_ms_per_node_minute
+            );
+            rows.push(row);
+        }
     }
     println!(
-        "\n| nodes | all Ready after | fleet RSS | RSS per node | CPU per node-minute | API requests/s (idle) |"
+        "\n| nodes | pods | all Ready (nodes) / Running (pods) after | fleet RSS | RSS per node | CPU per node-minute | API requests/s (steady) |"
     );
-    println!("|---:|---:|---:|---:|---:|---|");
+    println!("|---:|---:|---:|---:|---:|---:|---|");
     for r in &rows {
         let reqs: Vec<String> = r.requests.iter().map(|(k, v)| format!("{k} {v:.1}")).collect();
         println!(
-            "| {} | {:.1} s | {:.0} MiB | {:.1} KiB | {:.2} ms | {} |",
+            "| {} | {} | {:.1} s | {:.0} MiB | {:.1} KiB | {:.2} ms | {} |",
             r.nodes,
+            r.pods,
             r.ready_secs,
             r.rss_mib,
             r.rss_per_node_kib,
