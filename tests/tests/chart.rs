@@ -1,5 +1,6 @@
 //! The Helm chart for the hollow fleet: it lints, renders, and everything it renders is accepted by the real
-//! API server (server-side dry run), with the fleet flags the `hollow` binary takes.
+//! API server (server-side dry run), with the fleet flags the `hollow` binary takes; per-node credentials mount
+//! the CA Secret and refuse to render without one.
 
 use std::path::Path;
 use std::process::Command;
@@ -64,6 +65,58 @@ async fn chart_renders_and_the_api_server_accepts_it() -> anyhow::Result<()> {
             applied.contains(kind),
             "server dry-run did not accept {kind}: {applied}"
         );
+    }
+
+    // per-node credentials: the CA Secret is mounted and the flags point at it; only then
+    let per_node = "fleet.nodeCredentials=per-node,fleet.nodeCaSecret=cluster-client-ca";
+    run(Command::new(&helm)
+        .args(["lint", "--strict"])
+        .arg(&chart)
+        .args(["--set", per_node]))?;
+    let rendered = run(Command::new(&helm).args(["template", "fleet"]).arg(&chart).args([
+        "--namespace",
+        "default",
+        "--set",
+        per_node,
+    ]))?;
+    for expected in [
+        "--node-credentials=per-node",
+        "--node-ca-cert=/etc/hollow-node-ca/ca.crt",
+        "--node-ca-key=/etc/hollow-node-ca/ca.key",
+        "secretName: cluster-client-ca",
+        "mountPath: /etc/hollow-node-ca",
+    ] {
+        assert!(rendered.contains(expected), "per-node render lacks {expected:?}");
+    }
+    let shared = run(Command::new(&helm)
+        .args(["template", "fleet"])
+        .arg(&chart)
+        .args(["--namespace", "default"]))?;
+    assert!(
+        !shared.contains("node-ca"),
+        "the CA is mounted only with per-node credentials"
+    );
+    let manifest = std::env::temp_dir().join(format!("hollow-chart-per-node-{}.yaml", std::process::id()));
+    std::fs::write(&manifest, &rendered)?;
+    let applied = run(cp
+        .kubectl()
+        .args(["apply", "--dry-run=server", "-f"])
+        .arg(&manifest));
+    let _ = std::fs::remove_file(&manifest);
+    assert!(applied?.contains("statefulset.apps/fleet-hollow"));
+    for (values, message) in [
+        ("fleet.nodeCredentials=per-node", "fleet.nodeCaSecret is required"),
+        (
+            "fleet.nodeCredentials=per-node,fleet.nodeCaSecret=x,fleet.watchMode=shared",
+            "needs fleet.watchMode per-node",
+        ),
+    ] {
+        let refused = run(Command::new(&helm)
+            .args(["template", "fleet"])
+            .arg(&chart)
+            .args(["--set", values]))
+        .expect_err("refused");
+        assert!(format!("{refused:#}").contains(message), "{refused:#}");
     }
     Ok(())
 }

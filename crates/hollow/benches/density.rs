@@ -143,7 +143,11 @@ async fn run_pods(client: &kube::Client, replicas: usize) -> anyhow::Result<f64>
     let deadline = start + Duration::from_secs(1800);
     loop {
         let running = pods
-            .list_metadata(&ListParams::default().labels("app=density").fields("status.phase=Running"))
+            .list_metadata(
+                &ListParams::default()
+                    .labels("app=density")
+                    .fields("status.phase=Running"),
+            )
             .await?
             .items
             .len();
@@ -284,7 +288,9 @@ async fn main() -> anyhow::Result<()> {
     for n in sizes {
         eprintln!("density: {n} nodes ...");
         let ppn = if n <= pods_max_nodes { pods_per_node } else { 0 };
-        let measured = run_size(n, idle, ppn).await.with_context(|| format!("{n} nodes"))?;
+        let measured = run_size(n, idle, ppn)
+            .await
+            .with_context(|| format!("{n} nodes"))?;
         for row in measured {
             eprintln!(
                 "density: {n} nodes, {} pods: Ready/Running after {:.1}s, {:.1} KiB/node, {:.3} ms CPU/node-minute",

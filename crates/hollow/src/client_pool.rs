@@ -18,14 +18,23 @@
 //!   under the server's cap (a watcher's relisting LIST uses the same connection, one at a time per agent).
 //!
 //! In `shared` watch mode there is one watch for the whole process, on one watch connection.
+//!
+//! With per-node credentials ([`ClientPool::per_node`]) none of that sharing is possible: a TLS client
+//! certificate authenticates a connection, not a request, so every node gets one HTTP/2 connection of its own,
+//! carrying its requests and its one pod watch (a watch takes 1 of the server's 100 streams). That costs a
+//! TCP+TLS connection with its buffers per node, on both sides, where shared credentials put ~200 nodes'
+//! requests on one connection and 80 nodes' watches on another.
 
 use std::time::Duration;
 
+use base64::Engine;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::{Body, ConfigExt};
 use tower::ServiceBuilder;
+
+use crate::credentials::{CredentialsError, NodeCa, NodeCredential};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -38,6 +47,27 @@ pub enum PoolError {
     /// A pool needs at least one connection.
     #[error("the client pool needs at least one connection")]
     Empty,
+    /// A node's credentials could not be minted.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+}
+
+/// `config` with its identity replaced by `credential`'s client certificate: every other credential of the
+/// original (token, token file, basic auth, exec or auth-provider plugin, impersonation, an `Authorization`
+/// or `Impersonate-*` extra header) is dropped; the server, its CA and the timeouts are kept.
+pub fn with_node_identity(config: &kube::Config, credential: &NodeCredential) -> kube::Config {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut config = config.clone();
+    config.auth_info = kube::config::AuthInfo {
+        client_certificate_data: Some(b64.encode(&credential.cert_pem)),
+        client_key_data: Some(b64.encode(&credential.key_pem).into()),
+        ..Default::default()
+    };
+    config.headers.retain(|(name, _)| {
+        let name = name.as_str();
+        name != "authorization" && !name.starts_with("impersonate-")
+    });
+    config
 }
 
 /// One `kube::Client` speaking HTTP/2 only over a single connection pool.
@@ -120,11 +150,13 @@ impl PoolSize {
     }
 }
 
-/// A fixed set of HTTP/2 clients; agents are sharded over them by index.
+/// A fixed set of HTTP/2 clients; agents are sharded over them by index (or, per node, each has its own).
 #[derive(Clone)]
 pub struct ClientPool {
     requests: Vec<kube::Client>,
     watches: Vec<kube::Client>,
+    per_node: bool,
+    fleet: kube::Client,
 }
 
 impl ClientPool {
@@ -138,34 +170,113 @@ impl ClientPool {
                 .map(|_| http2_client(config))
                 .collect::<Result<Vec<_>, _>>()
         };
+        let requests = build(size.request_connections)?;
         Ok(Self {
-            requests: build(size.request_connections)?,
+            fleet: requests[0].clone(),
+            requests,
             watches: build(size.watch_connections)?,
+            per_node: false,
         })
     }
 
-    /// The client agent number `index` sends its requests over.
+    /// One HTTP/2 client per node, each authenticated as that node's kubelet (`system:node:<name>` in
+    /// `system:nodes`) with a client certificate minted from `ca`; agent `i` is `names[i]`. The node's
+    /// requests and its pod watch share its one connection. [`ClientPool::fleet_client`] keeps the
+    /// identity of `config` itself.
+    pub fn per_node(config: &kube::Config, names: &[String], ca: &NodeCa) -> Result<Self, PoolError> {
+        if names.is_empty() {
+            return Err(PoolError::Empty);
+        }
+        let clients = names
+            .iter()
+            .map(|name| http2_client(&with_node_identity(config, &ca.issue(name)?)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            watches: clients.clone(),
+            requests: clients,
+            per_node: true,
+            fleet: http2_client(config)?,
+        })
+    }
+
+    /// A client with the configuration's own identity, for requests on behalf of the fleet rather than of a
+    /// node (deleting Node objects on exit: the Node authorizer does not let a node delete even its own).
+    /// Shared credentials: the first request connection. Per node: a connection of its own, opened on first
+    /// use.
+    pub fn fleet_client(&self) -> kube::Client {
+        self.fleet.clone()
+    }
+
+    /// Whether every agent has a connection and identity of its own ([`ClientPool::per_node`]).
+    pub fn is_per_node(&self) -> bool {
+        self.per_node
+    }
+
+    /// The client agent number `index` sends its requests over (per node: its own; an index past the pool's
+    /// nodes wraps round to another node's identity, which the API server refuses for a different node).
     pub fn for_agent(&self, index: usize) -> kube::Client {
         self.requests[index % self.requests.len()].clone()
     }
 
-    /// The client agent number `index` holds its pod watch on (for the shared watch: index 0).
+    /// The client agent number `index` holds its pod watch on (for the shared watch: index 0; per node: the
+    /// node's own, the one [`ClientPool::for_agent`] gives).
     pub fn watch_for_agent(&self, index: usize) -> kube::Client {
         self.watches[index % self.watches.len()].clone()
     }
 
-    /// How many connections the pool holds.
+    /// How many connections the pool holds. Per node, watches share each node's one connection, so
+    /// `watch_connections` is 0 and `request_connections` is the number of nodes.
     pub fn size(&self) -> PoolSize {
         PoolSize {
             request_connections: self.requests.len(),
-            watch_connections: self.watches.len(),
+            watch_connections: if self.per_node { 0 } else { self.watches.len() },
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{PoolLimits, PoolSize};
+    use super::{PoolLimits, PoolSize, with_node_identity};
+    use crate::credentials::NodeCredential;
+
+    #[test]
+    fn a_node_identity_replaces_every_credential_of_the_kubeconfig() {
+        let mut config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        config.root_cert = Some(vec![b"server CA".to_vec()]);
+        config.auth_info = kube::config::AuthInfo {
+            token: Some("admin-token".to_owned().into()),
+            token_file: Some("/var/run/token".into()),
+            client_certificate: Some("/admin.crt".into()),
+            client_key: Some("/admin.key".into()),
+            impersonate: Some("someone".into()),
+            exec: Some(kube::config::ExecConfig {
+                command: Some("get-token".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        config.headers = vec![
+            ("authorization".parse().unwrap(), "Bearer x".parse().unwrap()),
+            ("impersonate-user".parse().unwrap(), "someone".parse().unwrap()),
+            ("x-trace".parse().unwrap(), "1".parse().unwrap()),
+        ];
+        let credential = NodeCredential {
+            node: "n1".into(),
+            cert_pem: "CERT".into(),
+            key_pem: "KEY".into(),
+        };
+        let node = with_node_identity(&config, &credential);
+        let auth = &node.auth_info;
+        assert_eq!(auth.client_certificate_data.as_deref(), Some("Q0VSVA=="));
+        assert!(auth.client_key_data.is_some());
+        assert!(auth.token.is_none() && auth.token_file.is_none() && auth.exec.is_none());
+        assert!(auth.client_certificate.is_none() && auth.client_key.is_none());
+        assert!(auth.impersonate.is_none() && auth.username.is_none() && auth.auth_provider.is_none());
+        let headers: Vec<_> = node.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(headers, ["x-trace"]);
+        assert_eq!(node.cluster_url, config.cluster_url);
+        assert_eq!(node.root_cert, config.root_cert);
+    }
 
     #[test]
     fn watches_and_requests_get_their_own_connections() {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use cri_fake::{FakeConfig, FakeRuntime};
 use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
+use node_agent::api::RateLimiter;
 use node_agent::pods::{PodMetrics, PodOptions, PodSource, SharedPodFeed};
 use node_agent::quantity::Quantity;
 use node_agent::{Agent, AgentConfig, KubeletConfig, MachineInfo, Metrics, RunningAgent};
@@ -82,6 +83,8 @@ pub struct FleetSpec {
     pub runtime_profile: Arc<cri_fake::Profile>,
     /// How agents receive their pods.
     pub watch_mode: WatchMode,
+    /// API requests per second of all agents together (0: no fleet-wide cap).
+    pub fleet_qps: u64,
 }
 
 impl FleetSpec {
@@ -148,6 +151,7 @@ impl FleetView {
 pub struct Fleet {
     nodes: Vec<FleetNode>,
     token: CancellationToken,
+    factory: Arc<NodeFactory>,
 }
 
 fn quantity(profile: &str, resource: &str, value: &str) -> Result<Quantity, FleetError> {
@@ -209,9 +213,96 @@ fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError
     Ok(t)
 }
 
+/// Starts single hollow nodes: everything one node needs that the whole fleet shares. The fleet's start and
+/// the churn of [`crate::chaos`] both go through it.
+pub struct NodeFactory {
+    spec: FleetSpec,
+    templates: Vec<ProfileTemplate>,
+    pool: ClientPool,
+    feed: Option<SharedPodFeed>,
+    metrics: Arc<Metrics>,
+    pod_metrics: Arc<PodMetrics>,
+    shared_limit: Option<Arc<RateLimiter>>,
+    token: CancellationToken,
+}
+
+impl NodeFactory {
+    /// The fleet's spec.
+    pub fn spec(&self) -> &FleetSpec {
+        &self.spec
+    }
+
+    /// Starts node number `index` (named from the template; profile from its assignment, cycling for
+    /// indexes past the fleet size).
+    pub fn start_node(&self, index: usize) -> Result<FleetNode, FleetError> {
+        let spec = &self.spec;
+        let name = spec.node_name(index);
+        let assignment = &spec.assignments[index % spec.assignments.len().max(1)];
+        let t = &self.templates[assignment.profile];
+        let mut machine = MachineInfo::synthetic(&name);
+        // a hollow node's "machine" outlives the process: keep its boot ID stable across restarts
+        machine.boot_id = machine.system_uuid.clone();
+        machine.cpu_millis = t.cpu_millis;
+        machine.memory_bytes = t.memory_bytes;
+        machine.ephemeral_storage_bytes = t.ephemeral_storage_bytes;
+        machine.extended_resources = t.extended_resources.clone();
+        let mut config = AgentConfig::new(name.clone(), spec.node_ip, t.kubelet.clone(), machine);
+        config.node_labels = t.labels.clone();
+        if let Some(zone) = &assignment.zone {
+            config
+                .node_labels
+                .insert("topology.kubernetes.io/zone".into(), zone.clone());
+        }
+        let runtime = FakeRuntime::new(FakeConfig {
+            profile: spec.runtime_profile.clone(),
+            ..FakeConfig::default()
+        });
+        let source = match &self.feed {
+            Some(feed) => feed.subscribe(&name, 64),
+            None => PodSource::WatchVia(self.pool.watch_for_agent(index)),
+        };
+        let pods = PodOptions {
+            probes: Arc::new(crate::probes::scripted(runtime.clone())),
+            metrics: self.pod_metrics.clone(),
+            source,
+        };
+        let mut builder = Agent::builder(config, self.pool.for_agent(index), Arc::new(runtime.clone()))
+            .pods(pods)
+            .token(self.token.child_token())
+            .metrics(self.metrics.clone());
+        if let Some(limit) = &self.shared_limit {
+            builder = builder.shared_limit(limit.clone());
+        }
+        let agent = builder
+            .build()
+            .map_err(|source| FleetError::Agent {
+                node: name.clone(),
+                source,
+            })?
+            .start();
+        Ok(FleetNode { name, runtime, agent })
+    }
+
+    /// Stops a node started here; `forget` also stops routing the shared watch to it.
+    pub async fn stop_node(&self, node: FleetNode, grace: Duration) {
+        if let Some(feed) = &self.feed {
+            feed.unsubscribe(&node.name);
+        }
+        if let Err(e) = node.agent.stop(grace).await {
+            tracing::warn!(node = %node.name, error = %e, "agent did not stop cleanly");
+        }
+    }
+
+    /// A client for fleet-level requests (not a node's).
+    pub fn client(&self) -> kube::Client {
+        self.pool.fleet_client()
+    }
+}
+
 impl Fleet {
     /// Starts every node, at most `register_qps` per second, logging progress; returns once all are started
-    /// (registration itself completes in the background).
+    /// (registration itself completes in the background). `fleet_qps` > 0 caps the API requests of all agents
+    /// together (on top of each agent's own kubeAPIQPS), with bursts of the same size.
     pub async fn start(
         spec: &FleetSpec,
         pool: &ClientPool,
@@ -219,71 +310,56 @@ impl Fleet {
         pod_metrics: Arc<PodMetrics>,
         token: CancellationToken,
     ) -> Result<Fleet, FleetError> {
-        let feed = (spec.watch_mode == WatchMode::Shared).then(SharedPodFeed::new);
         let templates = spec
             .profiles
             .iter()
             .map(|p| template(spec, p))
             .collect::<Result<Vec<_>, _>>()?;
+        let qps = u32::try_from(spec.fleet_qps).unwrap_or(u32::MAX);
+        let factory = Arc::new(NodeFactory {
+            spec: spec.clone(),
+            templates,
+            pool: pool.clone(),
+            feed: (spec.watch_mode == WatchMode::Shared).then(SharedPodFeed::new),
+            metrics,
+            pod_metrics,
+            shared_limit: RateLimiter::new(qps, qps).map(Arc::new),
+            token: token.clone(),
+        });
         let mut nodes = Vec::with_capacity(spec.nodes);
         let period = Duration::from_secs_f64(1.0 / spec.register_qps.max(0.001));
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let step = (spec.nodes / 20).max(1);
-        for (index, assignment) in spec.assignments.iter().enumerate().take(spec.nodes) {
+        for index in 0..spec.nodes.min(spec.assignments.len()) {
             if token.is_cancelled() {
                 break;
             }
             tick.tick().await;
-            let name = spec.node_name(index);
-            let t = &templates[assignment.profile];
-            let mut machine = MachineInfo::synthetic(&name);
-            // a hollow node's "machine" outlives the process: keep its boot ID stable across restarts
-            machine.boot_id = machine.system_uuid.clone();
-            machine.cpu_millis = t.cpu_millis;
-            machine.memory_bytes = t.memory_bytes;
-            machine.ephemeral_storage_bytes = t.ephemeral_storage_bytes;
-            machine.extended_resources = t.extended_resources.clone();
-            let mut config = AgentConfig::new(name.clone(), spec.node_ip, t.kubelet.clone(), machine);
-            config.node_labels = t.labels.clone();
-            if let Some(zone) = &assignment.zone {
-                config
-                    .node_labels
-                    .insert("topology.kubernetes.io/zone".into(), zone.clone());
-            }
-            let runtime = FakeRuntime::new(FakeConfig {
-                profile: spec.runtime_profile.clone(),
-                ..FakeConfig::default()
-            });
-            let source = match &feed {
-                Some(feed) => feed.subscribe(&name, 64),
-                None => PodSource::WatchVia(pool.watch_for_agent(index)),
-            };
-            let pods = PodOptions {
-                probes: Arc::new(crate::probes::scripted(runtime.clone())),
-                metrics: pod_metrics.clone(),
-                source,
-            };
-            let agent = Agent::builder(config, pool.for_agent(index), Arc::new(runtime.clone()))
-                .pods(pods)
-                .token(token.child_token())
-                .metrics(metrics.clone())
-                .build()
-                .map_err(|source| FleetError::Agent {
-                    node: name.clone(),
-                    source,
-                })?
-                .start();
-            nodes.push(FleetNode { name, runtime, agent });
+            nodes.push(factory.start_node(index)?);
             if (index + 1) % step == 0 || index + 1 == spec.nodes {
                 tracing::info!(started = index + 1, of = spec.nodes, "starting hollow nodes");
             }
         }
-        if let Some(feed) = feed {
+        if let Some(feed) = &factory.feed {
             // subscriptions are in place: start the one watch
-            tokio::spawn(feed.run(pool.watch_for_agent(0), token.child_token()));
+            tokio::spawn(feed.clone().run(pool.watch_for_agent(0), token.child_token()));
         }
-        Ok(Fleet { nodes, token })
+        Ok(Fleet {
+            nodes,
+            token,
+            factory,
+        })
+    }
+
+    /// What chaos may act on: every node's runtime and heartbeat switch.
+    pub fn chaos_targets(&self) -> Vec<crate::chaos::Target> {
+        self.nodes.iter().map(crate::chaos::Target::of).collect()
+    }
+
+    /// What starts further nodes like these (churn).
+    pub fn factory(&self) -> Arc<NodeFactory> {
+        self.factory.clone()
     }
 
     /// The nodes.
@@ -306,11 +382,8 @@ impl Fleet {
     /// Stops every agent (each gets `grace` to finish).
     pub async fn stop(self, grace: Duration) {
         self.token.cancel();
-        let stops = self.nodes.into_iter().map(|n| async move {
-            if let Err(e) = n.agent.stop(grace).await {
-                tracing::warn!(node = %n.name, error = %e, "agent did not stop cleanly");
-            }
-        });
+        let factory = self.factory;
+        let stops = self.nodes.into_iter().map(|n| factory.stop_node(n, grace));
         futures::future::join_all(stops).await;
     }
 }

@@ -3,13 +3,20 @@
 //! many kubelets would do.
 //!
 //! * [`profiles`] — node profiles (capacity, labels, taints, zones, extended resources) and who gets which.
-//! * [`client_pool`] — a few HTTP/2 API connections the agents are sharded over.
+//! * [`client_pool`] — a few HTTP/2 API connections the agents are sharded over (or one per node, with
+//!   per-node credentials).
+//! * [`credentials`] — per-node client certificates (`system:node:<name>`) minted from the cluster's client CA.
 //! * [`fleet`] — building, starting (rate-limited) and stopping the agents.
+//! * [`chaos`] — runtime outages, flapping heartbeats and node churn on a running fleet.
 //! * [`probes`] — network probes answered from each node's fake runtime script.
+//! * [`progress`] — the start-up progress bar (or log lines off a terminal).
 //! * [`server`] — the one HTTP endpoint: `/healthz`, `/metrics`, `/histograms`.
 
+pub mod chaos;
 pub mod client_pool;
+pub mod credentials;
 pub mod fleet;
 pub mod probes;
 pub mod profiles;
+pub mod progress;
 pub mod server;

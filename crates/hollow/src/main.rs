@@ -1,7 +1,8 @@
 //! `hollow`: a fleet of node agents in one process, each against its own in-memory fake CRI runtime.
 //!
 //! `hollow run --nodes N` starts N agents — the same node-agent code a real node runs — sharing a small pool
-//! of HTTP/2 API connections, and serves `/healthz` and `/metrics` for the whole fleet. It stops on SIGINT or
+//! of HTTP/2 API connections (or, with `--node-credentials per-node`, each on its own connection with its own
+//! client certificate), and serves `/healthz` and `/metrics` for the whole fleet. It stops on SIGINT or
 //! SIGTERM (optionally deleting its Node objects).
 
 use std::net::{IpAddr, SocketAddr};
@@ -11,7 +12,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use hollow::chaos::{ChaosMetrics, ChaosSpec, Churn, Disruption};
 use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
+use hollow::credentials::NodeCa;
 use hollow::fleet::{Fleet, FleetSpec, WatchMode};
 use hollow::profiles;
 use hollow::server::{self, FleetGauges};
@@ -33,6 +36,16 @@ struct Cli {
 enum Command {
     /// Run a fleet until interrupted.
     Run(RunArgs),
+}
+
+/// Whose identity the nodes use towards the API server.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum CredentialsArg {
+    /// Every node uses the kubeconfig's identity, over a few shared HTTP/2 connections.
+    Shared,
+    /// Every node its own client certificate (system:node:<name>), minted in memory from --node-ca-cert and
+    /// --node-ca-key, on a connection of its own.
+    PerNode,
 }
 
 /// How agents watch their pods.
@@ -79,6 +92,29 @@ struct RunArgs {
     /// Pod watch mode.
     #[arg(long, value_enum, default_value_t = WatchArg::PerNode)]
     watch_mode: WatchArg,
+    /// Node identities. shared: every node uses the kubeconfig's identity, so ~200 nodes' requests share one
+    /// HTTP/2 connection and 80 nodes' watches another. per-node: every node presents its own client
+    /// certificate (CN system:node:<name>, O system:nodes, minted in memory from --node-ca-cert/--node-ca-key),
+    /// so the Node authorizer and NodeRestriction apply to it as to a real kubelet; a TLS identity is per
+    /// connection, so this costs one TCP+TLS connection per node (its requests and its pod watch) and rules
+    /// out --watch-mode shared.
+    #[arg(long, env = "HOLLOW_NODE_CREDENTIALS", value_enum, default_value_t = CredentialsArg::Shared)]
+    node_credentials: CredentialsArg,
+    /// With --node-credentials per-node: the PEM certificate of the CA the API server trusts for client
+    /// certificates (its --client-ca-file; the first certificate in the file).
+    #[arg(
+        long,
+        env = "HOLLOW_NODE_CA_CERT",
+        required_if_eq("node_credentials", "per-node")
+    )]
+    node_ca_cert: Option<PathBuf>,
+    /// With --node-credentials per-node: that CA's private key (PEM: PKCS#8, or PKCS#1 RSA as kubeadm writes).
+    #[arg(
+        long,
+        env = "HOLLOW_NODE_CA_KEY",
+        required_if_eq("node_credentials", "per-node")
+    )]
+    node_ca_key: Option<PathBuf>,
     /// Node registrations started per second.
     #[arg(long, default_value_t = 100.0)]
     register_qps: f64,
@@ -97,6 +133,64 @@ struct RunArgs {
     /// Delete the Node objects when stopping.
     #[arg(long)]
     delete_nodes_on_exit: bool,
+    /// API requests per second of all nodes together, on top of each node's kubeAPIQPS (0: no cap).
+    #[arg(long, default_value_t = 0)]
+    fleet_qps: u64,
+    #[command(flatten)]
+    chaos: ChaosArgs,
+}
+
+/// Chaos flags; each kind overrides the `chaos` section of the profiles file.
+#[derive(clap::Args, Debug, Default)]
+struct ChaosArgs {
+    /// Share of nodes (0–1) whose runtime goes down per round (RuntimeReady=false, node NotReady).
+    #[arg(long, requires = "runtime_down_for")]
+    runtime_down_fraction: Option<f64>,
+    /// How long the runtime stays down (e.g. 30s, 2m).
+    #[arg(long, value_parser = hollow::chaos::parse_duration)]
+    runtime_down_for: Option<Duration>,
+    /// Time between the starts of two rounds (default: one round).
+    #[arg(long, value_parser = hollow::chaos::parse_duration)]
+    runtime_down_every: Option<Duration>,
+    /// Share of nodes (0–1) whose lease and status heartbeats stop per round.
+    #[arg(long, requires = "flap_for")]
+    flap_fraction: Option<f64>,
+    /// How long heartbeats stay stopped (past the controller-manager's grace period the node goes Unknown).
+    #[arg(long, value_parser = hollow::chaos::parse_duration)]
+    flap_for: Option<Duration>,
+    /// Time between the starts of two flapping rounds (default: one round).
+    #[arg(long, value_parser = hollow::chaos::parse_duration)]
+    flap_every: Option<Duration>,
+    /// Extra nodes, beyond --nodes, that leave and join over time (Node deleted, a fresh name joins).
+    #[arg(long, requires = "churn_per_minute")]
+    churn_nodes: Option<usize>,
+    /// Churn replacements per minute.
+    #[arg(long)]
+    churn_per_minute: Option<f64>,
+}
+
+impl ChaosArgs {
+    /// The profile file's chaos with these flags applied over it.
+    fn over(&self, mut spec: ChaosSpec) -> ChaosSpec {
+        if let (Some(fraction), Some(duration)) = (self.runtime_down_fraction, self.runtime_down_for) {
+            spec.runtime_down = Some(Disruption {
+                fraction,
+                duration,
+                every: self.runtime_down_every.unwrap_or_default(),
+            });
+        }
+        if let (Some(fraction), Some(duration)) = (self.flap_fraction, self.flap_for) {
+            spec.flapping = Some(Disruption {
+                fraction,
+                duration,
+                every: self.flap_every.unwrap_or_default(),
+            });
+        }
+        if let (Some(nodes), Some(per_minute)) = (self.churn_nodes, self.churn_per_minute) {
+            spec.churn = Some(Churn { nodes, per_minute });
+        }
+        spec
+    }
 }
 
 #[tokio::main]
@@ -132,7 +226,26 @@ fn runtime_profile(path: Option<&PathBuf>) -> anyhow::Result<cri_fake::Profile> 
     cri_fake::Profile::from_pairs(pairs).with_context(|| format!("{}", path.display()))
 }
 
+/// The CA that mints node certificates, with per-node credentials (checked before anything connects).
+fn node_ca(args: &RunArgs) -> anyhow::Result<Option<NodeCa>> {
+    if args.node_credentials == CredentialsArg::Shared {
+        return Ok(None);
+    }
+    if args.watch_mode == WatchArg::Shared {
+        anyhow::bail!(
+            "--watch-mode shared does not work with --node-credentials per-node: the shared watch lists and \
+             watches every pod in the cluster, and the Node authorizer lets a node identity see only the pods \
+             bound to it; use --watch-mode per-node"
+        );
+    }
+    let (Some(cert), Some(key)) = (&args.node_ca_cert, &args.node_ca_key) else {
+        anyhow::bail!("--node-credentials per-node needs --node-ca-cert and --node-ca-key");
+    };
+    Ok(Some(NodeCa::from_files(cert, key)?))
+}
+
 async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let node_ca = node_ca(&args)?;
     let kube_config = match &args.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)?;
@@ -144,10 +257,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(path) => node_agent::config::resolve_kubelet_config(&node_agent::config::load_file(path)?)?,
         None => KubeletConfig::default(),
     };
-    let profile_list = match &args.profiles {
-        Some(path) => profiles::load(path)?,
-        None => profiles::default_profiles(),
+    let (profile_list, file_chaos) = match &args.profiles {
+        Some(path) => profiles::load_with_chaos(path)?,
+        None => (profiles::default_profiles(), ChaosSpec::default()),
     };
+    let chaos = args.chaos.over(file_chaos);
+    chaos.validate().context("chaos flags")?;
+    if node_ca.is_some() && chaos.churn.is_some() {
+        anyhow::bail!(
+            "node churn does not work with --node-credentials per-node: churned nodes take fresh names, and \
+             certificates are minted for the --nodes names only"
+        );
+    }
     let assignments = profiles::assign(&profile_list, args.nodes)?;
     let spec = FleetSpec {
         nodes: args.nodes,
@@ -164,6 +285,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             WatchArg::PerNode => WatchMode::PerNode,
             WatchArg::Shared => WatchMode::Shared,
         },
+        fleet_qps: args.fleet_qps,
     };
 
     let token = CancellationToken::new();
@@ -173,6 +295,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     pod_metrics.register(&mut registry);
     let gauges = FleetGauges::default();
     gauges.register(&mut registry);
+    let chaos_metrics = ChaosMetrics::default();
+    chaos_metrics.register(&mut registry);
     let (bound, server) =
         server::serve(args.metrics_address, registry, pod_metrics.clone(), token.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz and /metrics");
@@ -192,13 +316,28 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             "the API server allows 100 concurrent streams per connection by default; watches beyond its figure wait and their nodes get no pods"
         );
     }
-    let pool = ClientPool::new(&kube_config, size)?;
-    tracing::info!(
-        request_connections = size.request_connections,
-        watch_connections = size.watch_connections,
-        nodes = args.nodes,
-        "API client pool"
-    );
+    let pool = match &node_ca {
+        None => {
+            let pool = ClientPool::new(&kube_config, size)?;
+            tracing::info!(
+                request_connections = size.request_connections,
+                watch_connections = size.watch_connections,
+                nodes = args.nodes,
+                "API client pool"
+            );
+            pool
+        }
+        Some(ca) => {
+            let names: Vec<String> = (0..args.nodes).map(|i| spec.node_name(i)).collect();
+            let pool = ClientPool::per_node(&kube_config, &names, ca)?;
+            tracing::info!(
+                connections = args.nodes,
+                nodes = args.nodes,
+                "API client pool: per-node credentials, one connection per node"
+            );
+            pool
+        }
+    };
     let fleet_token = token.child_token();
     let start = tokio::time::Instant::now();
     let fleet = tokio::select! {
@@ -218,28 +357,33 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         })
     };
-    let mut all_registered = false;
-    let mut progress = tokio::time::interval(Duration::from_secs(5));
-    let stop = shutdown_signal();
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            _ = &mut stop => break,
-            _ = progress.tick(), if !all_registered => {
-                let n = view.registered();
-                tracing::info!(registered = n, of = args.nodes, elapsed_s = start.elapsed().as_secs_f64(), "registering");
-                all_registered = n == args.nodes;
-                if all_registered {
-                    tracing::info!(elapsed_s = start.elapsed().as_secs_f64(), rss_mib = server::rss_bytes() >> 20, "all nodes registered");
-                }
-            }
-        }
+    let chaos_task = (!chaos.is_empty()).then(|| {
+        tracing::info!(?chaos, "chaos on");
+        tokio::spawn(hollow::chaos::run(
+            chaos,
+            fleet.chaos_targets(),
+            fleet.factory(),
+            chaos_metrics,
+            fleet_token.clone(),
+        ))
+    });
+    tokio::select! {
+        () = shutdown_signal() => {}
+        () = async {
+            hollow::progress::report(view.clone(), args.nodes, start).await;
+            std::future::pending::<()>().await
+        } => {}
     }
     tracing::info!("stopping the fleet");
+    fleet_token.cancel();
+    if let Some(task) = chaos_task {
+        let _ = task.await;
+    }
     let names: Vec<String> = fleet.nodes().iter().map(|n| n.name.clone()).collect();
     fleet.stop(Duration::from_secs(10)).await;
     if args.delete_nodes_on_exit {
-        let nodes: Api<Node> = Api::all(pool.for_agent(0));
+        // the kubeconfig's identity: a node identity may not delete Node objects, not even its own
+        let nodes: Api<Node> = Api::all(pool.fleet_client());
         let deletes = names.iter().map(|n| {
             let nodes = nodes.clone();
             async move { (n, nodes.delete(n, &DeleteParams::default()).await) }

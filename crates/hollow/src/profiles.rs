@@ -15,6 +15,15 @@
 //!     capacity: {cpu: "8", memory: 32Gi, pods: "110"}
 //! ```
 //!
+//! The file may also hold a `chaos:` section (runtime outages, flapping, churn; see [`crate::chaos`]):
+//!
+//! ```yaml
+//! chaos:
+//!   runtimeDown: {fraction: 0.1, duration: 30s, every: 5m}
+//!   flapping: {fraction: 0.02, duration: 90s, every: 10m}
+//!   churn: {nodes: 20, perMinute: 4}
+//! ```
+//!
 //! [`assign`] turns profiles and a fleet size into one [`Assignment`] per node: counts first, then
 //! percentages of the fleet, then the remainder split by weight; nodes get profiles in contiguous blocks, in
 //! file order, so node `i` always gets the same profile for the same file and size.
@@ -54,6 +63,15 @@ pub enum ProfileError {
         name: String,
         /// What is wrong.
         message: String,
+    },
+    /// The chaos section is invalid.
+    #[error("{path}: chaos.{source}")]
+    Chaos {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        #[source]
+        source: crate::chaos::ChaosError,
     },
     /// The counts and percentages ask for more nodes than the fleet has, or nothing covers the rest.
     #[error("profiles do not fit a fleet of {nodes} nodes: {message}")]
@@ -111,6 +129,8 @@ pub struct Profile {
 #[serde(deny_unknown_fields)]
 struct ProfileFile {
     profiles: Vec<Profile>,
+    #[serde(default)]
+    chaos: crate::chaos::ChaosSpec,
 }
 
 /// The default fleet: one profile, 8 CPUs, 32 GiB, 110 pods.
@@ -137,16 +157,29 @@ pub fn default_profiles() -> Vec<Profile> {
 
 /// Reads and checks a profile file.
 pub fn load(path: &Path) -> Result<Vec<Profile>, ProfileError> {
+    Ok(load_with_chaos(path)?.0)
+}
+
+/// Reads and checks a profile file with its optional chaos section.
+pub fn load_with_chaos(path: &Path) -> Result<(Vec<Profile>, crate::chaos::ChaosSpec), ProfileError> {
     let p = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
         path: p.clone(),
         source,
     })?;
-    parse(&text, &p)
+    parse_with_chaos(&text, &p)
 }
 
 /// Parses and checks profile YAML (`origin` names it in errors).
 pub fn parse(text: &str, origin: &str) -> Result<Vec<Profile>, ProfileError> {
+    Ok(parse_with_chaos(text, origin)?.0)
+}
+
+/// Parses and checks profile YAML and its optional chaos section.
+pub fn parse_with_chaos(
+    text: &str,
+    origin: &str,
+) -> Result<(Vec<Profile>, crate::chaos::ChaosSpec), ProfileError> {
     let file: ProfileFile = serde_yaml::from_str(text).map_err(|source| ProfileError::Parse {
         path: origin.to_owned(),
         source,
@@ -187,7 +220,11 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Profile>, ProfileError> {
             message: "no profiles".into(),
         });
     }
-    Ok(file.profiles)
+    file.chaos.validate().map_err(|source| ProfileError::Chaos {
+        path: origin.to_owned(),
+        source,
+    })?;
+    Ok((file.profiles, file.chaos))
 }
 
 /// Which profile a node has, and its zone.
@@ -303,6 +340,11 @@ profiles:
                 .unwrap_err()
                 .to_string()
                 .contains("profiles[0] (x): set exactly one")
+        );
+        let chaos = "profiles:\n  - {name: x, weight: 1}\nchaos:\n  churn: {nodes: 0, perMinute: 1}\n";
+        assert_eq!(
+            parse(chaos, "t.yaml").unwrap_err().to_string(),
+            "t.yaml: chaos.churn: per-minute must be above zero and nodes at least 1"
         );
         let unknown = "profiles:\n  - {name: x, weight: 1, colour: red}\n";
         assert!(parse(unknown, "t").unwrap_err().to_string().contains("colour"));

@@ -45,6 +45,7 @@ fn spec(prefix: &str, nodes: usize, profile_yaml: Option<&str>) -> anyhow::Resul
         assignments,
         runtime_profile: Arc::new(cri_fake::Profile::default()),
         watch_mode: hollow::fleet::WatchMode::PerNode,
+        fleet_qps: 0,
     })
 }
 

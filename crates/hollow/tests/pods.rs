@@ -60,6 +60,7 @@ fn spec(prefix: &str, nodes: usize, watch_mode: WatchMode) -> anyhow::Result<Fle
             "uniform(20ms,200ms)",
         )])?),
         watch_mode,
+        fleet_qps: 0,
     })
 }
 

@@ -79,6 +79,8 @@ pub struct AgentContext {
     pub health_checks: HealthChecks,
     /// Fires when the agent stops.
     pub token: CancellationToken,
+    /// Pauses the lease and node status heartbeats (chaos; never paused otherwise).
+    pub heartbeats: crate::node::Heartbeats,
 }
 
 impl std::fmt::Debug for AgentContext {
@@ -109,6 +111,7 @@ pub struct AgentBuilder {
     token: Option<CancellationToken>,
     metrics: Option<Arc<Metrics>>,
     pods: Option<crate::pods::PodOptions>,
+    shared_limit: Option<Arc<crate::api::RateLimiter>>,
 }
 
 impl AgentBuilder {
@@ -121,6 +124,13 @@ impl AgentBuilder {
     /// Count into these (shared) metrics (default: unregistered metrics).
     pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Every API request also takes a token of `limiter`, a bucket shared with other agents (a fleet-wide cap
+    /// on top of this agent's own kubeAPIQPS/kubeAPIBurst).
+    pub fn shared_limit(mut self, limiter: Arc<crate::api::RateLimiter>) -> Self {
+        self.shared_limit = Some(limiter);
         self
     }
 
@@ -146,7 +156,10 @@ impl AgentBuilder {
         let metrics = self.metrics.unwrap_or_else(|| Arc::new(Metrics::unregistered()));
         let config = Arc::new(self.config);
         let k = &config.kubelet;
-        let api = ApiCalls::new(metrics.clone(), k.kube_api_qps, k.kube_api_burst);
+        let mut api = ApiCalls::new(metrics.clone(), k.kube_api_qps, k.kube_api_burst);
+        if let Some(shared) = self.shared_limit {
+            api = api.with_shared_limit(shared);
+        }
         let (events, event_sink) = EventSink::new(
             self.client.clone(),
             api.clone(),
@@ -176,6 +189,7 @@ impl AgentBuilder {
             pressure: Arc::new(pressure_tx),
             health_checks: HealthChecks::default(),
             token,
+            heartbeats: crate::node::Heartbeats::default(),
         };
         Ok(Agent {
             ctx,
@@ -213,6 +227,7 @@ impl Agent {
             token: None,
             metrics: None,
             pods: None,
+            shared_limit: None,
         }
     }
 
@@ -256,7 +271,8 @@ impl Agent {
             ctx.metrics.clone(),
             started,
             ctx.token.clone(),
-        );
+        )
+        .with_heartbeats(ctx.heartbeats.clone());
         let lease = LeaseManager::new(
             ctx.client.clone(),
             ctx.api.clone(),
@@ -266,7 +282,8 @@ impl Agent {
             ctx.registered.clone(),
             resync,
             ctx.token.clone(),
-        );
+        )
+        .with_heartbeats(ctx.heartbeats.clone());
 
         tracker.spawn(event_sink.run());
         tracker.spawn(health_monitor.run());

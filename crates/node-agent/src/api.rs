@@ -35,6 +35,15 @@ impl RateLimiter {
         })
     }
 
+    /// A fresh, full bucket of the same rate and burst.
+    fn same_rate(&self) -> Self {
+        Self {
+            qps: self.qps,
+            burst: self.burst,
+            state: Mutex::new((self.burst, Instant::now())),
+        }
+    }
+
     /// Takes a token, waiting if none is left.
     pub async fn acquire(&self) {
         let wait = {
@@ -86,6 +95,7 @@ pub fn is_already_exists(err: &kube::Error) -> bool {
 struct Inner {
     metrics: Arc<Metrics>,
     limiter: Option<RateLimiter>,
+    shared: Option<Arc<RateLimiter>>,
 }
 
 /// One agent's API gate: rate limit + accounting. Clones share the bucket.
@@ -109,6 +119,19 @@ impl ApiCalls {
             inner: Arc::new(Inner {
                 metrics,
                 limiter: RateLimiter::new(qps, burst),
+                shared: None,
+            }),
+        }
+    }
+
+    /// The same gate, also taking a token of `shared` (a bucket many agents share, e.g. a fleet-wide cap)
+    /// for every request after its own.
+    pub fn with_shared_limit(self, shared: Arc<RateLimiter>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                metrics: self.inner.metrics.clone(),
+                limiter: self.inner.limiter.as_ref().map(RateLimiter::same_rate),
+                shared: Some(shared),
             }),
         }
     }
@@ -119,6 +142,9 @@ impl ApiCalls {
         F: Future<Output = kube::Result<T>>,
     {
         if let Some(l) = &self.inner.limiter {
+            l.acquire().await;
+        }
+        if let Some(l) = &self.inner.shared {
             l.acquire().await;
         }
         let result = request.await;
@@ -158,6 +184,29 @@ mod tests {
             "{waited:?}"
         );
         assert!(RateLimiter::new(0, 10).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shared_bucket_caps_many_gates_together() {
+        let m = Arc::new(Metrics::unregistered());
+        let fleet = Arc::new(RateLimiter::new(10, 10).unwrap());
+        // two agents, each allowed 50/s with burst 100, under a 10/s cap for both
+        let gates: Vec<ApiCalls> = (0..2)
+            .map(|_| ApiCalls::new(m.clone(), 50, 100).with_shared_limit(fleet.clone()))
+            .collect();
+        let t0 = Instant::now();
+        let runs = (0..30).map(|i| {
+            let gate = gates[i % 2].clone();
+            async move { gate.run("get", "pods", async { Ok::<_, kube::Error>(()) }).await }
+        });
+        futures::future::join_all(runs).await;
+        let waited = Instant::now() - t0;
+        // 10 from the burst, then 20 more at 10/s
+        assert!(
+            waited >= Duration::from_millis(1990) && waited <= Duration::from_millis(2010),
+            "{waited:?}"
+        );
+        assert_eq!(m.request_count("get", "pods", 200), 30);
     }
 
     #[tokio::test]

@@ -47,6 +47,7 @@ pub struct LeaseManager<R = ApiLease> {
     recovered: Arc<Notify>,
     token: CancellationToken,
     backoff: Backoff,
+    heartbeats: super::Heartbeats,
 }
 
 impl LeaseManager {
@@ -92,7 +93,14 @@ impl<R: LeaseRenewer> LeaseManager<R> {
             recovered,
             token,
             backoff: Backoff::new(BackoffPolicy::lease_retry()),
+            heartbeats: super::Heartbeats::default(),
         }
+    }
+
+    /// Renewals stop while `heartbeats` is paused.
+    pub fn with_heartbeats(mut self, heartbeats: super::Heartbeats) -> Self {
+        self.heartbeats = heartbeats;
+        self
     }
 
     /// Renews until the token fires: at once when the Node is known, then every renew interval (jittered 4 %);
@@ -109,6 +117,9 @@ impl<R: LeaseRenewer> LeaseManager<R> {
             }
         };
         loop {
+            if !self.heartbeats.wait_running(&self.token).await {
+                return;
+            }
             if self.registered.has_changed().unwrap_or(false)
                 && let Some(n) = self.registered.borrow_and_update().clone()
             {

@@ -8,11 +8,13 @@
 //! * [`triggers`] is when the status task computes (its timers and wake-up signals).
 //! * [`report`] is whether a computed status is written, and with which parts.
 //! * [`lease`] is the lease heartbeat task.
+//! * [`heartbeat`] is the switch that freezes both heartbeats (chaos in the hollow fleet).
 //!
 //! Signals other managers feed in: [`Pressure`] (from the eviction manager) and [`HealthChecks`] (e.g. PLEG);
 //! signals they read: the registered Node ([`RegisteredNode`]) and the allocatable resources.
 
 pub mod conditions;
+pub mod heartbeat;
 pub mod lease;
 pub mod object;
 pub mod registration;
@@ -24,6 +26,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 pub use conditions::{ConditionInputs, NodeConditions};
+pub use heartbeat::Heartbeats;
 pub use lease::LeaseManager;
 pub use object::ResourceList;
 pub use status::NodeStatusManager;

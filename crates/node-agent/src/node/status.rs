@@ -81,6 +81,7 @@ pub struct NodeStatusManager {
     registration_started: Option<Instant>,
     startup_observed: bool,
     needs_registration: bool,
+    heartbeats: super::Heartbeats,
 }
 
 fn hash_of(v: &impl Hash) -> u64 {
@@ -123,7 +124,14 @@ impl NodeStatusManager {
             registration_started: None,
             startup_observed: false,
             needs_registration: false,
+            heartbeats: super::Heartbeats::default(),
         }
+    }
+
+    /// Status updates stop while `heartbeats` is paused; the first one after a pause is a full write.
+    pub fn with_heartbeats(mut self, heartbeats: super::Heartbeats) -> Self {
+        self.heartbeats = heartbeats;
+        self
     }
 
     /// Registers the Node, then keeps its status current until the token fires.
@@ -154,6 +162,14 @@ impl NodeStatusManager {
                     continue;
                 }
                 Trigger::Stop => return,
+            };
+            let force = if self.heartbeats.is_paused() {
+                if !self.heartbeats.wait_running(&self.token).await {
+                    return;
+                }
+                true
+            } else {
+                force
             };
             self.sync(force).await;
             if self.needs_registration {

@@ -1,0 +1,312 @@
+//! Chaos on a hollow fleet against the real control plane: a runtime outage makes exactly the chosen share of
+//! nodes NotReady with the runtime's reason; stopped heartbeats make the real controller-manager mark nodes
+//! Unknown and taint them unreachable; churn deletes leaving nodes and registers fresh ones. Every node
+//! recovers when its disruption ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use e2e::{init_logging, wait_for};
+use hollow::chaos::{self, ChaosMetrics, ChaosSpec, Churn, Disruption};
+use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
+use hollow::fleet::{Fleet, FleetSpec, WatchMode};
+use hollow::profiles;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use kube::Api;
+use kube::api::ListParams;
+use node_agent::pods::PodMetrics;
+use node_agent::{KubeletConfig, Metrics};
+use tokio_util::sync::CancellationToken;
+
+const GRACE: Duration = Duration::from_secs(20);
+const NODES: usize = 10;
+
+async fn control_plane() -> anyhow::Result<&'static testenv::ControlPlane> {
+    testenv::shared_with(testenv::Options {
+        node_monitor_grace_period: Some(GRACE),
+        ..Default::default()
+    })
+    .await
+}
+
+fn spec(prefix: &str) -> anyhow::Result<FleetSpec> {
+    let profile_list = profiles::default_profiles();
+    let assignments = profiles::assign(&profile_list, NODES)?;
+    Ok(FleetSpec {
+        nodes: NODES,
+        name_template: format!("{prefix}-{{index}}"),
+        pod_name: "test".into(),
+        node_ip: "127.0.0.1".parse()?,
+        kubelet_port: 10250,
+        register_qps: 100.0,
+        kubelet: KubeletConfig::default(),
+        profiles: profile_list,
+        assignments,
+        runtime_profile: Arc::new(cri_fake::Profile::default()),
+        watch_mode: WatchMode::PerNode,
+        fleet_qps: 0,
+    })
+}
+
+fn ready(node: &Node) -> Option<&NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+}
+
+fn name(node: &Node) -> String {
+    node.metadata.name.clone().unwrap_or_default()
+}
+
+fn tainted_unreachable(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == "node.kubernetes.io/unreachable"))
+}
+
+async fn nodes_with_prefix(api: &Api<Node>, prefix: &str) -> anyhow::Result<Vec<Node>> {
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|n| name(n).starts_with(&format!("{prefix}-")))
+        .collect())
+}
+
+async fn all_ready(api: &Api<Node>, prefix: &str, count: usize) -> anyhow::Result<()> {
+    wait_for(
+        &format!("{count} {prefix} nodes Ready and untainted"),
+        Duration::from_secs(120),
+        || async {
+            let nodes = nodes_with_prefix(api, prefix).await?;
+            let ok = nodes
+                .iter()
+                .filter(|n| ready(n).is_some_and(|c| c.status == "True") && !tainted_unreachable(n))
+                .count();
+            Ok((ok == count && nodes.len() == count).then_some(()))
+        },
+    )
+    .await
+}
+
+async fn start_fleet(prefix: &str) -> anyhow::Result<(Fleet, Api<Node>, CancellationToken)> {
+    let cp = control_plane().await?;
+    let config = cp.admin_config().await?;
+    let api: Api<Node> = Api::all(cp.admin_client().await?);
+    let pool = ClientPool::new(&config, PoolSize::for_fleet(NODES, true, PoolLimits::default()))?;
+    let token = CancellationToken::new();
+    let fleet = Fleet::start(
+        &spec(prefix)?,
+        &pool,
+        Arc::new(Metrics::unregistered()),
+        Arc::new(PodMetrics::new()),
+        token.clone(),
+    )
+    .await?;
+    all_ready(&api, prefix, NODES).await?;
+    Ok((fleet, api, token))
+}
+
+fn once(fraction: f64, secs: u64) -> Option<Disruption> {
+    Some(Disruption {
+        fraction,
+        duration: Duration::from_secs(secs),
+        every: Duration::ZERO,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_outage_makes_its_share_not_ready_until_it_ends() -> anyhow::Result<()> {
+    init_logging();
+    let (fleet, api, token) = start_fleet("rtdown").await?;
+    let metrics = ChaosMetrics::default();
+    let chaos = tokio::spawn(chaos::run(
+        ChaosSpec {
+            runtime_down: once(0.3, 30),
+            ..ChaosSpec::default()
+        },
+        fleet.chaos_targets(),
+        fleet.factory(),
+        metrics.clone(),
+        token.child_token(),
+    ));
+    let down = wait_for("3 nodes NotReady", Duration::from_secs(25), || async {
+        let nodes = nodes_with_prefix(&api, "rtdown").await?;
+        let down: Vec<(String, NodeCondition)> = nodes
+            .iter()
+            .filter_map(|n| {
+                ready(n)
+                    .filter(|c| c.status == "False")
+                    .map(|c| (name(n), c.clone()))
+            })
+            .collect();
+        Ok((down.len() == 3).then_some(down))
+    })
+    .await?;
+    assert_eq!(metrics.disrupted("runtime_down"), 3);
+    for (node, c) in &down {
+        assert_eq!(c.reason.as_deref(), Some("KubeletNotReady"), "{node}");
+        assert!(
+            c.message
+                .as_deref()
+                .unwrap_or("")
+                .contains("container runtime not ready"),
+            "{node}: {:?}",
+            c.message
+        );
+    }
+    println!(
+        "runtime down on 3 of {NODES}: {:?} NotReady: {:?}",
+        down.iter().map(|d| &d.0).collect::<Vec<_>>(),
+        down[0].1.message
+    );
+    chaos.await?;
+    assert_eq!(metrics.disrupted("runtime_down"), 0);
+    all_ready(&api, "rtdown", NODES).await?;
+    fleet.stop(Duration::from_secs(10)).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_heartbeats_go_unknown_and_come_back() -> anyhow::Result<()> {
+    init_logging();
+    let (fleet, api, token) = start_fleet("flap").await?;
+    let metrics = ChaosMetrics::default();
+    let started = tokio::time::Instant::now();
+    let chaos = tokio::spawn(chaos::run(
+        ChaosSpec {
+            flapping: once(0.2, 60),
+            ..ChaosSpec::default()
+        },
+        fleet.chaos_targets(),
+        fleet.factory(),
+        metrics.clone(),
+        token.child_token(),
+    ));
+    let unknown = wait_for("2 nodes Unknown and tainted", Duration::from_secs(60), || async {
+        let nodes = nodes_with_prefix(&api, "flap").await?;
+        let lost: Vec<String> = nodes
+            .iter()
+            .filter(|n| ready(n).is_some_and(|c| c.status == "Unknown") && tainted_unreachable(n))
+            .map(name)
+            .collect();
+        Ok((lost.len() == 2).then_some(lost))
+    })
+    .await?;
+    let marked_after = started.elapsed();
+    let others_ready = nodes_with_prefix(&api, "flap")
+        .await?
+        .iter()
+        .filter(|n| ready(n).is_some_and(|c| c.status == "True"))
+        .count();
+    assert_eq!(others_ready, NODES - 2, "only the flapping nodes are lost");
+    println!(
+        "heartbeats stopped on 2 of {NODES}: {unknown:?} Unknown + unreachable {:.1}s later (grace {GRACE:?})",
+        marked_after.as_secs_f64()
+    );
+    // the last renewal before the pause was up to one renew interval (10 s) earlier
+    assert!(
+        marked_after + Duration::from_secs(11) >= GRACE,
+        "not before the grace period: {marked_after:?}"
+    );
+    chaos.await?;
+    let resumed = tokio::time::Instant::now();
+    all_ready(&api, "flap", NODES).await?;
+    println!(
+        "all Ready and untainted {:.1}s after heartbeats resumed",
+        resumed.elapsed().as_secs_f64()
+    );
+    fleet.stop(Duration::from_secs(10)).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_deletes_leaving_nodes_and_registers_new_ones() -> anyhow::Result<()> {
+    init_logging();
+    let (fleet, api, token) = start_fleet("churn").await?;
+    let metrics = ChaosMetrics::default();
+    let chaos_token = token.child_token();
+    let chaos = tokio::spawn(chaos::run(
+        ChaosSpec {
+            churn: Some(Churn {
+                nodes: 2,
+                per_minute: 12.0,
+            }),
+            ..ChaosSpec::default()
+        },
+        fleet.chaos_targets(),
+        fleet.factory(),
+        metrics.clone(),
+        chaos_token.clone(),
+    ));
+    // 2 churn nodes, one replaced every 5 s: after three replacements churn-10..12 have left
+    wait_for("three churn replacements", Duration::from_secs(60), || async {
+        Ok((metrics.churned("left") >= 3).then_some(()))
+    })
+    .await?;
+    let present: Vec<String> = nodes_with_prefix(&api, "churn").await?.iter().map(name).collect();
+    for gone in ["churn-10", "churn-11", "churn-12"] {
+        assert!(!present.contains(&gone.to_owned()), "{gone} left: {present:?}");
+    }
+    let joined = metrics.churned("joined");
+    assert!(joined >= 5, "2 at start + a node per replacement: {joined}");
+    let newest = format!("churn-{}", NODES + usize::try_from(joined)? - 1);
+    wait_for(&format!("{newest} Ready"), Duration::from_secs(30), || async {
+        let n = api.get_opt(&newest).await?;
+        Ok(n.filter(|n| ready(n).is_some_and(|c| c.status == "True"))
+            .map(|_| ()))
+    })
+    .await?;
+    println!(
+        "churn: {joined} joined, {} left; Nodes now: {} (newest {newest} Ready)",
+        metrics.churned("left"),
+        present.len()
+    );
+    chaos_token.cancel();
+    chaos.await?;
+    // stopping churn deletes its nodes; the fleet's own stay
+    all_ready(&api, "churn", NODES).await?;
+    fleet.stop(Duration::from_secs(10)).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_chaos_flags_are_refused_before_any_node_starts() -> anyhow::Result<()> {
+    init_logging();
+    let cp = control_plane().await?;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hollow"))
+        .args(["run", "--nodes", "3", "--name-template", "badchaos-{index}"])
+        .args(["--flap-fraction", "1.5", "--flap-for", "10s"])
+        .args(["--metrics-address", "127.0.0.1:0"])
+        .arg("--kubeconfig")
+        .arg(cp.admin_kubeconfig())
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("flapping: fraction must be between 0 and 1, got 1.5"),
+        "{stderr}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hollow"))
+        .args([
+            "run",
+            "--runtime-down-fraction",
+            "0.1",
+            "--runtime-down-for",
+            "soon",
+        ])
+        .output()?;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a duration"));
+    let api: Api<Node> = Api::all(cp.admin_client().await?);
+    assert!(
+        nodes_with_prefix(&api, "badchaos").await?.is_empty(),
+        "no node started"
+    );
+    Ok(())
+}
