@@ -7,7 +7,7 @@
 //! every run has a deadline and all processes are stopped afterwards.
 //!
 //! ```sh
-//! cargo bench -p hollow --bench density     # 1000,5000,10000 nodes, 120 s windows, 10 pods/node up to 5000
+//! cargo bench -p hollow --bench density     # 1000,5000,10000 nodes, 120 s windows, 10 pods/node up to 1000
 //! DENSITY_NODES=1000 DENSITY_IDLE_SECS=60 DENSITY_PODS_PER_NODE=0 cargo bench -p hollow --bench density
 //! ```
 
@@ -167,6 +167,8 @@ async fn run_size(nodes: usize, idle: Duration, pods_per_node: usize) -> anyhow:
             "--max-requests-inflight=3000".into(),
             "--max-mutating-requests-inflight=1500".into(),
         ],
+        // the ReplicaSet controller's client limit (20/s by default) would pace pod creation, not the fleet
+        controller_manager_args: vec!["--kube-api-qps=300".into(), "--kube-api-burst=600".into()],
         start_timeout: Duration::from_secs(120),
         ..Default::default()
     })
@@ -283,7 +285,7 @@ async fn main() -> anyhow::Result<()> {
         .context("DENSITY_NODES: comma-separated node counts")?;
     let idle = Duration::from_secs(env_or("DENSITY_IDLE_SECS", "120").parse()?);
     let pods_per_node: usize = env_or("DENSITY_PODS_PER_NODE", "10").parse()?;
-    let pods_max_nodes: usize = env_or("DENSITY_PODS_MAX_NODES", "5000").parse()?;
+    let pods_max_nodes: usize = env_or("DENSITY_PODS_MAX_NODES", "1000").parse()?;
     let mut rows = Vec::new();
     for n in sizes {
         eprintln!("density: {n} nodes ...");
