@@ -6,6 +6,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash hack/setup.sh
 cargo build -q -p testenv -p hollow
+bin="${CARGO_TARGET_DIR:-$root/target}/debug"
 dir=${DEMO_DIR:-/tmp/node-agent-demo}
 kubectl="$(bash hack/build-kubernetes.sh)/kubectl --kubeconfig $dir/admin.kubeconfig"
 
@@ -16,13 +17,13 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-target/debug/testenv down --dir "$dir" >/dev/null 2>&1 || true
-target/debug/testenv up --dir "$dir" &
+"$bin/testenv" down --dir "$dir" >/dev/null 2>&1 || true
+"$bin/testenv" up --dir "$dir" &
 pids+=($!)
 for _ in $(seq 1 120); do [ -f "$dir/control-plane.json" ] && break; sleep 1; done
 [ -f "$dir/control-plane.json" ] || { echo "demo: the control plane did not come up" >&2; exit 1; }
 
-RUST_LOG=warn target/debug/hollow run --nodes 5 --name-template demo-node-{index} \
+RUST_LOG=warn "$bin/hollow" run --nodes 5 --name-template demo-node-{index} \
   --kubeconfig "$dir/admin.kubeconfig" --metrics-address 127.0.0.1:10260 --delete-nodes-on-exit &
 pids+=($!)
 for _ in $(seq 1 60); do

@@ -92,6 +92,22 @@ struct Row {
     requests: BTreeMap<String, f64>,
 }
 
+/// Nodes listed, and of those Ready.
+async fn ready_nodes(api: &Api<Node>) -> anyhow::Result<(usize, usize)> {
+    let full = api.list(&ListParams::default()).await?;
+    let ready = full
+        .items
+        .iter()
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .count();
+    Ok((full.items.len(), ready))
+}
+
 /// Fleet process figures over one window.
 struct Window {
     rss: u64,
@@ -142,15 +158,20 @@ async fn run_pods(client: &kube::Client, replicas: usize) -> anyhow::Result<f64>
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let deadline = start + Duration::from_secs(1800);
     loop {
-        let running = pods
+        let listed = pods
             .list_metadata(
                 &ListParams::default()
                     .labels("app=density")
                     .fields("status.phase=Running"),
             )
-            .await?
-            .items
-            .len();
+            .await;
+        let running = match listed {
+            Ok(list) => list.items.len(),
+            Err(e) => {
+                eprintln!("density: listing pods failed ({e}); polling again");
+                0
+            }
+        };
         if running >= replicas {
             return Ok(start.elapsed().as_secs_f64());
         }
@@ -206,24 +227,17 @@ async fn measure(
         let api: Api<Node> = Api::all(cp.admin_client().await?);
         let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_secs(600);
+        let mut listed = 0;
         loop {
-            let list = api.list_metadata(&ListParams::default()).await?;
-            let listed = list.items.len();
-            if listed >= nodes {
-                let full = api.list(&ListParams::default()).await?;
-                let ready = full
-                    .items
-                    .iter()
-                    .filter(|n| {
-                        n.status
-                            .as_ref()
-                            .and_then(|s| s.conditions.as_ref())
-                            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                    })
-                    .count();
-                if ready >= nodes {
-                    break;
+            // a loaded API server may drop a request now and then: poll again rather than give up
+            match ready_nodes(&api).await {
+                Ok((registered, ready)) => {
+                    listed = registered;
+                    if ready >= nodes {
+                        break;
+                    }
                 }
+                Err(e) => eprintln!("density: listing nodes failed ({e}); polling again"),
             }
             if tokio::time::Instant::now() > deadline {
                 bail!("{nodes} nodes not Ready within 600 s ({listed} registered)");
