@@ -6,7 +6,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
-packages=(protobuf-compiler containerd runc containernetworking-plugins busybox-static iproute2 gcc libc6-dev python3 util-linux curl)
+packages=(protobuf-compiler containerd runc containernetworking-plugins busybox-static iproute2 gcc libc6-dev python3 util-linux curl openssl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
