@@ -88,6 +88,31 @@ pub struct FleetSpec {
 }
 
 impl FleetSpec {
+    /// A fleet of `nodes` named by `name_template`, given `profiles`, with defaults for the rest: every node
+    /// publishes 127.0.0.1 and kubelet port 10250, 100 registrations per second, the kubelet's default
+    /// settings, the default fake runtime, per-node watches, no fleet-wide cap.
+    pub fn new(
+        nodes: usize,
+        name_template: impl Into<String>,
+        profiles: Vec<Profile>,
+    ) -> Result<Self, crate::profiles::ProfileError> {
+        let assignments = crate::profiles::assign(&profiles, nodes)?;
+        Ok(Self {
+            nodes,
+            name_template: name_template.into(),
+            pod_name: "hollow".into(),
+            node_ip: IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            kubelet_port: 10250,
+            register_qps: 100.0,
+            kubelet: KubeletConfig::default(),
+            profiles,
+            assignments,
+            runtime_profile: Arc::default(),
+            watch_mode: WatchMode::PerNode,
+            fleet_qps: 0,
+        })
+    }
+
     /// The name of node `index`.
     pub fn node_name(&self, index: usize) -> String {
         self.name_template

@@ -9,13 +9,13 @@ use std::time::Duration;
 use e2e::{init_logging, wait_for};
 use hollow::chaos::{self, ChaosMetrics, ChaosSpec, Churn, Disruption};
 use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
-use hollow::fleet::{Fleet, FleetSpec, WatchMode};
+use hollow::fleet::{Fleet, FleetSpec};
 use hollow::profiles;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::Api;
 use kube::api::ListParams;
+use node_agent::Metrics;
 use node_agent::pods::PodMetrics;
-use node_agent::{KubeletConfig, Metrics};
 use tokio_util::sync::CancellationToken;
 
 const GRACE: Duration = Duration::from_secs(20);
@@ -30,22 +30,11 @@ async fn control_plane() -> anyhow::Result<&'static testenv::ControlPlane> {
 }
 
 fn spec(prefix: &str) -> anyhow::Result<FleetSpec> {
-    let profile_list = profiles::default_profiles();
-    let assignments = profiles::assign(&profile_list, NODES)?;
-    Ok(FleetSpec {
-        nodes: NODES,
-        name_template: format!("{prefix}-{{index}}"),
-        pod_name: "test".into(),
-        node_ip: "127.0.0.1".parse()?,
-        kubelet_port: 10250,
-        register_qps: 100.0,
-        kubelet: KubeletConfig::default(),
-        profiles: profile_list,
-        assignments,
-        runtime_profile: Arc::new(cri_fake::Profile::default()),
-        watch_mode: WatchMode::PerNode,
-        fleet_qps: 0,
-    })
+    Ok(FleetSpec::new(
+        NODES,
+        format!("{prefix}-{{index}}"),
+        profiles::default_profiles(),
+    )?)
 }
 
 fn ready(node: &Node) -> Option<&NodeCondition> {

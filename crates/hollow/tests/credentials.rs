@@ -10,34 +10,23 @@ use std::time::Duration;
 use e2e::{init_logging, wait_for};
 use hollow::client_pool::{ClientPool, PoolSize};
 use hollow::credentials::NodeCa;
-use hollow::fleet::{Fleet, FleetSpec, WatchMode};
+use hollow::fleet::{Fleet, FleetSpec};
 use hollow::profiles;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use node_agent::Metrics;
 use node_agent::pods::PodMetrics;
-use node_agent::{KubeletConfig, Metrics};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const NODES: usize = 5;
 
 fn spec(prefix: &str, nodes: usize) -> anyhow::Result<FleetSpec> {
-    let profile_list = profiles::default_profiles();
     Ok(FleetSpec {
-        nodes,
-        name_template: format!("{prefix}-{{index}}"),
-        pod_name: "test".into(),
-        node_ip: "127.0.0.1".parse()?,
-        kubelet_port: 10250,
         register_qps: 200.0,
-        kubelet: KubeletConfig::default(),
-        assignments: profiles::assign(&profile_list, nodes)?,
-        profiles: profile_list,
-        runtime_profile: Arc::new(cri_fake::Profile::default()),
-        watch_mode: WatchMode::PerNode,
-        fleet_qps: 0,
+        ..FleetSpec::new(nodes, format!("{prefix}-{{index}}"), profiles::default_profiles())?
     })
 }
 

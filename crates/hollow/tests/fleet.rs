@@ -15,8 +15,8 @@ use hollow::profiles;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
+use node_agent::Metrics;
 use node_agent::pods::PodMetrics;
-use node_agent::{KubeletConfig, Metrics};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -32,20 +32,9 @@ fn spec(prefix: &str, nodes: usize, profile_yaml: Option<&str>) -> anyhow::Resul
         Some(y) => profiles::parse(y, "test")?,
         None => profiles::default_profiles(),
     };
-    let assignments = profiles::assign(&profile_list, nodes)?;
     Ok(FleetSpec {
-        nodes,
-        name_template: format!("{prefix}-{{index}}"),
-        pod_name: "test".into(),
-        node_ip: "127.0.0.1".parse()?,
-        kubelet_port: 10250,
         register_qps: 200.0,
-        kubelet: KubeletConfig::default(),
-        profiles: profile_list,
-        assignments,
-        runtime_profile: Arc::new(cri_fake::Profile::default()),
-        watch_mode: hollow::fleet::WatchMode::PerNode,
-        fleet_qps: 0,
+        ..FleetSpec::new(nodes, format!("{prefix}-{{index}}"), profile_list)?
     })
 }
 

@@ -16,8 +16,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
+use node_agent::Metrics;
 use node_agent::pods::{PodMetrics, Stage};
-use node_agent::{KubeletConfig, Metrics};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -44,23 +44,18 @@ fn spec(prefix: &str, nodes: usize, watch_mode: WatchMode) -> anyhow::Result<Fle
     let yaml = format!(
         "profiles:\n  - name: {prefix}\n    weight: 1\n    capacity: {{cpu: \"64\", memory: 256Gi, pods: \"110\"}}\n    labels: {{fleet: {prefix}}}\n"
     );
-    let profile_list = profiles::parse(&yaml, "test")?;
     Ok(FleetSpec {
-        nodes,
-        name_template: format!("{prefix}-{{index}}"),
-        pod_name: "test".into(),
-        node_ip: "127.0.0.1".parse()?,
-        kubelet_port: 10250,
         register_qps: 200.0,
-        kubelet: KubeletConfig::default(),
-        assignments: profiles::assign(&profile_list, nodes)?,
-        profiles: profile_list,
         runtime_profile: Arc::new(cri_fake::Profile::from_pairs([(
             "pull-duration",
             "uniform(20ms,200ms)",
         )])?),
         watch_mode,
-        fleet_qps: 0,
+        ..FleetSpec::new(
+            nodes,
+            format!("{prefix}-{{index}}"),
+            profiles::parse(&yaml, "test")?,
+        )?
     })
 }
 

@@ -269,7 +269,8 @@ impl PodWorker {
 
     /// Terminated: report the final status; remove everything once the object is going away.
     async fn finish(&mut self) -> Result<(), runtime_api::RuntimeError> {
-        if !self.stopped_reported {
+        let first = !self.stopped_reported;
+        if first {
             self.stopped_reported = true;
             let _ = self.done.send(Finished::Stopped {
                 uid: self.pod.uid.clone(),
@@ -279,7 +280,10 @@ impl PodWorker {
             self.counted_running = false;
             self.ctx.metrics.running_pods(-1);
         }
-        if self.rejected.is_none() && !self.removed {
+        // The final status comes from the view taken right after the containers stopped, once: a terminal
+        // status does not change, and later views lose the containers as they are removed (a retry after a
+        // failed removal would otherwise report them as never started).
+        if first && self.rejected.is_none() && !self.removed {
             self.report_status();
         }
         if !(self.removed || self.pod.deletion.is_some()) {
