@@ -34,6 +34,7 @@ for _ in $(seq 1 60); do
   [ "$($kubectl get pods -l app=demo --no-headers 2>/dev/null | grep -c Running)" = 20 ] && break; sleep 1
 done
 echo; $kubectl get nodes -o wide; echo; $kubectl get pods -l app=demo -o wide; echo
+sleep 6  # the fleet gauges refresh every 5 s
 curl -s 127.0.0.1:10260/metrics | grep -E '^kubelet_pod_start_sli_duration_seconds_(count|sum)|^hollow_' || true
 echo
 echo "demo: running. KUBECONFIG=$dir/admin.kubeconfig; fleet metrics at http://127.0.0.1:10260/metrics"
