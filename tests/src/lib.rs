@@ -50,3 +50,40 @@ pub fn fake_pod_options(fake: cri_fake::FakeRuntime) -> node_agent::pods::PodOpt
     });
     PodOptions::with_probes(std::sync::Arc::new(probes))
 }
+
+/// A node's Ready condition, if it has one.
+pub fn ready_condition(
+    node: &k8s_openapi::api::core::v1::Node,
+) -> Option<&k8s_openapi::api::core::v1::NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+}
+
+/// Whether a node is Ready=True.
+pub fn node_is_ready(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    ready_condition(node).is_some_and(|c| c.status == "True")
+}
+
+/// The Nodes named `<prefix>-…` (one fleet's nodes).
+pub async fn nodes_with_prefix(
+    api: &kube::Api<k8s_openapi::api::core::v1::Node>,
+    prefix: &str,
+) -> anyhow::Result<Vec<k8s_openapi::api::core::v1::Node>> {
+    let wanted = format!("{prefix}-");
+    Ok(api
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|n| {
+            n.metadata
+                .name
+                .as_deref()
+                .is_some_and(|name| name.starts_with(&wanted))
+        })
+        .collect())
+}

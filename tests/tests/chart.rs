@@ -8,6 +8,18 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use e2e::init_logging;
 
+/// `kubectl apply --dry-run=server` of rendered manifests; what kubectl printed.
+fn dry_run(cp: &testenv::ControlPlane, tag: &str, rendered: &str) -> anyhow::Result<String> {
+    let manifest = std::env::temp_dir().join(format!("hollow-chart-{tag}-{}.yaml", std::process::id()));
+    std::fs::write(&manifest, rendered)?;
+    let applied = run(cp
+        .kubectl()
+        .args(["apply", "--dry-run=server", "-f"])
+        .arg(&manifest));
+    let _ = std::fs::remove_file(&manifest);
+    applied
+}
+
 fn run(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.output().with_context(|| format!("{cmd:?}"))?;
     if !out.status.success() {
@@ -46,14 +58,7 @@ async fn chart_renders_and_the_api_server_accepts_it() -> anyhow::Result<()> {
     }
 
     let cp = testenv::shared().await?;
-    let manifest = std::env::temp_dir().join(format!("hollow-chart-{}.yaml", std::process::id()));
-    std::fs::write(&manifest, &rendered)?;
-    let applied = run(cp
-        .kubectl()
-        .args(["apply", "--dry-run=server", "-f"])
-        .arg(&manifest));
-    let _ = std::fs::remove_file(&manifest);
-    let applied = applied?;
+    let applied = dry_run(cp, "default", &rendered)?;
     for kind in [
         "serviceaccount/fleet-hollow",
         "clusterrole.rbac.authorization.k8s.io/fleet-hollow",
@@ -96,14 +101,7 @@ async fn chart_renders_and_the_api_server_accepts_it() -> anyhow::Result<()> {
         !shared.contains("node-ca"),
         "the CA is mounted only with per-node credentials"
     );
-    let manifest = std::env::temp_dir().join(format!("hollow-chart-per-node-{}.yaml", std::process::id()));
-    std::fs::write(&manifest, &rendered)?;
-    let applied = run(cp
-        .kubectl()
-        .args(["apply", "--dry-run=server", "-f"])
-        .arg(&manifest));
-    let _ = std::fs::remove_file(&manifest);
-    assert!(applied?.contains("statefulset.apps/fleet-hollow"));
+    assert!(dry_run(cp, "per-node", &rendered)?.contains("statefulset.apps/fleet-hollow"));
     for (values, message) in [
         ("fleet.nodeCredentials=per-node", "fleet.nodeCaSecret is required"),
         (

@@ -6,14 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e::{init_logging, wait_for};
+use e2e::{init_logging, nodes_with_prefix, ready_condition, wait_for};
 use hollow::chaos::{self, ChaosMetrics, ChaosSpec, Churn, Disruption};
 use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
 use hollow::fleet::{Fleet, FleetSpec};
 use hollow::profiles;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::Api;
-use kube::api::ListParams;
 use node_agent::Metrics;
 use node_agent::pods::PodMetrics;
 use tokio_util::sync::CancellationToken;
@@ -37,15 +36,6 @@ fn spec(prefix: &str) -> anyhow::Result<FleetSpec> {
     )?)
 }
 
-fn ready(node: &Node) -> Option<&NodeCondition> {
-    node.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready")
-}
-
 fn name(node: &Node) -> String {
     node.metadata.name.clone().unwrap_or_default()
 }
@@ -57,16 +47,6 @@ fn tainted_unreachable(node: &Node) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == "node.kubernetes.io/unreachable"))
 }
 
-async fn nodes_with_prefix(api: &Api<Node>, prefix: &str) -> anyhow::Result<Vec<Node>> {
-    Ok(api
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|n| name(n).starts_with(&format!("{prefix}-")))
-        .collect())
-}
-
 async fn all_ready(api: &Api<Node>, prefix: &str, count: usize) -> anyhow::Result<()> {
     wait_for(
         &format!("{count} {prefix} nodes Ready and untainted"),
@@ -75,7 +55,7 @@ async fn all_ready(api: &Api<Node>, prefix: &str, count: usize) -> anyhow::Resul
             let nodes = nodes_with_prefix(api, prefix).await?;
             let ok = nodes
                 .iter()
-                .filter(|n| ready(n).is_some_and(|c| c.status == "True") && !tainted_unreachable(n))
+                .filter(|n| ready_condition(n).is_some_and(|c| c.status == "True") && !tainted_unreachable(n))
                 .count();
             Ok((ok == count && nodes.len() == count).then_some(()))
         },
@@ -129,7 +109,7 @@ async fn a_runtime_outage_makes_its_share_not_ready_until_it_ends() -> anyhow::R
         let down: Vec<(String, NodeCondition)> = nodes
             .iter()
             .filter_map(|n| {
-                ready(n)
+                ready_condition(n)
                     .filter(|c| c.status == "False")
                     .map(|c| (name(n), c.clone()))
             })
@@ -181,7 +161,7 @@ async fn stopped_heartbeats_go_unknown_and_come_back() -> anyhow::Result<()> {
         let nodes = nodes_with_prefix(&api, "flap").await?;
         let lost: Vec<String> = nodes
             .iter()
-            .filter(|n| ready(n).is_some_and(|c| c.status == "Unknown") && tainted_unreachable(n))
+            .filter(|n| ready_condition(n).is_some_and(|c| c.status == "Unknown") && tainted_unreachable(n))
             .map(name)
             .collect();
         Ok((lost.len() == 2).then_some(lost))
@@ -191,7 +171,7 @@ async fn stopped_heartbeats_go_unknown_and_come_back() -> anyhow::Result<()> {
     let others_ready = nodes_with_prefix(&api, "flap")
         .await?
         .iter()
-        .filter(|n| ready(n).is_some_and(|c| c.status == "True"))
+        .filter(|n| ready_condition(n).is_some_and(|c| c.status == "True"))
         .count();
     assert_eq!(others_ready, NODES - 2, "only the flapping nodes are lost");
     println!(
@@ -247,8 +227,10 @@ async fn churn_deletes_leaving_nodes_and_registers_new_ones() -> anyhow::Result<
     let newest = format!("churn-{}", NODES + usize::try_from(joined)? - 1);
     wait_for(&format!("{newest} Ready"), Duration::from_secs(30), || async {
         let n = api.get_opt(&newest).await?;
-        Ok(n.filter(|n| ready(n).is_some_and(|c| c.status == "True"))
-            .map(|_| ()))
+        Ok(
+            n.filter(|n| ready_condition(n).is_some_and(|c| c.status == "True"))
+                .map(|_| ()),
+        )
     })
     .await?;
     println!(

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e::{init_logging, wait_for};
+use e2e::{init_logging, node_is_ready, wait_for};
 use hollow::client_pool::{ClientPool, PoolSize};
 use hollow::credentials::NodeCa;
 use hollow::fleet::{Fleet, FleetSpec};
@@ -28,14 +28,6 @@ fn spec(prefix: &str, nodes: usize) -> anyhow::Result<FleetSpec> {
         register_qps: 200.0,
         ..FleetSpec::new(nodes, format!("{prefix}-{{index}}"), profiles::default_profiles())?
     })
-}
-
-fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status == "True")
 }
 
 /// The API status code of a failed request (0 when it did not fail with one).
@@ -93,7 +85,7 @@ async fn per_node_credentials_make_every_hollow_node_its_own_kubelet() -> anyhow
         || async {
             let mut ready = 0;
             for name in &names {
-                if nodes.get_opt(name).await?.as_ref().is_some_and(is_ready) {
+                if nodes.get_opt(name).await?.as_ref().is_some_and(node_is_ready) {
                     ready += 1;
                 }
             }

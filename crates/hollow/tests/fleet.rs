@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use e2e::{init_logging, wait_for};
+use e2e::{init_logging, node_is_ready, nodes_with_prefix, ready_condition, wait_for};
 use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
 use hollow::fleet::{Fleet, FleetSpec};
 use hollow::profiles;
@@ -36,33 +36,6 @@ fn spec(prefix: &str, nodes: usize, profile_yaml: Option<&str>) -> anyhow::Resul
         register_qps: 200.0,
         ..FleetSpec::new(nodes, format!("{prefix}-{{index}}"), profile_list)?
     })
-}
-
-fn is_ready(node: &Node) -> bool {
-    ready_condition(node).is_some_and(|c| c.status == "True")
-}
-
-fn ready_condition(node: &Node) -> Option<&k8s_openapi::api::core::v1::NodeCondition> {
-    node.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready")
-}
-
-async fn fleet_nodes(nodes: &Api<Node>, prefix: &str) -> anyhow::Result<Vec<Node>> {
-    let all = nodes.list(&ListParams::default()).await?;
-    Ok(all
-        .items
-        .into_iter()
-        .filter(|n| {
-            n.metadata
-                .name
-                .as_deref()
-                .is_some_and(|name| name.starts_with(&format!("{prefix}-")))
-        })
-        .collect())
 }
 
 fn name_of(node: &Node) -> String {
@@ -104,16 +77,16 @@ async fn a_thousand_nodes_register_and_stay_ready() -> anyhow::Result<()> {
     .await?;
 
     wait_for("every hollow node Ready", Duration::from_secs(180), || async {
-        let ready = fleet_nodes(&nodes, "soak")
+        let ready = nodes_with_prefix(&nodes, "soak")
             .await?
             .iter()
-            .filter(|x| is_ready(x))
+            .filter(|x| node_is_ready(x))
             .count();
         Ok((ready == n).then_some(()))
     })
     .await?;
     let all_ready = started.elapsed();
-    let at_ready = fleet_nodes(&nodes, "soak").await?;
+    let at_ready = nodes_with_prefix(&nodes, "soak").await?;
     let transitions: BTreeMap<String, String> =
         at_ready.iter().map(|x| (name_of(x), transition_of(x))).collect();
     let leases_before = lease_updates(&metrics);
@@ -121,16 +94,16 @@ async fn a_thousand_nodes_register_and_stay_ready() -> anyhow::Result<()> {
     let mut min_ready = n;
     while soak_start.elapsed() < soak {
         tokio::time::sleep(Duration::from_secs(15)).await;
-        let ready = fleet_nodes(&nodes, "soak")
+        let ready = nodes_with_prefix(&nodes, "soak")
             .await?
             .iter()
-            .filter(|x| is_ready(x))
+            .filter(|x| node_is_ready(x))
             .count();
         min_ready = min_ready.min(ready);
     }
     let soaked = soak_start.elapsed();
     let renewals = lease_updates(&metrics) - leases_before;
-    let after = fleet_nodes(&nodes, "soak").await?;
+    let after = nodes_with_prefix(&nodes, "soak").await?;
     let flapped = after
         .iter()
         .filter(|x| transitions.get(&name_of(x)) != Some(&transition_of(x)))
@@ -203,8 +176,8 @@ async fn gpu_profile_nodes_get_gpus_and_gpu_pods_land_only_there() -> anyhow::Re
     )
     .await?;
     let ready = wait_for("the GPU fleet Ready", Duration::from_secs(60), || async {
-        let all = fleet_nodes(&nodes, "gpu").await?;
-        Ok((all.len() == 6 && all.iter().all(is_ready)).then_some(all))
+        let all = nodes_with_prefix(&nodes, "gpu").await?;
+        Ok((all.len() == 6 && all.iter().all(node_is_ready)).then_some(all))
     })
     .await?;
     let gpu_of = |n: &Node| {
@@ -294,8 +267,8 @@ async fn a_killed_fleet_comes_back_to_the_same_nodes() -> anyhow::Result<()> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let mut first = start_binary(&cp.admin_kubeconfig(), port)?;
     let before = wait_for("20 nodes Ready", Duration::from_secs(60), || async {
-        let all = fleet_nodes(&nodes, "restart").await?;
-        Ok((all.len() == 20 && all.iter().all(is_ready)).then_some(all))
+        let all = nodes_with_prefix(&nodes, "restart").await?;
+        Ok((all.len() == 20 && all.iter().all(node_is_ready)).then_some(all))
     })
     .await?;
     let uids: BTreeSet<String> = before.iter().filter_map(|n| n.metadata.uid.clone()).collect();
@@ -307,7 +280,7 @@ async fn a_killed_fleet_comes_back_to_the_same_nodes() -> anyhow::Result<()> {
         "the same 20 nodes Ready again",
         Duration::from_secs(60),
         || async {
-            let all = fleet_nodes(&nodes, "restart").await?;
+            let all = nodes_with_prefix(&nodes, "restart").await?;
             let fresh = all.iter().all(|n| {
                 ready_condition(n)
                     .and_then(|c| c.last_heartbeat_time.clone())
@@ -320,7 +293,7 @@ async fn a_killed_fleet_comes_back_to_the_same_nodes() -> anyhow::Result<()> {
                         })
                     })
             });
-            Ok((all.len() == 20 && all.iter().all(is_ready) && fresh).then_some(all))
+            Ok((all.len() == 20 && all.iter().all(node_is_ready) && fresh).then_some(all))
         },
     )
     .await?;
