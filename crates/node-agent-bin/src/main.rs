@@ -1,4 +1,4 @@
-//! `node-agent`: one Kubernetes node agent (kubelet) for this machine.
+//! `node-agent`: one Kubernetes node agent (kubelet) for this machine (the binary of the `node-agent` library).
 //!
 //! Builds everything the library core is handed — the configuration (KubeletConfiguration file + flags), the
 //! API client (from `--kubeconfig`), the container runtime (`--container-runtime-endpoint`, or the in-memory
