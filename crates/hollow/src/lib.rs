@@ -11,6 +11,7 @@
 //! * [`probes`] — network probes answered from each node's fake runtime script.
 //! * [`progress`] — the start-up progress bar (or log lines off a terminal).
 //! * [`server`] — the one HTTP endpoint: `/healthz`, `/metrics`, `/histograms`.
+//! * [`slo`] — `hollow slo`: load, pod start-up measurement, the fleet's merged stages, the SLO report.
 
 pub mod chaos;
 pub mod client_pool;
@@ -20,3 +21,4 @@ pub mod probes;
 pub mod profiles;
 pub mod progress;
 pub mod server;
+pub mod slo;

@@ -4,6 +4,10 @@
 //! of HTTP/2 API connections (or, with `--node-credentials per-node`, each on its own connection with its own
 //! client certificate), and serves `/healthz` and `/metrics` for the whole fleet. It stops on SIGINT or
 //! SIGTERM (optionally deleting its Node objects).
+//!
+//! `hollow slo` puts pods onto a cluster (a hollow fleet's, or any) at a set pace, measures their start-up
+//! the way clusterloader2 does, merges the fleet's node-side stage histograms, and reports the SLO verdict
+//! with a table, PerfData JSON and plots. It exits 0 when the SLO is met, 3 when it is not.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -36,6 +40,9 @@ struct Cli {
 enum Command {
     /// Run a fleet until interrupted.
     Run(RunArgs),
+    /// Create pods at a pace, measure their start-up (cluster side and the fleet's stages) and report the
+    /// pod start-up SLO verdict; exits 3 when the SLO is not met.
+    Slo(hollow::slo::cli::SloArgs),
 }
 
 /// Whose identity the nodes use towards the API server.
@@ -203,6 +210,12 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Run(args) => run(args).await,
+        Command::Slo(args) => {
+            if !hollow::slo::cli::main(args).await? {
+                std::process::exit(3);
+            }
+            Ok(())
+        }
     }
 }
 

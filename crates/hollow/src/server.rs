@@ -80,7 +80,6 @@ async fn histograms(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 
 /// Every stage's histogram (and `pod_start`, the whole span), V2-serialized and base64-encoded.
 pub fn encode_histograms(metrics: &PodMetrics) -> Result<BTreeMap<String, String>, String> {
-    use base64::Engine;
     let mut out = BTreeMap::new();
     let stages = Stage::ALL
         .iter()
@@ -90,16 +89,22 @@ pub fn encode_histograms(metrics: &PodMetrics) -> Result<BTreeMap<String, String
         let Some(h) = metrics.stage_histogram(stage) else {
             continue;
         };
-        let mut buf = Vec::new();
-        V2Serializer::new()
-            .serialize(&h, &mut buf)
-            .map_err(|e| format!("{name}: {e:?}"))?;
         out.insert(
             name.to_owned(),
-            base64::engine::general_purpose::STANDARD.encode(buf),
+            encode_histogram(&h).map_err(|e| format!("{name}: {e}"))?,
         );
     }
     Ok(out)
+}
+
+/// One histogram as `/histograms` serves it: V2-serialized, base64-encoded.
+pub fn encode_histogram(h: &Histogram<u64>) -> Result<String, String> {
+    use base64::Engine;
+    let mut buf = Vec::new();
+    V2Serializer::new()
+        .serialize(h, &mut buf)
+        .map_err(|e| format!("{e:?}"))?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(buf))
 }
 
 /// The inverse of [`encode_histograms`] for one stage.

@@ -1,0 +1,353 @@
+//! What a run reports: the terminal table, clusterloader2 PerfData JSON (version, dataItems with
+//! data/unit/labels, so existing perf dashboards ingest it), a per-pod CSV, and the report directory with
+//! the plots and an index.html linking everything.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::apiserver;
+use super::measure::{Percentiles, Transition};
+use super::run::SloResult;
+
+/// clusterloader2's PerfData.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct PerfData {
+    /// Format version.
+    pub version: String,
+    /// One item per metric.
+    #[serde(rename = "dataItems")]
+    pub data_items: Vec<DataItem>,
+    /// Labels of the whole set.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// One PerfData item.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct DataItem {
+    /// Values by name (`Perc50`, `Perc90`, `Perc99`, …).
+    pub data: BTreeMap<String, f64>,
+    /// Their unit.
+    pub unit: String,
+    /// What the item is.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+fn item(p: &Percentiles, labels: &[(&str, String)], with_max: bool) -> DataItem {
+    let mut data = BTreeMap::from([
+        ("Perc50".to_owned(), p.p50),
+        ("Perc90".to_owned(), p.p90),
+        ("Perc99".to_owned(), p.p99),
+    ]);
+    if with_max {
+        data.insert("Perc100".to_owned(), p.max);
+    }
+    DataItem {
+        data,
+        unit: "ms".to_owned(),
+        labels: labels.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect(),
+    }
+}
+
+/// The cluster-side transitions as clusterloader2's PodStartupLatency writes them.
+pub fn pod_startup_perfdata(r: &SloResult) -> PerfData {
+    PerfData {
+        version: "1.0".to_owned(),
+        data_items: r
+            .cluster
+            .transitions
+            .iter()
+            .map(|(t, p)| item(p, &[("Metric", t.name().to_owned())], false))
+            .collect(),
+        labels: BTreeMap::from([("RunID".to_owned(), r.run_id.clone())]),
+    }
+}
+
+/// The fleet's merged node-side stages (and the kubelet SLI), one item per stage.
+pub fn node_perfdata(r: &SloResult) -> Option<PerfData> {
+    let fleet = r.fleet.as_ref()?;
+    let mut items: Vec<DataItem> = fleet
+        .rows()
+        .iter()
+        .map(|(name, p)| item(p, &[("Metric", (*name).to_owned()), ("Count", p.count.to_string())], true))
+        .collect();
+    let sli = fleet.sli();
+    items.push(item(
+        &sli,
+        &[("Metric", "pod_start_sli".to_owned()), ("Count", sli.count.to_string())],
+        true,
+    ));
+    Some(PerfData {
+        version: "1.0".to_owned(),
+        data_items: items,
+        labels: BTreeMap::from([
+            ("RunID".to_owned(), r.run_id.clone()),
+            ("FleetProcesses".to_owned(), r.fleet_parts.len().to_string()),
+        ]),
+    })
+}
+
+/// The run's API request latency per verb and resource, as clusterloader2's APIResponsiveness.
+pub fn api_perfdata(r: &SloResult) -> Option<PerfData> {
+    let scrapes = r.api.as_ref().ok()?;
+    let (first, last) = (scrapes.first()?, scrapes.last()?);
+    let run = apiserver::delta(&last.by_resource, &first.by_resource);
+    let items = run
+        .iter()
+        .filter(|(_, b)| apiserver::total(b) > 0)
+        .map(|(key, b)| {
+            let (verb, resource) = key.split_once(' ').unwrap_or((key, ""));
+            let (resource, sub) = resource.split_once('/').unwrap_or((resource, ""));
+            let q = |x| apiserver::quantile_ms(b, x);
+            let p = Percentiles {
+                count: usize::try_from(apiserver::total(b)).unwrap_or(usize::MAX),
+                p50: q(0.5),
+                p90: q(0.9),
+                p99: q(0.99),
+                max: 0.0,
+            };
+            item(
+                &p,
+                &[
+                    ("Verb", verb.to_owned()),
+                    ("Resource", resource.to_owned()),
+                    ("Subresource", sub.to_owned()),
+                    ("Count", p.count.to_string()),
+                ],
+                false,
+            )
+        })
+        .collect();
+    Some(PerfData {
+        version: "v1".to_owned(),
+        data_items: items,
+        labels: BTreeMap::from([("RunID".to_owned(), r.run_id.clone())]),
+    })
+}
+
+fn row(out: &mut String, name: &str, p: &Percentiles, extra: &str) {
+    let _ = writeln!(
+        out,
+        "  {name:<22} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {extra}",
+        p.count, p.p50, p.p90, p.p99, p.max
+    );
+}
+
+/// The terminal table.
+pub fn table(r: &SloResult) -> String {
+    let mut out = String::new();
+    let c = &r.cluster;
+    let _ = writeln!(
+        out,
+        "Pod start-up, run {} — {} pods measured, {} Running, {} excluded from the SLO ({} image pull, {} init containers){}",
+        r.run_id,
+        c.pods,
+        c.running,
+        c.excluded_pull + c.excluded_init,
+        c.excluded_pull,
+        c.excluded_init,
+        if c.schedule_from_watch > 0 {
+            format!("; {} pods' schedule time from the watch (no Scheduled event)", c.schedule_from_watch)
+        } else {
+            String::new()
+        }
+    );
+    let header = format!(
+        "  {:<22} {:>6} {:>9} {:>9} {:>9} {:>9}",
+        "", "count", "p50 ms", "p90 ms", "p99 ms", "max ms"
+    );
+    let _ = writeln!(out, "Cluster side (clusterloader2 PodStartupLatency, nearest rank):");
+    let _ = writeln!(out, "{header}");
+    for (t, p) in &c.transitions {
+        let extra = if *t == Transition::PodStartup { "<- the SLO's figure" } else { "" };
+        row(&mut out, t.name(), p, extra);
+    }
+    if let Some(fleet) = &r.fleet {
+        let _ = writeln!(
+            out,
+            "Node side ({} fleet process{}, HDR merged exactly, this run's pods only; each stage since the previous one):",
+            r.fleet_parts.len(),
+            if r.fleet_parts.len() == 1 { "" } else { "es" }
+        );
+        let _ = writeln!(out, "{header}");
+        for (name, p) in fleet.rows() {
+            let extra = if name == "pod_start" {
+                "<- watch_observed -> status_reported"
+            } else {
+                ""
+            };
+            row(&mut out, name, &p, extra);
+        }
+        row(
+            &mut out,
+            "kubelet pod_start_sli",
+            &fleet.sli(),
+            "<- Prometheus buckets, interpolated",
+        );
+    }
+    match &r.api {
+        Ok(s) if s.len() >= 2 => {
+            let run = apiserver::delta(&s[s.len() - 1].by_verb, &s[0].by_verb);
+            let _ = writeln!(out, "API server request latency during the run (its /metrics, interpolated):");
+            let _ = writeln!(out, "  {:<22} {:>6} {:>9} {:>9} {:>9}", "verb", "count", "p50 ms", "p90 ms", "p99 ms");
+            for (verb, b) in run.iter().filter(|(_, b)| apiserver::total(b) > 0) {
+                let q = |x| apiserver::quantile_ms(b, x);
+                let _ = writeln!(
+                    out,
+                    "  {verb:<22} {:>6} {:>9.1} {:>9.1} {:>9.1}",
+                    apiserver::total(b),
+                    q(0.5),
+                    q(0.9),
+                    q(0.99)
+                );
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            let _ = writeln!(out, "API server /metrics not reachable: {e}");
+        }
+    }
+    let l = &r.load;
+    let _ = writeln!(
+        out,
+        "Load: {} objects created ({} pods expected), {} failed{}, {} churned; asked {:.1}/s, achieved {:.1}/s; creation phase {:.1}s, run {:.1}s",
+        l.created,
+        r.expected_pods,
+        l.failed,
+        l.first_error.as_ref().map(|e| format!(" (first: {e})")).unwrap_or_default(),
+        l.churned,
+        l.asked_rate,
+        l.achieved_rate,
+        l.creation_phase.as_secs_f64(),
+        r.elapsed.as_secs_f64()
+    );
+    if r.not_running > 0 {
+        let _ = writeln!(out, "{} pods were not Running when the wait ended", r.not_running);
+    }
+    for v in &r.verdicts {
+        let _ = writeln!(
+            out,
+            "SLO {}: {} ({:.1} ms over {} pods)",
+            v.threshold,
+            if v.pass { "PASS" } else { "FAIL" },
+            v.value_ms,
+            v.samples
+        );
+    }
+    out
+}
+
+fn csv_time(t: Option<k8s_openapi::jiff::Timestamp>) -> String {
+    t.map(|t| t.to_string()).unwrap_or_default()
+}
+
+/// One line per pod: its phases and flags.
+pub fn pods_csv(r: &SloResult) -> String {
+    let mut out = String::from(
+        "namespace,name,node,created,first_seen,bound_seen,scheduled_event,started,running_seen,init_containers,pulled_image,deleted\n",
+    );
+    for p in &r.records {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{},{},{},{}",
+            p.namespace,
+            p.name,
+            p.node.as_deref().unwrap_or(""),
+            csv_time(p.created),
+            p.first_seen,
+            csv_time(p.bound_seen),
+            csv_time(p.scheduled_event),
+            csv_time(p.started),
+            csv_time(p.running_seen),
+            p.init_containers,
+            p.pulled_image,
+            p.deleted
+        );
+    }
+    out
+}
+
+/// Files of a written report.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Every file written, relative to `dir`.
+    pub files: Vec<String>,
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8], files: &mut Vec<String>) -> anyhow::Result<()> {
+    std::fs::write(dir.join(name), bytes).with_context(|| format!("writing {}", dir.join(name).display()))?;
+    files.push(name.to_owned());
+    Ok(())
+}
+
+/// Writes the report directory: summary.txt, the PerfData JSON files, pods.csv, the plots and index.html.
+pub fn write_dir(r: &SloResult, dir: &Path) -> anyhow::Result<Written> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut files = Vec::new();
+    let text = table(r);
+    write(dir, "summary.txt", text.as_bytes(), &mut files)?;
+    let json = |p: &PerfData| serde_json::to_vec_pretty(p);
+    write(
+        dir,
+        &format!("PodStartupLatency_{}.json", r.run_id),
+        &json(&pod_startup_perfdata(r))?,
+        &mut files,
+    )?;
+    if let Some(p) = node_perfdata(r) {
+        write(dir, &format!("NodeStartupStages_{}.json", r.run_id), &json(&p)?, &mut files)?;
+    }
+    if let Some(p) = api_perfdata(r) {
+        write(dir, &format!("APIResponsiveness_{}.json", r.run_id), &json(&p)?, &mut files)?;
+    }
+    write(dir, "pods.csv", pods_csv(r).as_bytes(), &mut files)?;
+    let plots = super::plots::write_all(r, dir)?;
+    files.extend(plots.iter().cloned());
+    let html = index_html(r, &text, &files);
+    write(dir, "index.html", html.as_bytes(), &mut files)?;
+    Ok(Written {
+        dir: dir.to_owned(),
+        files,
+    })
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+fn index_html(r: &SloResult, text: &str, files: &[String]) -> String {
+    let mut body = String::new();
+    let _ = writeln!(body, "<h1>Pod start-up SLO, run {}</h1>", escape(&r.run_id));
+    let _ = writeln!(
+        body,
+        "<p>Started {}; {}.</p>",
+        r.started,
+        if r.pass() { "<b>SLO met</b>" } else { "<b>SLO not met</b>" }
+    );
+    let _ = writeln!(body, "<pre>{}</pre>", escape(text));
+    for f in files.iter().filter(|f| f.ends_with(".svg")) {
+        let png = f.replace(".svg", ".png");
+        let _ = writeln!(
+            body,
+            "<figure><a href=\"{f}\"><img src=\"{f}\" width=\"900\" alt=\"{f}\"></a>\
+             <figcaption><a href=\"{f}\">{f}</a> · <a href=\"{png}\">{png}</a></figcaption></figure>"
+        );
+    }
+    let _ = writeln!(body, "<h2>Data</h2><ul>");
+    for f in files.iter().filter(|f| !f.ends_with(".svg") && !f.ends_with(".png")) {
+        let _ = writeln!(body, "<li><a href=\"{f}\">{f}</a></li>");
+    }
+    let _ = writeln!(body, "</ul>");
+    format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Pod start-up SLO {}</title>\
+         <style>body{{font-family:sans-serif;margin:2em}} pre{{background:#f4f4f4;padding:1em}}</style></head>\
+         <body>\n{body}</body></html>\n",
+        escape(&r.run_id)
+    )
+}
