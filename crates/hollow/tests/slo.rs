@@ -34,7 +34,10 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A control plane whose scheduler and controllers may write fast enough for the load.
 async fn control_plane() -> anyhow::Result<&'static testenv::ControlPlane> {
-    let fast = vec!["--kube-api-qps=500".to_owned(), "--kube-api-burst=1000".to_owned()];
+    let fast = vec![
+        "--kube-api-qps=500".to_owned(),
+        "--kube-api-burst=1000".to_owned(),
+    ];
     testenv::shared_with(testenv::Options {
         controller_manager_args: fast.clone(),
         scheduler_args: fast,
@@ -44,7 +47,10 @@ async fn control_plane() -> anyhow::Result<&'static testenv::ControlPlane> {
 }
 
 fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Profiles labelling every node `fleet=<label>`, so a run's pods land on this fleet alone.
@@ -82,9 +88,21 @@ async fn start_fleet(
     let pod_metrics = Arc::new(PodMetrics::new());
     pod_metrics.register(&mut registry);
     let token = CancellationToken::new();
-    let (addr, _server) =
-        server::serve("127.0.0.1:0".parse()?, registry, pod_metrics.clone(), token.clone()).await?;
-    let fleet = Fleet::start(&spec, &pool, Arc::new(Metrics::unregistered()), pod_metrics, token.clone()).await?;
+    let (addr, _server) = server::serve(
+        "127.0.0.1:0".parse()?,
+        registry,
+        pod_metrics.clone(),
+        token.clone(),
+    )
+    .await?;
+    let fleet = Fleet::start(
+        &spec,
+        &pool,
+        Arc::new(Metrics::unregistered()),
+        pod_metrics,
+        token.clone(),
+    )
+    .await?;
     let api: Api<Node> = Api::all(cp.admin_client().await?);
     schedulable(&api, prefix, nodes).await?;
     Ok(TestFleet { fleet, addr, token })
@@ -93,16 +111,20 @@ async fn start_fleet(
 /// Waits until `count` nodes named `<prefix>-…` are Ready and free of NoSchedule/NoExecute taints (the
 /// controller-manager lifts `not-ready` a few seconds after Ready; until then the scheduler skips a node).
 async fn schedulable(api: &Api<Node>, prefix: &str, count: usize) -> anyhow::Result<()> {
-    wait_for(&format!("{count} {prefix} nodes schedulable"), Duration::from_secs(120), || async {
-        let all = nodes_with_prefix(api, prefix).await?;
-        let untainted = |n: &Node| {
-            n.spec
-                .as_ref()
-                .and_then(|s| s.taints.as_ref())
-                .is_none_or(|t| t.iter().all(|t| t.effect == "PreferNoSchedule"))
-        };
-        Ok((all.len() == count && all.iter().all(|n| node_is_ready(n) && untainted(n))).then_some(()))
-    })
+    wait_for(
+        &format!("{count} {prefix} nodes schedulable"),
+        Duration::from_secs(120),
+        || async {
+            let all = nodes_with_prefix(api, prefix).await?;
+            let untainted = |n: &Node| {
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_none_or(|t| t.iter().all(|t| t.effect == "PreferNoSchedule"))
+            };
+            Ok((all.len() == count && all.iter().all(|n| node_is_ready(n) && untainted(n))).then_some(()))
+        },
+    )
     .await
 }
 
@@ -146,7 +168,8 @@ fn metric<'a>(p: &'a PerfData, name: &str) -> &'a BTreeMap<String, f64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_node_span() -> anyhow::Result<()> {
+async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_node_span()
+-> anyhow::Result<()> {
     init_logging();
     let _serial = SERIAL.lock().await;
     let pods = env_or("HOLLOW_SLO_PODS", 200);
@@ -160,7 +183,15 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
     let result = slo(
         cp,
         &[
-            "--count", &count, "--rate", &rate, "--node-selector", "fleet=slo", "--fleet", &url, "--namespace",
+            "--count",
+            &count,
+            "--rate",
+            &rate,
+            "--node-selector",
+            "fleet=slo",
+            "--fleet",
+            &url,
+            "--namespace",
             "slo-main",
         ],
     )
@@ -172,7 +203,11 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
     println!("report files: {:?}", written.files);
 
     assert_eq!(result.load.created, pods, "every object created");
-    assert_eq!(result.cluster.running, usize::try_from(pods)?, "every pod seen Running");
+    assert_eq!(
+        result.cluster.running,
+        usize::try_from(pods)?,
+        "every pod seen Running"
+    );
     let node = result.fleet.as_ref().expect("the fleet's stages");
     assert_eq!(
         node.stage("status_reported").count,
@@ -180,7 +215,12 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
         "the node side counts this run's pods, no more, no less"
     );
     // what a user reads: the table, the JSON, the plots
-    for needle in ["schedule_to_watch", "pod_start_sli", "containers_started", "SLO pod_startup p99 <= 5000ms"] {
+    for needle in [
+        "schedule_to_watch",
+        "pod_start_sli",
+        "containers_started",
+        "SLO pod_startup p99 <= 5000ms",
+    ] {
         assert!(table.contains(needle), "{needle} in the table");
     }
     for f in [
@@ -206,7 +246,11 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
     for t in Transition::ALL {
         let data = metric(&cl2, t.name());
         let p = result.cluster.get(t);
-        assert!((data["Perc99"] - p.p99).abs() < 1e-6, "{} in the JSON is the table's", t.name());
+        assert!(
+            (data["Perc99"] - p.p99).abs() < 1e-6,
+            "{} in the JSON is the table's",
+            t.name()
+        );
         assert!(data["Perc50"] <= data["Perc90"] && data["Perc90"] <= data["Perc99"]);
     }
     assert!(cl2.data_items.iter().all(|i| i.unit == "ms"));
@@ -229,7 +273,12 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
     let node_span = node.stage("pod_start");
     println!(
         "schedule_to_watch p50/p90/p99 {:.1}/{:.1}/{:.1} ms vs node watch_observed->status_reported {:.1}/{:.1}/{:.1} ms",
-        sched_to_watch.p50, sched_to_watch.p90, sched_to_watch.p99, node_span.p50, node_span.p90, node_span.p99
+        sched_to_watch.p50,
+        sched_to_watch.p90,
+        sched_to_watch.p99,
+        node_span.p50,
+        node_span.p90,
+        node_span.p99
     );
     for q in [50, 90, 99] {
         let allowance = 2.0 + node_span.get(q) * 0.02;
@@ -241,12 +290,17 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
         );
     }
     let v = &result.verdicts[0];
-    assert_eq!(v.pass, v.value_ms <= 5000.0 && v.samples > 0, "the verdict follows the data");
+    assert_eq!(
+        v.pass,
+        v.value_ms <= 5000.0 && v.samples > 0,
+        "the verdict follows the data"
+    );
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_more_seconds_of_container_start_show_in_schedule_to_run_and_decide_the_verdicts() -> anyhow::Result<()> {
+async fn two_more_seconds_of_container_start_show_in_schedule_to_run_and_decide_the_verdicts()
+-> anyhow::Result<()> {
     init_logging();
     let _serial = SERIAL.lock().await;
     let cp = control_plane().await?;
@@ -259,8 +313,20 @@ async fn two_more_seconds_of_container_start_show_in_schedule_to_run_and_decide_
         let result = slo(
             cp,
             &[
-                "--count", "40", "--rate", "20", "--node-selector", &selector, "--fleet", &url, "--namespace", &ns,
-                "--threshold", "p99=1s", "--threshold", "p99=5s",
+                "--count",
+                "40",
+                "--rate",
+                "20",
+                "--node-selector",
+                &selector,
+                "--fleet",
+                &url,
+                "--namespace",
+                &ns,
+                "--threshold",
+                "p99=1s",
+                "--threshold",
+                "p99=5s",
             ],
         )
         .await?;
@@ -279,12 +345,23 @@ async fn two_more_seconds_of_container_start_show_in_schedule_to_run_and_decide_
     let (quick, slow) = (&runs[0], &runs[1]);
     let p50 = |r: &SloResult, t| r.cluster.get(t).p50;
     let moved = p50(slow, Transition::ScheduleToRun) - p50(quick, Transition::ScheduleToRun);
-    let node = |r: &SloResult| r.fleet.as_ref().map(|f| f.stage("containers_started").p50).unwrap_or_default();
+    let node = |r: &SloResult| {
+        r.fleet
+            .as_ref()
+            .map(|f| f.stage("containers_started").p50)
+            .unwrap_or_default()
+    };
     let node_moved = node(slow) - node(quick);
     println!("schedule_to_run p50 moved {moved:.0} ms; node containers_started p50 moved {node_moved:.0} ms");
     // startedAt has one-second resolution, so the cluster side moves by 2 s ± 1 s
-    assert!((1000.0..=3000.0).contains(&moved), "schedule_to_run moved {moved} ms");
-    assert!((1900.0..=2300.0).contains(&node_moved), "containers_started moved {node_moved} ms");
+    assert!(
+        (1000.0..=3000.0).contains(&moved),
+        "schedule_to_run moved {moved} ms"
+    );
+    assert!(
+        (1900.0..=2300.0).contains(&node_moved),
+        "containers_started moved {node_moved} ms"
+    );
     assert!(!slow.verdicts[0].pass, "2 s more start fails p99 <= 1 s");
     assert!(slow.verdicts[1].pass, "and passes p99 <= 5 s");
     Ok(())
@@ -309,7 +386,13 @@ async fn a_fleet_split_over_two_processes_gives_the_merged_table() -> anyhow::Re
     for half in ["split-a", "split-b"] {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let child = hollow_bin()
-            .args(["run", "--nodes", "10", "--name-template", &format!("{half}-{{index}}")])
+            .args([
+                "run",
+                "--nodes",
+                "10",
+                "--name-template",
+                &format!("{half}-{{index}}"),
+            ])
             .arg("--kubeconfig")
             .arg(cp.admin_kubeconfig())
             .arg("--profiles")
@@ -325,7 +408,17 @@ async fn a_fleet_split_over_two_processes_gives_the_merged_table() -> anyhow::Re
     schedulable(&api, "split", 20).await?;
     let report = dir.path().join("report");
     let out = hollow_bin()
-        .args(["slo", "--count", "40", "--rate", "20", "--node-selector", "fleet=split", "--namespace", "slo-split"])
+        .args([
+            "slo",
+            "--count",
+            "40",
+            "--rate",
+            "20",
+            "--node-selector",
+            "fleet=split",
+            "--namespace",
+            "slo-split",
+        ])
         .args(["--fleet", &urls[0], "--fleet", &urls[1]])
         .arg("--kubeconfig")
         .arg(cp.admin_kubeconfig())
@@ -356,7 +449,10 @@ async fn a_fleet_split_over_two_processes_gives_the_merged_table() -> anyhow::Re
     }
     println!("pods per node: {per_node:?}");
     let counts: Vec<usize> = shares.iter().map(|s| s.stage("status_reported").count).collect();
-    assert!(counts.iter().all(|c| *c > 0), "both processes ran pods: {counts:?}");
+    assert!(
+        counts.iter().all(|c| *c > 0),
+        "both processes ran pods: {counts:?}"
+    );
     assert_eq!(counts.iter().sum::<usize>(), 40);
     let merged = hollow::slo::node_side::FleetSnapshot::merge(&shares)?;
     let stages = perfdata(&report, "NodeStartupStages_")?;
@@ -395,18 +491,34 @@ async fn bad_input_is_refused_before_any_pod_is_created() -> anyhow::Result<()> 
             .arg("--report")
             .arg(dir.path().join("r"))
             .output()?;
-        Ok((out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned()))
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
     };
     let kc = kubeconfig.to_str().unwrap_or_default();
     let namespaces: Api<Namespace> = Api::all(cp.admin_client().await?);
 
     let (ok, err) = run(&["--rate", "0", "--kubeconfig", kc, "--namespace", "slo-bad-rate"])?;
     assert!(!ok && err.contains("--rate must be a positive"), "{err}");
-    assert!(namespaces.get_opt("slo-bad-rate").await?.is_none(), "nothing touched the cluster");
+    assert!(
+        namespaces.get_opt("slo-bad-rate").await?.is_none(),
+        "nothing touched the cluster"
+    );
 
     let not_template = dir.path().join("cm.yaml");
-    std::fs::write(&not_template, "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {a: b}\n")?;
-    let (ok, err) = run(&["--rate", "5", "--kubeconfig", kc, "--template", not_template.to_str().unwrap_or_default()])?;
+    std::fs::write(
+        &not_template,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {a: b}\n",
+    )?;
+    let (ok, err) = run(&[
+        "--rate",
+        "5",
+        "--kubeconfig",
+        kc,
+        "--template",
+        not_template.to_str().unwrap_or_default(),
+    ])?;
     assert!(!ok && err.contains("not a pod template: kind ConfigMap"), "{err}");
 
     let unreachable = dir.path().join("unreachable.kubeconfig");
@@ -415,13 +527,33 @@ async fn bad_input_is_refused_before_any_pod_is_created() -> anyhow::Result<()> 
         "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\", insecure-skip-tls-verify: true}}]\n\
          users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n",
     )?;
-    let (ok, err) = run(&["--rate", "5", "--kubeconfig", unreachable.to_str().unwrap_or_default()])?;
-    assert!(!ok && err.contains("cannot reach the API server") && err.contains("127.0.0.1:1"), "{err}");
+    let (ok, err) = run(&[
+        "--rate",
+        "5",
+        "--kubeconfig",
+        unreachable.to_str().unwrap_or_default(),
+    ])?;
+    assert!(
+        !ok && err.contains("cannot reach the API server") && err.contains("127.0.0.1:1"),
+        "{err}"
+    );
 
     // the first namespace can be made, the second cannot: the error comes before any pod, and the first
     // is removed again
-    let (ok, err) = run(&["--rate", "5", "--kubeconfig", kc, "--namespace", "slo-bad-ok", "--namespace", "Bad_Name"])?;
-    assert!(!ok && err.contains("namespace Bad_Name cannot be created"), "{err}");
+    let (ok, err) = run(&[
+        "--rate",
+        "5",
+        "--kubeconfig",
+        kc,
+        "--namespace",
+        "slo-bad-ok",
+        "--namespace",
+        "Bad_Name",
+    ])?;
+    assert!(
+        !ok && err.contains("namespace Bad_Name cannot be created"),
+        "{err}"
+    );
     assert_eq!(pods_in(cp, "slo-bad-ok").await?, 0, "no pod created");
     let left = namespaces.get_opt("slo-bad-ok").await?;
     assert!(

@@ -93,7 +93,8 @@ impl SloArgs {
         };
         let mut template = match &self.template {
             Some(path) => {
-                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                let text =
+                    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
                 template::from_yaml(&text, &path.display().to_string())?
             }
             None => template::builtin(),
@@ -143,7 +144,9 @@ pub async fn main(args: SloArgs) -> anyhow::Result<bool> {
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?
         }
-        None => kube::Config::infer().await.context("no kubeconfig (--kubeconfig or $KUBECONFIG)")?,
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig (--kubeconfig or $KUBECONFIG)")?,
     };
     let url = config.cluster_url.clone();
     let client = kube::Client::try_from(config)?;

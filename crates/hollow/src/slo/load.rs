@@ -43,7 +43,9 @@ impl Pace {
     pub fn due(&self, index: u64) -> Duration {
         match *self {
             Pace::Uniform { rate } => Duration::from_secs_f64(index as f64 / rate),
-            Pace::Bursts { size, every } => every * u32::try_from(index / u64::from(size)).unwrap_or(u32::MAX),
+            Pace::Bursts { size, every } => {
+                every * u32::try_from(index / u64::from(size)).unwrap_or(u32::MAX)
+            }
         }
     }
 
@@ -297,7 +299,10 @@ impl Generator {
         let c = self.client.clone();
         let res = match self.spec.kind {
             Kind::Pod => Api::<Pod>::namespaced(c, ns).delete(&name, &dp).await.map(drop),
-            Kind::Deployment => Api::<Deployment>::namespaced(c, ns).delete(&name, &dp).await.map(drop),
+            Kind::Deployment => Api::<Deployment>::namespaced(c, ns)
+                .delete(&name, &dp)
+                .await
+                .map(drop),
             Kind::Job => Api::<Job>::namespaced(c, ns).delete(&name, &dp).await.map(drop),
         };
         res.map_err(|e| api_error(&e))
@@ -312,7 +317,10 @@ impl Generator {
         let mut tasks = futures::stream::FuturesUnordered::new();
         let mut first_done: Option<Instant> = None;
         let mut last_done: Option<Instant> = None;
-        let record = |res: Result<(), String>, at: Instant, first: &mut Option<Instant>, last: &mut Option<Instant>| {
+        let record = |res: Result<(), String>,
+                      at: Instant,
+                      first: &mut Option<Instant>,
+                      last: &mut Option<Instant>| {
             match res {
                 Ok(()) => {
                     self.counters.created.fetch_add(1, Ordering::Relaxed);
@@ -350,7 +358,12 @@ impl Generator {
                     let res = self.create(&object, false).await;
                     (res, Instant::now())
                 }),
-                Err(e) => record(Err(e.to_string()), Instant::now(), &mut first_done, &mut last_done),
+                Err(e) => record(
+                    Err(e.to_string()),
+                    Instant::now(),
+                    &mut first_done,
+                    &mut last_done,
+                ),
             }
             index += 1;
         }
@@ -417,12 +430,18 @@ impl Generator {
             self.limiter.acquire().await;
             let c = self.client.clone();
             let res = match self.spec.kind {
-                Kind::Pod => Api::<Pod>::namespaced(c, ns).delete_collection(&dp, &lp).await.map(drop),
+                Kind::Pod => Api::<Pod>::namespaced(c, ns)
+                    .delete_collection(&dp, &lp)
+                    .await
+                    .map(drop),
                 Kind::Deployment => Api::<Deployment>::namespaced(c, ns)
                     .delete_collection(&dp, &lp)
                     .await
                     .map(drop),
-                Kind::Job => Api::<Job>::namespaced(c, ns).delete_collection(&dp, &lp).await.map(drop),
+                Kind::Job => Api::<Job>::namespaced(c, ns)
+                    .delete_collection(&dp, &lp)
+                    .await
+                    .map(drop),
             };
             res.map_err(|e| anyhow::anyhow!("cleanup in {ns}: {}", api_error(&e)))?;
         }
@@ -467,7 +486,10 @@ mod tests {
             size: 10,
             every: Duration::from_secs(2),
         };
-        assert_eq!((b.due(9), b.due(10), b.due(25)), (Duration::ZERO, Duration::from_secs(2), Duration::from_secs(4)));
+        assert_eq!(
+            (b.due(9), b.due(10), b.due(25)),
+            (Duration::ZERO, Duration::from_secs(2), Duration::from_secs(4))
+        );
         assert_eq!(b.rate(), 5.0);
     }
 
@@ -480,10 +502,29 @@ mod tests {
             let e = s.validate().unwrap_err().to_string();
             assert!(e.contains(what), "{e}");
         };
-        bad(|s| s.pace = Pace::Uniform { rate: 0.0 }, "--rate must be a positive");
+        bad(
+            |s| s.pace = Pace::Uniform { rate: 0.0 },
+            "--rate must be a positive",
+        );
         bad(|s| s.pace = Pace::Uniform { rate: f64::NAN }, "--rate");
-        bad(|s| s.pace = Pace::Bursts { size: 0, every: Duration::from_secs(1) }, "--burst-size");
-        bad(|s| s.pace = Pace::Bursts { size: 3, every: Duration::ZERO }, "--burst-every");
+        bad(
+            |s| {
+                s.pace = Pace::Bursts {
+                    size: 0,
+                    every: Duration::from_secs(1),
+                }
+            },
+            "--burst-size",
+        );
+        bad(
+            |s| {
+                s.pace = Pace::Bursts {
+                    size: 3,
+                    every: Duration::ZERO,
+                }
+            },
+            "--burst-every",
+        );
         bad(|s| s.count = None, "--count N, --duration D");
         bad(|s| s.count = Some(0), "--count must be at least 1");
         bad(|s| s.replicas = 0, "--replicas");

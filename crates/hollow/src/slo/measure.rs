@@ -444,7 +444,10 @@ mod tests {
     #[test]
     fn nearest_rank_takes_the_sample_at_the_ceiling_rank() {
         let p = Percentiles::nearest_rank((1..=100).map(f64::from).rev().collect());
-        assert_eq!((p.count, p.p50, p.p90, p.p99, p.max), (100, 50.0, 90.0, 99.0, 100.0));
+        assert_eq!(
+            (p.count, p.p50, p.p90, p.p99, p.max),
+            (100, 50.0, 90.0, 99.0, 100.0)
+        );
         // 10 samples: rank ⌈9.9⌉ = 10 for p99, ⌈5⌉ = 5 for p50
         let p = Percentiles::nearest_rank((1..=10).map(f64::from).collect());
         assert_eq!((p.p50, p.p90, p.p99), (5.0, 9.0, 10.0));
@@ -481,10 +484,19 @@ mod tests {
     fn phases_come_from_first_sightings_and_the_pods_own_timestamps() {
         let mut r = Recorder::default();
         r.observe(&pod("Pending", None, None, false), ts("2026-01-01T00:00:00.100Z"));
-        r.observe(&pod("Pending", Some("n1"), None, false), ts("2026-01-01T00:00:00.300Z"));
-        r.observe(&pod("Pending", Some("n1"), None, false), ts("2026-01-01T00:00:00.900Z"));
+        r.observe(
+            &pod("Pending", Some("n1"), None, false),
+            ts("2026-01-01T00:00:00.300Z"),
+        );
+        r.observe(
+            &pod("Pending", Some("n1"), None, false),
+            ts("2026-01-01T00:00:00.900Z"),
+        );
         // Running but the container not started yet: not the run phase
-        r.observe(&pod("Running", Some("n1"), None, false), ts("2026-01-01T00:00:01.000Z"));
+        r.observe(
+            &pod("Running", Some("n1"), None, false),
+            ts("2026-01-01T00:00:01.000Z"),
+        );
         r.observe(
             &pod("Running", Some("n1"), Some("2026-01-01T00:00:01Z"), false),
             ts("2026-01-01T00:00:01.500Z"),
@@ -493,14 +505,29 @@ mod tests {
             &pod("Running", Some("n1"), Some("2026-01-01T00:00:01Z"), false),
             ts("2026-01-01T00:00:09Z"),
         );
-        assert_eq!(r.counts(), Counts { seen: 1, scheduled: 1, running: 1 });
+        assert_eq!(
+            r.counts(),
+            Counts {
+                seen: 1,
+                scheduled: 1,
+                running: 1
+            }
+        );
         let rec = &r.records()[0];
         let ms = |t| rec.latency_ms(t).unwrap();
-        assert_eq!(ms(Transition::CreateToSchedule), 300.0, "from the watch without an event");
+        assert_eq!(
+            ms(Transition::CreateToSchedule),
+            300.0,
+            "from the watch without an event"
+        );
         r.scheduled_event("u1", ts("2026-01-01T00:00:00.250Z"));
         let rec = &r.records()[0];
         let ms = |t| rec.latency_ms(t).unwrap();
-        assert_eq!(ms(Transition::CreateToSchedule), 250.0, "the scheduler's event wins");
+        assert_eq!(
+            ms(Transition::CreateToSchedule),
+            250.0,
+            "the scheduler's event wins"
+        );
         assert_eq!(ms(Transition::ScheduleToRun), 750.0);
         assert_eq!(ms(Transition::RunToWatch), 500.0);
         assert_eq!(ms(Transition::ScheduleToWatch), 1250.0);
@@ -527,7 +554,10 @@ mod tests {
         }
         r.pulled("b");
         let side = ClusterSide::from_records(&r.records());
-        assert_eq!((side.pods, side.running, side.excluded_init, side.excluded_pull), (3, 3, 1, 1));
+        assert_eq!(
+            (side.pods, side.running, side.excluded_init, side.excluded_pull),
+            (3, 3, 1, 1)
+        );
         assert_eq!(side.get(Transition::PodStartup).count, 1);
     }
 
@@ -538,7 +568,12 @@ mod tests {
         let t: Threshold = "schedule_to_run:p90=1500ms".parse().unwrap();
         assert_eq!((t.transition, t.percentile), (Transition::ScheduleToRun, 90));
         assert!("p95=1s".parse::<Threshold>().unwrap_err().contains("p95"));
-        assert!("nope:p99=1s".parse::<Threshold>().unwrap_err().contains("unknown transition"));
+        assert!(
+            "nope:p99=1s"
+                .parse::<Threshold>()
+                .unwrap_err()
+                .contains("unknown transition")
+        );
         assert!("p99".parse::<Threshold>().is_err());
         assert!("p99=0s".parse::<Threshold>().is_err());
         let side = ClusterSide {
@@ -552,10 +587,20 @@ mod tests {
             excluded_pull: 0,
             schedule_from_watch: 0,
         };
-        let v = verdicts(&side, &["p99=1s".parse().unwrap(), "p99=5s".parse().unwrap(), "p50=1s".parse().unwrap()]);
+        let v = verdicts(
+            &side,
+            &[
+                "p99=1s".parse().unwrap(),
+                "p99=5s".parse().unwrap(),
+                "p50=1s".parse().unwrap(),
+            ],
+        );
         assert_eq!(v.iter().map(|v| v.pass).collect::<Vec<_>>(), [false, true, false]);
         assert_eq!(v[0].value_ms, 2500.0);
         let empty = ClusterSide::from_records(&[]);
-        assert!(!verdicts(&empty, &[Threshold::default()])[0].pass, "no data is no pass");
+        assert!(
+            !verdicts(&empty, &[Threshold::default()])[0].pass,
+            "no data is no pass"
+        );
     }
 }

@@ -272,7 +272,10 @@ mod tests {
         for q in [0.0, 0.1, 0.5, 0.9, 0.99, 0.999, 1.0] {
             assert_eq!(m.value_at_quantile(q), w.value_at_quantile(q), "quantile {q}");
         }
-        assert_eq!(merged.stage("containers_started"), whole.stage("containers_started"));
+        assert_eq!(
+            merged.stage("containers_started"),
+            whole.stage("containers_started")
+        );
         assert_eq!(merged.sli, vec![(1.0, 10), (5.0, 50), (f64::INFINITY, 52)]);
     }
 

@@ -73,7 +73,9 @@ fn bounds(chart: &Chart<'_>) -> ((f64, f64), (f64, f64)) {
         .flat_map(|s| s.points.iter().map(|p| p.0))
         .chain(chart.markers.iter().map(|m| m.0));
     let ys = chart.series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
-    let (mut x0, mut x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
+    let (mut x0, mut x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+        (a.min(x), b.max(x))
+    });
     let y1 = ys.fold(0.0_f64, f64::max);
     if !x0.is_finite() || !x1.is_finite() {
         (x0, x1) = (0.0, 1.0);
@@ -133,7 +135,9 @@ pub fn svg(chart: &Chart<'_>) -> anyhow::Result<String> {
             c.draw_series(LineSeries::new(points, color.stroke_width(2)))
                 .map_err(e)?
                 .label(s.name.clone())
-                .legend(move |(lx, ly)| PathElement::new(vec![(lx, ly), (lx + 20, ly)], color.stroke_width(2)));
+                .legend(move |(lx, ly)| {
+                    PathElement::new(vec![(lx, ly), (lx + 20, ly)], color.stroke_width(2))
+                });
         }
         c.configure_series_labels()
             .position(SeriesLabelPosition::LowerRight)
@@ -179,7 +183,12 @@ pub fn cdf(mut samples: Vec<f64>) -> Vec<(f64, f64)> {
     let start = samples.first().map(|v| (*v, 0.0));
     start
         .into_iter()
-        .chain(samples.into_iter().enumerate().map(|(i, v)| (v, (i + 1) as f64 / n)))
+        .chain(
+            samples
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| (v, (i + 1) as f64 / n)),
+        )
         .collect()
 }
 
@@ -201,7 +210,12 @@ fn cluster_cdf(r: &SloResult) -> Chart<'static> {
         markers: r
             .verdicts
             .iter()
-            .map(|v| (v.threshold.limit.as_secs_f64() * 1000.0, format!("SLO {}", v.threshold)))
+            .map(|v| {
+                (
+                    v.threshold.limit.as_secs_f64() * 1000.0,
+                    format!("SLO {}", v.threshold),
+                )
+            })
             .collect(),
         steps: false,
     }
@@ -220,7 +234,10 @@ fn node_cdf(r: &SloResult) -> Option<Chart<'static>> {
             let points = std::iter::once(first)
                 .chain(h.iter_recorded().map(|v| {
                     seen += v.count_at_value();
-                    (h.highest_equivalent(v.value_iterated_to()) as f64 / 1000.0, seen as f64 / n)
+                    (
+                        h.highest_equivalent(v.value_iterated_to()) as f64 / 1000.0,
+                        seen as f64 / n,
+                    )
                 }))
                 .collect();
             Some(Series {
@@ -241,7 +258,8 @@ fn node_cdf(r: &SloResult) -> Option<Chart<'static>> {
 
 fn timeline(r: &SloResult) -> Chart<'static> {
     let origin = r.started;
-    let secs = |t: k8s_openapi::jiff::Timestamp| t.duration_since(origin).as_secs_f64().max(0.0).floor() as usize;
+    let secs =
+        |t: k8s_openapi::jiff::Timestamp| t.duration_since(origin).as_secs_f64().max(0.0).floor() as usize;
     let mut bins: [Vec<f64>; 3] = Default::default();
     let mut bump = |i: usize, at: Option<k8s_openapi::jiff::Timestamp>| {
         if let Some(at) = at {
@@ -281,8 +299,7 @@ fn timeline(r: &SloResult) -> Chart<'static> {
 
 fn api_latency(r: &SloResult) -> Option<Chart<'static>> {
     let scrapes = r.api.as_ref().ok().filter(|s| s.len() >= 2)?;
-    let verbs: std::collections::BTreeSet<&String> =
-        scrapes.iter().flat_map(|s| s.by_verb.keys()).collect();
+    let verbs: std::collections::BTreeSet<&String> = scrapes.iter().flat_map(|s| s.by_verb.keys()).collect();
     let series = verbs
         .into_iter()
         .filter_map(|verb| {

@@ -12,8 +12,12 @@ use super::measure::Counts;
 /// `[#####.....] created 500  scheduled 480  running 450` — the bar fills with running over created.
 pub fn line(created: u64, c: Counts, width: usize) -> String {
     let running = c.running as u64;
-    let filled = usize::try_from((running.min(created) * width as u64).checked_div(created).unwrap_or(0))
-        .unwrap_or(width);
+    let filled = usize::try_from(
+        (running.min(created) * width as u64)
+            .checked_div(created)
+            .unwrap_or(0),
+    )
+    .unwrap_or(width);
     format!(
         "[{}{}] created {created}  scheduled {}  running {}",
         "#".repeat(filled),
@@ -69,6 +73,9 @@ mod tests {
             running: 5,
         };
         assert_eq!(line(10, c, 10), "[#####.....] created 10  scheduled 8  running 5");
-        assert_eq!(line(0, Counts::default(), 4), "[....] created 0  scheduled 0  running 0");
+        assert_eq!(
+            line(0, Counts::default(), 4),
+            "[....] created 0  scheduled 0  running 0"
+        );
     }
 }

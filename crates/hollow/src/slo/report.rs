@@ -74,12 +74,21 @@ pub fn node_perfdata(r: &SloResult) -> Option<PerfData> {
     let mut items: Vec<DataItem> = fleet
         .rows()
         .iter()
-        .map(|(name, p)| item(p, &[("Metric", (*name).to_owned()), ("Count", p.count.to_string())], true))
+        .map(|(name, p)| {
+            item(
+                p,
+                &[("Metric", (*name).to_owned()), ("Count", p.count.to_string())],
+                true,
+            )
+        })
         .collect();
     let sli = fleet.sli();
     items.push(item(
         &sli,
-        &[("Metric", "pod_start_sli".to_owned()), ("Count", sli.count.to_string())],
+        &[
+            ("Metric", "pod_start_sli".to_owned()),
+            ("Count", sli.count.to_string()),
+        ],
         true,
     ));
     Some(PerfData {
@@ -152,7 +161,10 @@ pub fn table(r: &SloResult) -> String {
         c.excluded_pull,
         c.excluded_init,
         if c.schedule_from_watch > 0 {
-            format!("; {} pods' schedule time from the watch (no Scheduled event)", c.schedule_from_watch)
+            format!(
+                "; {} pods' schedule time from the watch (no Scheduled event)",
+                c.schedule_from_watch
+            )
         } else {
             String::new()
         }
@@ -161,10 +173,17 @@ pub fn table(r: &SloResult) -> String {
         "  {:<22} {:>6} {:>9} {:>9} {:>9} {:>9}",
         "", "count", "p50 ms", "p90 ms", "p99 ms", "max ms"
     );
-    let _ = writeln!(out, "Cluster side (clusterloader2 PodStartupLatency, nearest rank):");
+    let _ = writeln!(
+        out,
+        "Cluster side (clusterloader2 PodStartupLatency, nearest rank):"
+    );
     let _ = writeln!(out, "{header}");
     for (t, p) in &c.transitions {
-        let extra = if *t == Transition::PodStartup { "<- the SLO's figure" } else { "" };
+        let extra = if *t == Transition::PodStartup {
+            "<- the SLO's figure"
+        } else {
+            ""
+        };
         row(&mut out, t.name(), p, extra);
     }
     if let Some(fleet) = &r.fleet {
@@ -193,8 +212,15 @@ pub fn table(r: &SloResult) -> String {
     match &r.api {
         Ok(s) if s.len() >= 2 => {
             let run = apiserver::delta(&s[s.len() - 1].by_verb, &s[0].by_verb);
-            let _ = writeln!(out, "API server request latency during the run (its /metrics, interpolated):");
-            let _ = writeln!(out, "  {:<22} {:>6} {:>9} {:>9} {:>9}", "verb", "count", "p50 ms", "p90 ms", "p99 ms");
+            let _ = writeln!(
+                out,
+                "API server request latency during the run (its /metrics, interpolated):"
+            );
+            let _ = writeln!(
+                out,
+                "  {:<22} {:>6} {:>9} {:>9} {:>9}",
+                "verb", "count", "p50 ms", "p90 ms", "p99 ms"
+            );
             for (verb, b) in run.iter().filter(|(_, b)| apiserver::total(b) > 0) {
                 let q = |x| apiserver::quantile_ms(b, x);
                 let _ = writeln!(
@@ -219,7 +245,10 @@ pub fn table(r: &SloResult) -> String {
         l.created,
         r.expected_pods,
         l.failed,
-        l.first_error.as_ref().map(|e| format!(" (first: {e})")).unwrap_or_default(),
+        l.first_error
+            .as_ref()
+            .map(|e| format!(" (first: {e})"))
+            .unwrap_or_default(),
         l.churned,
         l.asked_rate,
         l.achieved_rate,
@@ -301,10 +330,20 @@ pub fn write_dir(r: &SloResult, dir: &Path) -> anyhow::Result<Written> {
         &mut files,
     )?;
     if let Some(p) = node_perfdata(r) {
-        write(dir, &format!("NodeStartupStages_{}.json", r.run_id), &json(&p)?, &mut files)?;
+        write(
+            dir,
+            &format!("NodeStartupStages_{}.json", r.run_id),
+            &json(&p)?,
+            &mut files,
+        )?;
     }
     if let Some(p) = api_perfdata(r) {
-        write(dir, &format!("APIResponsiveness_{}.json", r.run_id), &json(&p)?, &mut files)?;
+        write(
+            dir,
+            &format!("APIResponsiveness_{}.json", r.run_id),
+            &json(&p)?,
+            &mut files,
+        )?;
     }
     write(dir, "pods.csv", pods_csv(r).as_bytes(), &mut files)?;
     let plots = super::plots::write_all(r, dir)?;
@@ -328,7 +367,11 @@ fn index_html(r: &SloResult, text: &str, files: &[String]) -> String {
         body,
         "<p>Started {}; {}.</p>",
         r.started,
-        if r.pass() { "<b>SLO met</b>" } else { "<b>SLO not met</b>" }
+        if r.pass() {
+            "<b>SLO met</b>"
+        } else {
+            "<b>SLO not met</b>"
+        }
     );
     let _ = writeln!(body, "<pre>{}</pre>", escape(text));
     for f in files.iter().filter(|f| f.ends_with(".svg")) {
@@ -340,7 +383,10 @@ fn index_html(r: &SloResult, text: &str, files: &[String]) -> String {
         );
     }
     let _ = writeln!(body, "<h2>Data</h2><ul>");
-    for f in files.iter().filter(|f| !f.ends_with(".svg") && !f.ends_with(".png")) {
+    for f in files
+        .iter()
+        .filter(|f| !f.ends_with(".svg") && !f.ends_with(".png"))
+    {
         let _ = writeln!(body, "<li><a href=\"{f}\">{f}</a></li>");
     }
     let _ = writeln!(body, "</ul>");

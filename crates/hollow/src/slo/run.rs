@@ -118,7 +118,11 @@ async fn watch(
 
 /// Reads the scheduler's `Scheduled` and the kubelets' `Pulling` events of the run's namespaces into the
 /// records (by pod UID).
-async fn read_events(client: &kube::Client, namespaces: &[String], recorder: &Mutex<Recorder>) -> anyhow::Result<()> {
+async fn read_events(
+    client: &kube::Client,
+    namespaces: &[String],
+    recorder: &Mutex<Recorder>,
+) -> anyhow::Result<()> {
     for ns in namespaces {
         let events: Api<Event> = Api::namespaced(client.clone(), ns);
         for reason in ["Scheduled", "Pulling"] {

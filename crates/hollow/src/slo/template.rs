@@ -49,8 +49,7 @@ pub fn builtin() -> PodTemplateSpec {
 /// (`Deployment`, `ReplicaSet`, `StatefulSet`, `DaemonSet`, `Job`), or a bare template (`metadata` and a
 /// `spec` with containers). Anything else is refused, naming what it is.
 pub fn from_yaml(text: &str, origin: &str) -> anyhow::Result<PodTemplateSpec> {
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(text).with_context(|| format!("{origin}: not YAML"))?;
+    let doc: serde_yaml::Value = serde_yaml::from_str(text).with_context(|| format!("{origin}: not YAML"))?;
     let not_template = |what: String| anyhow::anyhow!("{origin}: not a pod template: {what}");
     let doc = serde_json::to_value(doc).with_context(|| format!("{origin}: not a YAML mapping"))?;
     if !doc.is_object() {
@@ -180,7 +179,10 @@ mod tests {
         ] {
             let t = from_yaml(yaml, "t.yaml").unwrap_or_else(|e| panic!("{yaml}: {e}"));
             assert_eq!(t.spec.unwrap().containers[0].image.as_deref(), Some("b"));
-            assert!(t.metadata.is_none_or(|m| m.name.is_none() && m.namespace.is_none()));
+            assert!(
+                t.metadata
+                    .is_none_or(|m| m.name.is_none() && m.namespace.is_none())
+            );
         }
     }
 
@@ -210,7 +212,10 @@ mod tests {
         };
         let spec = j.spec.unwrap();
         assert_eq!((spec.parallelism, spec.completions), (Some(2), Some(2)));
-        assert_eq!(spec.template.spec.unwrap().restart_policy.as_deref(), Some("Never"));
+        assert_eq!(
+            spec.template.spec.unwrap().restart_policy.as_deref(),
+            Some("Never")
+        );
         let Object::Pod(p) = object(Kind::Pod, &t, "r1", 5, "ns", 1).unwrap() else {
             panic!("a Pod")
         };
