@@ -178,6 +178,9 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
     let cp = control_plane().await?;
     let fleet = start_fleet(cp, "slo", nodes, &[]).await?;
     let dir = tempfile::tempdir()?;
+    // HOLLOW_SLO_REPORT keeps the report directory (for a demonstration run)
+    let kept = std::env::var_os("HOLLOW_SLO_REPORT").map(std::path::PathBuf::from);
+    let report_dir = kept.as_deref().unwrap_or(dir.path());
     let url = format!("http://{}", fleet.addr);
     let (count, rate) = (pods.to_string(), rate.to_string());
     let result = slo(
@@ -197,7 +200,7 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
     )
     .await?;
     fleet.stop().await;
-    let written = hollow::slo::report::write_dir(&result, dir.path())?;
+    let written = hollow::slo::report::write_dir(&result, report_dir)?;
     let table = hollow::slo::report::table(&result);
     println!("{table}");
     println!("report files: {:?}", written.files);
@@ -236,12 +239,12 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
         "api_latency.svg",
         "api_latency.png",
     ] {
-        let meta = std::fs::metadata(dir.path().join(f))?;
+        let meta = std::fs::metadata(report_dir.join(f))?;
         assert!(meta.len() > 100, "{f} has content");
     }
-    let html = std::fs::read_to_string(dir.path().join("index.html"))?;
+    let html = std::fs::read_to_string(report_dir.join("index.html"))?;
     assert!(html.contains("cluster_cdf.png") && html.contains("PodStartupLatency_"));
-    let cl2 = perfdata(dir.path(), "PodStartupLatency_")?;
+    let cl2 = perfdata(report_dir, "PodStartupLatency_")?;
     assert_eq!(cl2.version, "1.0");
     for t in Transition::ALL {
         let data = metric(&cl2, t.name());
@@ -254,7 +257,7 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
         assert!(data["Perc50"] <= data["Perc90"] && data["Perc90"] <= data["Perc99"]);
     }
     assert!(cl2.data_items.iter().all(|i| i.unit == "ms"));
-    let stages = perfdata(dir.path(), "NodeStartupStages_")?;
+    let stages = perfdata(report_dir, "NodeStartupStages_")?;
     assert_eq!(metric(&stages, "status_reported").len(), 4);
 
     // schedule_to_watch holds the node's whole watch_observed → status_reported span plus the delivery of

@@ -228,12 +228,13 @@ impl Recorder {
             counts.scheduled += 1;
         }
         let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-        if rec.running_seen.is_none() && running {
-            if let Some(started) = all_started(pod) {
-                rec.running_seen = Some(now);
-                rec.started = Some(started);
-                counts.running += 1;
-            }
+        if rec.running_seen.is_none()
+            && running
+            && let Some(started) = all_started(pod)
+        {
+            rec.running_seen = Some(now);
+            rec.started = Some(started);
+            counts.running += 1;
         }
     }
 

@@ -252,10 +252,10 @@ pub async fn run(client: kube::Client, opts: SloOptions) -> anyhow::Result<SloRe
         .iter()
         .filter(|r| r.running_seen.is_none() && !r.deleted)
         .count();
-    if !opts.keep {
-        if let Err(e) = generator.cleanup().await {
-            tracing::warn!(error = %e, "cleanup");
-        }
+    if !opts.keep
+        && let Err(e) = generator.cleanup().await
+    {
+        tracing::warn!(error = %e, "cleanup");
     }
     Ok(SloResult {
         run_id,
