@@ -261,11 +261,14 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
     assert_eq!(metric(&stages, "status_reported").len(), 4);
 
     // schedule_to_watch holds the node's whole watch_observed → status_reported span plus the delivery of
-    // the binding to the node and of the Running status back to the measuring watch. Compared over the
-    // same pods (all of them: the node side cannot leave out the SLO's exclusions). Two edges are not
-    // ordered: the scheduler stamps its event after its bind call returns, which may be after the node saw
-    // the binding, and the node marks status_reported when its PATCH returns, which may be after the watch
-    // delivered the status; each is a millisecond or two, hence the allowance.
+    // the binding to the node and of the Running status back to the measuring watch, so over the same pods
+    // (all of them: the node side cannot leave out the SLO's exclusions) it is the longer one at the median.
+    // Two edges are not ordered, though: the scheduler stamps its event after its bind call returns
+    // (measured: from 60 ms before to 124 ms after the watch saw the binding, 1,000 pods at 50/s), and the
+    // node marks status_reported when its PATCH's response arrives, which under load can come after the
+    // watch has delivered the committed status. In the tail the node's span can be the longer (1,000 pods:
+    // p99 362 ms on the node, 262 ms cluster side; 200 pods beside another run: p90 116 vs 108 ms). So the
+    // median is asserted, with an allowance for those edges, and p90/p99 are printed.
     let sched_to_watch = hollow::slo::measure::Percentiles::nearest_rank(
         result
             .records
@@ -283,15 +286,13 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
         node_span.p90,
         node_span.p99
     );
-    for q in [50, 90, 99] {
-        let allowance = 2.0 + node_span.get(q) * 0.02;
-        assert!(
-            sched_to_watch.get(q) >= node_span.get(q) - allowance,
-            "p{q}: cluster schedule_to_watch {} < node span {}",
-            sched_to_watch.get(q),
-            node_span.get(q)
-        );
-    }
+    let allowance = 5.0 + node_span.p50 * 0.05;
+    assert!(
+        sched_to_watch.p50 >= node_span.p50 - allowance,
+        "p50: cluster schedule_to_watch {} < node span {}",
+        sched_to_watch.p50,
+        node_span.p50
+    );
     let v = &result.verdicts[0];
     assert_eq!(
         v.pass,
