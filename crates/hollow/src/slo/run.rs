@@ -240,13 +240,23 @@ pub async fn run(client: kube::Client, opts: SloOptions) -> anyhow::Result<SloRe
     let (fleet, fleet_parts) = if opts.fleet.is_empty() {
         (None, Vec::new())
     } else {
-        let after = node_side::fetch_all(&opts.fleet).await?;
-        let parts = after
-            .iter()
-            .zip(&before)
-            .map(|(a, b)| a.since(b))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        (Some(FleetSnapshot::merge(&parts)?), parts)
+        // a node records status_reported when its PATCH's response arrives, which can be after the watch
+        // saw the pod Running: give the fleet up to 10 s to account for every pod the watch saw running
+        let running = records.iter().filter(|r| r.running_seen.is_some()).count();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let after = node_side::fetch_all(&opts.fleet).await?;
+            let parts = after
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| a.since(b))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let merged = FleetSnapshot::merge(&parts)?;
+            if merged.stage("status_reported").count >= running || Instant::now() >= deadline {
+                break (Some(merged), parts);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     };
     let not_running = records
         .iter()
