@@ -2,7 +2,8 @@
 //! and plots, with the cluster-side schedule_to_watch containing the node-side watch_observed →
 //! status_reported span; two extra seconds of container start show up in schedule_to_run and the node's
 //! containers_started stage and decide the verdicts; a fleet split over two processes gives the merged
-//! table; bad input is refused before any pod exists.
+//! table; Deployments in bursts over two namespaces with churn, and Jobs from a user's template kept with
+//! `--keep`, are measured and cleaned up; bad input is refused before any pod exists.
 //!
 //! Scale by environment (the CI default is small): `HOLLOW_SLO_PODS` (200), `HOLLOW_SLO_NODES` (50),
 //! `HOLLOW_SLO_RATE` (50 pods/s).
@@ -564,5 +565,117 @@ async fn bad_input_is_refused_before_any_pod_is_created() -> anyhow::Result<()> 
         left.is_none_or(|n| n.metadata.deletion_timestamp.is_some()),
         "the namespace made for the run is deleted"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_in_bursts_with_churn_and_jobs_from_a_template_are_measured_and_cleaned_up()
+-> anyhow::Result<()> {
+    init_logging();
+    let _serial = SERIAL.lock().await;
+    let cp = control_plane().await?;
+    let fleet = start_fleet(cp, "kinds", 10, &[]).await?;
+    let url = format!("http://{}", fleet.addr);
+    let namespaces: Api<Namespace> = Api::all(cp.admin_client().await?);
+
+    // bursts of 4 Deployments (3 replicas each) every second for 2 s, over two namespaces, then 1 s of churn:
+    // the first burst's 4 objects are deleted and 4 new ones made
+    let result = slo(
+        cp,
+        &[
+            "--kind",
+            "deployment",
+            "--replicas",
+            "3",
+            "--burst-size",
+            "4",
+            "--burst-every",
+            "1s",
+            "--duration",
+            "2s",
+            "--churn",
+            "1s",
+            "--namespace",
+            "slo-k1",
+            "--namespace",
+            "slo-k2",
+            "--node-selector",
+            "fleet=kinds",
+            "--fleet",
+            &url,
+        ],
+    )
+    .await?;
+    println!("{}", hollow::slo::report::table(&result));
+    assert_eq!(
+        (result.load.created, result.load.churned),
+        (12, 4),
+        "8 in bursts, 4 by churn"
+    );
+    assert_eq!(result.expected_pods, 36);
+    assert_eq!(result.load.asked_rate, 4.0);
+    assert_eq!(result.cluster.pods, 36, "every Deployment's pods measured");
+    assert_eq!(result.not_running, 0);
+    let of_churn = result
+        .records
+        .iter()
+        .filter(|r| (8..12).any(|i| r.name.starts_with(&format!("slo-{}-{i}-", result.run_id))))
+        .count();
+    assert_eq!(of_churn, 12, "the Deployments churn made ran their pods");
+    for ns in ["slo-k1", "slo-k2"] {
+        assert!(result.records.iter().any(|r| r.namespace == ns), "pods in {ns}");
+        let left = namespaces.get_opt(ns).await?;
+        assert!(
+            left.is_none_or(|n| n.metadata.deletion_timestamp.is_some()),
+            "{ns}, made for the run, is deleted at cleanup"
+        );
+    }
+
+    // Jobs from a user's Pod manifest, kept afterwards
+    let dir = tempfile::tempdir()?;
+    let template = dir.path().join("pod.yaml");
+    std::fs::write(
+        &template,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: ignored, labels: {team: perf}}\n\
+         spec: {containers: [{name: worker, image: registry.test/worker:1, resources: {requests: {cpu: 100m}}}]}\n",
+    )?;
+    let result = slo(
+        cp,
+        &[
+            "--kind",
+            "job",
+            "--replicas",
+            "2",
+            "--count",
+            "3",
+            "--rate",
+            "10",
+            "--namespace",
+            "slo-jobs",
+            "--keep",
+            "--node-selector",
+            "fleet=kinds",
+            "--template",
+            template.to_str().unwrap_or_default(),
+        ],
+    )
+    .await?;
+    fleet.stop().await;
+    assert_eq!(result.cluster.running, 6, "3 Jobs of 2 pods each ran");
+    let pods: Api<Pod> = Api::namespaced(cp.admin_client().await?, "slo-jobs");
+    let kept = pods
+        .list(&kube::api::ListParams::default().labels("team=perf"))
+        .await?
+        .items;
+    assert_eq!(
+        kept.len(),
+        6,
+        "--keep leaves the pods, with the template's labels"
+    );
+    assert!(
+        kept.iter()
+            .all(|p| p.spec.as_ref().is_some_and(|s| s.containers[0].name == "worker"))
+    );
+    namespaces.delete("slo-jobs", &Default::default()).await?;
     Ok(())
 }
