@@ -140,11 +140,11 @@ pub fn api_perfdata(r: &SloResult) -> Option<PerfData> {
 }
 
 fn row(out: &mut String, name: &str, p: &Percentiles, extra: &str) {
-    let _ = writeln!(
-        out,
+    let line = format!(
         "  {name:<22} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {extra}",
         p.count, p.p50, p.p90, p.p99, p.max
     );
+    let _ = writeln!(out, "{}", line.trim_end());
 }
 
 /// The terminal table.
@@ -256,7 +256,11 @@ pub fn table(r: &SloResult) -> String {
         r.elapsed.as_secs_f64()
     );
     if r.not_running > 0 {
-        let _ = writeln!(out, "{} pods were not Running when the wait ended", r.not_running);
+        let _ = writeln!(
+            out,
+            "SLO not met: {} pods were not Running when the wait ended (--wait)",
+            r.not_running
+        );
     }
     for v in &r.verdicts {
         let _ = writeln!(
@@ -396,4 +400,81 @@ fn index_html(r: &SloResult, text: &str, files: &[String]) -> String {
          <body>\n{body}</body></html>\n",
         escape(&r.run_id)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::slo::load::LoadOutcome;
+    use crate::slo::measure::{ClusterSide, Threshold, verdicts};
+
+    fn result(not_running: usize) -> SloResult {
+        let cluster = ClusterSide {
+            transitions: vec![(
+                Transition::PodStartup,
+                Percentiles::nearest_rank(vec![800.0, 1200.0]),
+            )],
+            pods: 2 + not_running,
+            running: 2,
+            excluded_init: 0,
+            excluded_pull: 0,
+            schedule_from_watch: 0,
+        };
+        SloResult {
+            run_id: "r".into(),
+            started: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            records: Vec::new(),
+            verdicts: verdicts(&cluster, &[Threshold::default()]),
+            cluster,
+            fleet: None,
+            fleet_parts: Vec::new(),
+            load: LoadOutcome {
+                created: 2 + not_running as u64,
+                failed: 0,
+                first_error: None,
+                churned: 0,
+                asked_rate: 10.0,
+                achieved_rate: 9.5,
+                creation_phase: Duration::from_secs(1),
+                created_namespaces: Vec::new(),
+            },
+            expected_pods: 2 + not_running as u64,
+            not_running,
+            api: Err("forbidden".into()),
+            elapsed: Duration::from_secs(2),
+        }
+    }
+
+    #[test]
+    fn the_table_says_the_verdict_and_pods_that_never_ran_fail_it() {
+        let ok = result(0);
+        assert!(ok.pass());
+        let text = table(&ok);
+        assert!(
+            text.contains("SLO pod_startup p99 <= 5000ms: PASS (1200.0 ms over 2 pods)"),
+            "{text}"
+        );
+        assert!(text.contains("asked 10.0/s, achieved 9.5/s"), "{text}");
+        assert!(
+            text.contains("API server /metrics not reachable: forbidden"),
+            "{text}"
+        );
+        assert!(text.lines().all(|l| l == l.trim_end()), "no trailing blanks");
+        let stuck = result(3);
+        assert!(
+            !stuck.pass(),
+            "3 pods never ran: the SLO is not met whatever the percentiles"
+        );
+        assert!(table(&stuck).contains("SLO not met: 3 pods were not Running"));
+        let perf = pod_startup_perfdata(&ok);
+        assert_eq!(perf.version, "1.0");
+        let item = &perf.data_items[0];
+        assert_eq!(
+            (item.unit.as_str(), item.labels["Metric"].as_str()),
+            ("ms", "pod_startup")
+        );
+        assert_eq!(item.data["Perc99"], 1200.0);
+    }
 }

@@ -72,9 +72,10 @@ pub struct SloResult {
 }
 
 impl SloResult {
-    /// Every threshold met.
+    /// Every threshold met, and every pod ran (a pod that never started has no latency to be within any
+    /// threshold, so a run with such pods does not meet the SLO).
     pub fn pass(&self) -> bool {
-        self.verdicts.iter().all(|v| v.pass)
+        self.not_running == 0 && self.verdicts.iter().all(|v| v.pass)
     }
 }
 
