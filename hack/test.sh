@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: sets up a fresh machine (hack/setup.sh), then runs every test in the workspace — unit
-# tests, and integration tests against a real control plane (started per test binary by the testenv crate) —
-# and finally checks that no control-plane process was left behind.
+# tests, and integration tests against a real control plane (started per test binary by the testenv crate),
+# several test binaries at once — and finally checks that no control-plane process was left behind.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -9,7 +9,13 @@ bash hack/setup.sh
 
 # Real-mode tests start their own private containerd (tests/containerd/setup.sh) and tear it down by PID.
 export NODE_AGENT_CONTAINERD_SETUP=1
-cargo test --workspace --all-targets --no-fail-fast "$@"
+if [ $# -eq 0 ]; then
+  # every test binary, a few at once (hack/run-tests.py); all run even when one fails
+  python3 hack/run-tests.py
+else
+  # arguments: a plain `cargo test` with them, e.g. `bash hack/test.sh -p hollow --test fleet`
+  cargo test "$@"
+fi
 
 # Every control plane dies with its test binary; give the kernel a moment, then look for live leftovers.
 sleep 2

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Runs every test binary of the workspace, several at once.
+
+`cargo test` runs its test binaries one after another; ours mostly wait on a control plane (grace periods,
+heartbeats), so running a few side by side, each with more test threads than cores, cuts the wall time without
+starving anything. The binaries are built first (`cargo test --no-run`), then run from their package's
+directory as cargo would run them. The longest-running binaries (as measured by earlier runs, kept in the
+cache directory) start first. Binaries of one package listed in SERIAL_PACKAGES run one after another (the
+real-runtime tests each start a private containerd with bridge networking).
+
+Environment: NODE_AGENT_TEST_JOBS (binaries at once, default 3), NODE_AGENT_TEST_THREADS (test threads per
+binary, default 8), NODE_AGENT_CACHE (where the timings are kept).
+"""
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+SERIAL_PACKAGES = {"cri-real"}
+
+
+def package_name_of(package_id):
+    """`path+file:///w/crates/hollow#0.1.0` -> hollow; `path+file:///w/tests#e2e@0.1.0` -> e2e."""
+    url, _, version = package_id.partition("#")
+    if "@" in version:
+        return version.split("@")[0]
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def build(root):
+    """Builds the test binaries; returns [(package, target name, kind, executable, manifest dir)]."""
+    cmd = ["cargo", "test", "--workspace", "--all-targets", "--no-run", "--message-format=json-render-diagnostics"]
+    proc = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"test: building the tests failed ({' '.join(cmd)} exited {proc.returncode})")
+    found = []
+    for line in proc.stdout.splitlines():
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+            continue
+        if not msg.get("profile", {}).get("test"):
+            continue
+        package = msg["package_id"]
+        name = msg["target"]["name"]
+        kind = msg["target"]["kind"][0]
+        manifest_dir = str(Path(msg["manifest_path"]).parent)
+        package_name = package_name_of(package)
+        found.append((package_name, name, kind, msg["executable"], manifest_dir))
+    return found
+
+
+def main():
+    root = Path(__file__).resolve().parent.parent
+    jobs = int(os.environ.get("NODE_AGENT_TEST_JOBS", "3"))
+    threads = os.environ.get("NODE_AGENT_TEST_THREADS", "8")
+    cache = Path(os.environ.get("NODE_AGENT_CACHE", Path.home() / ".cache/node-agent"))
+    timings_file = cache / "test-timings.json"
+    try:
+        timings = json.loads(timings_file.read_text())
+    except (OSError, ValueError):
+        timings = {}
+
+    binaries = build(root)
+    groups = {}
+    for b in binaries:
+        key = b[0] if b[0] in SERIAL_PACKAGES else f"{b[0]}/{b[2]}/{b[1]}"
+        groups.setdefault(key, []).append(b)
+
+    def label(b):
+        return f"{b[0]}/{b[2]}/{b[1]}"
+
+    def expected(group):
+        return sum(timings.get(label(b), 60.0) for b in group)
+
+    order = sorted(groups.values(), key=expected, reverse=True)
+    cargo = subprocess.run(["bash", "-c", "command -v cargo"], stdout=subprocess.PIPE, text=True).stdout.strip()
+    lock = threading.Lock()
+    results = []
+    logs = Path(os.environ.get("CARGO_TARGET_DIR", root / "target")) / "test-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+
+    def run(group):
+        for b in group:
+            env = dict(os.environ, CARGO_MANIFEST_DIR=b[4], CARGO=cargo or "cargo")
+            log_path = logs / (label(b).replace("/", "-") + ".log")
+            t0 = time.monotonic()
+            with open(log_path, "w") as log:
+                code = subprocess.run(
+                    [b[3], f"--test-threads={threads}"], cwd=b[4], env=env, stdout=log, stderr=subprocess.STDOUT
+                ).returncode
+            took = time.monotonic() - t0
+            summary = ""
+            for line in reversed(log_path.read_text(errors="replace").splitlines()):
+                if line.startswith("test result:"):
+                    summary = line
+                    break
+            with lock:
+                timings[label(b)] = round(took, 1)
+                results.append((label(b), code, took, log_path))
+                state = "ok" if code == 0 else f"FAILED (exit {code})"
+                print(f"test: {label(b)}: {state} in {took:.1f}s, {time.monotonic() - start:.0f}s in; {summary}",
+                      flush=True)
+                if code != 0:
+                    print(log_path.read_text(errors="replace"), flush=True)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(run, order))
+
+    try:
+        timings_file.parent.mkdir(parents=True, exist_ok=True)
+        timings_file.write_text(json.dumps(timings, indent=1, sort_keys=True))
+    except OSError:
+        pass
+    failed = [r for r in results if r[1] != 0]
+    print(f"test: {len(results)} test binaries, {len(failed)} failed, {time.monotonic() - start:.0f}s")
+    for r in failed:
+        print(f"test: FAILED {r[0]} (log: {r[3]})")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
