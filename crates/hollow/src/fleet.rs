@@ -46,6 +46,14 @@ pub enum FleetError {
         /// Why.
         message: String,
     },
+    /// A profile's static pod manifest is unusable.
+    #[error("profile {profile}: {message}")]
+    StaticPod {
+        /// The profile.
+        profile: String,
+        /// What is wrong (names the field).
+        message: String,
+    },
 }
 
 /// How agents receive their pods.
@@ -199,6 +207,8 @@ struct ProfileTemplate {
     ephemeral_storage_bytes: u64,
     extended_resources: BTreeMap<String, u64>,
     labels: BTreeMap<String, String>,
+    /// Static pod manifests, shared by every node of the profile.
+    static_pods: Vec<(String, Arc<k8s_openapi::api::core::v1::Pod>)>,
 }
 
 fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError> {
@@ -212,6 +222,15 @@ fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError
         ephemeral_storage_bytes: defaults.ephemeral_storage_bytes,
         extended_resources: BTreeMap::new(),
         labels: p.labels.clone(),
+        static_pods: p
+            .static_manifests()
+            .map_err(|e| FleetError::StaticPod {
+                profile: p.name.clone(),
+                message: e.to_string(),
+            })?
+            .into_iter()
+            .map(|(name, pod)| (name, Arc::new(pod)))
+            .collect(),
     };
     for (resource, value) in &p.capacity {
         let q = quantity(&p.name, resource, value)?;
@@ -290,6 +309,7 @@ impl NodeFactory {
             probes: Arc::new(crate::probes::scripted(runtime.clone())),
             metrics: self.pod_metrics.clone(),
             source,
+            static_manifests: t.static_pods.clone(),
         };
         let mut builder = Agent::builder(config, self.pool.for_agent(index), Arc::new(runtime.clone()))
             .pods(pods)

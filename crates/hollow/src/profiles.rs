@@ -13,6 +13,14 @@
 //!   - name: general
 //!     weight: 1                 # the rest of the fleet, split by weight
 //!     capacity: {cpu: "8", memory: 32Gi, pods: "110"}
+//!     staticPods:               # run on every node of the profile as static pods, mirrored in the API
+//!       - apiVersion: v1
+//!         kind: Pod
+//!         metadata: {name: kube-proxy, namespace: kube-system, labels: {k8s-app: kube-proxy}}
+//!         spec:
+//!           priorityClassName: system-node-critical
+//!           hostNetwork: true
+//!           containers: [{name: kube-proxy, image: registry.k8s.io/kube-proxy:v1.36.3}]
 //! ```
 //!
 //! The file may also hold a `chaos:` section (runtime outages, flapping, churn; see [`crate::chaos`]):
@@ -123,6 +131,46 @@ pub struct Profile {
     /// Zones, assigned round robin (label `topology.kubernetes.io/zone`).
     #[serde(default)]
     pub zones: Vec<String>,
+    /// Pod manifests every node of the profile runs as static pods (named `<name>-<node>`, with mirror pods
+    /// in the API server, as a kubelet's `staticPodPath` gives them).
+    #[serde(default, rename = "staticPods")]
+    pub static_pods: Vec<serde_yaml::Value>,
+}
+
+impl Profile {
+    /// The profile's static pod manifests, decoded; each with the name that stands for its file
+    /// (`profile/<profile>/<index>`).
+    pub fn static_manifests(
+        &self,
+    ) -> Result<
+        Vec<(String, k8s_openapi::api::core::v1::Pod)>,
+        node_agent::pods::static_pods::manifest::ManifestError,
+    > {
+        use node_agent::pods::static_pods::manifest;
+        self.static_pods
+            .iter()
+            .enumerate()
+            .map(|(i, value)| {
+                let text = serde_yaml::to_string(value).unwrap_or_default();
+                let mut pods = manifest::decode(&text, false).map_err(|e| manifest::ManifestError {
+                    field: format!("staticPods[{i}].{}", e.field),
+                    message: e.message,
+                })?;
+                let pod = pods.pop().ok_or_else(|| manifest::ManifestError {
+                    field: format!("staticPods[{i}]"),
+                    message: "no pod".into(),
+                })?;
+                // the checks the agent applies, on a throw-away node name
+                manifest::prepare(pod.clone(), manifest::Origin::File("profile"), "check").map_err(|e| {
+                    manifest::ManifestError {
+                        field: format!("staticPods[{i}].{}", e.field),
+                        message: e.message,
+                    }
+                })?;
+                Ok((format!("profile/{}/{i}", self.name), pod))
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -152,6 +200,7 @@ pub fn default_profiles() -> Vec<Profile> {
         labels: BTreeMap::new(),
         taints: Vec::new(),
         zones: Vec::new(),
+        static_pods: Vec::new(),
     }]
 }
 
@@ -213,6 +262,7 @@ pub fn parse_with_chaos(
                 return Err(invalid(format!("taint {}: unknown effect {:?}", t.key, t.effect)));
             }
         }
+        p.static_manifests().map_err(|e| invalid(e.to_string()))?;
     }
     if file.profiles.is_empty() {
         return Err(ProfileError::Fit {

@@ -142,12 +142,23 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
 
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received, stopping"),
-        _ = int.recv() => tracing::info!("SIGINT received, stopping"),
-        () = token.cancelled() => {}
+    let graceful = tokio::select! {
+        _ = term.recv() => {
+            tracing::info!("SIGTERM received, stopping");
+            true
+        }
+        _ = int.recv() => {
+            tracing::info!("SIGINT received, stopping");
+            false
+        }
+        () = token.cancelled() => false,
+    };
+    if graceful {
+        // with shutdownGracePeriod set: the kubelet's graceful node shutdown (pods stopped, reported Failed)
+        agent.shutdown(flags.shutdown_timeout).await?;
+    } else {
+        agent.stop(flags.shutdown_timeout).await?;
     }
-    agent.stop(flags.shutdown_timeout).await?;
     tracing::info!(%node, "node agent stopped");
     Ok(())
 }

@@ -253,6 +253,7 @@ impl Agent {
             .normal(&ctx.node_reference(), "Starting", "Starting kubelet.");
 
         let resync = Arc::new(Notify::new());
+        let resync_status = resync.clone();
         let channels = StatusChannels {
             health: ctx.runtime_health.clone(),
             pressure: pressure_rx,
@@ -289,11 +290,27 @@ impl Agent {
         tracker.spawn(health_monitor.run());
         tracker.spawn(status.run());
         tracker.spawn(lease.run());
-        tracker.spawn(crate::pods::run_for_agent(ctx.clone(), pods));
+        let (shutdown_tx, shutdown_rx) = tokio::sync::mpsc::unbounded_channel();
+        tracker.spawn(crate::pods::run_for_agent(ctx.clone(), pods, shutdown_rx));
+        let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = shutting_down.clone();
+        ctx.health_checks.add_plain(move || {
+            if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                Err("node is shutting down".into())
+            } else {
+                Ok(())
+            }
+        });
         // Further managers (pod source, pod workers, status manager, probes, ...) are spawned here.
 
         tracker.close();
-        RunningAgent { ctx, tracker }
+        RunningAgent {
+            ctx,
+            tracker,
+            shutdown_tx,
+            shutting_down,
+            resync: resync_status,
+        }
     }
 }
 
@@ -301,6 +318,9 @@ impl Agent {
 pub struct RunningAgent {
     ctx: AgentContext,
     tracker: TaskTracker,
+    shutdown_tx: tokio::sync::mpsc::UnboundedSender<crate::pods::shutdown::ShutdownRequest>,
+    shutting_down: Arc<std::sync::atomic::AtomicBool>,
+    resync: Arc<Notify>,
 }
 
 impl RunningAgent {
@@ -322,6 +342,43 @@ impl RunningAgent {
     /// Waits until every task has ended (after the token fired).
     pub async fn wait(&self) {
         self.tracker.wait().await;
+    }
+
+    /// Graceful node shutdown, as the kubelet does when the machine shuts down, when `shutdownGracePeriod` (or
+    /// `shutdownGracePeriodByPodPriority`) is set; else the same as [`RunningAgent::stop`]. The Node turns
+    /// NotReady (`node is shutting down`) with a `NodeShutdown` event, new pods are refused, running pods are
+    /// stopped by priority group within their periods (see [`crate::pods::shutdown`]) and reported Failed,
+    /// then the agent stops (`grace` as in [`RunningAgent::stop`]).
+    pub async fn shutdown(self, grace: Duration) -> Result<(), AgentError> {
+        let k = &self.ctx.config.kubelet;
+        let groups = crate::pods::shutdown::groups(
+            k.shutdown_grace_period,
+            k.shutdown_grace_period_critical_pods,
+            &k.shutdown_grace_period_by_pod_priority,
+        );
+        if groups.is_empty() {
+            return self.stop(grace).await;
+        }
+        let total: Duration = groups.iter().map(|g| g.grace).sum();
+        tracing::info!(node = %self.ctx.config.node_name, period = ?total, "graceful node shutdown");
+        self.ctx.events.normal(
+            &self.ctx.node_reference(),
+            "NodeShutdown",
+            "Shutdown manager detected shutdown event",
+        );
+        self.shutting_down
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.resync.notify_one();
+        let (done, wait) = tokio::sync::oneshot::channel();
+        let request = crate::pods::shutdown::ShutdownRequest { groups, done };
+        if self.shutdown_tx.send(request).is_ok() {
+            // the groups' periods, then at most 5 s for the statuses to be written
+            let bound = total + Duration::from_secs(6);
+            if tokio::time::timeout(bound, wait).await.is_err() {
+                tracing::warn!(node = %self.ctx.config.node_name, "pods not all stopped within the shutdown period");
+            }
+        }
+        self.stop(grace).await
     }
 
     /// Graceful stop: fire the token, wait up to `grace` for the tasks, then (if configured) mark the Node

@@ -68,6 +68,8 @@ pub struct ControlPlane {
     info: Info,
     procs: Mutex<Vec<Proc>>,
     remove_dir_on_stop: bool,
+    /// The kube-apiserver's program and arguments (to start it again after [`ControlPlane::stop_apiserver`]).
+    apiserver_cmd: Option<(PathBuf, Vec<String>)>,
 }
 
 const INFO_FILE: &str = "control-plane.json";
@@ -251,6 +253,7 @@ impl ControlPlane {
             },
             procs: Mutex::new(Vec::new()),
             remove_dir_on_stop: opts.dir.is_none(),
+            apiserver_cmd: None,
         };
 
         // etcd
@@ -295,6 +298,7 @@ impl ControlPlane {
             "--profiling=false".into(),
         ];
         apiserver_args.extend(opts.apiserver_args.iter().cloned());
+        cp.apiserver_cmd = Some((binaries.kube_apiserver.clone(), apiserver_args.clone()));
         let apiserver = Proc::start(
             "kube-apiserver",
             &binaries.kube_apiserver,
@@ -381,7 +385,54 @@ impl ControlPlane {
             info,
             procs: Mutex::new(Vec::new()),
             remove_dir_on_stop: false,
+            apiserver_cmd: None,
         })
+    }
+
+    /// Stops the kube-apiserver only (SIGTERM, then SIGKILL after 10 s): clients see the API server
+    /// unreachable while etcd, the controller-manager and the scheduler keep running. For a control plane this
+    /// handle started; an error when it has no kube-apiserver running.
+    pub async fn stop_apiserver(&self) -> anyhow::Result<()> {
+        let proc = {
+            let mut procs = self
+                .procs
+                .lock()
+                .map_err(|_| anyhow::anyhow!("process list lock poisoned"))?;
+            let i = procs
+                .iter()
+                .position(|p| p.name() == "kube-apiserver")
+                .context("no kube-apiserver started by this handle is running")?;
+            procs.remove(i)
+        };
+        proc.stop(Duration::from_secs(10)).await
+    }
+
+    /// Starts the kube-apiserver again after [`ControlPlane::stop_apiserver`], on the same port with the same
+    /// flags (its data is in etcd), and waits up to 60 s until it is ready. Its new PID is in
+    /// [`ControlPlane::pids`], not in [`ControlPlane::info`].
+    pub async fn start_apiserver(&self) -> anyhow::Result<()> {
+        let (program, args) = self
+            .apiserver_cmd
+            .clone()
+            .context("this handle did not start the control plane")?;
+        let running = self
+            .procs
+            .lock()
+            .map(|p| p.iter().any(|p| p.name() == "kube-apiserver"))
+            .unwrap_or(false);
+        if running {
+            bail!("kube-apiserver is running already");
+        }
+        let log = self.dir.join("logs").join("kube-apiserver.log");
+        let proc = Proc::start("kube-apiserver", &program, &args, &log)?;
+        if let Ok(mut procs) = self.procs.lock() {
+            // after etcd: stopping everything stays in reverse start order
+            let at = procs.len().min(1);
+            procs.insert(at, proc);
+        }
+        self.wait_apiserver_ready(tokio::time::Instant::now() + Duration::from_secs(60))
+            .await
+            .with_context(|| crate::process::log_tail(&log, 30))
     }
 
     fn adopt(&mut self, proc: Proc) {

@@ -294,3 +294,150 @@ async fn bad_config_file_exits_non_zero_naming_the_field() -> anyhow::Result<()>
     }
     Ok(())
 }
+
+/// Graceful node shutdown: SIGTERM with `shutdownGracePeriod: 10s` and `shutdownGracePeriodCriticalPods: 4s`.
+/// The Node turns NotReady ("node is shutting down") with a NodeShutdown event; the regular pods are stopped
+/// first (one in its own 3 s, one killed when the regular 6 s are over), the critical pod
+/// (system-cluster-critical) only after them; each reported as the kubelet reports it (Failed, reason
+/// Terminated, the shutdown message, DisruptionTarget); then the agent exits 0.
+#[tokio::test]
+async fn sigterm_with_a_shutdown_grace_period_stops_regular_pods_then_critical_ones() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use kube::api::PostParams;
+    use serde_json::json;
+
+    init_logging();
+    let cp = control_plane().await?;
+    let admin = cp.admin_client().await?;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let name = "nl-shutdown";
+    let dir = audit_dir();
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("shutdown.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+         shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 4s\n",
+    )?;
+    let mut agent = AgentProcess::start(cp, name, &["--config", &config.display().to_string()])?;
+    if let Err(e) = wait_node(&nodes, name, "Ready=True", Duration::from_secs(30), |n| {
+        ready_status(n).as_deref() == Some("True")
+    })
+    .await
+    {
+        bail!("{e}\nagent log:\n{}", agent.log_tail());
+    }
+
+    let ns = "nl-shutdown";
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    if namespaces.get_opt(ns).await?.is_none() {
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+            )
+            .await?;
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    for (pod, class, stop) in [
+        ("regular", None, "3s"),
+        ("stubborn", None, "60s"),
+        ("critical", Some("system-cluster-critical"), "1s"),
+    ] {
+        let spec = json!({
+            "nodeName": name,
+            "priorityClassName": class,
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "app", "image": "nginx:1.27"}],
+        });
+        let body = json!({
+            "metadata": {"name": pod, "annotations": {"cri-fake.node-agent.io/stop-duration": stop}},
+            "spec": spec,
+        });
+        pods.create(&PostParams::default(), &serde_json::from_value(body)?)
+            .await?;
+    }
+    let phase = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default()
+    };
+    poll("three pods Running", Duration::from_secs(60), || async {
+        let list = pods.list(&ListParams::default()).await?;
+        Ok((list.items.len() == 3 && list.items.iter().all(|p| phase(p) == "Running")).then_some(()))
+    })
+    .await?;
+
+    agent.signal(nix::sys::signal::Signal::SIGTERM)?;
+    let t = Instant::now();
+    let not_ready = wait_node(
+        &nodes,
+        name,
+        "NotReady: shutting down",
+        Duration::from_secs(5),
+        |n| {
+            condition(n, "Ready").is_some_and(|c| {
+                c.status == "False"
+                    && c.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("node is shutting down"))
+            })
+        },
+    )
+    .await?;
+    println!(
+        "[node_lifecycle] {name}: NotReady after {:?}: {:?}",
+        t.elapsed(),
+        condition(&not_ready, "Ready").and_then(|c| c.message.clone())
+    );
+    // when each pod is reported stopped, seen by polling every 100 ms
+    let mut stopped: std::collections::BTreeMap<String, Duration> = Default::default();
+    while stopped.len() < 3 && t.elapsed() < Duration::from_secs(20) {
+        for p in pods.list(&ListParams::default()).await?.items {
+            let pod = p.metadata.name.clone().unwrap_or_default();
+            if phase(&p) == "Failed" && !stopped.contains_key(&pod) {
+                stopped.insert(pod, t.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("[node_lifecycle] {name}: pods reported stopped after SIGTERM: {stopped:?}");
+    let (regular, stubborn, critical) = (stopped["regular"], stopped["stubborn"], stopped["critical"]);
+    assert!(
+        regular < Duration::from_secs(5),
+        "regular stops in its own 3 s: {regular:?}"
+    );
+    assert!(
+        stubborn >= Duration::from_secs(6) && stubborn < Duration::from_secs(9),
+        "stubborn is killed when the regular pods' 6 s are over: {stubborn:?}"
+    );
+    assert!(
+        critical > stubborn && critical < Duration::from_secs(11),
+        "the critical pod goes last: {critical:?} after {stubborn:?}"
+    );
+    for p in pods.list(&ListParams::default()).await?.items {
+        let s = p.status.clone().unwrap_or_default();
+        assert_eq!(s.reason.as_deref(), Some("Terminated"), "{s:?}");
+        assert_eq!(
+            s.message.as_deref(),
+            Some("Pod was terminated in response to imminent node shutdown.")
+        );
+        let dt = s
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "DisruptionTarget")
+            .cloned()
+            .context("DisruptionTarget condition")?;
+        assert_eq!(
+            (dt.status.as_str(), dt.reason.as_deref()),
+            ("True", Some("TerminationByKubelet"))
+        );
+    }
+    let status = agent.wait_exit(Duration::from_secs(20)).await?;
+    assert!(status.success(), "exit status {status}\n{}", agent.log_tail());
+    let reasons = event_reasons(&admin, name).await?;
+    assert!(reasons.iter().any(|r| r == "NodeShutdown"), "{reasons:?}");
+    Ok(())
+}

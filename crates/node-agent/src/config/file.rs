@@ -40,6 +40,14 @@ pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 pub const KIND: &str = "KubeletConfiguration";
 
 /// A taint as written in `registerWithTaints`.
+/// One entry of `shutdownGracePeriodByPodPriority`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct FileShutdownGroup {
+    pub priority: i32,
+    pub shutdown_grace_period_seconds: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct FileTaint {
@@ -143,6 +151,8 @@ pub(crate) struct FileConfig {
     pub static_pod_path: Option<String>,
     #[serde(default, rename = "staticPodURL")]
     pub static_pod_url: Option<String>,
+    #[serde(default, rename = "staticPodURLHeader")]
+    pub static_pod_url_header: Option<BTreeMap<String, Vec<String>>>,
     #[serde(default, deserialize_with = "dur")]
     pub sync_frequency: Option<Duration>,
     #[serde(default, deserialize_with = "dur")]
@@ -255,6 +265,8 @@ pub(crate) struct FileConfig {
     pub shutdown_grace_period: Option<Duration>,
     #[serde(default, deserialize_with = "dur")]
     pub shutdown_grace_period_critical_pods: Option<Duration>,
+    #[serde(default)]
+    pub shutdown_grace_period_by_pod_priority: Option<Vec<FileShutdownGroup>>,
     #[serde(default)]
     pub fail_swap_on: Option<bool>,
     #[serde(default)]

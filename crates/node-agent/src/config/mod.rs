@@ -197,8 +197,10 @@ pub struct KubeletConfig {
 
     /// Directory or file of static pods (default none).
     pub static_pod_path: Option<PathBuf>,
-    /// URL of static pods (default none).
+    /// URL of static pods, `http://` only (default none).
     pub static_pod_url: Option<String>,
+    /// Headers sent when fetching `static_pod_url`.
+    pub static_pod_url_header: std::collections::BTreeMap<String, Vec<String>>,
     /// Max period between pod syncs (default 1m).
     pub sync_frequency: Duration,
     /// How often the static pod path is checked (default 20s).
@@ -307,6 +309,8 @@ pub struct KubeletConfig {
     pub shutdown_grace_period: Duration,
     /// Part of it kept for critical pods (default 0).
     pub shutdown_grace_period_critical_pods: Duration,
+    /// Shutdown periods by pod priority (instead of the two above), lowest priority first.
+    pub shutdown_grace_period_by_pod_priority: Vec<crate::pods::shutdown::ShutdownGroup>,
     /// Refuse to run with swap on (default true).
     pub fail_swap_on: bool,
     /// Cgroup driver (default cgroupfs).

@@ -329,6 +329,32 @@ pub(crate) fn resolve(
             "must not be greater than shutdownGracePeriod",
         );
     }
+    let mut shutdown_grace_period_by_pod_priority = Vec::new();
+    for (i, g) in f
+        .shutdown_grace_period_by_pod_priority
+        .iter()
+        .flatten()
+        .enumerate()
+    {
+        match u64::try_from(g.shutdown_grace_period_seconds) {
+            Ok(secs) => shutdown_grace_period_by_pod_priority.push(crate::pods::shutdown::ShutdownGroup {
+                priority: g.priority,
+                grace: Duration::from_secs(secs),
+            }),
+            Err(_) => c.err(
+                &format!("shutdownGracePeriodByPodPriority[{i}].shutdownGracePeriodSeconds"),
+                "must not be negative",
+            ),
+        }
+    }
+    if !shutdown_grace_period_by_pod_priority.is_empty()
+        && !(shutdown_grace_period.is_zero() && shutdown_grace_period_critical_pods.is_zero())
+    {
+        c.err(
+            "shutdownGracePeriodByPodPriority",
+            "cannot be set together with shutdownGracePeriod or shutdownGracePeriodCriticalPods",
+        );
+    }
 
     let authn = f.authentication.clone().unwrap_or_default();
     let authz = f.authorization.clone().unwrap_or_default();
@@ -382,7 +408,8 @@ pub(crate) fn resolve(
         streaming_connection_idle_timeout: f.streaming_connection_idle_timeout.unwrap_or(secs(4 * 3600)),
 
         static_pod_path: Check::path(f.static_pod_path.as_ref()),
-        static_pod_url: f.static_pod_url.clone().filter(|s| !s.is_empty()),
+        static_pod_url: static_pod_url(&mut c, f.static_pod_url.as_deref()),
+        static_pod_url_header: f.static_pod_url_header.clone().unwrap_or_default(),
         sync_frequency: c.positive("syncFrequency", f.sync_frequency, secs(60)),
         file_check_frequency: c.positive("fileCheckFrequency", f.file_check_frequency, secs(20)),
         http_check_frequency: c.positive("httpCheckFrequency", f.http_check_frequency, secs(20)),
@@ -441,6 +468,7 @@ pub(crate) fn resolve(
         volume_stats_agg_period: f.volume_stats_agg_period.unwrap_or(secs(60)),
         shutdown_grace_period,
         shutdown_grace_period_critical_pods,
+        shutdown_grace_period_by_pod_priority,
         fail_swap_on: f.fail_swap_on.unwrap_or(true),
         cgroup_driver,
         cgroups_per_qos: f.cgroups_per_qos.unwrap_or(true),
@@ -456,3 +484,23 @@ pub(crate) fn resolve(
 #[cfg(test)]
 #[path = "resolve_tests.rs"]
 mod tests;
+
+/// `staticPodURL`: an `http://` URL with a host (fetching over TLS is not built; such a URL is refused by
+/// name rather than ignored).
+fn static_pod_url(c: &mut Check<'_>, v: Option<&str>) -> Option<String> {
+    let url = v.filter(|s| !s.is_empty())?;
+    match url.parse::<hyper::Uri>() {
+        Ok(u) if u.scheme_str() == Some("http") && u.host().is_some() => Some(url.to_owned()),
+        Ok(u) if u.scheme_str() == Some("https") => {
+            c.err(
+                "staticPodURL",
+                format!("{url:?}: only http:// URLs are supported"),
+            );
+            None
+        }
+        _ => {
+            c.err("staticPodURL", format!("{url:?} is not an http:// URL"));
+            None
+        }
+    }
+}

@@ -126,6 +126,9 @@ pub struct HealthChecks {
     checks: Arc<Mutex<Vec<(String, Check)>>>,
 }
 
+/// A check's name that words its failure as the failure alone (see [`HealthChecks::add_plain`]).
+const PLAIN: &str = "";
+
 impl fmt::Debug for HealthChecks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<String> = self.lock().iter().map(|(n, _)| n.clone()).collect();
@@ -150,12 +153,25 @@ impl HealthChecks {
         self.lock().push((name.into(), Arc::new(check)));
     }
 
+    /// Adds a check whose failure is the Ready message as it stands (e.g. `node is shutting down`).
+    pub fn add_plain(&self, check: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
+        self.lock().push((PLAIN.to_owned(), Arc::new(check)));
+    }
+
     /// The failures, worded for the Ready message.
     pub fn failures(&self) -> Vec<String> {
         let checks: Vec<(String, Check)> = self.lock().clone();
         checks
             .into_iter()
-            .filter_map(|(name, check)| check().err().map(|e| format!("{name} is not healthy: {e}")))
+            .filter_map(|(name, check)| {
+                check().err().map(|e| {
+                    if name == PLAIN {
+                        e
+                    } else {
+                        format!("{name} is not healthy: {e}")
+                    }
+                })
+            })
             .collect()
     }
 }

@@ -22,6 +22,8 @@ use super::spec::DesiredPod;
 pub struct NodeView {
     /// Node name.
     pub name: String,
+    /// The Node's UID (mirror pods name their Node as owner by it); empty when unknown.
+    pub uid: String,
     /// Allocatable cpu, millicores.
     pub cpu_milli: i64,
     /// Allocatable memory, bytes.
@@ -60,6 +62,7 @@ impl NodeView {
         }
         Self {
             name: node.metadata.name.clone().unwrap_or_default(),
+            uid: node.metadata.uid.clone().unwrap_or_default(),
             cpu_milli: get("cpu", true),
             memory: get("memory", false),
             ephemeral: get("ephemeral-storage", false),

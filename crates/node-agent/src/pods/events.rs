@@ -35,6 +35,9 @@ pub struct PodEvent {
 pub trait PodEventSink: Send + Sync + 'static {
     /// Records one event.
     fn record(&self, event: PodEvent);
+
+    /// Records one event about the Node `node` (e.g. an unusable static pod manifest). Default: dropped.
+    fn node_event(&self, _node: &str, _type_: EventType, _reason: &'static str, _message: String) {}
 }
 
 /// Discards events.
@@ -67,6 +70,19 @@ impl PodEventSink for MemoryEvents {
             v.push(event);
         }
     }
+
+    /// Kept as an event with an empty namespace and the node as name.
+    fn node_event(&self, node: &str, type_: EventType, reason: &'static str, message: String) {
+        self.record(PodEvent {
+            namespace: String::new(),
+            name: node.to_owned(),
+            uid: String::new(),
+            field_path: None,
+            type_,
+            reason,
+            message,
+        });
+    }
 }
 
 /// The agent's own event recorder (rate-limited, de-duplicating, written by the node half's event sink)
@@ -83,6 +99,10 @@ impl PodEventSink for EventRecorder {
             ..Default::default()
         };
         EventRecorder::record(self, &object, event.type_, event.reason, event.message);
+    }
+
+    fn node_event(&self, node: &str, type_: EventType, reason: &'static str, message: String) {
+        EventRecorder::record(self, &crate::events::node_reference(node), type_, reason, message);
     }
 }
 

@@ -24,8 +24,11 @@ use super::labels;
 use super::metrics::{Stage, Timeline};
 use super::observed::RuntimeView;
 use super::pleg::PlegEvent;
+use super::shutdown::{self, ShutdownRequest};
 use super::source::PodEvent;
 use super::spec::DesiredPod;
+use super::static_pods::mirror::{Desired, MirrorMsg};
+use super::static_pods::{Mirrors, StaticUpdate, manifest};
 use super::worker::{Finished, PodWorker, WorkerInit, WorkerMsg};
 
 struct Entry {
@@ -45,6 +48,60 @@ pub(crate) struct PodManager {
     done_rx: mpsc::UnboundedReceiver<Finished>,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    statics: Statics,
+    /// A graceful node shutdown has begun: new pods are refused.
+    shutting_down: bool,
+}
+
+/// The static pods side of the manager.
+pub(crate) struct Statics {
+    /// Pods by UID, per source (`file:<path>`, `http:<url>`, `memory`).
+    by_source: HashMap<String, HashMap<String, Pod>>,
+    /// Sources that have not sent a first set yet.
+    unseen: usize,
+    pub(crate) mirrors: Mirrors,
+    desired: tokio::sync::watch::Sender<Desired>,
+    to_mirror: mpsc::UnboundedSender<MirrorMsg>,
+    /// The UIDs of the API server's pods as of the last list (orphan cleanup waits for every source).
+    api_live: Option<HashSet<String>>,
+}
+
+impl Statics {
+    pub(crate) fn new(
+        sources: usize,
+        mirrors: Mirrors,
+        desired: tokio::sync::watch::Sender<Desired>,
+        to_mirror: mpsc::UnboundedSender<MirrorMsg>,
+    ) -> Self {
+        Self {
+            by_source: HashMap::new(),
+            unseen: sources,
+            mirrors,
+            desired,
+            to_mirror,
+            api_live: None,
+        }
+    }
+
+    fn uids(&self) -> impl Iterator<Item = &String> {
+        self.by_source.values().flat_map(HashMap::keys)
+    }
+
+    fn publish(&self) {
+        let desired: HashMap<_, _> = self
+            .by_source
+            .values()
+            .flat_map(HashMap::values)
+            .map(|p| {
+                let key = (
+                    p.metadata.namespace.clone().unwrap_or_default(),
+                    p.metadata.name.clone().unwrap_or_default(),
+                );
+                (key, Arc::new(p.clone()))
+            })
+            .collect();
+        self.desired.send_replace(Arc::new(desired));
+    }
 }
 
 fn terminal_phase(pod: &Pod) -> bool {
@@ -59,7 +116,12 @@ fn started_before(pod: &Pod) -> bool {
 }
 
 impl PodManager {
-    pub(crate) fn new(ctx: Arc<AgentCtx>, tracker: TaskTracker, cancel: CancellationToken) -> Self {
+    pub(crate) fn new(
+        ctx: Arc<AgentCtx>,
+        tracker: TaskTracker,
+        cancel: CancellationToken,
+        statics: Statics,
+    ) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         Self {
             ctx,
@@ -70,6 +132,8 @@ impl PodManager {
             done_rx,
             tracker,
             cancel,
+            statics,
+            shutting_down: false,
         }
     }
 
@@ -77,15 +141,27 @@ impl PodManager {
     pub(crate) async fn run(
         mut self,
         mut source: mpsc::Receiver<PodEvent>,
+        mut statics: mpsc::Receiver<StaticUpdate>,
         mut pleg: mpsc::UnboundedReceiver<PlegEvent>,
+        mut control: mpsc::UnboundedReceiver<ShutdownRequest>,
     ) {
         let mut node = self.ctx.node.clone();
+        let mut statics_open = true;
+        let mut control_open = true;
         loop {
             tokio::select! {
                 _ = self.cancel.cancelled() => break,
+                request = control.recv(), if control_open => match request {
+                    Some(request) => self.on_shutdown(request),
+                    None => control_open = false,
+                },
                 event = source.recv() => match event {
                     Some(event) => self.on_source(event).await,
                     None => break,
+                },
+                update = statics.recv(), if statics_open => match update {
+                    Some(update) => self.on_static(update).await,
+                    None => statics_open = false,
                 },
                 Some(uid) = pleg.recv() => self.on_runtime(uid),
                 Some(done) = self.done_rx.recv() => self.on_finished(done),
@@ -104,14 +180,29 @@ impl PodManager {
 
     async fn on_source(&mut self, event: PodEvent) {
         match event {
+            PodEvent::Apply(pod) if manifest::is_mirror(&pod) => {
+                let _ = self.statics.to_mirror.send(MirrorMsg::Apply(pod));
+            }
+            PodEvent::Delete(pod) if manifest::is_mirror(&pod) => {
+                let _ = self.statics.to_mirror.send(MirrorMsg::Delete(pod));
+            }
             PodEvent::Apply(pod) => self.apply(*pod),
             PodEvent::Delete(pod) => {
-                if let Some(e) = pod.metadata.uid.as_deref().and_then(|uid| self.workers.get(uid)) {
+                if let Some(uid) = pod.metadata.uid.as_deref()
+                    && !self.statics.mirrors.is_static(uid)
+                    && let Some(e) = self.workers.get(uid)
+                {
                     let _ = e.tx.send(WorkerMsg::Removed);
                 }
             }
-            PodEvent::Snapshot(mut pods) => {
-                let live: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+            PodEvent::Snapshot(pods) => {
+                let (mirrors, mut pods): (Vec<Pod>, Vec<Pod>) =
+                    pods.into_iter().partition(manifest::is_mirror);
+                let _ = self.statics.to_mirror.send(MirrorMsg::Snapshot(mirrors));
+                let api_live: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+                let mut live = api_live.clone();
+                live.extend(self.statics.uids().cloned());
+                self.statics.api_live = Some(api_live);
                 for (uid, e) in &self.workers {
                     if !live.contains(uid) {
                         let _ = e.tx.send(WorkerMsg::Removed);
@@ -124,8 +215,90 @@ impl PodManager {
                 for pod in pods {
                     self.apply(pod);
                 }
-                self.cleanup_orphans(&live).await;
+                if self.statics.unseen == 0 {
+                    self.cleanup_orphans(&live).await;
+                }
             }
+        }
+    }
+
+    /// Graceful node shutdown: refuse new pods, stop the running ones group by group, then let the status
+    /// manager write what is pending (bounded) and answer.
+    fn on_shutdown(&mut self, request: ShutdownRequest) {
+        self.shutting_down = true;
+        let pods: Vec<_> = self
+            .workers
+            .values()
+            .map(|e| (e.tx.clone(), e.pod.priority))
+            .collect();
+        let status = self.ctx.status.clone();
+        self.tracker.spawn(async move {
+            shutdown::run(request.groups, pods).await;
+            let (flushed, wait) = tokio::sync::oneshot::channel();
+            status.send(crate::pods::status::StatusMsg::Flush(flushed));
+            if tokio::time::timeout(std::time::Duration::from_secs(5), wait)
+                .await
+                .is_err()
+            {
+                tracing::warn!("pod statuses not all written after the shutdown");
+            }
+            let _ = request.done.send(());
+        });
+    }
+
+    /// A static source's pods now: new ones start, those no longer listed stop; an unchanged pod (same UID,
+    /// hence the same manifest) keeps running untouched.
+    async fn on_static(&mut self, update: StaticUpdate) {
+        let first = !self.statics.by_source.contains_key(&update.source);
+        if first {
+            self.statics
+                .by_source
+                .insert(update.source.clone(), HashMap::new());
+            self.statics.unseen = self.statics.unseen.saturating_sub(1);
+        }
+        if let Some(pods) = update.pods {
+            let mut now: HashMap<String, Pod> = pods
+                .into_iter()
+                .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
+                .collect();
+            let old = self
+                .statics
+                .by_source
+                .get_mut(&update.source)
+                .map(std::mem::take)
+                .unwrap_or_default();
+            let mut start = Vec::new();
+            for (uid, pod) in old {
+                if now.contains_key(&uid) {
+                    // keep the first-seen copy (its config.seen)
+                    now.insert(uid, pod);
+                } else if let Some(e) = self.workers.get(&uid) {
+                    tracing::info!(pod = %e.pod.name, source = %update.source, "static pod removed");
+                    let _ = e.tx.send(WorkerMsg::Removed);
+                } else {
+                    self.statics.mirrors.remove_static(&uid);
+                }
+            }
+            for (uid, pod) in &now {
+                if !self.workers.contains_key(uid) {
+                    self.statics.mirrors.add_static(uid);
+                    start.push(pod.clone());
+                }
+            }
+            self.statics.by_source.insert(update.source.clone(), now);
+            for pod in start {
+                tracing::info!(pod = ?pod.metadata.name, source = %update.source, "static pod added");
+                self.apply(pod);
+            }
+            self.statics.publish();
+        }
+        if first
+            && self.statics.unseen == 0
+            && let Some(api_live) = &self.statics.api_live
+        {
+            let mut live = api_live.clone();
+            live.extend(self.statics.uids().cloned());
+            self.cleanup_orphans(&live).await;
         }
     }
 
@@ -157,6 +330,17 @@ impl PodManager {
         }
         if gone {
             self.workers.remove(&uid);
+            let again = self
+                .statics
+                .by_source
+                .values()
+                .find_map(|pods| pods.get(&uid))
+                .cloned();
+            match again {
+                // the manifest came back while its old pod was stopping: run it again
+                Some(pod) => self.apply(pod),
+                None => self.statics.mirrors.remove_static(&uid),
+            }
         }
     }
 
@@ -190,17 +374,25 @@ impl PodManager {
             return;
         }
         let view = self.ctx.node.borrow().clone();
-        let Some(mut view) = view else {
-            self.pending.push(pod);
-            return;
-        };
-        if view.pods <= 0 {
-            view.pods = i64::from(self.ctx.config.max_pods);
-        }
-        let verdict: Result<(), Rejection> = if started_before(&pod) || desired.deletion.is_some() {
-            Ok(())
-        } else {
-            admission::admit(&pod, &desired, &view, &self.committed)
+        let is_static = self.statics.mirrors.is_static(&desired.uid);
+        let verdict: Result<(), Rejection> = match view {
+            _ if self.shutting_down && !started_before(&pod) => Err(Rejection {
+                reason: shutdown::NOT_ADMITTED_REASON.into(),
+                message: shutdown::NOT_ADMITTED_MESSAGE.into(),
+            }),
+            // static pods run before the node is registered (and while the API server is unreachable)
+            None if is_static => Ok(()),
+            None => {
+                self.pending.push(pod);
+                return;
+            }
+            Some(_) if started_before(&pod) || desired.deletion.is_some() => Ok(()),
+            Some(mut view) => {
+                if view.pods <= 0 {
+                    view.pods = i64::from(self.ctx.config.max_pods);
+                }
+                admission::admit(&pod, &desired, &view, &self.committed)
+            }
         };
         match verdict {
             Ok(()) => {
@@ -294,7 +486,8 @@ impl PodManager {
 
 /// The event reason of a rejection (event reasons are `&'static str`; admission's come from a fixed set).
 fn event_reason(reason: &str) -> &'static str {
-    const KNOWN: [&str; 7] = [
+    const KNOWN: [&str; 8] = [
+        "NodeShutdown",
         "OutOfcpu",
         "OutOfmemory",
         "OutOfpods",

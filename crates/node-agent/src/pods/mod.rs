@@ -43,8 +43,10 @@ mod pleg;
 pub mod probes;
 pub mod resources;
 mod restart;
+pub mod shutdown;
 pub mod source;
 pub mod spec;
+pub mod static_pods;
 pub mod status;
 mod sync;
 mod wiring;
@@ -64,6 +66,7 @@ pub use labels::RuntimeLayout;
 pub use metrics::{PodMetrics, Stage, StageReport};
 pub use probes::{NetTarget, NetworkProbes, ProbeOutcome, ProbeTarget, ProbeTransport, ScriptedProbes};
 pub use source::{PodEvent, PodSource, SharedPodFeed};
+pub use static_pods::StaticPodConfig;
 pub use wiring::{PodOptions, run_for_agent};
 
 use crate::api::ApiCalls;
@@ -85,6 +88,8 @@ pub struct PodConfig {
     pub shutdown_grace: Duration,
     /// Paths for sandbox logs.
     pub layout: RuntimeLayout,
+    /// Static pod sources (default: none).
+    pub static_pods: StaticPodConfig,
 }
 
 impl PodConfig {
@@ -97,6 +102,7 @@ impl PodConfig {
             relist_period: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(5),
             layout: RuntimeLayout::default(),
+            static_pods: StaticPodConfig::default(),
         }
     }
 }
@@ -120,6 +126,8 @@ pub struct PodLifecycle {
     events: Option<Arc<dyn PodEventSink>>,
     api: ApiCalls,
     source: PodSource,
+    /// Graceful node shutdown requests.
+    control: Option<mpsc::UnboundedReceiver<shutdown::ShutdownRequest>>,
     /// Extra tasks to run alongside (e.g. the node view bridge of [`PodLifecycle::for_agent`]).
     companions: Vec<Companion>,
 }
@@ -157,8 +165,18 @@ impl PodLifecycle {
             events: None,
             api: ApiCalls::new(Arc::new(Metrics::unregistered()), 0, 0),
             source: PodSource::Watch,
+            control: None,
             companions: Vec::new(),
         }
+    }
+
+    /// Takes graceful node shutdown requests from `control` (see [`shutdown`]).
+    pub fn with_shutdown_control(
+        mut self,
+        control: mpsc::UnboundedReceiver<shutdown::ShutdownRequest>,
+    ) -> Self {
+        self.control = Some(control);
+        self
     }
 
     /// Records into `metrics` (share one across a fleet).
@@ -240,6 +258,34 @@ impl PodLifecycle {
             }
         };
         let (status, status_rx) = status::StatusHandle::channel();
+        let mirrors = static_pods::Mirrors::default();
+        let problems = static_pods::Problems::new(self.config.node_name.clone(), events.clone());
+        let statics_rx = static_pods::spawn_sources(
+            &self.config.static_pods,
+            &self.config.node_name,
+            &problems,
+            &tracker,
+            &tasks,
+        );
+        let (desired_tx, desired_rx) = watch::channel(Default::default());
+        let (mirror_tx, mirror_rx) = mpsc::unbounded_channel();
+        let statics = manager::Statics::new(
+            self.config.static_pods.sources(),
+            mirrors.clone(),
+            desired_tx,
+            mirror_tx,
+        );
+        let mirror_manager = static_pods::mirror::MirrorManager::new(
+            self.client.clone(),
+            self.api.clone(),
+            self.config.node_name.clone(),
+            self.node.clone(),
+            desired_rx,
+            mirror_rx,
+            mirrors.clone(),
+            status.clone(),
+        );
+        tracker.spawn(mirror_manager.run(tasks.clone()));
         let ctx = Arc::new(context::AgentCtx {
             config: self.config,
             runtime: self.runtime,
@@ -250,8 +296,13 @@ impl PodLifecycle {
             status,
             node: self.node,
         });
-        let status_manager =
-            status::StatusManager::new(self.client.clone(), self.api.clone(), status_rx, self.metrics);
+        let status_manager = status::StatusManager::new(
+            self.client.clone(),
+            self.api.clone(),
+            status_rx,
+            self.metrics,
+            mirrors,
+        );
         tracker.spawn(status_manager.run(tasks.clone()));
         let (pleg_tx, pleg_rx) = mpsc::unbounded_channel();
         tracker.spawn(pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()));
@@ -270,8 +321,11 @@ impl PodLifecycle {
             }
         };
         let grace = ctx.config.shutdown_grace;
-        manager::PodManager::new(ctx, tracker.clone(), tasks.clone())
-            .run(source, pleg_rx)
+        // without a control channel, one that never delivers
+        let (_keep, unused) = mpsc::unbounded_channel();
+        let control = self.control.unwrap_or(unused);
+        manager::PodManager::new(ctx, tracker.clone(), tasks.clone(), statics)
+            .run(source, statics_rx, pleg_rx, control)
             .await;
         tasks.cancel();
         tracker.close();

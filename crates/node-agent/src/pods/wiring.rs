@@ -21,6 +21,9 @@ pub struct PodOptions {
     pub metrics: Arc<PodMetrics>,
     /// Where pods come from (default: the agent's own watch).
     pub source: PodSource,
+    /// Static pod manifests handed over in memory (a hollow fleet's per-node pods), each with the name that
+    /// stands for its file; run besides `staticPodPath` / `staticPodURL`.
+    pub static_manifests: Vec<(String, Arc<k8s_openapi::api::core::v1::Pod>)>,
 }
 
 impl PodOptions {
@@ -31,6 +34,7 @@ impl PodOptions {
             probes,
             metrics: Arc::new(PodMetrics::new()),
             source: PodSource::Watch,
+            static_manifests: Vec::new(),
         }
     }
 }
@@ -68,6 +72,7 @@ fn node_view(node: &NodeSnapshot, allocatable: &ResourceList) -> NodeView {
     }
     NodeView {
         name: node.name.clone(),
+        uid: node.uid.clone(),
         cpu_milli: get("cpu", true),
         memory: get("memory", false),
         ephemeral: get("ephemeral-storage", false),
@@ -120,6 +125,14 @@ impl PodLifecycle {
         config.sync_frequency = k.sync_frequency;
         config.max_pods = k.max_pods;
         config.layout.pod_logs_dir = k.pod_logs_dir.display().to_string();
+        config.static_pods = super::StaticPodConfig {
+            path: k.static_pod_path.clone(),
+            file_check_frequency: k.file_check_frequency,
+            url: k.static_pod_url.clone(),
+            url_headers: k.static_pod_url_header.clone(),
+            http_check_frequency: k.http_check_frequency,
+            manifests: options.static_manifests.clone(),
+        };
         let (tx, rx) = watch::channel(None);
         let (node, allocatable) = (ctx.node.clone(), ctx.allocatable.clone());
         let mut lifecycle = PodLifecycle::new(
@@ -141,9 +154,15 @@ impl PodLifecycle {
 }
 
 /// Runs the pod lifecycle of the agent behind `ctx` until the agent's token fires (errors are logged).
-pub async fn run_for_agent(ctx: AgentContext, options: PodOptions) {
+/// Graceful node shutdown requests arrive on `control`.
+pub async fn run_for_agent(
+    ctx: AgentContext,
+    options: PodOptions,
+    control: tokio::sync::mpsc::UnboundedReceiver<super::shutdown::ShutdownRequest>,
+) {
     let token = ctx.token.clone();
-    if let Err(error) = PodLifecycle::for_agent(&ctx, options).run(token).await {
+    let lifecycle = PodLifecycle::for_agent(&ctx, options).with_shutdown_control(control);
+    if let Err(error) = lifecycle.run(token).await {
         tracing::error!(node = %ctx.config.node_name, %error, "pod lifecycle stopped");
     }
 }

@@ -46,6 +46,12 @@ pub(crate) enum WorkerMsg {
     Runtime,
     /// A probe result changed.
     Probe(Box<ProbeUpdate>),
+    /// Graceful node shutdown: stop the pod within `grace_secs` (or its own shorter grace period), report
+    /// it Failed with the shutdown reason, then fire `done`.
+    Shutdown {
+        grace_secs: i64,
+        done: tokio::sync::oneshot::Sender<()>,
+    },
 }
 
 /// What the worker tells the pod manager.
@@ -99,6 +105,10 @@ pub(crate) struct PodWorker {
     pub(super) errors: Backoff,
     pub(super) stopped_reported: bool,
     pub(super) counted_running: bool,
+    /// Set by a graceful node shutdown: the grace period it allows.
+    pub(super) shutdown: Option<i64>,
+    /// Fired once the pod is stopped and its final status reported (graceful node shutdown).
+    pub(super) shutdown_done: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl PodWorker {
@@ -161,6 +171,8 @@ impl PodWorker {
             errors: Backoff::new(BackoffPolicy::api_retry()),
             stopped_reported: false,
             counted_running: false,
+            shutdown: None,
+            shutdown_done: Vec::new(),
         };
         (worker, tx)
     }
@@ -171,6 +183,13 @@ impl PodWorker {
             WorkerMsg::Removed => self.removed = true,
             WorkerMsg::Runtime => {}
             WorkerMsg::Probe(update) => self.probes.apply(&update),
+            WorkerMsg::Shutdown { grace_secs, done } => {
+                self.shutdown_done.push(done);
+                if self.state == State::Syncing {
+                    self.shutdown = Some(grace_secs);
+                    self.state = State::Terminating;
+                }
+            }
         }
         if (self.removed || self.pod.deletion.is_some()) && self.state == State::Syncing {
             self.state = State::Terminating;
@@ -250,9 +269,17 @@ impl PodWorker {
     async fn terminate(&mut self) -> Result<(), runtime_api::RuntimeError> {
         self.stop_prober();
         self.view.refresh(&self.ctx, &self.pod.uid).await?;
-        let grace = Duration::from_secs(u64::try_from(self.pod.grace_secs()).unwrap_or(0));
+        let grace_secs = match self.shutdown {
+            // the pod's own grace period when shorter, as the kubelet's shutdown manager does
+            Some(limit) => self.pod.grace_secs().min(limit),
+            None => self.pod.grace_secs(),
+        };
+        let grace = Duration::from_secs(u64::try_from(grace_secs).unwrap_or(0));
         kill::kill_pod(&self.ctx, &self.pod, &self.view, grace).await?;
         self.view.refresh(&self.ctx, &self.pod.uid).await?;
+        if self.shutdown.is_some() && self.terminal.is_none() {
+            self.terminal = Some(Phase::Failed);
+        }
         if self.terminal.is_none() {
             // stopped on request: the phase follows how the app containers ended
             let ok = self
@@ -285,6 +312,9 @@ impl PodWorker {
         // failed removal would otherwise report them as never started).
         if first && self.rejected.is_none() && !self.removed {
             self.report_status();
+        }
+        for done in self.shutdown_done.drain(..) {
+            let _ = done.send(());
         }
         if !(self.removed || self.pod.deletion.is_some()) {
             return Ok(());

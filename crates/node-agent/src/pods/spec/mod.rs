@@ -252,6 +252,22 @@ pub struct DesiredPod {
     pub hostname: String,
     /// `spec.runtimeClassName`, passed as the runtime handler.
     pub runtime_handler: String,
+    /// `spec.priority` (0 when unset; for a pod that never went through the API server's priority
+    /// admission, e.g. a static pod, the value of a `system-node-critical` / `system-cluster-critical`
+    /// `priorityClassName`). Graceful node shutdown orders pods by it.
+    pub priority: i32,
+}
+
+/// `system-cluster-critical`'s priority: pods at or above it are critical.
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+fn priority(spec: &k8s_openapi::api::core::v1::PodSpec) -> i32 {
+    spec.priority
+        .unwrap_or(match spec.priority_class_name.as_deref() {
+            Some("system-node-critical") => SYSTEM_CRITICAL_PRIORITY + 1000,
+            Some("system-cluster-critical") => SYSTEM_CRITICAL_PRIORITY,
+            _ => 0,
+        })
 }
 
 impl DesiredPod {
@@ -327,6 +343,7 @@ impl DesiredPod {
             qos,
             host_network: spec.host_network.unwrap_or(false),
             runtime_handler: spec.runtime_class_name.clone().unwrap_or_default(),
+            priority: priority(spec),
         }))
     }
 

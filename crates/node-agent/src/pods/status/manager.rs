@@ -19,6 +19,7 @@ use super::{StatusMsg, canonical};
 use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::pods::metrics::{PodMetrics, Timeline};
+use crate::pods::static_pods::{MirrorOf, Mirrors};
 
 /// Pods written at the same time by one agent.
 pub(crate) const IN_FLIGHT: usize = 4;
@@ -30,6 +31,8 @@ struct Entry {
     acked: Option<u64>,
     pending: Option<Box<PodStatus>>,
     timeline: Option<Box<Timeline>>,
+    /// The status last written, kept for static pods only (written again to a new mirror pod).
+    last: Option<Box<PodStatus>>,
     delete: bool,
     in_flight: bool,
     retry_at: Option<Instant>,
@@ -40,7 +43,13 @@ struct Entry {
 enum Outcome {
     /// Written (or nothing needed writing); `acked` is the fingerprint now held, `running` whether that status
     /// is Running.
-    Done { acked: Option<u64>, running: bool },
+    Done {
+        acked: Option<u64>,
+        running: bool,
+        written: Option<Box<PodStatus>>,
+    },
+    /// A static pod without a mirror pod: nothing to write to until one exists.
+    NoMirror(Option<Box<PodStatus>>),
     /// The pod object is gone (or belongs to another UID now).
     Gone,
     /// Failed; the status to write again, if a PATCH failed.
@@ -54,6 +63,8 @@ pub(crate) struct StatusManager {
     metrics: Arc<PodMetrics>,
     entries: HashMap<String, Entry>,
     dirty: VecDeque<String>,
+    mirrors: Mirrors,
+    flushes: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// Whether a write failed because the pod it was meant for no longer exists: 404; or another pod now has the
@@ -68,19 +79,29 @@ fn gone(err: &kube::Error) -> bool {
     }
 }
 
-/// One write: the status PATCH if it changed, then the DELETE if asked for.
+/// One write: the status PATCH if it changed, then the DELETE if asked for. A static pod's status goes to its
+/// mirror pod (`target` is the mirror's UID); a static pod is never deleted here.
+#[allow(clippy::too_many_arguments)]
 async fn write(
     api: Api<Pod>,
     calls: ApiCalls,
     uid: String,
+    target: MirrorOf,
     name: String,
     status: Option<(Box<PodStatus>, u64)>,
     delete: bool,
 ) -> (String, Outcome) {
     let mut acked = None;
     let mut running = false;
+    let mut written = None;
+    let target_uid = match target {
+        MirrorOf::NotStatic => uid.clone(),
+        MirrorOf::Missing => return (uid, Outcome::NoMirror(status.map(|(s, _)| s))),
+        MirrorOf::Mirror(m) => m,
+    };
+    let is_static = target_uid != uid;
     if let Some((status, fingerprint)) = status {
-        let body = json!({"metadata": {"uid": uid}, "status": canonical::owned(&status)});
+        let body = json!({"metadata": {"uid": target_uid}, "status": canonical::owned(&status)});
         let (patch, params) = (Patch::Strategic(body), PatchParams::default());
         match calls
             .run("patch", "pods/status", api.patch_status(&name, &params, &patch))
@@ -89,13 +110,20 @@ async fn write(
             Ok(_) => {
                 acked = Some(fingerprint);
                 running = status.phase.as_deref() == Some("Running");
+                written = is_static.then_some(status);
             }
+            // a deleted mirror pod is recreated, and the status written again to the new one
+            Err(err) if gone(&err) && is_static => return (uid, Outcome::NoMirror(Some(status))),
             Err(err) if gone(&err) => return (uid, Outcome::Gone),
             Err(err) => {
                 tracing::warn!(pod = %name, error = %err, "status update failed, will retry");
                 return (uid, Outcome::Retry(Some(status)));
             }
         }
+    }
+    if delete && is_static {
+        // a static pod's mirror is the mirror manager's
+        return (uid, Outcome::Gone);
     }
     if delete {
         let params = DeleteParams {
@@ -115,7 +143,14 @@ async fn write(
             }
         };
     }
-    (uid, Outcome::Done { acked, running })
+    (
+        uid,
+        Outcome::Done {
+            acked,
+            running,
+            written,
+        },
+    )
 }
 
 impl StatusManager {
@@ -124,6 +159,7 @@ impl StatusManager {
         api: ApiCalls,
         rx: mpsc::UnboundedReceiver<StatusMsg>,
         metrics: Arc<PodMetrics>,
+        mirrors: Mirrors,
     ) -> Self {
         Self {
             client,
@@ -132,6 +168,8 @@ impl StatusManager {
             metrics,
             entries: HashMap::new(),
             dirty: VecDeque::new(),
+            mirrors,
+            flushes: Vec::new(),
         }
     }
 
@@ -148,6 +186,7 @@ impl StatusManager {
             acked: None,
             pending: None,
             timeline: None,
+            last: None,
             delete: false,
             in_flight: false,
             retry_at: None,
@@ -191,6 +230,20 @@ impl StatusManager {
             StatusMsg::Forget { uid } => {
                 self.entries.remove(&uid);
                 self.dirty.retain(|u| *u != uid);
+            }
+            StatusMsg::Flush(done) => self.flushes.push(done),
+            StatusMsg::MirrorChanged { uid } => {
+                let Some(e) = self.entries.get_mut(&uid) else {
+                    return;
+                };
+                // the new mirror holds no status of ours yet
+                e.acked = None;
+                if e.pending.is_none() {
+                    e.pending = e.last.take();
+                }
+                if e.retry_at.is_none() && e.pending.is_some() {
+                    self.mark(&uid);
+                }
             }
         }
     }
@@ -242,10 +295,12 @@ impl StatusManager {
             }
             e.in_flight = true;
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &e.namespace);
+            let target = self.mirrors.lookup(&uid);
             return Some(Box::pin(write(
                 api,
                 self.api.clone(),
                 uid,
+                target,
                 e.name.clone(),
                 status,
                 e.delete,
@@ -263,9 +318,24 @@ impl StatusManager {
                 self.entries.remove(&uid);
                 return;
             }
-            Outcome::Done { acked, running } => {
+            Outcome::NoMirror(status) => {
+                // written once the mirror pod exists (MirrorChanged)
+                if e.pending.is_none() {
+                    e.pending = status;
+                }
+                e.acked = None;
+                return;
+            }
+            Outcome::Done {
+                acked,
+                running,
+                written,
+            } => {
                 e.acked = acked.or(e.acked);
                 e.backoff = None;
+                if written.is_some() {
+                    e.last = written;
+                }
                 if running && let Some(t) = e.timeline.take() {
                     self.metrics.record_start(*t);
                 }
@@ -301,6 +371,11 @@ impl StatusManager {
                 writes.push(w);
             }
             let retry = self.next_retry();
+            if !self.flushes.is_empty() && writes.is_empty() && self.dirty.is_empty() && retry.is_none() {
+                for done in self.flushes.drain(..) {
+                    let _ = done.send(());
+                }
+            }
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 msg = self.rx.recv() => match msg {

@@ -104,7 +104,10 @@ fn start_with(client: kube::Client) -> (StatusHandle, CancellationToken) {
     let (handle, rx) = StatusHandle::channel();
     let api = ApiCalls::new(Arc::new(Metrics::unregistered()), 0, 0);
     let cancel = CancellationToken::new();
-    tokio::spawn(StatusManager::new(client, api, rx, Arc::new(PodMetrics::new())).run(cancel.clone()));
+    tokio::spawn(
+        StatusManager::new(client, api, rx, Arc::new(PodMetrics::new()), Default::default())
+            .run(cancel.clone()),
+    );
     (handle, cancel)
 }
 

@@ -39,6 +39,10 @@ pub(crate) enum StatusMsg {
     },
     /// Drop everything about the pod.
     Forget { uid: String },
+    /// Answer once nothing is waiting to be written (statuses failing with back-off count as waiting).
+    Flush(tokio::sync::oneshot::Sender<()>),
+    /// The static pod `uid` has a new mirror pod (or none): its status is written again to the new one.
+    MirrorChanged { uid: String },
 }
 
 /// The pod workers' handle on the status manager.

@@ -3,6 +3,8 @@
 
 mod probes;
 mod scenarios;
+mod shutdown;
+mod static_pods;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,11 +23,13 @@ use super::PodConfig;
 use super::admission::NodeView;
 use super::context::AgentCtx;
 use super::events::{MemoryEvents, Recorder};
-use super::manager::PodManager;
+use super::manager::{PodManager, Statics};
 use super::metrics::PodMetrics;
 use super::pleg::Pleg;
 use super::probes::{NetTarget, ScriptedProbes};
 use super::source::PodEvent;
+use super::static_pods::mirror::{Desired, MirrorMsg};
+use super::static_pods::{Mirrors, StaticUpdate};
 use super::status::{StatusHandle, StatusMsg};
 
 /// Network probes answered by `fake`'s script.
@@ -69,6 +73,14 @@ pub(super) fn pod(name: &str, spec: serde_json::Value, annotations: serde_json::
 pub(super) struct Harness {
     pub runtime: FakeRuntime,
     pub feed: mpsc::Sender<PodEvent>,
+    /// Static pod sets (no source is waited for before orphan cleanup).
+    pub statics: mpsc::Sender<StaticUpdate>,
+    /// The static pods that should have mirror pods.
+    pub desired: watch::Receiver<Desired>,
+    /// Mirror pods the manager passed on instead of running them.
+    pub mirror_rx: mpsc::UnboundedReceiver<MirrorMsg>,
+    /// Graceful node shutdown requests.
+    pub control: mpsc::UnboundedSender<crate::pods::shutdown::ShutdownRequest>,
     pub statuses: HashMap<String, PodStatus>,
     pub deleted: Vec<String>,
     pub events: Arc<MemoryEvents>,
@@ -115,10 +127,22 @@ impl Harness {
         let (pleg_tx, pleg_rx) = mpsc::unbounded_channel();
         tracker.spawn(Pleg::new(ctx.clone(), pleg_tx).run(cancel.clone()));
         let (feed, source) = mpsc::channel(16);
-        tracker.spawn(PodManager::new(ctx, tracker.clone(), cancel.clone()).run(source, pleg_rx));
+        let (statics, statics_rx) = mpsc::channel(4);
+        let (desired_tx, desired) = watch::channel(Default::default());
+        let (mirror_tx, mirror_rx) = mpsc::unbounded_channel();
+        let manager_statics = Statics::new(0, Mirrors::default(), desired_tx, mirror_tx);
+        let (control, control_rx) = mpsc::unbounded_channel();
+        tracker.spawn(
+            PodManager::new(ctx, tracker.clone(), cancel.clone(), manager_statics)
+                .run(source, statics_rx, pleg_rx, control_rx),
+        );
         Self {
             runtime,
             feed,
+            statics,
+            desired,
+            mirror_rx,
+            control,
             statuses: HashMap::new(),
             deleted: Vec::new(),
             events,
@@ -149,7 +173,10 @@ impl Harness {
                     self.statuses.insert(uid, *status);
                 }
                 StatusMsg::Delete { uid, .. } => self.deleted.push(uid),
-                StatusMsg::Seed { .. } | StatusMsg::Forget { .. } => {}
+                StatusMsg::Flush(done) => {
+                    let _ = done.send(());
+                }
+                StatusMsg::Seed { .. } | StatusMsg::Forget { .. } | StatusMsg::MirrorChanged { .. } => {}
             }
         }
     }

@@ -1,0 +1,181 @@
+//! Graceful node shutdown, the pod side: pods are stopped in groups of rising priority, each group given its
+//! share of `shutdownGracePeriod` (by default: regular pods `shutdownGracePeriod −
+//! shutdownGracePeriodCriticalPods`, then critical pods — priority ≥ 2,000,000,000 — the rest; or the
+//! `shutdownGracePeriodByPodPriority` table). A group's pods are stopped together, each within the group's
+//! period or its own shorter grace period; the next group starts when they have all stopped or the period
+//! is over. Stopped pods are reported as the kubelet reports them: phase Failed, reason `Terminated`, the
+//! shutdown message, and a `DisruptionTarget` condition (reason `TerminationByKubelet`). New pods are refused
+//! (`NodeShutdown`) from the start of the shutdown.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::sync::{mpsc, oneshot};
+
+use super::spec::SYSTEM_CRITICAL_PRIORITY;
+use super::worker::WorkerMsg;
+
+/// `status.reason` of a pod stopped by a node shutdown.
+pub const REASON: &str = "Terminated";
+/// `status.message` of a pod stopped by a node shutdown.
+pub const MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
+/// Admission reason for pods arriving during a shutdown.
+pub const NOT_ADMITTED_REASON: &str = "NodeShutdown";
+/// Admission message for pods arriving during a shutdown.
+pub const NOT_ADMITTED_MESSAGE: &str = "Pod was rejected as the node is shutting down.";
+
+/// Pods with at least `priority` (and below the next group's) get `grace`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownGroup {
+    /// Lowest priority of the group.
+    pub priority: i32,
+    /// The time the group gets.
+    pub grace: Duration,
+}
+
+/// The groups, lowest priority first: `by_priority` when given, else the two groups of `period` and
+/// `critical` (none when `period` is zero).
+pub fn groups(period: Duration, critical: Duration, by_priority: &[ShutdownGroup]) -> Vec<ShutdownGroup> {
+    let mut groups: Vec<ShutdownGroup> = if by_priority.is_empty() {
+        if period.is_zero() || critical > period {
+            return Vec::new();
+        }
+        vec![
+            ShutdownGroup {
+                priority: 0,
+                grace: period - critical,
+            },
+            ShutdownGroup {
+                priority: SYSTEM_CRITICAL_PRIORITY,
+                grace: critical,
+            },
+        ]
+    } else {
+        by_priority.to_vec()
+    };
+    groups.sort_by_key(|g| g.priority);
+    groups
+}
+
+/// The index of the group a pod of `priority` is in: the highest group whose priority it reaches, or the
+/// lowest one.
+pub fn group_of(groups: &[ShutdownGroup], priority: i32) -> usize {
+    groups.iter().rposition(|g| priority >= g.priority).unwrap_or(0)
+}
+
+/// Marks a final status as the kubelet's shutdown manager does.
+pub(crate) fn mark_status(status: &mut PodStatus, generation: Option<i64>) {
+    if status.phase.as_deref() != Some("Succeeded") {
+        status.phase = Some("Failed".into());
+    }
+    status.reason = Some(REASON.into());
+    status.message = Some(MESSAGE.into());
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    let existing = conditions.iter().position(|c| c.type_ == "DisruptionTarget");
+    let condition = PodCondition {
+        type_: "DisruptionTarget".into(),
+        status: "True".into(),
+        reason: Some("TerminationByKubelet".into()),
+        message: Some(MESSAGE.into()),
+        last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+        observed_generation: generation,
+        ..Default::default()
+    };
+    match existing {
+        Some(i) if conditions[i].status == "True" => {}
+        Some(i) => conditions[i] = condition,
+        None => conditions.push(condition),
+    }
+}
+
+/// A request to the pod manager to shut the node's pods down.
+#[derive(Debug)]
+pub struct ShutdownRequest {
+    /// The groups (see [`groups`]).
+    pub groups: Vec<ShutdownGroup>,
+    /// Answered when every group is done (pods stopped or periods over).
+    pub done: oneshot::Sender<()>,
+}
+
+/// Stops `pods` (worker, priority) group by group; returns when the last group is done.
+pub(crate) async fn run(groups: Vec<ShutdownGroup>, pods: Vec<(mpsc::UnboundedSender<WorkerMsg>, i32)>) {
+    let mut by_group: Vec<Vec<mpsc::UnboundedSender<WorkerMsg>>> = vec![Vec::new(); groups.len()];
+    for (tx, priority) in pods {
+        by_group[group_of(&groups, priority)].push(tx);
+    }
+    for (group, workers) in groups.iter().zip(by_group) {
+        if workers.is_empty() {
+            continue;
+        }
+        let grace_secs = i64::try_from(group.grace.as_secs()).unwrap_or(i64::MAX);
+        let mut waits = Vec::new();
+        for tx in workers {
+            let (done, wait) = oneshot::channel();
+            if tx.send(WorkerMsg::Shutdown { grace_secs, done }).is_ok() {
+                waits.push(wait);
+            }
+        }
+        tracing::info!(priority = group.priority, pods = waits.len(), grace = ?group.grace, "shutting down pods");
+        let all = futures::future::join_all(waits);
+        if tokio::time::timeout(group.grace, all).await.is_err() {
+            tracing::warn!(
+                priority = group.priority,
+                "pods still stopping when their shutdown period ended"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_groups_split_the_period() {
+        let g = groups(Duration::from_secs(10), Duration::from_secs(4), &[]);
+        assert_eq!(
+            g,
+            vec![
+                ShutdownGroup {
+                    priority: 0,
+                    grace: Duration::from_secs(6)
+                },
+                ShutdownGroup {
+                    priority: SYSTEM_CRITICAL_PRIORITY,
+                    grace: Duration::from_secs(4)
+                },
+            ]
+        );
+        assert_eq!(group_of(&g, 0), 0);
+        assert_eq!(group_of(&g, -5), 0);
+        assert_eq!(group_of(&g, 1_000_000), 0);
+        assert_eq!(group_of(&g, SYSTEM_CRITICAL_PRIORITY), 1);
+        assert_eq!(group_of(&g, SYSTEM_CRITICAL_PRIORITY + 1000), 1);
+        assert!(groups(Duration::ZERO, Duration::ZERO, &[]).is_empty());
+    }
+
+    #[test]
+    fn shutdown_status_is_the_kubelets() {
+        let mut s = PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        };
+        mark_status(&mut s, Some(1));
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        assert_eq!(s.reason.as_deref(), Some("Terminated"));
+        assert_eq!(s.message.as_deref(), Some(MESSAGE));
+        let c = &s.conditions.as_ref().unwrap()[0];
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str()),
+            ("DisruptionTarget", "True")
+        );
+        assert_eq!(c.reason.as_deref(), Some("TerminationByKubelet"));
+        let mut done = PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        };
+        mark_status(&mut done, None);
+        assert_eq!(done.phase.as_deref(), Some("Succeeded"));
+    }
+}
