@@ -112,7 +112,7 @@ pub(crate) async fn run(groups: Vec<ShutdownGroup>, pods: Vec<(mpsc::UnboundedSe
         let mut waits = Vec::new();
         for tx in workers {
             let (done, wait) = oneshot::channel();
-            if tx.send(WorkerMsg::Shutdown { grace_secs, done }).is_ok() {
+            if tx.send(WorkerMsg::Shutdown(Box::new((grace_secs, done)))).is_ok() {
                 waits.push(wait);
             }
         }

@@ -46,12 +46,9 @@ pub(crate) enum WorkerMsg {
     Runtime,
     /// A probe result changed.
     Probe(Box<ProbeUpdate>),
-    /// Graceful node shutdown: stop the pod within `grace_secs` (or its own shorter grace period), report
-    /// it Failed with the shutdown reason, then fire `done`.
-    Shutdown {
-        grace_secs: i64,
-        done: tokio::sync::oneshot::Sender<()>,
-    },
+    /// Graceful node shutdown: stop the pod within the given seconds (or its own shorter grace period),
+    /// report it Failed with the shutdown reason, then fire the sender (boxed: messages stay small).
+    Shutdown(Box<(i64, tokio::sync::oneshot::Sender<()>)>),
 }
 
 /// What the worker tells the pod manager.
@@ -183,7 +180,8 @@ impl PodWorker {
             WorkerMsg::Removed => self.removed = true,
             WorkerMsg::Runtime => {}
             WorkerMsg::Probe(update) => self.probes.apply(&update),
-            WorkerMsg::Shutdown { grace_secs, done } => {
+            WorkerMsg::Shutdown(order) => {
+                let (grace_secs, done) = *order;
                 self.shutdown_done.push(done);
                 if self.state == State::Syncing {
                     self.shutdown = Some(grace_secs);
