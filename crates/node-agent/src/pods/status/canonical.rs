@@ -64,9 +64,16 @@ fn ips(list: Option<Vec<String>>) -> Value {
 
 /// The owned fields of `s` as a strategic-merge patch of `status`.
 pub(crate) fn owned(s: &PodStatus) -> Value {
+    // DisruptionTarget is ours only when the agent set it (graceful node shutdown)
+    let disruption = s
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DisruptionTarget" && c.reason.as_deref() == Some("TerminationByKubelet"));
     let conditions: Vec<Value> = OWNED_CONDITIONS
         .iter()
         .filter_map(|t| s.conditions.as_ref()?.iter().find(|c| c.type_ == *t))
+        .chain(disruption)
         .map(|c| {
             json!({
                 "type": c.type_,
