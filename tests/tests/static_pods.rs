@@ -124,13 +124,15 @@ async fn scenario(cp: &testenv::ControlPlane) -> anyhow::Result<()> {
     write(&dir, "web.yaml", &manifest("web", "nginx:1.27"))?;
     let (url, served) = serve(manifest("cache", "redis:7")).await?;
 
-    let mut kubelet = KubeletConfig::default();
-    kubelet.static_pod_path = Some(dir.clone());
-    // changes in the directory are seen through inotify, long before the periodic re-read
-    kubelet.file_check_frequency = Duration::from_secs(120);
-    kubelet.static_pod_url = Some(url.clone());
-    kubelet.static_pod_url_header = [("X-Token".to_owned(), vec!["s3cret".to_owned()])].into();
-    kubelet.http_check_frequency = Duration::from_secs(2);
+    let kubelet = KubeletConfig {
+        static_pod_path: Some(dir.clone()),
+        // changes in the directory are seen through inotify, long before the periodic re-read
+        file_check_frequency: Duration::from_secs(120),
+        static_pod_url: Some(url.clone()),
+        static_pod_url_header: [("X-Token".to_owned(), vec!["s3cret".to_owned()])].into(),
+        http_check_frequency: Duration::from_secs(2),
+        ..KubeletConfig::default()
+    };
     let config = AgentConfig::new(
         NODE,
         "127.0.0.1".parse()?,
@@ -242,7 +244,7 @@ async fn scenario(cp: &testenv::ControlPlane) -> anyhow::Result<()> {
     wait_for(
         "late running without an API server",
         Duration::from_secs(30),
-        || async { Ok(container_of(&runtime, "late-static-1").await?) },
+        || container_of(&runtime, "late-static-1"),
     )
     .await?;
     tokio::time::sleep(Duration::from_secs(5)).await;

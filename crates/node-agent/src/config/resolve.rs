@@ -347,9 +347,8 @@ pub(crate) fn resolve(
             ),
         }
     }
-    if !shutdown_grace_period_by_pod_priority.is_empty()
-        && !(shutdown_grace_period.is_zero() && shutdown_grace_period_critical_pods.is_zero())
-    {
+    let two_groups_set = !shutdown_grace_period.is_zero() || !shutdown_grace_period_critical_pods.is_zero();
+    if !shutdown_grace_period_by_pod_priority.is_empty() && two_groups_set {
         c.err(
             "shutdownGracePeriodByPodPriority",
             "cannot be set together with shutdownGracePeriod or shutdownGracePeriodCriticalPods",

@@ -269,9 +269,9 @@ impl PodManager {
                 .unwrap_or_default();
             let mut start = Vec::new();
             for (uid, pod) in old {
-                if now.contains_key(&uid) {
+                if let Some(slot) = now.get_mut(&uid) {
                     // keep the first-seen copy (its config.seen)
-                    now.insert(uid, pod);
+                    *slot = pod;
                 } else if let Some(e) = self.workers.get(&uid) {
                     tracing::info!(pod = %e.pod.name, source = %update.source, "static pod removed");
                     let _ = e.tx.send(WorkerMsg::Removed);

@@ -194,9 +194,20 @@ mod tests {
     async fn a_directory_gives_its_good_files_and_names_the_bad_ones() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.yaml"), POD.replace("NAME", "a")).unwrap();
-        std::fs::write(dir.path().join("b.json"), serde_json::to_string(&serde_yaml::from_str::<serde_json::Value>(&POD.replace("NAME", "b")).unwrap()).unwrap()).unwrap();
+        std::fs::write(
+            dir.path().join("b.json"),
+            serde_json::to_string(
+                &serde_yaml::from_str::<serde_json::Value>(&POD.replace("NAME", "b")).unwrap(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
         std::fs::write(dir.path().join(".hidden.yaml"), POD.replace("NAME", "hidden")).unwrap();
-        std::fs::write(dir.path().join("bad.yaml"), POD.replace("NAME", "bad").replace("    image: i\n", "")).unwrap();
+        std::fs::write(
+            dir.path().join("bad.yaml"),
+            POD.replace("NAME", "bad").replace("    image: i\n", ""),
+        )
+        .unwrap();
         std::fs::create_dir(dir.path().join("sub")).unwrap();
         let (pods, bad) = read_path(dir.path(), "n1").await;
         let names: Vec<_> = pods.iter().map(|p| p.metadata.name.clone().unwrap()).collect();
