@@ -118,15 +118,9 @@ async fn sandbox_ready_notready_removed() {
     })
     .await
     .unwrap();
-    let err = rt
-        .stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id })
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id })
         .await
-        .unwrap_err();
-    assert_eq!(
-        err.code,
-        Code::NotFound,
-        "containerd: StopPodSandbox of an unknown id is NotFound"
-    );
+        .expect("StopPodSandbox is idempotent: a removed sandbox stops fine");
 }
 
 #[tokio::test]
