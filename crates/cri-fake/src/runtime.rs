@@ -168,10 +168,7 @@ impl FakeRuntime {
         let seed = config.seed.unwrap_or_else(random_seed);
         let mut state = State::new(IdCodec::new(seed.rotate_left(32) ^ 0x5bd1_e995), ipam, seed);
         for reference in &images {
-            let script = config.profile.script();
-            state
-                .images
-                .add(reference, script.image_size, script.image_user.as_deref());
+            state.images.add(reference, config.profile.script().image_size);
         }
         FakeRuntime {
             inner: Arc::new(Inner {

@@ -91,7 +91,12 @@ pub(super) async fn create_container(
 
     let (mut st, now) = rt.settled();
     let sandbox = check(&st)?;
-    let Some((_, image)) = st.images.resolve(&image) else {
+    let Some(image) = st
+        .images
+        .find(&image)
+        .and_then(|i| st.images.get(i))
+        .map(|img| Arc::clone(&img.meta))
+    else {
         return Err(RuntimeError::not_found(format!(
             "failed to resolve image {image:?}: not found"
         )));
@@ -229,10 +234,7 @@ pub(super) async fn stop_container(
     rt.check_reachable()?;
     let end = {
         let (mut st, now) = rt.settled();
-        // idempotent as the CRI api.proto asks (containerd 1.6 answers NotFound for an unknown id; we do not)
-        let Ok(key) = st.container_key(&req.container_id) else {
-            return Ok(cri::StopContainerResponse {});
-        };
+        let key = st.container_key(&req.container_id)?;
         if st.containers[&key].state != CState::Running {
             return Ok(cri::StopContainerResponse {});
         }

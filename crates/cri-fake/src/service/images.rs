@@ -77,11 +77,9 @@ pub(super) async fn pull_image(
         )));
     }
     let mut st = rt.lock();
-    let image = st
-        .images
-        .add(&reference, script.image_size, script.image_user.as_deref());
+    let image = st.images.add(&reference, script.image_size);
     Ok(cri::PullImageResponse {
-        image_ref: image.id().to_owned(),
+        image_ref: image.meta.id.to_string(),
     })
 }
 

@@ -131,10 +131,8 @@ pub(super) async fn stop_pod_sandbox(
 ) -> Result<cri::StopPodSandboxResponse> {
     rt.check_reachable()?;
     let (mut st, now) = rt.settled();
-    // idempotent as the CRI api.proto asks (containerd 1.6 answers NotFound for an unknown id; we do not)
-    if let Ok(key) = st.sandbox_key(&req.pod_sandbox_id) {
-        st.stop_sandbox(key, now);
-    }
+    let key = st.sandbox_key(&req.pod_sandbox_id)?;
+    st.stop_sandbox(key, now);
     Ok(cri::StopPodSandboxResponse {})
 }
 

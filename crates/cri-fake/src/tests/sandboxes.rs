@@ -118,9 +118,15 @@ async fn sandbox_ready_notready_removed() {
     })
     .await
     .unwrap();
-    rt.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id })
+    let err = rt
+        .stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id })
         .await
-        .expect("StopPodSandbox is idempotent: a removed sandbox stops fine");
+        .unwrap_err();
+    assert_eq!(
+        err.code,
+        Code::NotFound,
+        "containerd: StopPodSandbox of an unknown id is NotFound"
+    );
 }
 
 #[tokio::test]
