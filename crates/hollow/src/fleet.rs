@@ -5,7 +5,7 @@
 //! metrics. Held per agent: its `RunningAgent` handle and its `FakeRuntime`.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use node_agent::api::RateLimiter;
 use node_agent::pods::{PodMetrics, PodOptions, PodSource, SharedPodFeed};
 use node_agent::quantity::Quantity;
+use node_agent::server::{KubeletServer, NodeEndpoint, ScriptedLogs, ServingIdentity};
 use node_agent::{Agent, AgentConfig, KubeletConfig, MachineInfo, Metrics, RunningAgent};
+use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::client_pool::ClientPool;
@@ -36,6 +38,9 @@ pub enum FleetError {
         #[source]
         source: node_agent::AgentError,
     },
+    /// The kubelet API could not start, or a node's port is out of range.
+    #[error("kubelet API: {0}")]
+    KubeletApi(String),
     /// A profile capacity value is not a quantity.
     #[error("profile {profile}: capacity.{resource}: {message}")]
     Capacity {
@@ -66,6 +71,14 @@ pub enum WatchMode {
     Shared,
 }
 
+/// The fleet's kubelet API settings (the authentication, authorization and serving certificate settings come
+/// from [`FleetSpec::kubelet`]).
+#[derive(Clone, Default)]
+pub struct KubeletApi {
+    /// What `/metrics` serves (the fleet's registry).
+    pub registry: Option<Arc<Registry>>,
+}
+
 /// Everything the fleet needs, as plain values.
 #[derive(Clone)]
 pub struct FleetSpec {
@@ -77,8 +90,13 @@ pub struct FleetSpec {
     pub pod_name: String,
     /// The InternalIP every node publishes (this process's own address).
     pub node_ip: IpAddr,
-    /// The kubelet port every node publishes (one server in this process answers for all).
+    /// The kubelet port every node publishes; with [`FleetSpec::kubelet_api`] the first of a range, node `i`
+    /// publishing and serving `kubelet_port + i`.
     pub kubelet_port: u16,
+    /// Serve the kubelet API (opt-in): one server in this process, one listener per node on
+    /// `node_ip:kubelet_port + index`, so the API server's logs requests and node-scoped scrapes reach the
+    /// right node although every node publishes the same address.
+    pub kubelet_api: Option<KubeletApi>,
     /// Registrations started per second.
     pub register_qps: f64,
     /// Base kubelet settings (each profile adjusts max pods and taints).
@@ -97,7 +115,7 @@ pub struct FleetSpec {
 
 impl FleetSpec {
     /// A fleet of `nodes` named by `name_template`, given `profiles`, with defaults for the rest: every node
-    /// publishes 127.0.0.1 and kubelet port 10250, 100 registrations per second, the kubelet's default
+    /// publishes 127.0.0.1 and kubelet port 10250 (not served), 100 registrations per second, the kubelet's default
     /// settings, the default fake runtime, per-node watches, no fleet-wide cap.
     pub fn new(
         nodes: usize,
@@ -111,6 +129,7 @@ impl FleetSpec {
             pod_name: "hollow".into(),
             node_ip: IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             kubelet_port: 10250,
+            kubelet_api: None,
             register_qps: 100.0,
             kubelet: KubeletConfig::default(),
             profiles,
@@ -267,6 +286,7 @@ pub struct NodeFactory {
     metrics: Arc<Metrics>,
     pod_metrics: Arc<PodMetrics>,
     shared_limit: Option<Arc<RateLimiter>>,
+    kubelet_server: Option<KubeletServer>,
     token: CancellationToken,
 }
 
@@ -291,6 +311,18 @@ impl NodeFactory {
         machine.ephemeral_storage_bytes = t.ephemeral_storage_bytes;
         machine.extended_resources = t.extended_resources.clone();
         let mut config = AgentConfig::new(name.clone(), spec.node_ip, t.kubelet.clone(), machine);
+        if self.kubelet_server.is_some() {
+            config.kubelet_port = u16::try_from(index)
+                .ok()
+                .and_then(|i| spec.kubelet_port.checked_add(i))
+                .ok_or_else(|| {
+                    FleetError::KubeletApi(format!(
+                        "node {name}: kubelet port {} + {index} is past 65535",
+                        spec.kubelet_port
+                    ))
+                })?;
+        }
+        let port = config.kubelet_port;
         config.node_labels = t.labels.clone();
         if let Some(zone) = &assignment.zone {
             config
@@ -325,6 +357,14 @@ impl NodeFactory {
                 source,
             })?
             .start();
+        if let Some(server) = &self.kubelet_server {
+            let script = runtime.clone();
+            let logs = ScriptedLogs::new(move |id| script.container_logs(id).map_err(|e| e.to_string()));
+            let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(Arc::new(logs));
+            server
+                .serve_node(SocketAddr::new(spec.node_ip, port), endpoint)
+                .map_err(|e| FleetError::KubeletApi(format!("node {name}: {e}")))?;
+        }
         Ok(FleetNode { name, runtime, agent })
     }
 
@@ -361,6 +401,23 @@ impl Fleet {
             .map(|p| template(spec, p))
             .collect::<Result<Vec<_>, _>>()?;
         let qps = u32::try_from(spec.fleet_qps).unwrap_or(u32::MAX);
+        let kubelet_server = match &spec.kubelet_api {
+            None => None,
+            Some(api) => {
+                let identity = ServingIdentity {
+                    hostnames: vec!["localhost".into()],
+                    ips: vec![spec.node_ip],
+                };
+                let server = KubeletServer::new(
+                    Arc::new(spec.kubelet.clone()),
+                    &identity,
+                    api.registry.clone(),
+                    token.clone(),
+                )
+                .map_err(|e| FleetError::KubeletApi(e.to_string()))?;
+                Some(server)
+            }
+        };
         let factory = Arc::new(NodeFactory {
             spec: spec.clone(),
             templates,
@@ -369,6 +426,7 @@ impl Fleet {
             metrics,
             pod_metrics,
             shared_limit: RateLimiter::new(qps, qps).map(Arc::new),
+            kubelet_server,
             token: token.clone(),
         });
         let mut nodes = Vec::with_capacity(spec.nodes);

@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use hollow::chaos::{ChaosMetrics, ChaosSpec, Churn, Disruption};
 use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
 use hollow::credentials::NodeCa;
-use hollow::fleet::{Fleet, FleetSpec, WatchMode};
+use hollow::fleet::{Fleet, FleetSpec, KubeletApi, WatchMode};
 use hollow::profiles;
 use hollow::server::{self, FleetGauges};
 use k8s_openapi::api::core::v1::Node;
@@ -81,9 +81,15 @@ struct RunArgs {
     /// The InternalIP every node publishes: this process's own address.
     #[arg(long, default_value = "127.0.0.1")]
     node_ip: IpAddr,
-    /// The kubelet port every node publishes.
+    /// The kubelet port every node publishes; with --serve-kubelet-api the first of a range: node i publishes
+    /// and serves --kubelet-port + i.
     #[arg(long, default_value_t = 10250)]
     kubelet_port: u16,
+    /// Serve the kubelet API (HTTPS: logs, /stats/summary, /metrics/resource, /pods, ...) for every node, one
+    /// loopback listener per node on --node-ip:(--kubelet-port + index), with the authentication and
+    /// authorization of --config (self-signed certificate unless tlsCertFile is set).
+    #[arg(long)]
+    serve_kubelet_api: bool,
     /// HTTP/2 connections for the nodes' requests; nodes are sharded over them. 0 (the default) sizes them
     /// from --agents-per-connection. Pod watches have connections of their own (--watches-per-connection).
     #[arg(long, default_value_t = 0)]
@@ -283,12 +289,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         );
     }
     let assignments = profiles::assign(&profile_list, args.nodes)?;
-    let spec = FleetSpec {
+    let mut spec = FleetSpec {
         nodes: args.nodes,
         name_template: args.name_template.clone(),
         pod_name: args.pod_name.clone(),
         node_ip: args.node_ip,
         kubelet_port: args.kubelet_port,
+        kubelet_api: None,
         register_qps: args.register_qps,
         kubelet,
         profiles: profile_list,
@@ -310,6 +317,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     gauges.register(&mut registry);
     let chaos_metrics = ChaosMetrics::default();
     chaos_metrics.register(&mut registry);
+    let registry = Arc::new(registry);
+    if args.serve_kubelet_api {
+        spec.kubelet_api = Some(KubeletApi {
+            registry: Some(registry.clone()),
+        });
+    }
     let (bound, server) =
         server::serve(args.metrics_address, registry, pod_metrics.clone(), token.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz and /metrics");

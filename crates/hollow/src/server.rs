@@ -67,7 +67,7 @@ impl FleetGauges {
 }
 
 struct AppState {
-    registry: Registry,
+    registry: Arc<Registry>,
     pod_metrics: Arc<PodMetrics>,
 }
 
@@ -141,12 +141,12 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 /// Serves the endpoint on `addr` until `token` fires; returns the bound address once listening.
 pub async fn serve(
     addr: SocketAddr,
-    registry: Registry,
+    registry: impl Into<Arc<Registry>>,
     pod_metrics: Arc<PodMetrics>,
     token: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let state = Arc::new(AppState {
-        registry,
+        registry: registry.into(),
         pod_metrics,
     });
     let app = Router::new()

@@ -15,6 +15,7 @@ use cri_fake::{FakeConfig, FakeRuntime};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use node_agent::config::RuntimeKind;
 use node_agent::pods::{NetTarget, PodOptions, ScriptedProbes};
+use node_agent::server::{FileLogs, LogSource, NodeEndpoint, ScriptedLogs, serve_agent};
 use node_agent::{Agent, Flags, MachineInfo, Metrics};
 use prometheus_client::registry::Registry;
 use runtime_api::Runtime;
@@ -106,13 +107,15 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         .with_context(|| format!("loading kubeconfig {}", kubeconfig_path.display()))?;
     let client = kube::Client::try_from(client_config).context("building the API client")?;
 
-    let (runtime, pods): (Arc<dyn Runtime>, PodOptions) = match flags.runtime {
+    let (runtime, pods, logs): (Arc<dyn Runtime>, PodOptions, Arc<dyn LogSource>) = match flags.runtime {
         RuntimeKind::Fake => {
             tracing::info!(
-                "using the in-memory fake container runtime (network probes answered by its script)"
+                "using the in-memory fake container runtime (network probes and logs answered by its script)"
             );
             let (fake, pods) = fake_mode(FakeConfig::default());
-            (Arc::new(fake), pods)
+            let script = fake.clone();
+            let logs = ScriptedLogs::new(move |id| script.container_logs(id).map_err(|e| e.to_string()));
+            (Arc::new(fake), pods, Arc::new(logs))
         }
         RuntimeKind::Remote => {
             let endpoint = &kubelet.container_runtime_endpoint;
@@ -124,7 +127,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("connecting to the container runtime at {endpoint}"))?;
             tracing::info!(%endpoint, "connected to the container runtime");
-            (Arc::new(rt), PodOptions::default())
+            (Arc::new(rt), PodOptions::default(), Arc::new(FileLogs))
         }
     };
 
@@ -139,6 +142,10 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         .build()?
         .start();
     tracing::info!(%node, "node agent started");
+    let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);
+    serve_agent(endpoint, Some(Arc::new(registry)))
+        .await
+        .context("starting the kubelet API")?;
 
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

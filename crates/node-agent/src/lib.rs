@@ -29,6 +29,7 @@
 //! * [`backoff`] — jittered exponential backoff (registration, lease, CrashLoopBackOff) and jittered intervals.
 //! * [`quantity`] — exact resource quantity arithmetic.
 //! * [`machine`] — machine facts (host or synthetic).
+//! * [`server`] — the kubelet HTTPS API (authenticated, authorized), the healthz and read-only ports.
 
 pub mod agent;
 pub mod api;
@@ -41,6 +42,7 @@ pub mod node;
 pub mod pods;
 pub mod quantity;
 pub mod runtime_health;
+pub mod server;
 
 #[cfg(test)]
 mod testing;

@@ -294,6 +294,9 @@ impl ControlPlane {
             "--allow-privileged=true".into(),
             format!("--kubelet-client-certificate={}", s(&kc_crt)),
             format!("--kubelet-client-key={}", s(&kc_key)),
+            // kubelets' serving certificates are checked against the cluster CA, as a hardened cluster does:
+            // a node serves logs only with a certificate from `kubelet_serving_certificate`
+            format!("--kubelet-certificate-authority={}", s(&ca_crt)),
             "--kubelet-preferred-address-types=InternalIP".into(),
             "--profiling=false".into(),
         ];
@@ -546,6 +549,45 @@ impl ControlPlane {
             &format!("system:node:{node}"),
         )?;
         Ok(path)
+    }
+
+    /// The cluster CA's certificate: what a kubelet's `authentication.x509.clientCAFile` names so that the
+    /// API server's kubelet client certificate (`kube-apiserver-kubelet-client`, in `system:masters`) is
+    /// accepted.
+    pub fn client_ca_file(&self) -> PathBuf {
+        self.dir.join("pki").join("ca.crt")
+    }
+
+    /// Mints a kubelet serving certificate for 127.0.0.1 and `localhost` signed by the cluster CA (which the
+    /// API server checks kubelets against, `--kubelet-certificate-authority`), writes it under `serving/`;
+    /// returns the certificate and key paths (`tlsCertFile`, `tlsPrivateKeyFile`).
+    pub fn kubelet_serving_certificate(&self, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+        let pki = self.dir.join("pki");
+        let ca = Ca::from_pem(Pem {
+            cert: std::fs::read_to_string(pki.join("ca.crt"))?,
+            key: std::fs::read_to_string(pki.join("ca.key"))?,
+        });
+        let dir = self.dir.join("serving");
+        std::fs::create_dir_all(&dir)?;
+        let pem = ca.issue(&CertSpec {
+            common_name: format!("{name}@kubelet-serving"),
+            ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+            dns: vec!["localhost".into()],
+            server: true,
+            ..CertSpec::default()
+        })?;
+        write_pem(&dir, name, &pem)
+    }
+
+    /// A client certificate for `user` in `groups`, signed by the cluster CA (as any client of the API
+    /// server or of a kubelet with `clientCAFile` presents); returns the certificate and key PEM.
+    pub fn client_certificate(&self, user: &str, groups: &[&str]) -> anyhow::Result<Pem> {
+        let pki = self.dir.join("pki");
+        let ca = Ca::from_pem(Pem {
+            cert: std::fs::read_to_string(pki.join("ca.crt"))?,
+            key: std::fs::read_to_string(pki.join("ca.key"))?,
+        });
+        ca.issue(&CertSpec::client(user, groups))
     }
 
     /// A client authenticated as the kubelet of `node`.

@@ -63,7 +63,23 @@ impl AgentProcess {
                 .duration_since(std::time::UNIX_EPOCH)?
                 .as_millis()
         ));
+        // the kubelet API and healthz ports: free loopback ports of this test's own
+        let free = || -> anyhow::Result<String> {
+            Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port()
+                .to_string())
+        };
+        let (port, healthz) = (free()?, free()?);
         let child = Command::new(bin)
+            .args([
+                "--address",
+                "127.0.0.1",
+                "--port",
+                &port,
+                "--healthz-port",
+                &healthz,
+            ])
             .arg("--kubeconfig")
             .arg(cp.node_kubeconfig(name)?)
             .args([

@@ -346,6 +346,9 @@ pub struct AgentConfig {
     pub hostname: String,
     /// The `InternalIP` address.
     pub node_ip: IpAddr,
+    /// The kubelet API port this node publishes in `daemonEndpoints` (default: the shared `port`; a hollow fleet
+    /// gives every node its own).
+    pub kubelet_port: u16,
     /// Labels added at registration (`--node-labels`).
     pub node_labels: BTreeMap<String, String>,
     /// The shared kubelet settings.
@@ -372,6 +375,7 @@ impl AgentConfig {
             hostname: node_name.clone(),
             node_name,
             node_ip,
+            kubelet_port: kubelet.port,
             node_labels: BTreeMap::new(),
             kubelet,
             machine,

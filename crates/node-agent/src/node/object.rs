@@ -195,7 +195,7 @@ pub fn node_info(cfg: &AgentConfig, health: &RuntimeHealth) -> NodeSystemInfo {
 pub fn daemon_endpoints(cfg: &AgentConfig) -> NodeDaemonEndpoints {
     NodeDaemonEndpoints {
         kubelet_endpoint: Some(DaemonEndpoint {
-            port: i32::from(cfg.kubelet.port),
+            port: i32::from(cfg.kubelet_port),
         }),
     }
 }

@@ -31,7 +31,7 @@ mod actions;
 pub mod admission;
 mod context;
 pub mod events;
-mod gofmt;
+pub(crate) mod gofmt;
 mod images;
 mod kill;
 pub mod labels;

@@ -1,0 +1,389 @@
+//! The kubelet API of hollow nodes against the real control plane: `kubectl logs` through the API server returns
+//! a hollow container's scripted log lines; `/stats/summary` and `/metrics/resource` answer for the node asked
+//! (each node has a port of its own) with the scripted usage; credentials are checked as the kubelet checks
+//! them: anonymous 401, a token without RBAC 403 from our SubjectAccessReview, a token with it 200, a client
+//! certificate from the cluster CA 200.
+//!
+//! The API server refuses to proxy to loopback node addresses (`/api/v1/nodes/N/proxy/...` answers "address not
+//! allowed"), so node-scoped endpoints are called directly, as metrics-server does; logs go through the API
+//! server, which verifies the node's serving certificate against the cluster CA and presents its kubelet client
+//! certificate.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use e2e::{init_logging, wait_for};
+use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
+use hollow::fleet::{Fleet, FleetSpec, KubeletApi};
+use hollow::profiles;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::Api;
+use kube::api::{LogParams, PostParams};
+use node_agent::pods::PodMetrics;
+use node_agent::{KubeletConfig, Metrics};
+use prometheus_client::registry::Registry;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const NODES: usize = 2;
+const NS: &str = "default";
+
+/// A base port with `n` free consecutive loopback ports above it.
+fn free_port_range(n: u16) -> anyhow::Result<u16> {
+    for _ in 0..200 {
+        let base = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if base > 65535 - n {
+            continue;
+        }
+        if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return Ok(base);
+        }
+    }
+    anyhow::bail!("no {n} consecutive free ports")
+}
+
+/// An HTTPS client trusting the cluster CA, presenting `identity` (certificate, key PEM) when given.
+fn https(
+    cp: &testenv::ControlPlane,
+    identity: Option<&testenv::pki::Pem>,
+) -> anyhow::Result<
+    HttpClient<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>,
+> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(cp.client_ca_file())? {
+        roots.add(cert?)?;
+    }
+    let builder =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots);
+    let config = match identity {
+        Some(pem) => builder.with_client_auth_cert(
+            CertificateDer::pem_slice_iter(pem.cert.as_bytes()).collect::<Result<Vec<_>, _>>()?,
+            PrivateKeyDer::from_pem_slice(pem.key.as_bytes())?,
+        )?,
+        None => builder.with_no_client_auth(),
+    };
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_only()
+        .enable_http1()
+        .build();
+    Ok(HttpClient::builder(TokioExecutor::new()).build(connector))
+}
+
+/// GET `https://127.0.0.1:<port><path>`: status and body.
+async fn get(
+    client: &HttpClient<
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+        String,
+    >,
+    port: u16,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
+    let mut req = http::Request::get(format!("https://127.0.0.1:{port}{path}"));
+    if let Some(token) = token {
+        req = req.header("Authorization", format!("Bearer {token}"));
+    }
+    let resp = client.request(req.body(String::new())?).await?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// A token for service account `name` (created if missing).
+async fn service_account_token(client: &kube::Client, name: &str) -> anyhow::Result<String> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match accounts.create(&PostParams::default(), &sa).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let answer = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await?;
+    answer
+        .status
+        .map(|s| s.token)
+        .ok_or_else(|| anyhow::anyhow!("no token for {name}"))
+}
+
+/// Lets service account `name` read node stats and metrics (what metrics-server's role grants).
+async fn grant_stats(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "kubelet-api-test-scraper"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes/stats", "nodes/metrics"], "verbs": ["get"]}],
+    }))?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "kubelet-api-test-scraper"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kubelet-api-test-scraper"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NS}],
+    }))?;
+    for r in [
+        Api::<ClusterRole>::all(client.clone())
+            .create(&PostParams::default(), &role)
+            .await
+            .map(|_| ()),
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .map(|_| ()),
+    ] {
+        match r {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn scripted_pod(name: &str, node: &str) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {
+            "cri-fake.node-agent.io/logs": "hello from the hollow node\nsecond line\nthird line",
+            "cri-fake.node-agent.io/memory": "48Mi",
+            "cri-fake.node-agent.io/cpu": "250m",
+        }},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }))?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_stats_and_resource_metrics_of_hollow_nodes_with_the_kubelets_auth() -> anyhow::Result<()> {
+    init_logging();
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    let base = free_port_range(NODES as u16)?;
+    let (cert, key) = cp.kubelet_serving_certificate("hollow-kapi")?;
+    let mut kubelet = KubeletConfig::default();
+    kubelet.tls_cert_file = Some(cert);
+    kubelet.tls_private_key_file = Some(key);
+    kubelet.authentication.client_ca_file = Some(cp.client_ca_file());
+    let spec = FleetSpec {
+        register_qps: 200.0,
+        kubelet_port: base,
+        kubelet,
+        kubelet_api: Some(KubeletApi {
+            registry: Some(Arc::new(Registry::default())),
+        }),
+        ..FleetSpec::new(NODES, "kapi-{index}", profiles::default_profiles())?
+    };
+    let pool = ClientPool::new(
+        &cp.admin_config().await?,
+        PoolSize::for_fleet(NODES, true, PoolLimits::default()),
+    )?;
+    let token = CancellationToken::new();
+    let fleet = Fleet::start(
+        &spec,
+        &pool,
+        Arc::new(Metrics::unregistered()),
+        Arc::new(PodMetrics::new()),
+        token.clone(),
+    )
+    .await?;
+
+    // each node publishes its own port
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    for i in 0..NODES {
+        let name = format!("kapi-{i}");
+        let port = wait_for(&format!("{name} registered"), Duration::from_secs(60), || async {
+            Ok(nodes
+                .get_opt(&name)
+                .await?
+                .and_then(|n| n.status?.daemon_endpoints?.kubelet_endpoint.map(|e| e.port)))
+        })
+        .await?;
+        assert_eq!(port, i32::from(base) + i32::try_from(i)?, "{name}'s kubelet port");
+    }
+
+    // a pod with scripted logs and usage on kapi-1
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    pods.create(&PostParams::default(), &scripted_pod("kapi-logs", "kapi-1")?)
+        .await?;
+    wait_for("kapi-logs Running", Duration::from_secs(60), || async {
+        let pod = pods.get("kapi-logs").await?;
+        Ok((pod.status.and_then(|s| s.phase).as_deref() == Some("Running")).then_some(()))
+    })
+    .await?;
+
+    // kubectl logs, through the API server
+    let all = pods.logs("kapi-logs", &LogParams::default()).await?;
+    println!("[kubelet_api] logs through the API server: {all:?}");
+    assert_eq!(all, "hello from the hollow node\nsecond line\nthird line\n");
+    let tail = pods
+        .logs(
+            "kapi-logs",
+            &LogParams {
+                tail_lines: Some(1),
+                timestamps: true,
+                ..LogParams::default()
+            },
+        )
+        .await?;
+    assert!(
+        tail.ends_with(" third line\n") && tail.lines().count() == 1,
+        "{tail:?}"
+    );
+    let limited = pods
+        .logs(
+            "kapi-logs",
+            &LogParams {
+                limit_bytes: Some(5),
+                ..LogParams::default()
+            },
+        )
+        .await?;
+    assert_eq!(limited, "hello");
+    let unknown = pods
+        .logs(
+            "kapi-logs",
+            &LogParams {
+                container: Some("nope".into()),
+                ..LogParams::default()
+            },
+        )
+        .await;
+    assert!(unknown.is_err(), "an unknown container is refused: {unknown:?}");
+
+    // credentials, checked as the kubelet checks them
+    let port1 = base + 1;
+    let anonymous = https(cp, None)?;
+    let (status, body) = get(&anonymous, port1, "/stats/summary", None).await?;
+    assert_eq!((status, body.as_str()), (401, "Unauthorized"), "anonymous");
+    let nobody = service_account_token(&admin, "kapi-nobody").await?;
+    let (status, body) = get(&anonymous, port1, "/stats/summary", Some(&nobody)).await?;
+    println!("[kubelet_api] token without RBAC: {status} {body}");
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("user=system:serviceaccount:default:kapi-nobody")
+            && body.contains("resource=nodes")
+            && body.contains("subresource(s)=[stats]"),
+        "{body}"
+    );
+    let (status, _) = get(
+        &anonymous,
+        port1,
+        "/containerLogs/default/kapi-logs/app",
+        Some(&nobody),
+    )
+    .await?;
+    assert_eq!(status, 403, "logs need nodes/proxy");
+    let (status, _) = get(&anonymous, port1, "/stats/summary", Some("not-a-token")).await?;
+    assert_eq!(status, 401, "a token the API server does not know");
+    let scraper = service_account_token(&admin, "kapi-scraper").await?;
+    grant_stats(&admin, "kapi-scraper").await?;
+
+    // /stats/summary of kapi-1 lists its pod with the scripted usage; kapi-0's lists none
+    let summary = wait_for("RBAC for kapi-scraper", Duration::from_secs(30), || async {
+        let (status, body) = get(&anonymous, port1, "/stats/summary", Some(&scraper)).await?;
+        Ok((status == 200).then_some(body))
+    })
+    .await?;
+    let summary: serde_json::Value = serde_json::from_str(&summary)?;
+    assert_eq!(summary["node"]["nodeName"], "kapi-1");
+    let listed: Vec<&str> = summary["pods"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["podRef"]["name"].as_str())
+        .collect();
+    assert_eq!(listed, ["kapi-logs"], "the node's pods");
+    let pod = &summary["pods"][0];
+    assert_eq!(pod["containers"][0]["name"], "app");
+    assert_eq!(pod["memory"]["workingSetBytes"], 48 << 20, "scripted memory");
+    assert_eq!(pod["cpu"]["usageNanoCores"], 250_000_000, "scripted CPU");
+    assert_eq!(summary["node"]["memory"]["workingSetBytes"], 48 << 20);
+    let (status, other) = get(&anonymous, base, "/stats/summary", Some(&scraper)).await?;
+    assert_eq!(status, 200);
+    let other: serde_json::Value = serde_json::from_str(&other)?;
+    assert_eq!(other["node"]["nodeName"], "kapi-0");
+    assert_eq!(
+        other["pods"].as_array().map(Vec::len),
+        Some(0),
+        "kapi-0 runs no pod"
+    );
+
+    // /metrics/resource: the kubelet's names and labels
+    let (status, text) = get(&anonymous, port1, "/metrics/resource", Some(&scraper)).await?;
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with(
+            "container_memory_working_set_bytes{container=\"app\",namespace=\"default\",pod=\"kapi-logs\"} 50331648 "
+        )),
+        "{text}"
+    );
+    assert!(text.contains("node_memory_working_set_bytes 50331648 "), "{text}");
+    assert!(text.contains("pod_cpu_usage_seconds_total{namespace=\"default\",pod=\"kapi-logs\"}"));
+    // the scraper may not read logs (nodes/proxy)
+    let (status, _) = get(
+        &anonymous,
+        port1,
+        "/containerLogs/default/kapi-logs/app",
+        Some(&scraper),
+    )
+    .await?;
+    assert_eq!(status, 403);
+
+    // a client certificate from the cluster CA in system:masters: everything, including logs with options
+    let masters = https(
+        cp,
+        Some(&cp.client_certificate("kapi-admin", &["system:masters"])?),
+    )?;
+    let (status, body) = get(
+        &masters,
+        port1,
+        "/containerLogs/default/kapi-logs/app?tailLines=2",
+        None,
+    )
+    .await?;
+    assert_eq!((status, body.as_str()), (200, "second line\nthird line\n"));
+    let (status, body) = get(
+        &masters,
+        port1,
+        "/containerLogs/default/kapi-logs/app?tailLines=x",
+        None,
+    )
+    .await?;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = get(&masters, port1, "/containerLogs/default/nope/app", None).await?;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = get(&masters, port1, "/containerLogs/default/kapi-logs/nope", None).await?;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = get(&masters, port1, "/pods", None).await?;
+    assert_eq!(status, 200);
+    let list: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(list["items"][0]["metadata"]["name"], "kapi-logs");
+    let (status, body) = get(&masters, port1, "/healthz", None).await?;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    let (status, body) = get(&masters, port1, "/configz", None).await?;
+    assert_eq!(status, 200);
+    let configz: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(configz["kubeletconfig"]["port"], i64::from(port1));
+    assert_eq!(configz["kubeletconfig"]["authorization"]["mode"], "Webhook");
+
+    pods.delete("kapi-logs", &Default::default()).await?;
+    fleet.stop(Duration::from_secs(10)).await;
+    token.cancel();
+    Ok(())
+}

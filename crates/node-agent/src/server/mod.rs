@@ -1,0 +1,365 @@
+//! The kubelet HTTPS API: what `kubectl logs`, `kubectl top`, metrics-server and the API server's node proxy talk
+//! to.
+//!
+//! A [`KubeletServer`] holds what every node it answers for shares: the TLS configuration ([`tls`]), the
+//! authenticator/authorizer and its caches ([`auth`]), the routes ([`routes`], [`stats`], [`logs`]) and the
+//! process's metrics registry. [`KubeletServer::serve_node`] binds one listener for one node — the kubelet's
+//! `port`, which the node publishes in `status.daemonEndpoints.kubeletEndpoint.port` — and every connection
+//! accepted there is answered for that node. A real node has one; a hollow fleet, whose nodes all publish the
+//! process's one address, gives every node a port of its own on the one server, so node-scoped paths
+//! (`/stats/summary`, `/metrics/resource`, `/pods`) know which node is asked and the API server reaches each
+//! node's pods through its own endpoint.
+//!
+//! Next to it: [`serve_healthz`] (plain HTTP `/healthz` on `healthzBindAddress:healthzPort`) and
+//! [`KubeletServer::serve_read_only`] (plain HTTP, unauthenticated, read-only paths on `readOnlyPort`).
+
+pub mod auth;
+pub mod logs;
+mod routes;
+pub mod stats;
+pub mod tls;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode, header};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use crate::agent::AgentContext;
+use crate::config::KubeletConfig;
+pub use auth::{Auth, Refusal, User};
+pub use logs::{FileLogs, LogSource, ScriptedLogs};
+pub use tls::ServingIdentity;
+
+/// Why the kubelet API could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A TLS setting is unusable.
+    #[error("{field}: {message}")]
+    Tls {
+        /// The configuration field at fault.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A port could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the kubelet API needs about one node: its agent's context and where its container logs are read.
+#[derive(Clone)]
+pub struct NodeEndpoint {
+    /// The node's agent.
+    pub ctx: AgentContext,
+    /// Its container logs.
+    pub logs: Arc<dyn LogSource>,
+}
+
+impl NodeEndpoint {
+    /// A node whose container logs are the CRI log files the runtime reports (`ContainerStatus.logPath`).
+    pub fn new(ctx: AgentContext) -> Self {
+        Self {
+            ctx,
+            logs: Arc::new(FileLogs),
+        }
+    }
+
+    /// Reads container logs from `logs` instead.
+    pub fn with_logs(mut self, logs: Arc<dyn LogSource>) -> Self {
+        self.logs = logs;
+        self
+    }
+}
+
+/// What handlers share: the kubelet settings, the metrics registry.
+pub(crate) struct Shared {
+    pub(crate) kubelet: Arc<KubeletConfig>,
+    pub(crate) registry: Option<Arc<Registry>>,
+}
+
+/// The user of one TLS connection (from its verified client certificate) and the node it was accepted for.
+#[derive(Clone)]
+struct Connection {
+    node: NodeEndpoint,
+    user: Option<User>,
+}
+
+/// The kubelet API server of a process: one TLS configuration, one authorizer cache, one listener per node.
+#[derive(Clone)]
+pub struct KubeletServer {
+    tls: tokio_rustls::TlsAcceptor,
+    auth: Arc<Auth>,
+    full: Router,
+    read_only: Router,
+    token: CancellationToken,
+}
+
+impl KubeletServer {
+    /// A server for nodes running with `kubelet` settings (serving certificate, client CA, authentication,
+    /// authorization); `identity` names the self-signed certificate made when no `tlsCertFile` is set;
+    /// `/metrics` serves `registry`. Listeners stop when `token` fires.
+    pub fn new(
+        kubelet: Arc<KubeletConfig>,
+        identity: &ServingIdentity,
+        registry: Option<Arc<Registry>>,
+        token: CancellationToken,
+    ) -> Result<Self, ServerError> {
+        let tls = tls::server_config(&kubelet, identity)?;
+        let auth = Arc::new(Auth::new(&kubelet));
+        let shared = Arc::new(Shared { kubelet, registry });
+        Ok(Self {
+            tls: tokio_rustls::TlsAcceptor::from(tls),
+            auth,
+            full: routes::full(shared.clone()),
+            read_only: routes::read_only(shared),
+            token,
+        })
+    }
+
+    /// Listens on `addr` for `node` (HTTPS, authenticated and authorized) until the server's token or the
+    /// node's agent stops; returns the bound address. Must be called inside a tokio runtime.
+    pub fn serve_node(&self, addr: SocketAddr, node: NodeEndpoint) -> Result<SocketAddr, ServerError> {
+        let listener = bind(addr)?;
+        let bound = listener
+            .local_addr()
+            .map_err(|source| ServerError::Bind { addr, source })?;
+        let server = self.clone();
+        let agent_stopped = node.ctx.token.clone();
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = server.token.cancelled() => return,
+                    () = agent_stopped.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                let tcp = match accepted {
+                    Ok((tcp, _)) => tcp,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "kubelet API accept failed");
+                        continue;
+                    }
+                };
+                let server = server.clone();
+                let node = node.clone();
+                tokio::spawn(async move { server.serve_tls(tcp, node).await });
+            }
+        });
+        Ok(bound)
+    }
+
+    /// Listens on `addr` for `node` over plain HTTP with no authentication, serving the read-only paths
+    /// (`readOnlyPort`). Must be called inside a tokio runtime.
+    pub fn serve_read_only(&self, addr: SocketAddr, node: NodeEndpoint) -> Result<SocketAddr, ServerError> {
+        let listener = bind(addr)?;
+        let bound = listener
+            .local_addr()
+            .map_err(|source| ServerError::Bind { addr, source })?;
+        let router = self.read_only.clone();
+        let token = self.token.clone();
+        tokio::spawn(async move {
+            loop {
+                let tcp = tokio::select! {
+                    () = token.cancelled() => return,
+                    a = listener.accept() => match a { Ok((tcp, _)) => tcp, Err(_) => continue },
+                };
+                let router = router.clone();
+                let node = node.clone();
+                let token = token.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let mut req = req.map(Body::new);
+                        req.extensions_mut().insert(node.clone());
+                        router.clone().oneshot(req)
+                    });
+                    serve_connection(TokioIo::new(tcp), service, &token).await;
+                });
+            }
+        });
+        Ok(bound)
+    }
+
+    async fn serve_tls(&self, tcp: tokio::net::TcpStream, node: NodeEndpoint) {
+        let tls = match self.tls.accept(tcp).await {
+            Ok(tls) => tls,
+            Err(e) => {
+                tracing::debug!(error = %e, "kubelet API TLS handshake failed");
+                return;
+            }
+        };
+        let user = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(tls::certificate_user);
+        let conn = Arc::new(Connection { node, user });
+        let server = self.clone();
+        let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+            let server = server.clone();
+            let conn = conn.clone();
+            async move { Ok::<_, Infallible>(server.handle(&conn, req.map(Body::new)).await) }
+        });
+        serve_connection(TokioIo::new(tls), service, &self.token).await;
+    }
+
+    async fn handle(&self, conn: &Connection, mut req: Request<Body>) -> Response<Body> {
+        let ctx = &conn.node.ctx;
+        let authorization = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let checked = match self
+            .auth
+            .authenticate(&ctx.api, &ctx.client, conn.user.as_ref(), authorization)
+            .await
+        {
+            Ok(user) => {
+                self.auth
+                    .authorize(
+                        &ctx.api,
+                        &ctx.client,
+                        &user,
+                        ctx.node_name(),
+                        req.method(),
+                        req.uri().path(),
+                    )
+                    .await
+            }
+            Err(refusal) => Err(refusal),
+        };
+        if let Err(refusal) = checked {
+            let (status, body) = match refusal {
+                Refusal::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized".to_owned()),
+                Refusal::Forbidden(m) => (StatusCode::FORBIDDEN, m),
+                Refusal::Error(m) => (StatusCode::INTERNAL_SERVER_ERROR, m),
+            };
+            return text(status, body);
+        }
+        req.extensions_mut().insert(conn.node.clone());
+        match self.full.clone().oneshot(req).await {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        }
+    }
+}
+
+fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, ServerError> {
+    let err = |source| ServerError::Bind { addr, source };
+    let listener = std::net::TcpListener::bind(addr).map_err(err)?;
+    listener.set_nonblocking(true).map_err(err)?;
+    tokio::net::TcpListener::from_std(listener).map_err(err)
+}
+
+/// Serves one connection (HTTP/1.1 with upgrades, or HTTP/2) until it ends or `token` fires.
+async fn serve_connection<I, S>(io: I, service: S, token: &CancellationToken)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<hyper::body::Incoming>, Response = Response<Body>, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    tokio::select! {
+        r = conn => if let Err(e) = r {
+            tracing::debug!(error = %e, "kubelet API connection ended");
+        },
+        () = token.cancelled() => {}
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Body> {
+    let mut resp = Response::new(Body::from(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Serves plain-HTTP `/healthz` (answering `ok`) on `addr` until `token` fires; returns the bound address.
+pub async fn serve_healthz(addr: SocketAddr, token: CancellationToken) -> Result<SocketAddr, ServerError> {
+    let listener = bind(addr)?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(token.cancelled_owned())
+            .await
+        {
+            tracing::warn!(error = %e, "healthz endpoint stopped");
+        }
+    });
+    Ok(bound)
+}
+
+/// The addresses one node's servers listen on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    /// The kubelet API (HTTPS).
+    pub secure: SocketAddr,
+    /// The read-only port, when `readOnlyPort` is set.
+    pub read_only: Option<SocketAddr>,
+    /// The healthz port, when `healthzPort` is set.
+    pub healthz: Option<SocketAddr>,
+}
+
+/// Everything one (real) node serves, per its settings: the kubelet API on `address:port` with a self-signed
+/// certificate for the node's hostname and IP unless `tlsCertFile` is set, the read-only port when non-zero,
+/// and `/healthz` on `healthzBindAddress:healthzPort` when non-zero. Nothing when `enableServer` is false.
+pub async fn serve_agent(
+    node: NodeEndpoint,
+    registry: Option<Arc<Registry>>,
+) -> Result<Option<Bound>, ServerError> {
+    let ctx = &node.ctx;
+    let kubelet = ctx.config.kubelet.clone();
+    if !kubelet.enable_server {
+        return Ok(None);
+    }
+    let identity = ServingIdentity {
+        hostnames: vec![ctx.config.hostname.clone()],
+        ips: vec![ctx.config.node_ip],
+    };
+    let server = KubeletServer::new(kubelet.clone(), &identity, registry, ctx.token.clone())?;
+    let secure = server.serve_node(
+        SocketAddr::new(kubelet.address, ctx.config.kubelet_port),
+        node.clone(),
+    )?;
+    let read_only = match kubelet.read_only_port {
+        0 => None,
+        port => Some(server.serve_read_only(SocketAddr::new(kubelet.address, port), node.clone())?),
+    };
+    let healthz = match kubelet.healthz_port {
+        0 => None,
+        port => Some(
+            serve_healthz(
+                SocketAddr::new(kubelet.healthz_bind_address, port),
+                ctx.token.clone(),
+            )
+            .await?,
+        ),
+    };
+    tracing::info!(node = %ctx.node_name(), %secure, ?read_only, ?healthz, "kubelet API listening");
+    Ok(Some(Bound {
+        secure,
+        read_only,
+        healthz,
+    }))
+}
