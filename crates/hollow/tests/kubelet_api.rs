@@ -109,11 +109,11 @@ async fn service_account_token(client: &kube::Client, name: &str) -> anyhow::Res
         Err(e) => return Err(e.into()),
     }
     let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
+        spec: Some(TokenRequestSpec {
+            audiences: None,
             expiration_seconds: Some(3600),
             ..TokenRequestSpec::default()
-        },
+        }),
         ..TokenRequest::default()
     };
     let answer = accounts
@@ -121,7 +121,7 @@ async fn service_account_token(client: &kube::Client, name: &str) -> anyhow::Res
         .await?;
     answer
         .status
-        .map(|s| s.token)
+        .and_then(|s| s.token)
         .ok_or_else(|| anyhow::anyhow!("no token for {name}"))
 }
 
