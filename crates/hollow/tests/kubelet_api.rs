@@ -176,10 +176,16 @@ async fn logs_stats_and_resource_metrics_of_hollow_nodes_with_the_kubelets_auth(
     let admin = cp.admin_client().await?;
     let base = free_port_range(NODES as u16)?;
     let (cert, key) = cp.kubelet_serving_certificate("hollow-kapi")?;
-    let mut kubelet = KubeletConfig::default();
-    kubelet.tls_cert_file = Some(cert);
-    kubelet.tls_private_key_file = Some(key);
-    kubelet.authentication.client_ca_file = Some(cp.client_ca_file());
+    let defaults = KubeletConfig::default();
+    let kubelet = KubeletConfig {
+        tls_cert_file: Some(cert),
+        tls_private_key_file: Some(key),
+        authentication: node_agent::config::Authentication {
+            client_ca_file: Some(cp.client_ca_file()),
+            ..defaults.authentication.clone()
+        },
+        ..defaults
+    };
     let spec = FleetSpec {
         register_qps: 200.0,
         kubelet_port: base,

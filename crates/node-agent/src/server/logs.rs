@@ -50,7 +50,10 @@ impl LogSource for FileLogs {
 
 /// Logs produced in memory: a function of the container ID giving its CRI-format log lines (an in-memory
 /// runtime's scripted output).
-pub struct ScriptedLogs(Box<dyn Fn(&str) -> Result<Vec<String>, String> + Send + Sync>);
+pub struct ScriptedLogs(Box<LinesOf>);
+
+/// A container ID to its CRI-format log lines.
+type LinesOf = dyn Fn(&str) -> Result<Vec<String>, String> + Send + Sync;
 
 impl ScriptedLogs {
     /// Logs answered by `lines`.

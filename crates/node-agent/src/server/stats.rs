@@ -92,8 +92,8 @@ pub async fn collect(node: &NodeEndpoint) -> Result<Vec<PodUsage>, Response> {
         let Some(attrs) = &s.attributes else { continue };
         let Some(meta) = &attrs.metadata else { continue };
         let Some(linux) = &s.linux else { continue };
-        let cpu = linux.cpu.clone().unwrap_or_default();
-        let memory = linux.memory.clone().unwrap_or_default();
+        let cpu = linux.cpu.unwrap_or_default();
+        let memory = linux.memory.unwrap_or_default();
         let iface = linux
             .network
             .as_ref()
@@ -108,8 +108,8 @@ pub async fn collect(node: &NodeEndpoint) -> Result<Vec<PodUsage>, Response> {
             .iter()
             .filter_map(|c| {
                 let a = c.attributes.as_ref()?;
-                let cpu = c.cpu.clone().unwrap_or_default();
-                let mem = c.memory.clone().unwrap_or_default();
+                let cpu = c.cpu.unwrap_or_default();
+                let mem = c.memory.unwrap_or_default();
                 Some(ContainerUsage {
                     name: a.metadata.as_ref()?.name.clone(),
                     start_ns: containers
