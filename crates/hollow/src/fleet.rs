@@ -404,6 +404,12 @@ impl Fleet {
         let kubelet_server = match &spec.kubelet_api {
             None => None,
             Some(api) => {
+                if spec.kubelet.read_only_port != 0 {
+                    tracing::warn!(
+                        port = spec.kubelet.read_only_port,
+                        "readOnlyPort is not served by a hollow fleet (nodes share one address; only the secure port is given per node)"
+                    );
+                }
                 let identity = ServingIdentity {
                     hostnames: vec!["localhost".into()],
                     ips: vec![spec.node_ip],

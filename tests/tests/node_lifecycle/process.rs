@@ -1,5 +1,6 @@
 //! Node lifecycle tests where the process matters, run against the `node-agent` binary (`--runtime fake`):
-//! killing it (SIGKILL), stopping it (SIGTERM) and a bad configuration file (exit code).
+//! killing it (SIGKILL), stopping it (SIGTERM), a bad configuration file (exit code), and its kubelet API
+//! (`kubectl logs` through the API server, `/healthz`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -52,6 +53,8 @@ fn node_agent_binary() -> anyhow::Result<PathBuf> {
 struct AgentProcess {
     child: Child,
     log: PathBuf,
+    /// Its plain-HTTP healthz port.
+    healthz: u16,
 }
 
 impl AgentProcess {
@@ -96,7 +99,11 @@ impl AgentProcess {
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .context("starting node-agent")?;
-        Ok(Self { child, log })
+        Ok(Self {
+            child,
+            log,
+            healthz: healthz.parse()?,
+        })
     }
 
     fn log_tail(&self) -> String {
@@ -455,5 +462,64 @@ async fn sigterm_with_a_shutdown_grace_period_stops_regular_pods_then_critical_o
     assert!(status.success(), "exit status {status}\n{}", agent.log_tail());
     let reasons = event_reasons(&admin, name).await?;
     assert!(reasons.iter().any(|r| r == "NodeShutdown"), "{reasons:?}");
+    Ok(())
+}
+
+/// The binary serves the kubelet API: with a serving certificate from the cluster CA and the API server's
+/// client CA, `kubectl logs` through the API server returns the pod's (scripted) log; `/healthz` answers `ok`.
+#[tokio::test]
+async fn the_binary_serves_logs_through_the_api_server_and_healthz() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{LogParams, PostParams};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    init_logging();
+    let cp = control_plane().await?;
+    let admin = cp.admin_client().await?;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let name = "nl-kapi";
+    let (cert, key) = cp.kubelet_serving_certificate(name)?;
+    let config = audit_dir().join(format!("{name}.yaml"));
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ntlsCertFile: {}\n\
+             tlsPrivateKeyFile: {}\nauthentication:\n  x509:\n    clientCAFile: {}\n",
+            cert.display(),
+            key.display(),
+            cp.client_ca_file().display()
+        ),
+    )?;
+    let config_arg = config.display().to_string();
+    let agent = AgentProcess::start(cp, name, &["--config", &config_arg])?;
+    if let Err(e) = wait_node(&nodes, name, "Ready=True", Duration::from_secs(20), |n| {
+        ready_status(n).as_deref() == Some("True")
+    })
+    .await
+    {
+        bail!("{e}\nagent log:\n{}", agent.log_tail());
+    }
+
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", agent.healthz)).await?;
+    tcp.write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n").await?;
+    let mut reply = String::new();
+    tcp.read_to_string(&mut reply).await?;
+    assert!(reply.starts_with("HTTP/1.0 200") && reply.ends_with("\r\n\r\nok"), "{reply:?}");
+
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "nl-kapi-logs", "annotations": {"cri-fake.node-agent.io/logs": "one\ntwo"}},
+        "spec": {"nodeName": name, "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    poll("nl-kapi-logs Running", Duration::from_secs(30), || async {
+        let pod = pods.get("nl-kapi-logs").await?;
+        Ok((pod.status.and_then(|s| s.phase).as_deref() == Some("Running")).then_some(()))
+    })
+    .await?;
+    let logs = pods.logs("nl-kapi-logs", &LogParams::default()).await;
+    println!("[node_lifecycle] {name}: kubectl logs through the API server: {logs:?}");
+    assert_eq!(logs?, "one\ntwo\n", "agent log:\n{}", agent.log_tail());
+    pods.delete("nl-kapi-logs", &Default::default()).await?;
     Ok(())
 }
