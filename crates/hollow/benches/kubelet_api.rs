@@ -172,7 +172,8 @@ async fn main() -> anyhow::Result<()> {
             let http = http.clone();
             async move {
                 let start = std::time::Instant::now();
-                let req = http::Request::get(format!("https://{addr}/metrics/resource")).body(String::new())?;
+                let req =
+                    http::Request::get(format!("https://{addr}/metrics/resource")).body(String::new())?;
                 let resp = http.request(req).await?;
                 anyhow::ensure!(resp.status() == 200, "{addr}: {}", resp.status());
                 let body = resp.into_body().collect().await?.to_bytes();
@@ -188,7 +189,10 @@ async fn main() -> anyhow::Result<()> {
     let round = round.elapsed();
     latencies.sort();
     let pct = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
-    println!("kubelet API benchmark: {nodes} nodes, {per_node} pods per node ({} pods)", nodes * per_node);
+    println!(
+        "kubelet API benchmark: {nodes} nodes, {per_node} pods per node ({} pods)",
+        nodes * per_node
+    );
     println!(
         "  listeners: {:.0} bytes RSS per node ({:.1} MiB for {nodes})",
         (after.saturating_sub(before)) as f64 / nodes as f64,

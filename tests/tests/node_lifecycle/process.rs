@@ -501,10 +501,14 @@ async fn the_binary_serves_logs_through_the_api_server_and_healthz() -> anyhow::
     }
 
     let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", agent.healthz)).await?;
-    tcp.write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n").await?;
+    tcp.write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await?;
     let mut reply = String::new();
     tcp.read_to_string(&mut reply).await?;
-    assert!(reply.starts_with("HTTP/1.0 200") && reply.ends_with("\r\n\r\nok"), "{reply:?}");
+    assert!(
+        reply.starts_with("HTTP/1.0 200") && reply.ends_with("\r\n\r\nok"),
+        "{reply:?}"
+    );
 
     let pods: Api<Pod> = Api::namespaced(admin, "default");
     let pod: Pod = serde_json::from_value(serde_json::json!({
