@@ -156,11 +156,17 @@ impl PodManager {
                     None => control_open = false,
                 },
                 event = source.recv() => match event {
-                    Some(event) => self.on_source(event).await,
+                    Some(event) => {
+                        self.shutdown_first(&mut control, &mut control_open);
+                        self.on_source(event).await
+                    }
                     None => break,
                 },
                 update = statics.recv(), if statics_open => match update {
-                    Some(update) => self.on_static(update).await,
+                    Some(update) => {
+                        self.shutdown_first(&mut control, &mut control_open);
+                        self.on_static(update).await
+                    }
                     None => statics_open = false,
                 },
                 Some(uid) = pleg.recv() => self.on_runtime(uid),
@@ -219,6 +225,19 @@ impl PodManager {
                     self.cleanup_orphans(&live).await;
                 }
             }
+        }
+    }
+
+    /// Takes a shutdown request queued beside a pod event before that event, so that a pod arriving with
+    /// (or after) the request is refused, whichever channel the select happened to poll first.
+    fn shutdown_first(&mut self, control: &mut mpsc::UnboundedReceiver<ShutdownRequest>, open: &mut bool) {
+        if !*open {
+            return;
+        }
+        match control.try_recv() {
+            Ok(request) => self.on_shutdown(request),
+            Err(mpsc::error::TryRecvError::Disconnected) => *open = false,
+            Err(mpsc::error::TryRecvError::Empty) => {}
         }
     }
 
