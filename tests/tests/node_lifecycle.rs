@@ -178,7 +178,7 @@ async fn node_is_ready_within_five_seconds_with_every_field() -> anyhow::Result<
         .and_then(|s| s.pod_cidr.clone())
         .unwrap_or_default();
     poll("the runtime to get the pod CIDR", Duration::from_secs(15), || {
-        let got = a.runtime.pod_cidr();
+        let got = a.runtime.pod_cidr().unwrap_or_default();
         let cidr = cidr.clone();
         async move { Ok((got == cidr).then_some(())) }
     })

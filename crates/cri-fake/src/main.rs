@@ -15,7 +15,8 @@ struct Args {
     /// Unix socket to listen on.
     #[arg(long, env = "CRI_FAKE_SOCKET", default_value = "/tmp/cri-fake.sock")]
     socket: PathBuf,
-    /// Pod CIDR(s) to allocate pod IPs from (comma-separated for dual stack).
+    /// Pod CIDR(s) to allocate pod IPs from (comma-separated for dual stack). Empty: none until the kubelet
+    /// sends the node's podCIDR (UpdateRuntimeConfig); NetworkReady is false until then.
     #[arg(long, env = "CRI_FAKE_POD_CIDR", default_value = cri_fake::DEFAULT_POD_CIDR)]
     pod_cidr: String,
     /// Behaviour default KEY=VALUE (a key of the crate docs, without prefix); repeatable.
@@ -59,7 +60,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let runtime = FakeRuntime::try_new(FakeConfig {
-        pod_cidr: Some(args.pod_cidr.clone()),
+        pod_cidr: Some(args.pod_cidr.trim().to_owned()).filter(|c| !c.is_empty()),
         profile: Arc::new(profile(&args)?),
         images: args.images.clone(),
         seed: args.seed,

@@ -24,8 +24,11 @@ pub struct FakeConfig {
     pub runtime_name: String,
     /// `runtime_version` in `Version` (default: this crate's version).
     pub runtime_version: String,
-    /// The node's pod CIDR(s), comma-separated for dual stack; `UpdateRuntimeConfig` replaces it.
-    /// `None` uses [`DEFAULT_POD_CIDR`].
+    /// The node's pod CIDR(s), comma-separated for dual stack; `UpdateRuntimeConfig` replaces it. `None`: no
+    /// pod network yet — like containerd whose CNI config is written from the node's podCIDR, `Status` reports
+    /// `NetworkReady=false` (`NetworkPluginNotReady`, "Network plugin returns error: cni plugin not
+    /// initialized") and pod sandboxes (other than host-network ones) fail until `UpdateRuntimeConfig` gives
+    /// one. The default is [`DEFAULT_POD_CIDR`].
     pub pod_cidr: Option<String>,
     /// Runtime-wide behaviour defaults (see the crate docs for the keys).
     pub profile: Arc<Profile>,
@@ -40,7 +43,7 @@ impl Default for FakeConfig {
         FakeConfig {
             runtime_name: "cri-fake".into(),
             runtime_version: env!("CARGO_PKG_VERSION").into(),
-            pod_cidr: None,
+            pod_cidr: Some(DEFAULT_POD_CIDR.into()),
             profile: Arc::new(Profile::default()),
             images: Vec::new(),
             seed: None,
@@ -129,13 +132,12 @@ impl FakeRuntime {
     /// A fake runtime. An invalid pod CIDR falls back to [`DEFAULT_POD_CIDR`] and invalid preloaded image
     /// references are skipped (both logged); use [`FakeRuntime::try_new`] to get an error instead.
     pub fn new(config: FakeConfig) -> FakeRuntime {
-        let ipam = match config.pod_cidr.as_deref() {
-            None => Ipam::fallback(),
-            Some(cidr) => Ipam::new(cidr).unwrap_or_else(|error| {
+        let ipam = config.pod_cidr.as_deref().map(|cidr| {
+            Ipam::new(cidr).unwrap_or_else(|error| {
                 tracing::warn!(%error, "cri-fake: using {DEFAULT_POD_CIDR}");
                 Ipam::fallback()
-            }),
-        };
+            })
+        });
         let images = config
             .images
             .iter()
@@ -153,8 +155,8 @@ impl FakeRuntime {
     /// A fake runtime, or an error naming the bad configuration value.
     pub fn try_new(config: FakeConfig) -> Result<FakeRuntime, ConfigError> {
         let ipam = match config.pod_cidr.as_deref() {
-            None => Ipam::fallback(),
-            Some(cidr) => Ipam::new(cidr).map_err(ConfigError::PodCidr)?,
+            None => None,
+            Some(cidr) => Some(Ipam::new(cidr).map_err(ConfigError::PodCidr)?),
         };
         let images = config
             .images
@@ -164,11 +166,14 @@ impl FakeRuntime {
         Ok(Self::build(config, ipam, images))
     }
 
-    fn build(config: FakeConfig, ipam: Ipam, images: Vec<Reference>) -> FakeRuntime {
+    fn build(config: FakeConfig, ipam: Option<Ipam>, images: Vec<Reference>) -> FakeRuntime {
         let seed = config.seed.unwrap_or_else(random_seed);
         let mut state = State::new(IdCodec::new(seed.rotate_left(32) ^ 0x5bd1_e995), ipam, seed);
         for reference in &images {
-            state.images.add(reference, config.profile.script().image_size);
+            let script = config.profile.script();
+            state
+                .images
+                .add(reference, script.image_size, script.image_user.as_deref());
         }
         FakeRuntime {
             inner: Arc::new(Inner {
@@ -227,9 +232,10 @@ impl FakeRuntime {
         self.lock().reachable = reachable;
     }
 
-    /// The pod CIDR(s) addresses are allocated from.
-    pub fn pod_cidr(&self) -> String {
-        self.lock().ipam.cidrs().to_owned()
+    /// The pod CIDR(s) addresses are allocated from; `None` while the runtime has none (its pod network is
+    /// not ready).
+    pub fn pod_cidr(&self) -> Option<String> {
+        self.lock().ipam.as_ref().map(|ipam| ipam.cidrs().to_owned())
     }
 
     /// Counters: objects present and events delivered.

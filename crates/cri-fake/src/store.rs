@@ -194,7 +194,8 @@ pub(crate) struct State {
     pub(crate) sandboxes: BTreeMap<u64, Sandbox>,
     pub(crate) containers: BTreeMap<u64, Container>,
     pub(crate) images: Images,
-    pub(crate) ipam: Ipam,
+    /// `None` until the runtime has a pod CIDR (its pod network is not ready).
+    pub(crate) ipam: Option<Ipam>,
     pub(crate) rng: Rng,
     pub(crate) deadlines: BinaryHeap<Reverse<(i64, u64)>>,
     pub(crate) timer: TimerState,
@@ -219,7 +220,7 @@ pub(crate) fn sandbox_not_found(id: &str) -> RuntimeError {
 }
 
 impl State {
-    pub(crate) fn new(codec: IdCodec, ipam: Ipam, seed: u64) -> Self {
+    pub(crate) fn new(codec: IdCodec, ipam: Option<Ipam>, seed: u64) -> Self {
         State {
             codec,
             next_key: 1,
@@ -346,7 +347,9 @@ impl State {
             return;
         };
         let ips = std::mem::take(&mut sb.ips);
-        self.ipam.release(&ips.to_vec());
+        if let Some(ipam) = &mut self.ipam {
+            ipam.release(&ips.to_vec());
+        }
         if sb.ready {
             sb.ready = false;
             self.emit(

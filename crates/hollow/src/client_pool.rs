@@ -14,10 +14,11 @@
 //!
 //! * request connections carry the short requests of up to `agents_per_connection` agents (queueing there
 //!   only adds latency, every stream ends);
-//! * watch connections carry the per-node pod watches, at most `watches_per_connection` per connection, well
-//!   under the server's cap (a watcher's relisting LIST uses the same connection, one at a time per agent).
+//! * watch connections carry the per-node watches — each node's pod watch and the watch of its own Node
+//!   object — at most `watches_per_connection` per connection, well under the server's cap (a watcher's
+//!   relisting LIST uses the same connection, one at a time per watch).
 //!
-//! In `shared` watch mode there is one watch for the whole process, on one watch connection.
+//! In `shared` watch mode there is one pod watch for the whole process; the per-node Node watches remain.
 //!
 //! With per-node credentials ([`ClientPool::per_node`]) none of that sharing is possible: a TLS client
 //! certificate authenticates a connection, not a request, so every node gets one HTTP/2 connection of its own,
@@ -130,19 +131,20 @@ pub struct PoolSize {
 }
 
 impl PoolSize {
-    /// Connections for `nodes` agents: per-node watches need `nodes / watches_per_connection` watch
-    /// connections, a shared watch one.
+    /// Connections for `nodes` agents: every node holds a watch of its Node object, and per-node pod watches
+    /// one more; a shared pod watch is one watch for all.
     pub fn for_fleet(nodes: usize, per_node_watches: bool, limits: PoolLimits) -> Self {
         let request_connections = if limits.request_connections > 0 {
             limits.request_connections
         } else {
             nodes.div_ceil(limits.agents_per_connection.max(1)).max(1)
         };
-        let watch_connections = if per_node_watches {
-            nodes.div_ceil(limits.watches_per_connection.max(1)).max(1)
+        let watches = if per_node_watches {
+            nodes.saturating_mul(2)
         } else {
-            1
+            nodes.saturating_add(1)
         };
+        let watch_connections = watches.div_ceil(limits.watches_per_connection.max(1)).max(1);
         Self {
             request_connections,
             watch_connections,
@@ -218,8 +220,8 @@ impl ClientPool {
         self.requests[index % self.requests.len()].clone()
     }
 
-    /// The client agent number `index` holds its pod watch on (for the shared watch: index 0; per node: the
-    /// node's own, the one [`ClientPool::for_agent`] gives).
+    /// The client agent number `index` holds its watches on (its pod watch and its Node watch; for the shared
+    /// pod watch: index 0; per node: the node's own, the one [`ClientPool::for_agent`] gives).
     pub fn watch_for_agent(&self, index: usize) -> kube::Client {
         self.watches[index % self.watches.len()].clone()
     }
@@ -285,8 +287,9 @@ mod tests {
             PoolSize::for_fleet(1000, true, d),
             PoolSize {
                 request_connections: 5,
-                watch_connections: 13
-            }
+                watch_connections: 25
+            },
+            "a pod watch and a Node watch per node, 80 per connection"
         );
         assert_eq!(PoolSize::for_fleet(1001, true, d).request_connections, 6);
         assert_eq!(
@@ -305,8 +308,8 @@ mod tests {
         );
         assert_eq!(
             PoolSize::for_fleet(10_000, false, d).watch_connections,
-            1,
-            "a shared watch needs one stream"
+            126,
+            "a shared pod watch needs one stream, the Node watches one per node"
         );
         let explicit = PoolLimits {
             request_connections: 3,
@@ -317,6 +320,6 @@ mod tests {
             3,
             "an explicit size wins"
         );
-        assert_eq!(PoolSize::for_fleet(10_000, true, explicit).watch_connections, 125);
+        assert_eq!(PoolSize::for_fleet(10_000, true, explicit).watch_connections, 250);
     }
 }

@@ -41,6 +41,12 @@ pub enum FleetError {
     /// The kubelet API could not start, or a node's port is out of range.
     #[error("kubelet API: {0}")]
     KubeletApi(String),
+    /// The fleet-wide pod CIDR range has no subnet left for this node.
+    #[error("node {node}: no pod CIDR left in the fleet-wide range")]
+    PodCidrs {
+        /// The node.
+        node: String,
+    },
     /// A profile capacity value is not a quantity.
     #[error("profile {profile}: capacity.{resource}: {message}")]
     Capacity {
@@ -111,12 +117,15 @@ pub struct FleetSpec {
     pub watch_mode: WatchMode,
     /// API requests per second of all agents together (0: no fleet-wide cap).
     pub fleet_qps: u64,
+    /// Per-node pod CIDRs from a fleet-wide range (clusters that allocate none); `None`: each node's runtime
+    /// waits for the Node's `spec.podCIDR`.
+    pub pod_cidrs: Option<crate::cidrs::NodeCidrs>,
 }
 
 impl FleetSpec {
     /// A fleet of `nodes` named by `name_template`, given `profiles`, with defaults for the rest: every node
     /// publishes 127.0.0.1 and kubelet port 10250 (not served), 100 registrations per second, the kubelet's default
-    /// settings, the default fake runtime, per-node watches, no fleet-wide cap.
+    /// settings, the default fake runtime, per-node watches, no fleet-wide cap, pod CIDRs from the cluster.
     pub fn new(
         nodes: usize,
         name_template: impl Into<String>,
@@ -137,6 +146,7 @@ impl FleetSpec {
             runtime_profile: Arc::default(),
             watch_mode: WatchMode::PerNode,
             fleet_qps: 0,
+            pod_cidrs: None,
         })
     }
 
@@ -303,9 +313,10 @@ impl NodeFactory {
         let name = spec.node_name(index);
         let assignment = &spec.assignments[index % spec.assignments.len().max(1)];
         let t = &self.templates[assignment.profile];
+        // Machine and system IDs are derived from the name, so a restarted fleet is the same machines; the boot
+        // ID is fresh, because the node's runtime starts empty — every container of a previous run is gone, as
+        // after a reboot — and the agent then reports the reboot (a Rebooted event) like a kubelet.
         let mut machine = MachineInfo::synthetic(&name);
-        // a hollow node's "machine" outlives the process: keep its boot ID stable across restarts
-        machine.boot_id = machine.system_uuid.clone();
         machine.cpu_millis = t.cpu_millis;
         machine.memory_bytes = t.memory_bytes;
         machine.ephemeral_storage_bytes = t.ephemeral_storage_bytes;
@@ -329,8 +340,17 @@ impl NodeFactory {
                 .node_labels
                 .insert("topology.kubernetes.io/zone".into(), zone.clone());
         }
+        let pod_cidr = match &spec.pod_cidrs {
+            None => None,
+            Some(cidrs) => Some(
+                cidrs
+                    .nth(index)
+                    .ok_or_else(|| FleetError::PodCidrs { node: name.clone() })?,
+            ),
+        };
         let runtime = FakeRuntime::new(FakeConfig {
             profile: spec.runtime_profile.clone(),
+            pod_cidr,
             ..FakeConfig::default()
         });
         let source = match &self.feed {
@@ -345,6 +365,7 @@ impl NodeFactory {
         };
         let mut builder = Agent::builder(config, self.pool.for_agent(index), Arc::new(runtime.clone()))
             .pods(pods)
+            .node_watch_via(self.pool.watch_for_agent(index))
             .token(self.token.child_token())
             .metrics(self.metrics.clone());
         if let Some(limit) = &self.shared_limit {

@@ -8,12 +8,14 @@
 //! * [`credentials`] — per-node client certificates (`system:node:<name>`) minted from the cluster's client CA.
 //! * [`fleet`] — building, starting (rate-limited) and stopping the agents.
 //! * [`chaos`] — runtime outages, flapping heartbeats and node churn on a running fleet.
+//! * [`cidrs`] — per-node pod CIDRs from a fleet-wide range, for clusters that allocate none.
 //! * [`probes`] — network probes answered from each node's fake runtime script.
 //! * [`progress`] — the start-up progress bar (or log lines off a terminal).
 //! * [`server`] — the one HTTP endpoint: `/healthz`, `/metrics`, `/histograms`.
 //! * [`slo`] — `hollow slo`: load, pod start-up measurement, the fleet's merged stages, the SLO report.
 
 pub mod chaos;
+pub mod cidrs;
 pub mod client_pool;
 pub mod credentials;
 pub mod fleet;

@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use hollow::chaos::{ChaosMetrics, ChaosSpec, Churn, Disruption};
+use hollow::cidrs::NodeCidrs;
 use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
 use hollow::credentials::NodeCa;
 use hollow::fleet::{Fleet, FleetSpec, KubeletApi, WatchMode};
@@ -97,9 +98,10 @@ struct RunArgs {
     /// With --clients 0: at most this many nodes send their requests over one connection.
     #[arg(long, default_value_t = 200)]
     agents_per_connection: usize,
-    /// At most this many per-node pod watches share one connection. A watch holds an HTTP/2 stream for its
-    /// life and the API server allows 100 concurrent streams per connection by default
-    /// (--http2-max-streams-per-connection); keep this below the server's figure.
+    /// At most this many per-node watches (every node's watch of its Node object, and its pod watch in
+    /// per-node watch mode) share one connection. A watch holds an HTTP/2 stream for its life and the API
+    /// server allows 100 concurrent streams per connection by default (--http2-max-streams-per-connection);
+    /// keep this below the server's figure.
     #[arg(long, default_value_t = 80)]
     watches_per_connection: usize,
     /// Pod watch mode.
@@ -149,6 +151,15 @@ struct RunArgs {
     /// API requests per second of all nodes together, on top of each node's kubeAPIQPS (0: no cap).
     #[arg(long, default_value_t = 0)]
     fleet_qps: u64,
+    /// For clusters that allocate no node CIDRs (controller-manager --allocate-node-cidrs=false): an IPv4
+    /// range (e.g. 10.64.0.0/10) from which node i's runtime gets the i-th subnet of --node-cidr-mask-size
+    /// at start. Without it a node's pod network is not ready (node NotReady, NetworkReady=false) until the
+    /// cluster sets its spec.podCIDR, as with a kubelet; a podCIDR the cluster sets always wins.
+    #[arg(long)]
+    node_pod_cidrs: Option<String>,
+    /// With --node-pod-cidrs: the prefix length of each node's subnet.
+    #[arg(long, default_value_t = 24, requires = "node_pod_cidrs")]
+    node_cidr_mask_size: u8,
     #[command(flatten)]
     chaos: ChaosArgs,
 }
@@ -288,6 +299,22 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
              certificates are minted for the --nodes names only"
         );
     }
+    let pod_cidrs = args
+        .node_pod_cidrs
+        .as_deref()
+        .map(|range| NodeCidrs::new(range, args.node_cidr_mask_size))
+        .transpose()?;
+    if let Some(cidrs) = &pod_cidrs {
+        let wanted = args.nodes + chaos.churn.as_ref().map_or(0, |c| c.nodes);
+        if cidrs.len() < wanted as u64 {
+            anyhow::bail!(
+                "--node-pod-cidrs {} holds {} subnets of /{}, fewer than the {wanted} nodes (with churn)",
+                args.node_pod_cidrs.as_deref().unwrap_or_default(),
+                cidrs.len(),
+                args.node_cidr_mask_size
+            );
+        }
+    }
     let assignments = profiles::assign(&profile_list, args.nodes)?;
     let mut spec = FleetSpec {
         nodes: args.nodes,
@@ -306,6 +333,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             WatchArg::Shared => WatchMode::Shared,
         },
         fleet_qps: args.fleet_qps,
+        pod_cidrs,
     };
 
     let token = CancellationToken::new();

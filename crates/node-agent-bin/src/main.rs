@@ -112,7 +112,11 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             tracing::info!(
                 "using the in-memory fake container runtime (network probes and logs answered by its script)"
             );
-            let (fake, pods) = fake_mode(FakeConfig::default());
+            // no pod network until the Node's podCIDR arrives, like a runtime whose CNI config comes from it
+            let (fake, pods) = fake_mode(FakeConfig {
+                pod_cidr: None,
+                ..FakeConfig::default()
+            });
             let script = fake.clone();
             let logs = ScriptedLogs::new(move |id| script.container_logs(id).map_err(|e| e.to_string()));
             (Arc::new(fake), pods, Arc::new(logs))

@@ -7,7 +7,8 @@
 //! |---|---|
 //! | [`EventSink`] | writing this agent's Events |
 //! | [`RuntimeHealthMonitor`] | CRI `Status`/`Version` every 5 s -> [`RuntimeHealth`] |
-//! | [`NodeStatusManager`] | registration, conditions, `nodes/status` |
+//! | [`NodeStatusManager`] | registration, conditions, `nodes/status`, the runtime's pod CIDR |
+//! | [`NodeInformer`] | a watch of this node's Node object -> [`NodeSnapshot`] |
 //! | [`LeaseManager`] | `kube-node-lease/<node>` |
 //!
 //! Everything another manager needs (node name, allocatable, runtime health, events, metrics, the API gate,
@@ -31,8 +32,8 @@ use crate::events::{EventRecorder, EventSink, node_reference};
 use crate::metrics::Metrics;
 use crate::node::status::{StatusChannels, cordon_for_shutdown};
 use crate::node::{
-    HealthChecks, LeaseManager, NodeError, NodeSnapshot, NodeStatusManager, Pressure, RegisteredNode,
-    ResourceList,
+    HealthChecks, LeaseManager, NodeError, NodeInformer, NodeSnapshot, NodeStatusManager, Pressure,
+    RegisteredNode, ResourceList,
 };
 use crate::runtime_health::{RuntimeHealth, RuntimeHealthMonitor};
 
@@ -71,7 +72,7 @@ pub struct AgentContext {
     pub registered: watch::Receiver<Option<RegisteredNode>>,
     /// The node's allocatable resources (for pod admission).
     pub allocatable: watch::Receiver<Arc<ResourceList>>,
-    /// The Node object as last returned by the API server (labels, taints, addresses, pod CIDRs).
+    /// The Node object as the node informer last saw it (labels, taints, addresses, pod CIDRs).
     pub node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
     /// Resource pressure input (the eviction manager sends here).
     pub pressure: Arc<watch::Sender<Pressure>>,
@@ -112,9 +113,18 @@ pub struct AgentBuilder {
     metrics: Option<Arc<Metrics>>,
     pods: Option<crate::pods::PodOptions>,
     shared_limit: Option<Arc<crate::api::RateLimiter>>,
+    node_watch: Option<kube::Client>,
 }
 
 impl AgentBuilder {
+    /// Hold the watch of this node's Node object over `client` instead of the request client (a process
+    /// multiplexing many agents keeps long-lived watches on connections of their own, see
+    /// [`PodSource::WatchVia`](crate::pods::PodSource::WatchVia)).
+    pub fn node_watch_via(mut self, client: kube::Client) -> Self {
+        self.node_watch = Some(client);
+        self
+    }
+
     /// Stop the agent when `token` fires (default: a fresh token, cancelled by [`RunningAgent::stop`]).
     pub fn token(mut self, token: CancellationToken) -> Self {
         self.token = Some(token);
@@ -200,6 +210,7 @@ impl AgentBuilder {
             pressure_rx,
             started: Instant::now(),
             pods: self.pods.unwrap_or_default(),
+            node_watch: self.node_watch,
         })
     }
 }
@@ -214,6 +225,7 @@ pub struct Agent {
     pressure_rx: watch::Receiver<Pressure>,
     started: Instant,
     pods: crate::pods::PodOptions,
+    node_watch: Option<kube::Client>,
 }
 
 impl Agent {
@@ -228,6 +240,7 @@ impl Agent {
             metrics: None,
             pods: None,
             shared_limit: None,
+            node_watch: None,
         }
     }
 
@@ -238,6 +251,38 @@ impl Agent {
 
     /// Spawns the agent's tasks. Must be called inside a tokio runtime.
     pub fn start(self) -> RunningAgent {
+        let (ctx, m) = self.managers();
+        let tracker = TaskTracker::new();
+        ctx.events
+            .normal(&ctx.node_reference(), "Starting", "Starting kubelet.");
+        tracker.spawn(m.event_sink.run());
+        tracker.spawn(m.health_monitor.run());
+        tracker.spawn(m.status.run());
+        tracker.spawn(m.lease.run());
+        tracker.spawn(m.informer.run());
+        let (shutdown_tx, shutdown_rx) = tokio::sync::mpsc::unbounded_channel();
+        tracker.spawn(crate::pods::run_for_agent(ctx.clone(), m.pods, shutdown_rx));
+        let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = shutting_down.clone();
+        ctx.health_checks.add_plain(move || {
+            if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                Err("node is shutting down".into())
+            } else {
+                Ok(())
+            }
+        });
+        tracker.close();
+        RunningAgent {
+            ctx,
+            tracker,
+            shutdown_tx,
+            shutting_down,
+            resync: m.resync,
+        }
+    }
+
+    /// Every manager of the agent, built and wired, not yet running.
+    pub(crate) fn managers(self) -> (AgentContext, Managers) {
         let Agent {
             ctx,
             event_sink,
@@ -247,11 +292,8 @@ impl Agent {
             pressure_rx,
             started,
             pods,
+            node_watch,
         } = self;
-        let tracker = TaskTracker::new();
-        ctx.events
-            .normal(&ctx.node_reference(), "Starting", "Starting kubelet.");
-
         let resync = Arc::new(Notify::new());
         let resync_status = resync.clone();
         let channels = StatusChannels {
@@ -260,8 +302,15 @@ impl Agent {
             checks: ctx.health_checks.clone(),
             registered: registered_tx,
             resync: resync.clone(),
-            node: node_tx,
+            node: ctx.node.clone(),
+            recheck_runtime: health_monitor.recheck_handle(),
         };
+        let informer = NodeInformer::new(
+            node_watch.unwrap_or_else(|| ctx.client.clone()),
+            ctx.config.node_name.clone(),
+            node_tx,
+            ctx.token.clone(),
+        );
         let status = NodeStatusManager::new(
             ctx.config.clone(),
             ctx.client.clone(),
@@ -285,33 +334,29 @@ impl Agent {
             ctx.token.clone(),
         )
         .with_heartbeats(ctx.heartbeats.clone());
-
-        tracker.spawn(event_sink.run());
-        tracker.spawn(health_monitor.run());
-        tracker.spawn(status.run());
-        tracker.spawn(lease.run());
-        let (shutdown_tx, shutdown_rx) = tokio::sync::mpsc::unbounded_channel();
-        tracker.spawn(crate::pods::run_for_agent(ctx.clone(), pods, shutdown_rx));
-        let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = shutting_down.clone();
-        ctx.health_checks.add_plain(move || {
-            if flag.load(std::sync::atomic::Ordering::Relaxed) {
-                Err("node is shutting down".into())
-            } else {
-                Ok(())
-            }
-        });
-        // Further managers (pod source, pod workers, status manager, probes, ...) are spawned here.
-
-        tracker.close();
-        RunningAgent {
-            ctx,
-            tracker,
-            shutdown_tx,
-            shutting_down,
+        let managers = Managers {
+            event_sink,
+            health_monitor,
+            status,
+            lease,
+            informer,
+            pods,
             resync: resync_status,
-        }
+        };
+        (ctx, managers)
     }
+}
+
+/// The long-lived tasks of one agent, before they run.
+pub(crate) struct Managers {
+    pub(crate) event_sink: EventSink,
+    pub(crate) health_monitor: RuntimeHealthMonitor,
+    pub(crate) status: NodeStatusManager,
+    pub(crate) lease: LeaseManager,
+    pub(crate) informer: NodeInformer,
+    pub(crate) pods: crate::pods::PodOptions,
+    /// Wakes the node status loop (a shutdown reports NotReady at once).
+    pub(crate) resync: Arc<Notify>,
 }
 
 /// A started agent.

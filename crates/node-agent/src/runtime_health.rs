@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runtime_api::{Runtime, cri};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -118,6 +118,7 @@ pub struct RuntimeHealthMonitor {
     runtime: Arc<dyn Runtime>,
     tx: watch::Sender<RuntimeHealth>,
     timeout: Duration,
+    recheck: Arc<Notify>,
     token: CancellationToken,
 }
 
@@ -134,18 +135,26 @@ impl RuntimeHealthMonitor {
                 runtime,
                 tx,
                 timeout,
+                recheck: Arc::new(Notify::new()),
                 token,
             },
             rx,
         )
     }
 
-    /// Polls immediately, then every [`POLL_PERIOD`] (jittered), until the token fires.
+    /// Notifying this makes the monitor poll at once (e.g. after the runtime was given its pod CIDR).
+    pub fn recheck_handle(&self) -> Arc<Notify> {
+        self.recheck.clone()
+    }
+
+    /// Polls immediately, then every [`POLL_PERIOD`] (jittered) and whenever asked to recheck, until the token
+    /// fires.
     pub async fn run(self) {
         let mut interval = JitteredInterval::immediate(POLL_PERIOD, 0.1);
         loop {
             tokio::select! {
                 _ = interval.tick() => self.poll().await,
+                () = self.recheck.notified() => self.poll().await,
                 () = self.token.cancelled() => return,
             }
         }
@@ -335,6 +344,24 @@ mod tests {
         let calls = rt.status_calls();
         // 1 immediate + one per 5-5.5 s
         assert!((11..=13).contains(&calls), "{calls} status calls in 61 s");
+        token.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recheck_polls_at_once() {
+        let rt = Arc::new(TestRuntime::new());
+        let token = CancellationToken::new();
+        let (m, rx) = RuntimeHealthMonitor::new(rt.clone(), Duration::from_secs(2), token.clone());
+        let recheck = m.recheck_handle();
+        let task = tokio::spawn(m.run());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(rx.borrow().is_healthy(Instant::now()));
+        rt.set_network_ready(false);
+        recheck.notify_one();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(rt.status_calls(), 2, "polled on the recheck, not 5 s later");
+        assert!(!rx.borrow().network_errors().is_empty());
         token.cancel();
         task.await.unwrap();
     }

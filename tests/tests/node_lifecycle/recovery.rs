@@ -130,7 +130,7 @@ async fn a_node_left_by_a_previous_run_is_taken_over_and_brought_up_to_date() ->
         "the runtime to get the Node's pod CIDR",
         Duration::from_secs(10),
         || {
-            let got = a.runtime.pod_cidr();
+            let got = a.runtime.pod_cidr().unwrap_or_default();
             async move { Ok((got == LEFT_CIDR).then_some(())) }
         },
     )

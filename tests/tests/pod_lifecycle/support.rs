@@ -83,7 +83,7 @@ pub async fn wait_node_ready(admin: &kube::Client, a: &TestAgent, name: &str) ->
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
             let cidr = node.spec.as_ref().and_then(|s| s.pod_cidr.clone());
             Ok(match cidr {
-                Some(cidr) if ready && a.runtime.pod_cidr() == cidr => Some(cidr),
+                Some(cidr) if ready && a.runtime.pod_cidr().as_deref() == Some(cidr.as_str()) => Some(cidr),
                 _ => None,
             })
         },

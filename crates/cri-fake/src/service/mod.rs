@@ -58,9 +58,13 @@ impl Runtime for FakeRuntime {
                     ),
                     condition(
                         "NetworkReady",
-                        st.network_ready,
+                        st.network_ready && st.ipam.is_some(),
                         "NetworkPluginNotReady",
-                        "cri-fake: network plugin marked not ready",
+                        if st.ipam.is_none() {
+                            "Network plugin returns error: cni plugin not initialized"
+                        } else {
+                            "cri-fake: network plugin marked not ready"
+                        },
                     ),
                 ],
             }),
@@ -180,7 +184,7 @@ impl Runtime for FakeRuntime {
         for sb in st.sandboxes.values() {
             ipam.reserve(&sb.ips.to_vec());
         }
-        st.ipam = ipam;
+        st.ipam = Some(ipam);
         Ok(cri::UpdateRuntimeConfigResponse {})
     }
 

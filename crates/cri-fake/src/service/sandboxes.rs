@@ -78,15 +78,17 @@ pub(super) async fn run_pod_sandbox(
     let host_network = i32::from(namespaces[0]) == cri::NamespaceMode::Node as i32;
     let ips = if host_network {
         Vec::new()
-    } else if !st.network_ready {
-        return Err(unknown(
-            "failed to setup network for sandbox: cni plugin not initialized",
-        ));
     } else {
-        st.ipam.allocate().ok_or_else(|| {
+        let network_ready = st.network_ready;
+        let ipam = st
+            .ipam
+            .as_mut()
+            .filter(|_| network_ready)
+            .ok_or_else(|| unknown("failed to setup network for sandbox: cni plugin not initialized"))?;
+        ipam.allocate().ok_or_else(|| {
             unknown(format!(
                 "failed to setup network for sandbox: no IP addresses available in {}",
-                st.ipam.cidrs()
+                ipam.cidrs()
             ))
         })?
     };
@@ -131,8 +133,10 @@ pub(super) async fn stop_pod_sandbox(
 ) -> Result<cri::StopPodSandboxResponse> {
     rt.check_reachable()?;
     let (mut st, now) = rt.settled();
-    let key = st.sandbox_key(&req.pod_sandbox_id)?;
-    st.stop_sandbox(key, now);
+    // idempotent as the CRI api.proto asks (containerd 1.6 answers NotFound for an unknown id; we do not)
+    if let Ok(key) = st.sandbox_key(&req.pod_sandbox_id) {
+        st.stop_sandbox(key, now);
+    }
     Ok(cri::StopPodSandboxResponse {})
 }
 

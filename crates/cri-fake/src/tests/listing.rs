@@ -350,7 +350,7 @@ async fn images_pull_status_list_remove() {
 #[tokio::test]
 async fn update_runtime_config_sets_the_pod_cidr() {
     let rt = FakeRuntime::new(FakeConfig::default());
-    assert_eq!(rt.pod_cidr(), crate::DEFAULT_POD_CIDR);
+    assert_eq!(rt.pod_cidr().as_deref(), Some(crate::DEFAULT_POD_CIDR));
     let cfg = |cidr: &str| cri::UpdateRuntimeConfigRequest {
         runtime_config: Some(cri::RuntimeConfig {
             network_config: Some(cri::NetworkConfig {
@@ -370,7 +370,7 @@ async fn update_runtime_config_sets_the_pod_cidr() {
         Code::InvalidArgument
     );
     rt.update_runtime_config(cfg("")).await.unwrap();
-    assert_eq!(rt.pod_cidr(), "10.9.8.0/24,fd00::/64");
+    assert_eq!(rt.pod_cidr().as_deref(), Some("10.9.8.0/24,fd00::/64"));
     assert!(
         FakeRuntime::try_new(FakeConfig {
             pod_cidr: Some("x".into()),
@@ -390,8 +390,9 @@ async fn update_runtime_config_sets_the_pod_cidr() {
             pod_cidr: Some("x".into()),
             ..Default::default()
         })
-        .pod_cidr(),
-        crate::DEFAULT_POD_CIDR
+        .pod_cidr()
+        .as_deref(),
+        Some(crate::DEFAULT_POD_CIDR)
     );
 }
 

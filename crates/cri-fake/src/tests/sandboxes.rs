@@ -118,15 +118,9 @@ async fn sandbox_ready_notready_removed() {
     })
     .await
     .unwrap();
-    let err = rt
-        .stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id })
+    rt.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id })
         .await
-        .unwrap_err();
-    assert_eq!(
-        err.code,
-        Code::NotFound,
-        "containerd: StopPodSandbox of an unknown id is NotFound"
-    );
+        .expect("StopPodSandbox is idempotent: a removed sandbox stops fine");
 }
 
 #[tokio::test]
@@ -229,4 +223,51 @@ async fn removing_a_ready_sandbox_removes_its_containers() {
         [other.as_str()]
     );
     assert_eq!(rt.counts().sandboxes, 1);
+}
+
+#[tokio::test]
+async fn without_a_pod_cidr_the_network_is_not_ready_until_update_runtime_config() {
+    let rt = FakeRuntime::new(FakeConfig {
+        pod_cidr: None,
+        ..FakeConfig::default()
+    });
+    assert_eq!(rt.pod_cidr(), None);
+    let network = |s: cri::StatusResponse| {
+        s.status
+            .unwrap()
+            .conditions
+            .into_iter()
+            .find(|c| c.r#type == "NetworkReady")
+            .unwrap()
+    };
+    let c = network(rt.status(cri::StatusRequest::default()).await.unwrap());
+    assert!(!c.status);
+    assert_eq!(c.reason, "NetworkPluginNotReady");
+    assert_eq!(
+        c.message,
+        "Network plugin returns error: cni plugin not initialized"
+    );
+    let err = rt
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(pod_config("early", &[])),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, Code::Unknown);
+    assert!(err.message.contains("cni plugin not initialized"), "{err:?}");
+
+    rt.update_runtime_config(cri::UpdateRuntimeConfigRequest {
+        runtime_config: Some(cri::RuntimeConfig {
+            network_config: Some(cri::NetworkConfig {
+                pod_cidr: "10.130.4.0/24".into(),
+            }),
+        }),
+    })
+    .await
+    .unwrap();
+    let c = network(rt.status(cri::StatusRequest::default()).await.unwrap());
+    assert!(c.status && c.reason.is_empty(), "{c:?}");
+    let id = run_pod(&rt, "late", &[]).await;
+    assert_eq!(sandbox(&rt, &id).await.network.unwrap().ip, "10.130.4.2");
 }

@@ -7,6 +7,7 @@
 //!   PATCH `nodes/status` only on change or every `nodeStatusReportFrequency`, record node events.
 //! * [`triggers`] is when the status task computes (its timers and wake-up signals).
 //! * [`report`] is whether a computed status is written, and with which parts.
+//! * [`informer`] watches this node's Node object and publishes its [`NodeSnapshot`].
 //! * [`lease`] is the lease heartbeat task.
 //! * [`heartbeat`] is the switch that freezes both heartbeats (chaos in the hollow fleet).
 //!
@@ -15,6 +16,7 @@
 
 pub mod conditions;
 pub mod heartbeat;
+pub mod informer;
 pub mod lease;
 pub mod object;
 pub mod registration;
@@ -27,6 +29,7 @@ use std::sync::{Arc, Mutex};
 
 pub use conditions::{ConditionInputs, NodeConditions};
 pub use heartbeat::Heartbeats;
+pub use informer::NodeInformer;
 pub use lease::LeaseManager;
 pub use object::ResourceList;
 pub use status::NodeStatusManager;
@@ -59,9 +62,9 @@ pub struct RegisteredNode {
     pub uid: String,
 }
 
-/// What the node side knows about its Node object, as last returned by the API server (registration, every
-/// status write, re-reads). Pod admission reads labels, taints and addresses from here. Updated at most as often
-/// as the agent writes its status (on change, else every `nodeStatusReportFrequency`).
+/// What the node side knows about its Node object, as the node informer last saw it (a watch of the Node, so
+/// a label, taint or pod CIDR set by someone else arrives at once). Pod admission reads labels, taints and
+/// addresses from here.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeSnapshot {
     /// The Node name.

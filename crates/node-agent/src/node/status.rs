@@ -21,7 +21,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{ContainerImage, Node, NodeStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{GetParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use runtime_api::{Runtime, cri};
 use serde_json::{Map, Value, json};
 use tokio::sync::{Notify, watch};
@@ -56,8 +56,10 @@ pub struct StatusChannels {
     pub registered: watch::Sender<Option<RegisteredNode>>,
     /// Poked by the lease task when renewals recover: re-read the Node and report.
     pub resync: Arc<Notify>,
-    /// Where the latest view of the Node object is published.
-    pub node: watch::Sender<Option<Arc<NodeSnapshot>>>,
+    /// The Node as the node informer last saw it.
+    pub node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
+    /// Poked after the runtime got a new pod CIDR: ask the runtime for its status now, not at the next poll.
+    pub recheck_runtime: Arc<Notify>,
 }
 
 /// The node status task of one agent.
@@ -140,7 +142,8 @@ impl NodeStatusManager {
         if !wait_for_first_health(&self.channels.health, &self.token).await {
             return;
         }
-        if !self.register().await {
+        // The calls below are boxed: between them the task holds only its state, not room for their requests.
+        if !Box::pin(self.register()).await {
             return;
         }
         let mut triggers = StatusTriggers::new(
@@ -148,17 +151,31 @@ impl NodeStatusManager {
             self.channels.health.clone(),
             self.channels.pressure.clone(),
             self.channels.resync.clone(),
+            self.channels.node.clone(),
             self.token.clone(),
         );
         loop {
-            let force = match triggers.next(self.pod_cidr.is_some()).await {
-                Trigger::Tick | Trigger::InputsChanged => false,
+            let force = match triggers.next().await {
+                Trigger::Tick => {
+                    if self.pod_cidr.is_none() {
+                        // a hand-over to the runtime that failed is tried again
+                        let seen = self.channels.node.borrow().clone();
+                        if let Some(snapshot) = seen {
+                            Box::pin(self.learn(&snapshot)).await;
+                        }
+                    }
+                    false
+                }
+                Trigger::InputsChanged => false,
                 Trigger::Resync => {
-                    self.reread_node().await;
+                    Box::pin(self.reread_node()).await;
                     true
                 }
-                Trigger::PollPodCidr => {
-                    self.poll_pod_cidr().await;
+                Trigger::NodeChanged => {
+                    let seen = self.channels.node.borrow_and_update().clone();
+                    if let Some(snapshot) = seen {
+                        Box::pin(self.learn(&snapshot)).await;
+                    }
                     continue;
                 }
                 Trigger::Stop => return,
@@ -171,10 +188,10 @@ impl NodeStatusManager {
             } else {
                 force
             };
-            self.sync(force).await;
+            Box::pin(self.sync(force)).await;
             if self.needs_registration {
                 self.needs_registration = false;
-                if !self.register().await {
+                if !Box::pin(self.register()).await {
                     return;
                 }
             }
@@ -277,7 +294,8 @@ impl NodeStatusManager {
             calls: &self.calls,
             events: &self.events,
         };
-        let Some(Registered { node, created }) = registrar.register(&initial, &self.token).await else {
+        let Some(Registered { node, created }) = Box::pin(registrar.register(&initial, &self.token)).await
+        else {
             return false;
         };
         let registered_at = Instant::now();
@@ -297,7 +315,7 @@ impl NodeStatusManager {
                 images: images.as_ref().map(|(fp, _)| *fp),
             };
             self.policy.written(registered_at, &sent);
-            self.learn(&node).await;
+            self.learn(&NodeSnapshot::of(&node)).await;
             self.observe_startup_if_ready(registered_at);
         } else {
             // Report against what the API server has: conditions seeded from it, every part re-sent.
@@ -309,7 +327,7 @@ impl NodeStatusManager {
             );
             self.policy.forget();
             self.images = images;
-            self.learn(&node).await;
+            self.learn(&NodeSnapshot::of(&node)).await;
             self.sync(true).await;
         }
         true
@@ -332,10 +350,10 @@ impl NodeStatusManager {
         self.metrics.observe_startup(&phases);
     }
 
-    /// Learns from a Node the API server returned: publishes the [`NodeSnapshot`], hands `spec.podCIDR(s)` to
-    /// the runtime, records NodeSchedulable/NodeNotSchedulable when `spec.unschedulable` flips.
-    async fn learn(&mut self, node: &Node) {
-        let snapshot = NodeSnapshot::of(node);
+    /// Learns from the Node (as the node informer or a response shows it): hands `spec.podCIDR(s)` to the
+    /// runtime (then has the runtime's status read again, so the node turns Ready as soon as its network is),
+    /// records NodeSchedulable/NodeNotSchedulable when `spec.unschedulable` flips.
+    async fn learn(&mut self, snapshot: &NodeSnapshot) {
         let cidrs = snapshot.pod_cidrs.join(",");
         if !cidrs.is_empty() && self.pod_cidr.as_deref() != Some(cidrs.as_str()) {
             let req = cri::UpdateRuntimeConfigRequest {
@@ -349,6 +367,7 @@ impl NodeStatusManager {
                 Ok(_) => {
                     tracing::info!(node = %self.config.node_name, pod_cidr = %cidrs, "pod CIDR handed to the runtime");
                     self.pod_cidr = Some(cidrs);
+                    self.channels.recheck_runtime.notify_one();
                 }
                 Err(e) if e.code == runtime_api::Code::Unimplemented => self.pod_cidr = Some(cidrs),
                 Err(e) => tracing::warn!(error = %e, "updating the runtime's pod CIDR failed; will retry"),
@@ -362,31 +381,6 @@ impl NodeStatusManager {
                 "NodeSchedulable"
             };
             self.record_condition_events(&[reason]);
-        }
-        self.channels.node.send_if_modified(|cur| {
-            if cur.as_deref() == Some(&snapshot) {
-                false
-            } else {
-                *cur = Some(Arc::new(snapshot));
-                true
-            }
-        });
-    }
-
-    /// Reads the Node (from the API server's cache) to learn a pod CIDR assigned after registration.
-    async fn poll_pod_cidr(&mut self) {
-        let api = self.node_api();
-        match self
-            .calls
-            .run(
-                "get",
-                "nodes",
-                api.get_with(&self.config.node_name, &GetParams::any()),
-            )
-            .await
-        {
-            Ok(node) => self.learn(&node).await,
-            Err(e) => tracing::debug!(error = %e, "reading the node for its pod CIDR failed"),
         }
     }
 
@@ -404,11 +398,11 @@ impl NodeStatusManager {
                         .unwrap_or(&[]),
                 );
                 self.policy.forget();
-                self.learn(&node).await;
+                self.learn(&NodeSnapshot::of(&node)).await;
             }
             Ok(None) => {
                 tracing::warn!(node = %self.config.node_name, "node object is gone; registering again");
-                self.register().await;
+                Box::pin(self.register()).await;
             }
             Err(e) => tracing::warn!(error = %e, "re-reading the node failed"),
         }
@@ -467,7 +461,7 @@ impl NodeStatusManager {
         match self.write(&patch).await {
             Ok(node) => {
                 self.policy.written(now, &fps);
-                self.learn(&node).await;
+                self.learn(&NodeSnapshot::of(&node)).await;
                 self.observe_startup_if_ready(Instant::now());
                 if fps.images.is_some() {
                     // The list is reported; keep only its fingerprint.

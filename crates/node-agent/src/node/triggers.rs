@@ -6,30 +6,23 @@
 //! * [`StatusTriggers`] yields what the loop does next: a status computation every `nodeStatusUpdateFrequency`
 //!   (jittered 4 %, the first one a period after registration); one at once when the runtime health or the
 //!   pressure signals changed (a node that registered NotReady is reported Ready as soon as the runtime answers,
-//!   not a period later); a re-read when the lease task asks; and, while the pod CIDR is unknown, a read of the
-//!   Node at 250 ms doubling to 10 s, at most [`CIDR_POLL_ATTEMPTS`] times (the controller-manager usually
-//!   assigns it right after registration; later, status-write responses tell).
+//!   not a period later); a re-read when the lease task asks; and a look at the Node whenever the node informer
+//!   saw it change (a pod CIDR assigned after registration is handed to the runtime at once).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Pressure;
-use crate::backoff::{Backoff, BackoffPolicy, JitteredInterval};
+use super::{NodeSnapshot, Pressure};
+use crate::backoff::JitteredInterval;
 use crate::runtime_health::RuntimeHealth;
 
 /// Jitter of the status loop (the kubelet's).
 pub const STATUS_JITTER: f64 = 0.04;
 /// How long registration waits for the runtime's first answer before registering anyway.
 pub const FIRST_HEALTH_WAIT: Duration = Duration::from_secs(2);
-/// Looking for a pod CIDR assigned after registration: 250 ms doubling to 10 s ...
-const CIDR_POLL: BackoffPolicy =
-    BackoffPolicy::const_new(Duration::from_millis(250), Duration::from_secs(10), 0.1);
-/// ... at most this many reads (about two minutes).
-pub const CIDR_POLL_ATTEMPTS: u32 = 16;
 
 /// Waits until the runtime monitor published its first answer (at most [`FIRST_HEALTH_WAIT`]); `false` when
 /// `token` fired meanwhile.
@@ -59,8 +52,8 @@ pub enum Trigger {
     InputsChanged,
     /// The lease task recovered from failures: re-read the Node and write.
     Resync,
-    /// Read the Node for a pod CIDR assigned after registration (no status computation).
-    PollPodCidr,
+    /// The node informer saw the Node change (learn its pod CIDR; no status computation).
+    NodeChanged,
     /// The agent is stopping.
     Stop,
 }
@@ -74,8 +67,8 @@ pub struct StatusTriggers {
     pressure: watch::Receiver<Pressure>,
     pressure_open: bool,
     resync: Arc<Notify>,
-    cidr_poll: Backoff,
-    cidr_at: Option<Instant>,
+    node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
+    node_open: bool,
     token: CancellationToken,
 }
 
@@ -86,10 +79,9 @@ impl StatusTriggers {
         health: watch::Receiver<RuntimeHealth>,
         pressure: watch::Receiver<Pressure>,
         resync: Arc<Notify>,
+        node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
         token: CancellationToken,
     ) -> Self {
-        let mut cidr_poll = Backoff::new(CIDR_POLL);
-        let cidr_at = Some(Instant::now() + cidr_poll.next_delay());
         Self {
             interval: JitteredInterval::after_period(update_frequency, STATUS_JITTER),
             health,
@@ -97,26 +89,16 @@ impl StatusTriggers {
             pressure,
             pressure_open: true,
             resync,
-            cidr_poll,
-            cidr_at,
+            node,
+            node_open: true,
             token,
         }
     }
 
-    /// Waits for the next thing to do. `pod_cidr_known` stops the pod CIDR reads; the next read is scheduled
-    /// from the end of the previous one.
-    pub async fn next(&mut self, pod_cidr_known: bool) -> Trigger {
-        if pod_cidr_known {
-            self.cidr_at = None;
-        } else if self.cidr_at.is_none() && self.cidr_poll.attempts() < CIDR_POLL_ATTEMPTS {
-            self.cidr_at = Some(Instant::now() + self.cidr_poll.next_delay());
-        }
+    /// Waits for the next thing to do.
+    pub async fn next(&mut self) -> Trigger {
         loop {
             tokio::select! {
-                () = tokio::time::sleep_until(self.cidr_at.unwrap_or_else(Instant::now)), if self.cidr_at.is_some() => {
-                    self.cidr_at = None;
-                    return Trigger::PollPodCidr;
-                }
                 _ = self.interval.tick() => return Trigger::Tick,
                 r = self.health.changed(), if self.health_open => {
                     self.health_open = r.is_ok();
@@ -130,6 +112,12 @@ impl StatusTriggers {
                         return Trigger::InputsChanged;
                     }
                 }
+                r = self.node.changed(), if self.node_open => {
+                    self.node_open = r.is_ok();
+                    if self.node_open {
+                        return Trigger::NodeChanged;
+                    }
+                }
                 () = self.resync.notified() => return Trigger::Resync,
                 () = self.token.cancelled() => return Trigger::Stop,
             }
@@ -141,12 +129,14 @@ impl StatusTriggers {
 mod tests {
     use super::*;
     use crate::config::KubeletConfig;
+    use tokio::time::Instant;
 
     struct Harness {
         triggers: StatusTriggers,
         health: watch::Sender<RuntimeHealth>,
         pressure: watch::Sender<Pressure>,
         resync: Arc<Notify>,
+        node: watch::Sender<Option<Arc<NodeSnapshot>>>,
         token: CancellationToken,
     }
 
@@ -157,12 +147,21 @@ mod tests {
         let token = CancellationToken::new();
         let frequency = KubeletConfig::default().node_status_update_frequency;
         assert_eq!(frequency, Duration::from_secs(10));
-        let triggers = StatusTriggers::new(frequency, health_rx, pressure_rx, resync.clone(), token.clone());
+        let (node, node_rx) = watch::channel(None);
+        let triggers = StatusTriggers::new(
+            frequency,
+            health_rx,
+            pressure_rx,
+            resync.clone(),
+            node_rx,
+            token.clone(),
+        );
         Harness {
             triggers,
             health,
             pressure,
             resync,
+            node,
             token,
         }
     }
@@ -185,7 +184,7 @@ mod tests {
         let t0 = Instant::now();
         let mut at = vec![t0];
         for _ in 0..6 {
-            assert_eq!(h.triggers.next(true).await, Trigger::Tick);
+            assert_eq!(h.triggers.next().await, Trigger::Tick);
             at.push(Instant::now());
         }
         let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
@@ -194,7 +193,7 @@ mod tests {
         }
         assert!(gaps.iter().any(|g| *g != gaps[0]), "jittered: {gaps:?}");
         h.token.cancel();
-        assert_eq!(h.triggers.next(true).await, Trigger::Stop);
+        assert_eq!(h.triggers.next().await, Trigger::Stop);
     }
 
     #[tokio::test(start_paused = true)]
@@ -206,6 +205,7 @@ mod tests {
             health,
             pressure,
             resync,
+            node,
             token: _token,
         } = h;
         tokio::spawn(async move {
@@ -218,65 +218,34 @@ mod tests {
             });
             tokio::time::sleep(Duration::from_secs(2)).await;
             resync.notify_one();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            node.send_replace(Some(Arc::new(NodeSnapshot {
+                pod_cidrs: vec!["10.128.3.0/24".into()],
+                ..Default::default()
+            })));
             // the senders are dropped here: the agent is going away
         });
         let mut seen = Vec::new();
-        for _ in 0..4 {
-            let t = triggers.next(true).await;
+        for _ in 0..5 {
+            let t = triggers.next().await;
             seen.push((t, Instant::now() - t0));
         }
         assert_eq!(seen[0], (Trigger::InputsChanged, Duration::from_millis(300)));
         assert_eq!(seen[1], (Trigger::InputsChanged, Duration::from_millis(2300)));
         assert_eq!(seen[2], (Trigger::Resync, Duration::from_millis(4300)));
-        assert_eq!(seen[3].0, Trigger::Tick);
+        assert_eq!(seen[3], (Trigger::NodeChanged, Duration::from_millis(5300)));
+        assert_eq!(seen[4].0, Trigger::Tick);
         assert!(
-            within(seen[3].1, Duration::from_secs(10), STATUS_JITTER),
+            within(seen[4].1, Duration::from_secs(10), STATUS_JITTER),
             "the periodic computation keeps its schedule: {seen:?}"
         );
         let before = Instant::now();
         assert_eq!(
-            triggers.next(true).await,
+            triggers.next().await,
             Trigger::Tick,
             "closed input channels are not changes"
         );
         assert!(Instant::now() - before >= Duration::from_secs(10));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_pod_cidr_is_read_with_backoff_until_known() {
-        let mut h = start();
-        let mut last = Instant::now();
-        for ms in [250, 500, 1000] {
-            assert_eq!(h.triggers.next(false).await, Trigger::PollPodCidr);
-            let gap = Instant::now() - last;
-            assert!(
-                within(gap, Duration::from_millis(ms), 0.1),
-                "{gap:?}, expected {ms} ms"
-            );
-            // the read itself takes a while; the next delay counts from its end
-            tokio::time::sleep(Duration::from_millis(40)).await;
-            last = Instant::now();
-        }
-        let t = Instant::now();
-        while Instant::now() - t < Duration::from_secs(120) {
-            assert_eq!(h.triggers.next(true).await, Trigger::Tick, "no reads once known");
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn pod_cidr_reads_stop_after_sixteen() {
-        let mut h = start();
-        let t0 = Instant::now();
-        let mut reads = Vec::new();
-        while Instant::now() - t0 < Duration::from_secs(300) {
-            if h.triggers.next(false).await == Trigger::PollPodCidr {
-                reads.push(Instant::now() - t0);
-            }
-        }
-        assert_eq!(reads.len(), CIDR_POLL_ATTEMPTS as usize, "{reads:?}");
-        // 0.25 + 0.5 + 1 + 2 + 4 + 8 + 10 x 10 s = 115.75 s, +10 % at most
-        let last = reads[reads.len() - 1];
-        assert!(within(last, Duration::from_millis(115_750), 0.1), "{last:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,0 +1,84 @@
+//! The node informer: a list+watch of this node's own Node object (`fieldSelector=metadata.name=<node>`, as the
+//! kubelet's node informer), published as a compact [`NodeSnapshot`] on the agent's `node` channel.
+//!
+//! This task is the one writer of that channel. Readers: pod admission (labels, taints, addresses) and the node
+//! status task, which learns `spec.podCIDR(s)` from it the moment the controller-manager assigns one and hands
+//! it to the runtime (`UpdateRuntimeConfig`). Nothing polls the Node for it.
+//!
+//! kube-runtime's `watcher` resumes from the last resourceVersion on reconnect and relists on 410 Gone; errors
+//! back off with its default backoff. A deleted Node leaves the last snapshot in place (the status task
+//! re-registers when its write finds the Node gone, and the watch then sees the new object).
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::NodeSnapshot;
+
+/// The watch of one node's Node object.
+pub struct NodeInformer {
+    client: kube::Client,
+    node_name: String,
+    tx: watch::Sender<Option<Arc<NodeSnapshot>>>,
+    token: CancellationToken,
+}
+
+impl NodeInformer {
+    /// An informer for `node_name` over `client`, publishing to `tx`.
+    pub fn new(
+        client: kube::Client,
+        node_name: String,
+        tx: watch::Sender<Option<Arc<NodeSnapshot>>>,
+        token: CancellationToken,
+    ) -> Self {
+        Self {
+            client,
+            node_name,
+            tx,
+            token,
+        }
+    }
+
+    /// Follows the Node until the token fires.
+    pub async fn run(self) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let selector = format!("metadata.name={}", self.node_name);
+        let config = watcher::Config::default().fields(&selector);
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        loop {
+            let next = tokio::select! {
+                () = self.token.cancelled() => return,
+                next = stream.next() => next,
+            };
+            match next {
+                None => return,
+                Some(Err(error)) => {
+                    tracing::warn!(node = %self.node_name, %error, "node watch failed, retrying");
+                }
+                Some(Ok(Event::InitApply(node) | Event::Apply(node))) => self.publish(&node),
+                Some(Ok(Event::Init | Event::InitDone | Event::Delete(_))) => {}
+            }
+        }
+    }
+
+    fn publish(&self, node: &Node) {
+        if node.metadata.name.as_deref() != Some(self.node_name.as_str()) {
+            return;
+        }
+        let snapshot = NodeSnapshot::of(node);
+        self.tx.send_if_modified(|cur| {
+            if cur.as_deref() == Some(&snapshot) {
+                false
+            } else {
+                *cur = Some(Arc::new(snapshot));
+                true
+            }
+        });
+    }
+}
