@@ -1,46 +1,47 @@
 //! The fake image store: references normalised the way container runtimes do (`nginx` →
-//! `docker.io/library/nginx:latest`), deterministic ids and digests derived from the name (the same image has
-//! the same id on every fake node), sizes from the profile.
+//! `docker.io/library/nginx:latest`), deterministic ids and digests derived from the content a reference names
+//! (the same image has the same id on every fake node), sizes and the config's `User` from the script.
+//!
+//! One image is one content: its id is derived from its manifest digest, and a tag's digest from the
+//! repository path and tag without the registry, so `registry-a/team/app:1` and `registry-b/team/app:1` are the
+//! same image, and pulling `repo@sha256:<digest>` after `repo:tag` finds it again. An image collects every
+//! reference it was pulled by: ListImages shows all its repoTags and repoDigests, and removing it by any of
+//! them removes it under all (as containerd's CRI does).
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use runtime_api::cri;
 
-/// What is known about an image apart from its size: the same for every fake runtime holding it, so it is
-/// shared process-wide (a fleet of ten thousand nodes pulling the same images keeps one copy).
+/// One reference to an image (a tag or a digest reference) with the id and repo digest of the content it
+/// names: the same for every fake runtime holding it, so it is shared process-wide (a fleet of ten thousand
+/// nodes pulling the same images keeps one copy).
 #[derive(Debug)]
 pub(crate) struct ImageMeta {
     pub(crate) id: Box<str>,
-    /// What containers of this image report as their image: the first tag, else the digest reference.
+    /// The reference as normalised: what containers created from it report as their image.
     pub(crate) name: Box<str>,
-    pub(crate) tags: Box<[Box<str>]>,
-    pub(crate) digests: Box<[Box<str>]>,
+    pub(crate) tag: Option<Box<str>>,
+    pub(crate) digest: Box<str>,
 }
 
 impl ImageMeta {
-    /// The reference a container created from this image reports (`image_ref`): the repo digest, else the id.
+    /// The reference a container created from this image reports (`image_ref`): the repo digest.
     pub(crate) fn image_ref(&self) -> &str {
-        self.digests.first().unwrap_or(&self.id)
+        &self.digest
     }
 
     fn build(reference: &Reference, canonical: &str) -> ImageMeta {
-        let digest = reference
-            .digested()
-            .unwrap_or_else(|| format!("{}@sha256:{}", reference.repo, hash_hex(canonical, 2)));
+        let content = reference.content_digest();
         ImageMeta {
-            id: format!("sha256:{}", hash_hex(canonical, 1)).into(),
+            id: format!("sha256:{}", hash_hex(&content, 1)).into(),
             name: canonical.into(),
-            tags: reference
-                .tagged()
-                .map(String::into_boxed_str)
-                .into_iter()
-                .collect(),
-            digests: Box::new([digest.into()]),
+            tag: reference.tagged().map(String::into_boxed_str),
+            digest: format!("{}@{content}", reference.repo).into(),
         }
     }
 
-    /// The shared description of the image `canonical` names.
+    /// The shared description of the reference `canonical` names.
     fn shared(reference: &Reference, canonical: &str) -> Arc<ImageMeta> {
         static SHARED: LazyLock<Mutex<SharedImages>> = LazyLock::new(|| Mutex::new((HashMap::new(), 0)));
         let mut guard = SHARED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -58,27 +59,57 @@ impl ImageMeta {
     }
 }
 
-/// The process-wide image descriptions by canonical reference, and how many were added (to prune dead ones
-/// now and then).
+/// The process-wide reference descriptions by canonical reference, and how many were added (to prune dead
+/// ones now and then).
 type SharedImages = (HashMap<Box<str>, Weak<ImageMeta>>, usize);
 
-/// One image in the store of a runtime.
+/// One image in the store of a runtime: every reference it was pulled by (the first one first).
 #[derive(Debug, Clone)]
 pub(crate) struct Image {
-    pub(crate) meta: Arc<ImageMeta>,
+    pub(crate) refs: Box<[Arc<ImageMeta>]>,
     pub(crate) size: u64,
+    /// The image config's `User` (`uid`, `name`, `uid:gid` or `name:group`); `None` = not set.
+    pub(crate) user: Option<Box<str>>,
 }
 
 impl Image {
+    pub(crate) fn id(&self) -> &str {
+        self.refs.first().map_or("", |r| &r.id)
+    }
+
     pub(crate) fn to_cri(&self) -> cri::Image {
-        let meta = &self.meta;
+        let mut repo_tags: Vec<String> = Vec::new();
+        let mut repo_digests: Vec<String> = Vec::new();
+        for r in self.refs.iter() {
+            if let Some(tag) = &r.tag
+                && !repo_tags.iter().any(|t| t == &**tag)
+            {
+                repo_tags.push(tag.to_string());
+            }
+            if !repo_digests.iter().any(|d| d == &*r.digest) {
+                repo_digests.push(r.digest.to_string());
+            }
+        }
+        // like containerd: a numeric user is the uid, anything else the username
+        let user = self
+            .user
+            .as_deref()
+            .map(|u| u.split_once(':').map_or(u, |(user, _)| user))
+            .filter(|u| !u.is_empty());
+        let (uid, username) = match user.map(|u| (u, u.parse::<i64>())) {
+            Some((_, Ok(uid))) => (Some(cri::Int64Value { value: uid }), String::new()),
+            Some((name, Err(_))) => (None, name.to_owned()),
+            None => (None, String::new()),
+        };
         cri::Image {
-            id: meta.id.to_string(),
-            repo_tags: meta.tags.iter().map(|t| t.to_string()).collect(),
-            repo_digests: meta.digests.iter().map(|d| d.to_string()).collect(),
+            id: self.id().to_owned(),
+            repo_tags,
+            repo_digests,
             size: self.size,
+            uid,
+            username,
             spec: Some(cri::ImageSpec {
-                image: meta.id.to_string(),
+                image: self.id().to_owned(),
                 ..Default::default()
             }),
             ..Default::default()
@@ -133,6 +164,22 @@ impl Reference {
     pub(crate) fn digested(&self) -> Option<String> {
         self.digest.as_ref().map(|d| format!("{}@{d}", self.repo))
     }
+
+    /// The digest of the content this reference names: the given digest, else one derived from the
+    /// repository path (without the registry) and tag, so mirrors of one image agree.
+    pub(crate) fn content_digest(&self) -> String {
+        if let Some(d) = &self.digest {
+            return d.clone();
+        }
+        let path = match self.repo.split_once('/') {
+            Some((_, path)) => path,
+            None => &self.repo,
+        };
+        format!(
+            "sha256:{}",
+            hash_hex(&format!("{path}:{}", self.tag.as_deref().unwrap_or("")), 2)
+        )
+    }
 }
 
 /// A 256-bit hex hash of `text` (not cryptographic; stable across runs and processes).
@@ -160,35 +207,40 @@ pub(crate) struct Images {
 impl Images {
     /// The index of the image `spec` names: an id (`sha256:…`, or its hex), a tag, or a repo digest.
     pub(crate) fn find(&self, spec: &str) -> Option<usize> {
+        self.resolve(spec).map(|(i, _)| i)
+    }
+
+    /// The image `spec` names and the reference it matched (for an id: the image's first reference).
+    pub(crate) fn resolve(&self, spec: &str) -> Option<(usize, Arc<ImageMeta>)> {
         let spec = spec.trim();
         if spec.is_empty() {
             return None;
         }
         let bare = spec.strip_prefix("sha256:").unwrap_or(spec);
-        let by_id = || {
-            self.list
+        if bare.len() == 64 && bare.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let by_id = self
+                .list
                 .iter()
-                .position(|img| img.meta.id.strip_prefix("sha256:") == Some(bare))
-        };
-        if bare.len() == 64
-            && bare.bytes().all(|b| b.is_ascii_hexdigit())
-            && let Some(i) = by_id()
-        {
-            return Some(i);
+                .position(|img| img.id().strip_prefix("sha256:") == Some(bare));
+            if let Some(i) = by_id {
+                return Some((i, self.list[i].refs[0].clone()));
+            }
         }
         self.find_reference(&Reference::parse(spec)?)
     }
 
-    fn find_reference(&self, reference: &Reference) -> Option<usize> {
+    fn find_reference(&self, reference: &Reference) -> Option<(usize, Arc<ImageMeta>)> {
         let tagged = reference.tagged();
         let digested = reference.digested();
-        self.list.iter().position(|img| {
-            tagged
-                .as_deref()
-                .is_some_and(|t| img.meta.tags.iter().any(|x| &**x == t))
-                || digested
-                    .as_deref()
-                    .is_some_and(|d| img.meta.digests.iter().any(|x| &**x == d))
+        self.list.iter().enumerate().find_map(|(i, img)| {
+            img.refs
+                .iter()
+                .find(|r| match (&tagged, &digested) {
+                    (Some(t), _) => r.tag.as_deref() == Some(t.as_str()),
+                    (None, Some(d)) => &*r.digest == d.as_str(),
+                    (None, None) => false,
+                })
+                .map(|r| (i, r.clone()))
         })
     }
 
@@ -200,26 +252,40 @@ impl Images {
         self.list.iter()
     }
 
-    /// Record a pulled (or preloaded) image and return it. Pulling a tag again keeps the existing image.
-    pub(crate) fn add(&mut self, reference: &Reference, size: u64) -> &Image {
+    /// Record a pulled (or preloaded) image under `reference` and return it. A reference already present
+    /// keeps its image; a reference to content already present (the same image from another registry, or by
+    /// digest) is added to that image; anything else is a new image.
+    pub(crate) fn add(&mut self, reference: &Reference, size: u64, user: Option<&str>) -> &Image {
         let index = match self.find_reference(reference) {
-            Some(i) => i,
+            Some((i, _)) => i,
             None => {
                 let canonical = reference
                     .tagged()
                     .or_else(|| reference.digested())
                     .unwrap_or_default();
-                self.list.push(Image {
-                    meta: ImageMeta::shared(reference, &canonical),
-                    size,
-                });
-                self.list.len() - 1
+                let meta = ImageMeta::shared(reference, &canonical);
+                match self.list.iter().position(|img| img.id() == &*meta.id) {
+                    Some(i) => {
+                        let mut refs = self.list[i].refs.to_vec();
+                        refs.push(meta);
+                        self.list[i].refs = refs.into_boxed_slice();
+                        i
+                    }
+                    None => {
+                        self.list.push(Image {
+                            refs: Box::new([meta]),
+                            size,
+                            user: user.map(Into::into),
+                        });
+                        self.list.len() - 1
+                    }
+                }
             }
         };
         &self.list[index]
     }
 
-    /// Remove an image; `false` if it was not there.
+    /// Remove the image `spec` names, under every reference it has; `false` if it was not there.
     pub(crate) fn remove(&mut self, spec: &str) -> bool {
         match self.find(spec) {
             Some(i) => {
@@ -273,8 +339,8 @@ mod tests {
     fn images_are_found_by_tag_id_and_digest() {
         let mut images = Images::default();
         let img = images
-            .add(&Reference::parse("nginx:1.25").unwrap(), 1000)
-            .meta
+            .add(&Reference::parse("nginx:1.25").unwrap(), 1000, None)
+            .refs[0]
             .clone();
         assert!(img.id.starts_with("sha256:") && img.id.len() == 71);
         assert_eq!(&*img.name, "docker.io/library/nginx:1.25");
@@ -282,16 +348,20 @@ mod tests {
         assert_eq!(images.find("nginx:1.25"), Some(0));
         assert_eq!(images.find(&img.id), Some(0));
         assert_eq!(images.find(&img.id[7..]), Some(0));
-        assert_eq!(images.find(&img.digests[0]), Some(0));
+        assert_eq!(images.find(&img.digest), Some(0));
         assert_eq!(images.find("nginx:1.26"), None);
         // same name, same id everywhere; pulling again does not duplicate
         let mut other = Images::default();
         let again = other
-            .add(&Reference::parse("docker.io/library/nginx:1.25").unwrap(), 1)
-            .meta
+            .add(
+                &Reference::parse("docker.io/library/nginx:1.25").unwrap(),
+                1,
+                None,
+            )
+            .refs[0]
             .clone();
         assert!(Arc::ptr_eq(&again, &img), "shared between runtimes");
-        images.add(&Reference::parse("nginx:1.25").unwrap(), 1000);
+        images.add(&Reference::parse("nginx:1.25").unwrap(), 1000, None);
         assert_eq!(images.len(), 1);
         assert!(images.remove("nginx:1.25"));
         assert!(!images.remove("nginx:1.25"));

@@ -53,6 +53,7 @@
 //! | `pull-duration` | dist | `0` | time `PullImage` takes |
 //! | `pull-error` | text | — | `PullImage` fails (`Unknown`, the kubelet's ErrImagePull) with this message |
 //! | `image-size` | quantity | `10Mi` | size of pulled images |
+//! | `image-user` | text | (none) | the pulled image config's `User` (`1000`, `nginx`, `1000:1000`): `ImageStatus` uid / username |
 //! | `sandbox-latency` | dist | `0` | time `RunPodSandbox` takes |
 //! | `create-latency` | dist | `0` | time `CreateContainer` takes |
 //! | `start-latency` | dist | `0` | time `StartContainer` takes |

@@ -1,10 +1,12 @@
 //! Serving a [`Runtime`] as CRI v1 over gRPC on a unix socket: the k8s-cri `RuntimeService` and `ImageService`
 //! servers, forwarding each call to the runtime. Calls the trait does not cover (Exec, Attach, PortForward,
 //! UpdateContainerResources, ReopenContainerLog, CheckpointContainer, metrics, RuntimeConfig) answer
-//! `Unimplemented`. Works for any runtime, not only the fake.
+//! `Unimplemented`. PullImage ends at the caller's deadline (`grpc-timeout`) with `DeadlineExceeded`. Works for
+//! any runtime, not only the fake.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -205,9 +207,64 @@ forward! {
     impl ImageService {
         list_images(ListImagesRequest) -> ListImagesResponse;
         image_status(ImageStatusRequest) -> ImageStatusResponse;
-        pull_image(PullImageRequest) -> PullImageResponse;
         remove_image(RemoveImageRequest) -> RemoveImageResponse;
         image_fs_info(ImageFsInfoRequest) -> ImageFsInfoResponse;
     }
     unimplemented {}
+
+    async fn pull_image(
+        &self,
+        request: Request<cri::PullImageRequest>,
+    ) -> Result<Response<cri::PullImageResponse>, Status> {
+        let deadline = request.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(grpc_timeout);
+        let pull = self.runtime.pull_image(request.into_inner());
+        let Some(deadline) = deadline else {
+            return pull.await.map(Response::new).map_err(Status::from);
+        };
+        // A pull is abandoned at the caller's deadline with DEADLINE_EXCEEDED, as a runtime pulling under the
+        // request context does. The transport drops the call at the deadline too, answering only CANCELLED, so
+        // this gives up a little earlier (5 %, at least 5 ms, at most 100 ms) for its answer to be the one sent.
+        let margin = (deadline / 20).clamp(Duration::from_millis(5), Duration::from_millis(100));
+        match tokio::time::timeout(deadline.saturating_sub(margin), pull).await {
+            Ok(result) => result.map(Response::new).map_err(Status::from),
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "failed to pull image: context deadline exceeded ({deadline:?})"
+            ))),
+        }
+    }
+}
+
+/// A `grpc-timeout` header value (up to 8 digits and a unit: H, M, S, m, u, n) as a duration.
+fn grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grpc_timeout;
+    use std::time::Duration;
+
+    #[test]
+    fn grpc_timeout_headers_parse() {
+        assert_eq!(grpc_timeout("300m"), Some(Duration::from_millis(300)));
+        assert_eq!(grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(grpc_timeout("5u"), Some(Duration::from_micros(5)));
+        for bad in ["", "m", "123456789m", "10x", "-1S"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -91,12 +91,7 @@ pub(super) async fn create_container(
 
     let (mut st, now) = rt.settled();
     let sandbox = check(&st)?;
-    let Some(image) = st
-        .images
-        .find(&image)
-        .and_then(|i| st.images.get(i))
-        .map(|img| Arc::clone(&img.meta))
-    else {
+    let Some((_, image)) = st.images.resolve(&image) else {
         return Err(RuntimeError::not_found(format!(
             "failed to resolve image {image:?}: not found"
         )));
@@ -234,7 +229,10 @@ pub(super) async fn stop_container(
     rt.check_reachable()?;
     let end = {
         let (mut st, now) = rt.settled();
-        let key = st.container_key(&req.container_id)?;
+        // idempotent as the CRI api.proto asks (containerd 1.6 answers NotFound for an unknown id; we do not)
+        let Ok(key) = st.container_key(&req.container_id) else {
+            return Ok(cri::StopContainerResponse {});
+        };
         if st.containers[&key].state != CState::Running {
             return Ok(cri::StopContainerResponse {});
         }

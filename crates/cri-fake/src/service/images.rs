@@ -77,9 +77,11 @@ pub(super) async fn pull_image(
         )));
     }
     let mut st = rt.lock();
-    let image = st.images.add(&reference, script.image_size);
+    let image = st
+        .images
+        .add(&reference, script.image_size, script.image_user.as_deref());
     Ok(cri::PullImageResponse {
-        image_ref: image.meta.id.to_string(),
+        image_ref: image.id().to_owned(),
     })
 }
 

@@ -1,9 +1,11 @@
 //! Unit tests of the fake runtime through its CRI surface: every state transition and error code (`sandboxes`,
 //! `containers`), filters and images (`listing`), and under paused tokio time the scripted behaviours
-//! (`scripted`) and pushed events (`events`).
+//! (`scripted`) and pushed events (`events`); where the fake follows the CRI spec rather than containerd, over
+//! gRPC (`grpc`).
 
 mod containers;
 mod events;
+mod grpc;
 mod listing;
 mod sandboxes;
 mod scripted;
