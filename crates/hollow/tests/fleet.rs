@@ -299,6 +299,50 @@ async fn a_killed_fleet_comes_back_to_the_same_nodes() -> anyhow::Result<()> {
     .await?;
     let uids_after: BTreeSet<String> = after.iter().filter_map(|n| n.metadata.uid.clone()).collect();
     assert_eq!(uids, uids_after, "the restarted fleet reuses its Node objects");
+
+    // Every container of the first run is gone with its process: each node has rebooted, and says so.
+    let boot_of = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.clone())
+            .unwrap_or_default()
+    };
+    let old_boots: BTreeMap<String, String> = before.iter().map(|n| (name_of(n), boot_of(n))).collect();
+    let new_boots: BTreeMap<String, String> = after.iter().map(|n| (name_of(n), boot_of(n))).collect();
+    for (node, boot) in &new_boots {
+        assert!(
+            !boot.is_empty() && Some(boot) != old_boots.get(node),
+            "{node}: a new boot ID after the restart ({boot:?}, before {:?})",
+            old_boots.get(node)
+        );
+    }
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let rebooted = wait_for(
+        "a Rebooted event for every node",
+        Duration::from_secs(30),
+        || async {
+            let list = events
+                .list(&ListParams::default().fields("reason=Rebooted"))
+                .await?;
+            let named: BTreeMap<String, String> = list
+                .items
+                .into_iter()
+                .filter(|e| e.type_.as_deref() == Some("Warning"))
+                .filter_map(|e| Some((e.involved_object.name?, e.message?)))
+                .filter(|(n, _)| n.starts_with("restart-"))
+                .collect();
+            Ok((named.len() == 20).then_some(named))
+        },
+    )
+    .await?;
+    for (node, message) in &rebooted {
+        assert_eq!(
+            message,
+            &format!("Node {node} has been rebooted, boot id: {}", new_boots[node]),
+            "the kubelet's wording"
+        );
+    }
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(second.id())?),
         nix::sys::signal::SIGTERM,
