@@ -161,7 +161,8 @@ impl EventSink {
         loop {
             tokio::select! {
                 ev = self.rx.recv() => match ev {
-                    Some(ev) => self.write(*ev).await,
+                    // boxed: the idle task keeps no room for a request in flight
+                    Some(ev) => Box::pin(self.write(*ev)).await,
                     None => return,
                 },
                 () = self.token.cancelled() => break,
@@ -169,7 +170,10 @@ impl EventSink {
         }
         let deadline = Instant::now() + DRAIN;
         while let Ok(ev) = self.rx.try_recv() {
-            if tokio::time::timeout_at(deadline, self.write(*ev)).await.is_err() {
+            if tokio::time::timeout_at(deadline, Box::pin(self.write(*ev)))
+                .await
+                .is_err()
+            {
                 break;
             }
         }

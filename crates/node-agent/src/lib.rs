@@ -45,6 +45,8 @@ pub mod runtime_health;
 pub mod server;
 
 #[cfg(test)]
+mod agent_future_sizes;
+#[cfg(test)]
 mod testing;
 
 pub use agent::{Agent, AgentBuilder, AgentContext, AgentError, RunningAgent};

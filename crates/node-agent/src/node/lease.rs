@@ -125,7 +125,8 @@ impl<R: LeaseRenewer> LeaseManager<R> {
             {
                 owner = n;
             }
-            let delay = match self.renewer.renew(&owner).await {
+            // boxed: the idle task keeps no room for a request in flight
+            let delay = match Box::pin(self.renewer.renew(&owner)).await {
                 Ok(()) => {
                     if self.backoff.attempts() > 0 {
                         tracing::info!(node = %self.node_name, failures = self.backoff.attempts(), "node lease renewed again");

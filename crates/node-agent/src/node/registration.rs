@@ -72,7 +72,10 @@ impl Registrar<'_> {
     /// Registers `initial` (or reconciles the existing Node), retrying until it works or `token` fires
     /// (`None`).
     pub async fn register(&self, initial: &Node, token: &CancellationToken) -> Option<Registered> {
-        retry_registration(&self.config.node_name, token, || self.try_register(initial)).await
+        retry_registration(&self.config.node_name, token, || {
+            Box::pin(self.try_register(initial))
+        })
+        .await
     }
 
     async fn try_register(&self, initial: &Node) -> Result<Registered, NodeError> {
