@@ -167,6 +167,11 @@ async fn read_events(
 /// Runs the load and measures it. Errors before the first pod leave the cluster untouched (except
 /// namespaces created for the run, which cleanup removes).
 pub async fn run(client: kube::Client, opts: SloOptions) -> anyhow::Result<SloResult> {
+    // boxed: the measurement's state is large, callers hold only a pointer to it (clippy::large_futures)
+    Box::pin(measure_run(client, opts)).await
+}
+
+async fn measure_run(client: kube::Client, opts: SloOptions) -> anyhow::Result<SloResult> {
     let started = Timestamp::now();
     let start = Instant::now();
     let run_id = opts.load.run_id.clone();
