@@ -1,49 +1,38 @@
-//! Density benchmark: the `hollow` binary (release build) against a fresh real control plane per fleet size.
+//! Density benchmark: the `hollow` binary (release build) and KWOK side by side, each against a fresh real
+//! control plane of the same build, per fleet size.
 //!
-//! For each size it measures the time until every node is Ready, then over an idle window the fleet process's
-//! resident memory per node, its CPU seconds per node-minute, and its API requests per second by kind. Then,
-//! unless the size is above `DENSITY_PODS_MAX_NODES`, it creates a Deployment of `DENSITY_PODS_PER_NODE` pods
-//! per node, waits for all of them Running and measures the same window again. It prints a table. Bounded:
-//! every run has a deadline and all processes are stopped afterwards.
+//! For each size and fleet it measures the time until every node is Ready, then over an idle window the fleet
+//! process's resident memory per node, its CPU per node-minute and (hollow) its API requests per second by
+//! kind. Then, unless the size is above `DENSITY_PODS_MAX_NODES`, it creates `DENSITY_PODS_PER_NODE` pods per
+//! node bound straight to the nodes (`spec.nodeName`, the same pods for both fleets), waits for all of them
+//! Running and measures the same window again. It prints a table per fleet and the ratio hollow/KWOK of each
+//! figure. KWOK (`hack/build-kwok.sh`, a pinned release from the Go module proxy) is built on the first run.
+//! Bounded: every wait has a deadline and all processes are stopped afterwards.
 //!
 //! ```sh
 //! cargo bench -p hollow --bench density     # 1000,5000,10000 nodes, 120 s windows, 10 pods/node up to 1000
 //! DENSITY_NODES=1000 DENSITY_IDLE_SECS=60 DENSITY_PODS_PER_NODE=0 cargo bench -p hollow --bench density
+//! DENSITY_FLEETS=hollow cargo bench -p hollow --bench density   # without KWOK
 //! ```
 
+#[path = "density/cluster.rs"]
+mod cluster;
+#[path = "density/kwok.rs"]
+mod kwok;
+#[path = "density/process.rs"]
+mod process;
+
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::ListParams;
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-/// utime+stime of a process, in seconds.
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map(|(_, r)| r).context("stat format")?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // after the command name: state is field 3 (index 0); utime is field 14, stime 15
-    let utime: f64 = fields.get(11).context("utime")?.parse()?;
-    let stime: f64 = fields.get(12).context("stime")?.parse()?;
-    Ok((utime + stime) / 100.0)
-}
-
-fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .context("VmRSS")?
-        .parse()?;
-    Ok(kb * 1024)
 }
 
 /// node_agent_api_requests_total by (verb, resource), summed over codes.
@@ -82,193 +71,148 @@ async fn fetch_metrics(port: u16) -> anyhow::Result<String> {
         .unwrap_or_default())
 }
 
-struct Row {
-    nodes: usize,
-    pods: usize,
-    ready_secs: f64,
-    rss_per_node_kib: f64,
-    rss_mib: f64,
-    cpu_ms_per_node_minute: f64,
-    requests: BTreeMap<String, f64>,
+/// Which fleet a row measures.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fleet {
+    Hollow,
+    Kwok,
 }
 
-/// Nodes listed, and of those Ready.
-async fn ready_nodes(api: &Api<Node>) -> anyhow::Result<(usize, usize)> {
-    let full = api.list(&ListParams::default()).await?;
-    let ready = full
-        .items
-        .iter()
-        .filter(|n| {
-            n.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
-        .count();
-    Ok((full.items.len(), ready))
-}
-
-/// Fleet process figures over one window.
-struct Window {
-    rss: u64,
-    cpu_ms_per_node_minute: f64,
-    requests: BTreeMap<String, f64>,
-}
-
-async fn window(pid: u32, port: u16, nodes: usize, idle: Duration) -> anyhow::Result<Window> {
-    let cpu0 = cpu_seconds(pid)?;
-    let req0 = api_requests(port).await?;
-    let t0 = tokio::time::Instant::now();
-    tokio::time::sleep(idle).await;
-    let secs = t0.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(pid)? - cpu0;
-    let req1 = api_requests(port).await?;
-    let requests = req1
-        .iter()
-        .map(|(k, v)| (k.clone(), (v - req0.get(k).copied().unwrap_or(0.0)) / secs))
-        .filter(|(_, v)| *v > 0.0)
-        .collect();
-    Ok(Window {
-        rss: rss_bytes(pid)?,
-        cpu_ms_per_node_minute: cpu * 1000.0 / nodes as f64 / (secs / 60.0),
-        requests,
-    })
-}
-
-/// Creates a Deployment of `replicas` pause pods (no resource requests) and waits until all run.
-async fn run_pods(client: &kube::Client, replicas: usize) -> anyhow::Result<f64> {
-    use k8s_openapi::api::apps::v1::Deployment;
-    use k8s_openapi::api::core::v1::Pod;
-    let d: Deployment = serde_json::from_value(serde_json::json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "density", "namespace": "default"},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": "density"}},
-            "template": {
-                "metadata": {"labels": {"app": "density"}},
-                "spec": {"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}
-            }
+impl Fleet {
+    fn name(self) -> &'static str {
+        match self {
+            Fleet::Hollow => "hollow",
+            Fleet::Kwok => "KWOK v0.8.0",
         }
-    }))?;
-    let start = tokio::time::Instant::now();
-    Api::<Deployment>::namespaced(client.clone(), "default")
-        .create(&Default::default(), &d)
-        .await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let deadline = start + Duration::from_secs(1800);
-    loop {
-        let listed = pods
-            .list_metadata(
-                &ListParams::default()
-                    .labels("app=density")
-                    .fields("status.phase=Running"),
-            )
-            .await;
-        let running = match listed {
-            Ok(list) => list.items.len(),
-            Err(e) => {
-                eprintln!("density: listing pods failed ({e}); polling again");
-                0
-            }
-        };
-        if running >= replicas {
-            return Ok(start.elapsed().as_secs_f64());
+    }
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Fleet::Hollow => "bench",
+            Fleet::Kwok => "kwok",
         }
-        if tokio::time::Instant::now() > deadline {
-            bail!("{running} of {replicas} pods Running after 1800 s");
-        }
-        tokio::time::sleep(Duration::from_secs(5)).await;
     }
 }
 
-async fn run_size(nodes: usize, idle: Duration, pods_per_node: usize) -> anyhow::Result<Vec<Row>> {
-    let cp = testenv::ControlPlane::start(testenv::Options {
-        apiserver_args: vec![
-            "--max-requests-inflight=3000".into(),
-            "--max-mutating-requests-inflight=1500".into(),
-        ],
-        // the ReplicaSet controller's client limit (20/s by default) would pace pod creation, not the fleet
-        controller_manager_args: vec!["--kube-api-qps=300".into(), "--kube-api-burst=600".into()],
-        start_timeout: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await?;
-    let result = measure(&cp, nodes, idle, pods_per_node).await;
-    cp.stop().await?;
-    result
+struct Row {
+    fleet: Fleet,
+    nodes: usize,
+    pods: usize,
+    ready_secs: f64,
+    rss: u64,
+    /// RSS with pods minus RSS idle, per pod (pod rows only).
+    rss_per_pod: Option<f64>,
+    cpu_ms_per_node_minute: f64,
+    requests: BTreeMap<String, f64>,
+}
+
+impl Row {
+    fn rss_per_node_kib(&self) -> f64 {
+        self.rss as f64 / 1024.0 / self.nodes as f64
+    }
+}
+
+/// A started fleet process: its PID and how to read its request counters.
+struct Started {
+    child: Child,
+    metrics_port: Option<u16>,
+}
+
+async fn start_fleet(
+    fleet: Fleet,
+    cp: &testenv::ControlPlane,
+    nodes: usize,
+    kwok_bin: Option<&PathBuf>,
+) -> anyhow::Result<Started> {
+    match fleet {
+        Fleet::Hollow => {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            let child = Command::new(env!("CARGO_BIN_EXE_hollow"))
+                .args([
+                    "run",
+                    "--nodes",
+                    &nodes.to_string(),
+                    "--name-template",
+                    &format!("{}-{{index}}", fleet.prefix()),
+                ])
+                .args(["--register-qps", "500"])
+                .arg("--kubeconfig")
+                .arg(cp.admin_kubeconfig())
+                .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()?;
+            Ok(Started {
+                child,
+                metrics_port: Some(port),
+            })
+        }
+        Fleet::Kwok => {
+            let bin = kwok_bin.context("KWOK binary")?;
+            let child = kwok::start(bin, &cp.admin_kubeconfig())?;
+            kwok::create_nodes(&cp.admin_client().await?, fleet.prefix(), nodes).await?;
+            Ok(Started {
+                child,
+                metrics_port: None,
+            })
+        }
+    }
 }
 
 async fn measure(
+    fleet: Fleet,
     cp: &testenv::ControlPlane,
     nodes: usize,
     idle: Duration,
     pods_per_node: usize,
+    kwok_bin: Option<&PathBuf>,
 ) -> anyhow::Result<Vec<Row>> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_hollow"))
-        .args([
-            "run",
-            "--nodes",
-            &nodes.to_string(),
-            "--name-template",
-            "bench-{index}",
-        ])
-        .args(["--register-qps", "500"])
-        .arg("--kubeconfig")
-        .arg(cp.admin_kubeconfig())
-        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let pid = child.id();
-    let out = async {
-        let api: Api<Node> = Api::all(cp.admin_client().await?);
-        let start = tokio::time::Instant::now();
-        let deadline = start + Duration::from_secs(600);
-        let mut listed = 0;
-        loop {
-            // a loaded API server may drop a request now and then: poll again rather than give up
-            match ready_nodes(&api).await {
-                Ok((registered, ready)) => {
-                    listed = registered;
-                    if ready >= nodes {
-                        break;
-                    }
-                }
-                Err(e) => eprintln!("density: listing nodes failed ({e}); polling again"),
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("{nodes} nodes not Ready within 600 s ({listed} registered)");
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
+    let start = tokio::time::Instant::now();
+    let mut started = start_fleet(fleet, cp, nodes, kwok_bin).await?;
+    let pid = started.child.id();
+    let port = started.metrics_port;
+    let requests = move || async move {
+        match port {
+            Some(port) => api_requests(port).await,
+            None => Ok(BTreeMap::new()),
         }
+    };
+    let out = async {
+        let client = cp.admin_client().await?;
+        let api: Api<Node> = Api::all(client.clone());
+        cluster::wait_ready(&api, fleet.prefix(), nodes, Duration::from_secs(600)).await?;
         let ready_secs = start.elapsed().as_secs_f64();
         // let registration bursts settle before the idle window
         tokio::time::sleep(Duration::from_secs(20)).await;
-        let w = window(pid, port, nodes, idle).await?;
+        let w = process::window(pid, nodes, idle, requests).await?;
+        let idle_rss = w.rss;
         let mut rows = vec![Row {
+            fleet,
             nodes,
             pods: 0,
             ready_secs,
-            rss_per_node_kib: w.rss as f64 / 1024.0 / nodes as f64,
-            rss_mib: w.rss as f64 / 1048576.0,
+            rss: w.rss,
+            rss_per_pod: None,
             cpu_ms_per_node_minute: w.cpu_ms_per_node_minute,
             requests: w.requests,
         }];
         if pods_per_node > 0 {
-            let replicas = nodes * pods_per_node;
-            eprintln!("density: {nodes} nodes idle measured; starting {replicas} pods ...");
-            let pods_secs = run_pods(&cp.admin_client().await?, replicas).await?;
+            let pods = nodes * pods_per_node;
+            eprintln!(
+                "density: {} {nodes} nodes idle measured; starting {pods} pods ...",
+                fleet.name()
+            );
+            let pods_secs = cluster::run_bound_pods(&client, fleet.prefix(), nodes, pods_per_node).await?;
             tokio::time::sleep(Duration::from_secs(20)).await;
-            let w = window(pid, port, nodes, idle).await?;
+            let w = process::window(pid, nodes, idle, requests).await?;
             rows.push(Row {
+                fleet,
                 nodes,
-                pods: replicas,
+                pods,
                 ready_secs: pods_secs,
-                rss_per_node_kib: w.rss as f64 / 1024.0 / nodes as f64,
-                rss_mib: w.rss as f64 / 1048576.0,
+                rss: w.rss,
+                rss_per_pod: Some((w.rss as f64 - idle_rss as f64) / pods as f64),
                 cpu_ms_per_node_minute: w.cpu_ms_per_node_minute,
                 requests: w.requests,
             });
@@ -280,8 +224,88 @@ async fn measure(
         nix::unistd::Pid::from_raw(i32::try_from(pid)?),
         nix::sys::signal::SIGTERM,
     );
-    let _ = child.wait();
+    let _ = started.child.wait();
     out
+}
+
+async fn run_size(
+    fleet: Fleet,
+    nodes: usize,
+    idle: Duration,
+    pods_per_node: usize,
+    kwok_bin: Option<&PathBuf>,
+) -> anyhow::Result<Vec<Row>> {
+    let cp = testenv::ControlPlane::start(testenv::Options {
+        apiserver_args: vec![
+            "--max-requests-inflight=3000".into(),
+            "--max-mutating-requests-inflight=1500".into(),
+        ],
+        controller_manager_args: vec!["--kube-api-qps=300".into(), "--kube-api-burst=600".into()],
+        start_timeout: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await?;
+    let result = measure(fleet, &cp, nodes, idle, pods_per_node, kwok_bin).await;
+    cp.stop().await?;
+    result
+}
+
+fn print_tables(rows: &[Row]) {
+    println!(
+        "\n| fleet | nodes | pods | all Ready (nodes) / Running (pods) after | fleet RSS | RSS per node | RSS per running pod | CPU per node-minute | API requests/s (steady) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    for r in rows {
+        let reqs: Vec<String> = r.requests.iter().map(|(k, v)| format!("{k} {v:.1}")).collect();
+        println!(
+            "| {} | {} | {} | {:.1} s | {:.0} MiB | {:.1} KiB | {} | {:.2} ms | {} |",
+            r.fleet.name(),
+            r.nodes,
+            r.pods,
+            r.ready_secs,
+            r.rss as f64 / 1_048_576.0,
+            r.rss_per_node_kib(),
+            r.rss_per_pod
+                .map_or("—".to_owned(), |b| format!("{:.1} KiB", b / 1024.0)),
+            r.cpu_ms_per_node_minute,
+            if reqs.is_empty() {
+                "—".to_owned()
+            } else {
+                reqs.join(", ")
+            }
+        );
+    }
+    let pairs: Vec<(&Row, &Row)> = rows
+        .iter()
+        .filter(|r| r.fleet == Fleet::Hollow)
+        .filter_map(|h| {
+            rows.iter()
+                .find(|k| k.fleet == Fleet::Kwok && k.nodes == h.nodes && k.pods == h.pods)
+                .map(|k| (h, k))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    println!(
+        "\n| nodes | pods | Ready / Running time hollow/KWOK | RSS per node hollow/KWOK | RSS per running pod hollow/KWOK | CPU per node-minute hollow/KWOK |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for (h, k) in pairs {
+        let per_pod = match (h.rss_per_pod, k.rss_per_pod) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+            _ => "—".to_owned(),
+        };
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {} | {:.2} |",
+            h.nodes,
+            h.pods,
+            h.ready_secs / k.ready_secs,
+            h.rss_per_node_kib() / k.rss_per_node_kib(),
+            per_pod,
+            h.cpu_ms_per_node_minute / k.cpu_ms_per_node_minute
+        );
+    }
 }
 
 #[tokio::main]
@@ -300,37 +324,40 @@ async fn main() -> anyhow::Result<()> {
     let idle = Duration::from_secs(env_or("DENSITY_IDLE_SECS", "120").parse()?);
     let pods_per_node: usize = env_or("DENSITY_PODS_PER_NODE", "10").parse()?;
     let pods_max_nodes: usize = env_or("DENSITY_PODS_MAX_NODES", "1000").parse()?;
+    let mut fleets = Vec::new();
+    for f in env_or("DENSITY_FLEETS", "hollow,kwok").split(',') {
+        fleets.push(match f.trim() {
+            "hollow" => Fleet::Hollow,
+            "kwok" => Fleet::Kwok,
+            other => anyhow::bail!("DENSITY_FLEETS: unknown fleet {other:?} (hollow, kwok)"),
+        });
+    }
+    let kwok_bin = if fleets.contains(&Fleet::Kwok) {
+        Some(kwok::binary()?)
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for n in sizes {
-        eprintln!("density: {n} nodes ...");
         let ppn = if n <= pods_max_nodes { pods_per_node } else { 0 };
-        let measured = run_size(n, idle, ppn)
-            .await
-            .with_context(|| format!("{n} nodes"))?;
-        for row in measured {
-            eprintln!(
-                "density: {n} nodes, {} pods: Ready/Running after {:.1}s, {:.1} KiB/node, {:.3} ms CPU/node-minute",
-                row.pods, row.ready_secs, row.rss_per_node_kib, row.cpu_ms_per_node_minute
-            );
-            rows.push(row);
+        for &fleet in &fleets {
+            eprintln!("density: {} {n} nodes ...", fleet.name());
+            let measured = run_size(fleet, n, idle, ppn, kwok_bin.as_ref())
+                .await
+                .with_context(|| format!("{} {n} nodes", fleet.name()))?;
+            for row in measured {
+                eprintln!(
+                    "density: {} {n} nodes, {} pods: Ready/Running after {:.1}s, {:.1} KiB/node, {:.3} ms CPU/node-minute",
+                    fleet.name(),
+                    row.pods,
+                    row.ready_secs,
+                    row.rss_per_node_kib(),
+                    row.cpu_ms_per_node_minute
+                );
+                rows.push(row);
+            }
         }
     }
-    println!(
-        "\n| nodes | pods | all Ready (nodes) / Running (pods) after | fleet RSS | RSS per node | CPU per node-minute | API requests/s (steady) |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---|");
-    for r in &rows {
-        let reqs: Vec<String> = r.requests.iter().map(|(k, v)| format!("{k} {v:.1}")).collect();
-        println!(
-            "| {} | {} | {:.1} s | {:.0} MiB | {:.1} KiB | {:.2} ms | {} |",
-            r.nodes,
-            r.pods,
-            r.ready_secs,
-            r.rss_mib,
-            r.rss_per_node_kib,
-            r.cpu_ms_per_node_minute,
-            reqs.join(", ")
-        );
-    }
+    print_tables(&rows);
     Ok(())
 }

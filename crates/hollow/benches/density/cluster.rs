@@ -1,0 +1,125 @@
+//! What the benchmark does to the cluster, the same for both fleets: count Ready nodes, create pods bound
+//! straight to the fleet's nodes (no scheduler in the way) and wait until they run.
+
+use std::time::Duration;
+
+use anyhow::bail;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+
+/// Nodes named `<prefix>-…` listed, and of those Ready.
+pub async fn ready_nodes(api: &Api<Node>, prefix: &str) -> anyhow::Result<(usize, usize)> {
+    let full = api.list(&ListParams::default()).await?;
+    let ours: Vec<&Node> = full
+        .items
+        .iter()
+        .filter(|n| n.metadata.name.as_deref().is_some_and(|x| x.starts_with(prefix)))
+        .collect();
+    let ready = ours
+        .iter()
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .count();
+    Ok((ours.len(), ready))
+}
+
+/// Waits until `nodes` nodes named `<prefix>-…` are Ready (at most `limit`).
+pub async fn wait_ready(api: &Api<Node>, prefix: &str, nodes: usize, limit: Duration) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut listed = 0;
+    loop {
+        // a loaded API server may drop a request now and then: poll again rather than give up
+        match ready_nodes(api, prefix).await {
+            Ok((registered, ready)) => {
+                listed = registered;
+                if ready >= nodes {
+                    return Ok(());
+                }
+            }
+            Err(e) => eprintln!("density: listing nodes failed ({e}); polling again"),
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("{nodes} nodes not Ready within {limit:?} ({listed} registered)");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Creates `per_node` pause pods bound to each of `nodes` (`<prefix>-0` …), 64 requests in flight, and waits
+/// until all of them are Running. Returns the seconds from the first create to all Running.
+pub async fn run_bound_pods(
+    client: &kube::Client,
+    prefix: &str,
+    nodes: usize,
+    per_node: usize,
+) -> anyhow::Result<f64> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let total = nodes * per_node;
+    let start = tokio::time::Instant::now();
+    let creates = (0..total).map(|i| {
+        let pods = pods.clone();
+        let node = format!("{prefix}-{}", i % nodes);
+        async move {
+            let pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("density-{i}"), "labels": {"app": "density"}},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}],
+                    "tolerations": [{"operator": "Exists"}],
+                },
+            }))?;
+            let mut tries = 0;
+            loop {
+                match pods.create(&PostParams::default(), &pod).await {
+                    Ok(_) => return anyhow::Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+                    Err(e) if tries < 5 => {
+                        tries += 1;
+                        eprintln!("density: creating a pod failed ({e}); again");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    });
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(creates)
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    eprintln!(
+        "density: {total} pods created after {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    let deadline = start + Duration::from_secs(1800);
+    loop {
+        let listed = pods
+            .list_metadata(
+                &ListParams::default()
+                    .labels("app=density")
+                    .fields("status.phase=Running"),
+            )
+            .await;
+        let running = match listed {
+            Ok(list) => list.items.len(),
+            Err(e) => {
+                eprintln!("density: listing pods failed ({e}); polling again");
+                0
+            }
+        };
+        if running >= total {
+            return Ok(start.elapsed().as_secs_f64());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("{running} of {total} pods Running after 1800 s");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}

@@ -1,0 +1,65 @@
+//! Figures of one fleet process (hollow or KWOK) read from /proc: CPU seconds and resident memory, and a
+//! measuring window over them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context;
+
+/// utime+stime of a process, in seconds.
+pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map(|(_, r)| r).context("stat format")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // after the command name: state is field 3 (index 0); utime is field 14, stime 15
+    let utime: f64 = fields.get(11).context("utime")?.parse()?;
+    let stime: f64 = fields.get(12).context("stime")?.parse()?;
+    Ok((utime + stime) / 100.0)
+}
+
+/// VmRSS of a process.
+pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .context("VmRSS")?
+        .parse()?;
+    Ok(kb * 1024)
+}
+
+/// A fleet process's figures over one window.
+pub struct Window {
+    /// RSS at the end of the window.
+    pub rss: u64,
+    /// CPU milliseconds per node per minute over the window.
+    pub cpu_ms_per_node_minute: f64,
+    /// API requests per second by "verb resource" (hollow's own accounting; empty for KWOK).
+    pub requests: BTreeMap<String, f64>,
+}
+
+/// Measures `pid` over `idle`; `requests` reads the process's cumulative request counts (if it has any).
+pub async fn window<F, Fut>(pid: u32, nodes: usize, idle: Duration, requests: F) -> anyhow::Result<Window>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<BTreeMap<String, f64>>>,
+{
+    let cpu0 = cpu_seconds(pid)?;
+    let req0 = requests().await?;
+    let t0 = tokio::time::Instant::now();
+    tokio::time::sleep(idle).await;
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(pid)? - cpu0;
+    let req1 = requests().await?;
+    let requests = req1
+        .iter()
+        .map(|(k, v)| (k.clone(), (v - req0.get(k).copied().unwrap_or(0.0)) / secs))
+        .filter(|(_, v)| *v > 0.0)
+        .collect();
+    Ok(Window {
+        rss: rss_bytes(pid)?,
+        cpu_ms_per_node_minute: cpu * 1000.0 / nodes as f64 / (secs / 60.0),
+        requests,
+    })
+}
