@@ -49,6 +49,7 @@ fn check(sizes: &[(&str, usize, usize)]) {
 #[tokio::test]
 async fn the_agents_long_lived_futures_stay_small() {
     let (ctx, m) = agent().managers();
+    let (_shutdown, control) = tokio::sync::mpsc::unbounded_channel();
     let sizes = [
         ("event sink", size_of_val(&m.event_sink.run()), 1_024),
         (
@@ -61,7 +62,7 @@ async fn the_agents_long_lived_futures_stay_small() {
         ("node informer", size_of_val(&m.informer.run()), 768),
         (
             "pod lifecycle",
-            size_of_val(&crate::pods::run_for_agent(ctx.clone(), m.pods)),
+            size_of_val(&crate::pods::run_for_agent(ctx.clone(), m.pods, control)),
             3_072,
         ),
     ];
