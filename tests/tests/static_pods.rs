@@ -111,7 +111,7 @@ fn write(dir: &Path, file: &str, text: &str) -> anyhow::Result<()> {
 async fn static_pods_from_a_directory_and_a_url_are_run_and_mirrored() -> anyhow::Result<()> {
     init_logging();
     let cp = testenv::ControlPlane::start(testenv::Options::default()).await?;
-    let result = scenario(&cp).await;
+    let result = Box::pin(scenario(&cp)).await;
     cp.stop().await?;
     result
 }
