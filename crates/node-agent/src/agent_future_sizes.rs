@@ -63,7 +63,8 @@ async fn the_agents_long_lived_futures_stay_small() {
         (
             "pod lifecycle",
             size_of_val(&crate::pods::run_for_agent(ctx.clone(), m.pods, control)),
-            3_072,
+            // with the static pod sources and the shutdown channel: 3,184 bytes in a debug build
+            4_096,
         ),
     ];
     check(&sizes);
