@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::load::{LoadSpec, Pace};
-use super::measure::Threshold;
 use super::run::{self, SloOptions};
 use super::template::{self, Kind};
+use super::threshold::Threshold;
 use crate::chaos::parse_duration;
 
 /// `hollow slo` flags.

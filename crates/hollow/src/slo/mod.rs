@@ -22,3 +22,4 @@ pub mod progress;
 pub mod report;
 pub mod run;
 pub mod template;
+pub mod threshold;

@@ -177,30 +177,11 @@ impl FleetSnapshot {
     /// The kubelet's `pod_start_sli` percentiles (ms), interpolated within buckets as Prometheus's
     /// `histogram_quantile` does; `max` is the upper bound of the highest non-empty bucket.
     pub fn sli(&self) -> Percentiles {
-        let total = self.sli.last().map_or(0, |b| b.1);
+        let total = super::apiserver::total(&self.sli);
         if total == 0 {
             return Percentiles::default();
         }
-        let quantile = |q: f64| {
-            let rank = q * total as f64;
-            let mut lower = (0.0, 0u64);
-            for (le, count) in &self.sli {
-                if *count as f64 >= rank {
-                    if le.is_infinite() {
-                        return lower.0 * 1000.0;
-                    }
-                    let in_bucket = (*count - lower.1) as f64;
-                    let frac = if in_bucket > 0.0 {
-                        (rank - lower.1 as f64) / in_bucket
-                    } else {
-                        1.0
-                    };
-                    return (lower.0 + (le - lower.0) * frac) * 1000.0;
-                }
-                lower = (*le, *count);
-            }
-            lower.0 * 1000.0
-        };
+        let quantile = |q: f64| super::apiserver::quantile_ms(&self.sli, q);
         let mut prev = 0;
         let mut max = 0.0;
         for (le, count) in &self.sli {

@@ -408,7 +408,8 @@ mod tests {
 
     use super::*;
     use crate::slo::load::LoadOutcome;
-    use crate::slo::measure::{ClusterSide, Threshold, verdicts};
+    use crate::slo::measure::ClusterSide;
+    use crate::slo::threshold::{Threshold, verdicts};
 
     fn result(not_running: usize) -> SloResult {
         let cluster = ClusterSide {

@@ -18,10 +18,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::apiserver::{self, Scrape};
 use super::load::{Generator, LoadOutcome, LoadSpec};
-use super::measure::{ClusterSide, Counts, PodRecord, Recorder, Threshold, Verdict, verdicts};
+use super::measure::{ClusterSide, Counts, PodRecord, Recorder};
 use super::node_side::{self, FleetSnapshot};
 use super::progress;
 use super::template::RUN_LABEL;
+use super::threshold::{Threshold, Verdict, verdicts};
 
 /// Everything a run needs.
 #[derive(Debug, Clone)]
