@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Start a private containerd (Debian's 1.6 packages) serving CRI v1 on a unix socket, for node-agent's
-# real-runtime tests. Loopback/local only: no registry (images are built here from busybox-static and imported),
-# bridge CNI inside the pods' own network namespaces.
+# real-runtime tests. Loopback/local only: images are built here from busybox-static and imported, and registries
+# on 127.0.0.1 (tests/containerd/registry.sh) are reached over plain HTTP through hosts.toml files below
+# $NA_CRI_DIR/certs.d (containerd's registry config_path); bridge CNI inside the pods' own network namespaces.
 #
 # usage: sudo tests/containerd/setup.sh            (run as root; prints the socket at the end)
 # env:   NA_CRI_DIR     state directory, default /tmp/node-agent-cri (everything lives below it)
 #        NA_CRI_SUBNET  pod subnet of the bridge network, default 10.88.0.0/16
 #        NA_CRI_BRIDGE  bridge device name, default nacri0
 #        NA_CRI_SKIP_APT=1  never call apt-get (fail if a package is missing)
+#        NA_CRI_REGISTRIES  space-separated HOST:PORT of registries to pull from over plain HTTP (more can be added
+#                       later: registry.sh start writes their hosts.toml when NA_CRI_DIR is set)
 # After success: $NA_CRI_DIR/env holds `export NODE_AGENT_CONTAINERD_SOCKET=...`; images localhost/busybox:local
 # and localhost/pause:local (the sandbox image). Undo with tests/containerd/teardown.sh (same env).
 set -euo pipefail
@@ -43,7 +46,13 @@ busybox --list-full >/dev/null 2>&1 || die "/bin/busybox is not a full busybox (
 if [ -f "$DIR/containerd.pid" ] && kill -0 "$(cat "$DIR/containerd.pid")" 2>/dev/null; then
   die "a containerd from $DIR is already running (pid $(cat "$DIR/containerd.pid")); run teardown.sh first"
 fi
-mkdir -p "$DIR"/{root,state,runc,cni-net.d,cni-ipam,images,pods,logs}
+mkdir -p "$DIR"/{root,state,runc,cni-net.d,cni-ipam,images,pods,logs,certs.d}
+for registry in ${NA_CRI_REGISTRIES:-}; do
+  case "$registry" in *[!A-Za-z0-9.:-]*|"") die "NA_CRI_REGISTRIES: $registry is not HOST:PORT" ;; esac
+  mkdir -p "$DIR/certs.d/$registry"
+  printf 'server = "http://%s"\n[host."http://%s"]\n  capabilities = ["pull", "resolve"]\n' \
+    "$registry" "$registry" > "$DIR/certs.d/$registry/hosts.toml"
+done
 
 # --- configuration --------------------------------------------------------------------------------------------
 cat > "$DIR/config.toml" <<CONF
@@ -71,6 +80,9 @@ state = "$DIR/state"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "$DIR/runc"
+  # one directory per registry host (HOST:PORT/hosts.toml), read at each pull
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$DIR/certs.d"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$DIR/cni-net.d"
