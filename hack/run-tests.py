@@ -5,8 +5,9 @@
 heartbeats), so running a few side by side, each with more test threads than cores, cuts the wall time without
 starving anything. The binaries are built first (`cargo test --no-run`), then run from their package's
 directory as cargo would run them. The longest-running binaries (as measured by earlier runs, kept in the
-cache directory) start first. Binaries of one package listed in SERIAL_PACKAGES run one after another (the
-real-runtime tests each start a private containerd with bridge networking).
+cache directory) start first. The binaries that start a private containerd with bridge networking
+(CONTAINERD_BINARIES) run one after another, never beside each other, each with its own pod subnet
+(NA_CRI_SUBNET, unless the environment sets one).
 
 Environment: NODE_AGENT_TEST_JOBS (binaries at once, default 3), NODE_AGENT_TEST_THREADS (test threads per
 binary, default 8), NODE_AGENT_CACHE (where the timings are kept).
@@ -21,7 +22,11 @@ import threading
 import time
 from pathlib import Path
 
-SERIAL_PACKAGES = {"cri-real"}
+# label -> the pod subnet its containerd's bridge uses; these binaries form one serial group
+CONTAINERD_BINARIES = {
+    "cri-real/test/conformance": "10.88.0.0/16",
+    "e2e/test/real_node": "10.90.0.0/16",
+}
 
 
 def package_name_of(package_id):
@@ -69,13 +74,13 @@ def main():
         timings = {}
 
     binaries = build(root)
-    groups = {}
-    for b in binaries:
-        key = b[0] if b[0] in SERIAL_PACKAGES else f"{b[0]}/{b[2]}/{b[1]}"
-        groups.setdefault(key, []).append(b)
-
     def label(b):
         return f"{b[0]}/{b[2]}/{b[1]}"
+
+    groups = {}
+    for b in binaries:
+        key = "containerd" if label(b) in CONTAINERD_BINARIES else label(b)
+        groups.setdefault(key, []).append(b)
 
     def expected(group):
         return sum(timings.get(label(b), 60.0) for b in group)
@@ -91,6 +96,8 @@ def main():
     def run(group):
         for b in group:
             env = dict(os.environ, CARGO_MANIFEST_DIR=b[4], CARGO=cargo or "cargo")
+            if label(b) in CONTAINERD_BINARIES:
+                env.setdefault("NA_CRI_SUBNET", CONTAINERD_BINARIES[label(b)])
             log_path = logs / (label(b).replace("/", "-") + ".log")
             t0 = time.monotonic()
             with open(log_path, "w") as log:

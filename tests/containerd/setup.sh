@@ -11,6 +11,10 @@
 #        NA_CRI_SKIP_APT=1  never call apt-get (fail if a package is missing)
 #        NA_CRI_REGISTRIES  space-separated HOST:PORT of registries to pull from over plain HTTP (more can be added
 #                       later: registry.sh start writes their hosts.toml when NA_CRI_DIR is set)
+#        NA_CRI_POD_CIDR_FROM_NODE=1  no CNI network until the CRI client hands containerd a pod CIDR
+#                       (UpdateRuntimeConfig, as a kubelet does with its Node's spec.podCIDR): the bridge conflist is
+#                       then written from a template with that CIDR, and NetworkReady stays false until it is;
+#                       NA_CRI_SUBNET is then unused by containerd
 # After success: $NA_CRI_DIR/env holds `export NODE_AGENT_CONTAINERD_SOCKET=...`; images localhost/busybox:local
 # and localhost/pause:local (the sandbox image). Undo with tests/containerd/teardown.sh (same env).
 set -euo pipefail
@@ -55,6 +59,16 @@ for registry in ${NA_CRI_REGISTRIES:-}; do
 done
 
 # --- configuration --------------------------------------------------------------------------------------------
+if [ "${NA_CRI_POD_CIDR_FROM_NODE:-0}" = 1 ]; then
+  # containerd writes the conflist into conf_dir from this template when it is handed a pod CIDR
+  CNI_CONF="$DIR/cni-template.conflist"
+  CNI_TEMPLATE="conf_template = \"$CNI_CONF\""
+  POD_SUBNET='{{.PodCIDR}}'
+else
+  CNI_CONF="$DIR/cni-net.d/10-node-agent.conflist"
+  CNI_TEMPLATE=""
+  POD_SUBNET=$SUBNET
+fi
 cat > "$DIR/config.toml" <<CONF
 version = 2
 root = "$DIR/root"
@@ -87,9 +101,10 @@ state = "$DIR/state"
     bin_dir = "/usr/lib/cni"
     conf_dir = "$DIR/cni-net.d"
     max_conf_num = 1
+    $CNI_TEMPLATE
 CONF
 
-cat > "$DIR/cni-net.d/10-node-agent.conflist" <<CONF
+cat > "$CNI_CONF" <<CONF
 {
   "cniVersion": "1.0.0",
   "name": "node-agent-test",
@@ -102,7 +117,7 @@ cat > "$DIR/cni-net.d/10-node-agent.conflist" <<CONF
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{ "subnet": "$SUBNET" }]],
+        "ranges": [[{ "subnet": "$POD_SUBNET" }]],
         "routes": [{ "dst": "0.0.0.0/0" }],
         "dataDir": "$DIR/cni-ipam"
       }

@@ -1,7 +1,10 @@
-//! Shared helpers for the integration tests in `tests/tests/`: logging, polling, and the scripted probe
+//! Shared helpers for the integration tests in `tests/tests/`: logging, polling, the `node-agent` binary, and the scripted probe
 //! transport of agents on the fake runtime.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Installs a test-friendly tracing subscriber once (honours `RUST_LOG`).
@@ -86,4 +89,36 @@ pub async fn nodes_with_prefix(
                 .is_some_and(|name| name.starts_with(&wanted))
         })
         .collect())
+}
+
+/// The `node-agent` binary of this build (built on demand; cargo does not build other packages' binaries for a
+/// test of this package), or the one `NODE_AGENT_BIN` names.
+pub fn node_agent_binary() -> anyhow::Result<PathBuf> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("NODE_AGENT_BIN") {
+            return Ok(PathBuf::from(bin));
+        }
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("no target dir")?
+            .to_path_buf();
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(&workspace)
+            .args(["build", "-q", "-p", "node-agent-bin", "--bin", "node-agent"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().map_err(|e| format!("running cargo build: {e}"))?;
+        if !status.success() {
+            return Err(format!("cargo build -p node-agent-bin failed: {status}"));
+        }
+        Ok(profile_dir.join("node-agent"))
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
 }

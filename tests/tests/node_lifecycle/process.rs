@@ -2,9 +2,8 @@
 //! killing it (SIGKILL), stopping it (SIGTERM), a bad configuration file (exit code), and its kubelet API
 //! (`kubectl logs` through the API server, `/healthz`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -18,38 +17,6 @@ use super::support::{
     GRACE, audit_dir, condition, control_plane, event_reasons, poll, ready_status, taint_keys, wait_node,
 };
 
-/// The `node-agent` binary of this build (built on demand; cargo does not build other packages' binaries for a
-/// test of this package), or the one `NODE_AGENT_BIN` names.
-fn node_agent_binary() -> anyhow::Result<PathBuf> {
-    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("NODE_AGENT_BIN") {
-            return Ok(PathBuf::from(bin));
-        }
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .ok_or("no target dir")?
-            .to_path_buf();
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.current_dir(&workspace)
-            .args(["build", "-q", "-p", "node-agent-bin", "--bin", "node-agent"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().map_err(|e| format!("running cargo build: {e}"))?;
-        if !status.success() {
-            return Err(format!("cargo build -p node-agent-bin failed: {status}"));
-        }
-        Ok(profile_dir.join("node-agent"))
-    })
-    .clone()
-    .map_err(anyhow::Error::msg)
-}
-
 struct AgentProcess {
     child: Child,
     log: PathBuf,
@@ -59,7 +26,7 @@ struct AgentProcess {
 
 impl AgentProcess {
     fn start(cp: &testenv::ControlPlane, name: &str, extra: &[&str]) -> anyhow::Result<Self> {
-        let bin = node_agent_binary()?;
+        let bin = e2e::node_agent_binary()?;
         let log = audit_dir().join(format!(
             "{name}-{}.log",
             std::time::SystemTime::now()
@@ -277,7 +244,7 @@ async fn sigterm_stops_gracefully_and_the_shutdown_cordon_is_undone_at_restart()
 #[tokio::test]
 async fn bad_config_file_exits_non_zero_naming_the_field() -> anyhow::Result<()> {
     init_logging();
-    let bin = node_agent_binary()?;
+    let bin = e2e::node_agent_binary()?;
     let dir = audit_dir();
     std::fs::create_dir_all(&dir)?;
     let head = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";

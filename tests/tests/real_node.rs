@@ -1,0 +1,10 @@
+//! node-agent as a real worker node: the `node-agent` binary with `--runtime remote` on a private containerd
+//! (bridge CNI configured from the Node's pod CIDR), registered to a real control plane, running pods the
+//! scheduler places on it. One node serves every test of this binary ([`harness`]); each area has its module
+//! and its own namespace. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1` (without it every test prints why and
+//! passes without running); run alone, not beside another binary that starts containerd.
+
+#[path = "real_node/harness.rs"]
+mod harness;
+#[path = "real_node/running.rs"]
+mod running;

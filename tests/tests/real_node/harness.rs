@@ -1,0 +1,295 @@
+//! The real node every test of this binary shares: the binary's control plane (its controller-manager
+//! allocating pod CIDRs from this binary's pod subnet), a private containerd started with the project's
+//! `tests/containerd/setup.sh` (CNI configured from the pod CIDR the agent hands it, as a kubelet's runtime is),
+//! and the `node-agent` binary with `--runtime remote` registered as node [`NODE`] with a loopback InternalIP,
+//! its own root and log directories under one temp directory.
+//!
+//! Started by the first test that asks ([`RealNode::get`]); torn down when the test binary exits, however it
+//! exits (see [`start_reaper`]): the agent is killed, `tests/containerd/teardown.sh` kills the containers and
+//! stops containerd by PID. Without `NODE_AGENT_CONTAINERD_SETUP=1` every test prints why and passes without
+//! running (CI sets it; it needs root).
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use e2e::wait_for;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::OnceCell;
+
+/// The node's name.
+pub const NODE: &str = "real-node";
+/// Cluster DNS the agent is configured with (`clusterDNS`, `clusterDomain`).
+pub const CLUSTER_DNS: &str = "10.96.0.10";
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// The shared real node.
+pub struct RealNode {
+    pub cp: &'static testenv::ControlPlane,
+    /// containerd's CRI socket.
+    pub socket: PathBuf,
+    /// This binary's pod subnet (`NA_CRI_SUBNET`): the controller-manager's cluster CIDR.
+    pub subnet: (Ipv4Addr, u8),
+    /// The Node's `spec.podCIDR`, handed to containerd by the agent.
+    pub pod_cidr: (Ipv4Addr, u8),
+    /// Where the agent writes pod logs (`podLogsDir`).
+    pub pod_logs_dir: PathBuf,
+    /// The agent's stderr.
+    pub agent_log: PathBuf,
+    /// The agent and the reaper (killed with this process, never before).
+    _processes: Mutex<Vec<testenv::process::Proc>>,
+}
+
+static NODE_STATE: OnceCell<Option<RealNode>> = OnceCell::const_new();
+
+fn scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("containerd")
+}
+
+pub fn parse_cidr(text: &str) -> anyhow::Result<(Ipv4Addr, u8)> {
+    let (addr, bits) = text
+        .split_once('/')
+        .with_context(|| format!("{text:?}: expected a.b.c.d/n"))?;
+    let bits: u8 = bits.parse().with_context(|| format!("{text:?}: prefix"))?;
+    anyhow::ensure!(bits <= 32, "{text:?}: prefix over 32");
+    Ok((addr.parse().with_context(|| format!("{text:?}: address"))?, bits))
+}
+
+/// Whether `ip` lies in `cidr`.
+pub fn contains(cidr: (Ipv4Addr, u8), ip: Ipv4Addr) -> bool {
+    let mask = if cidr.1 == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(cidr.1))
+    };
+    u32::from(ip) & mask == u32::from(cidr.0) & mask
+}
+
+/// Starts the process that tears the node down when this test binary exits (however it exits): a shell that
+/// the kernel sends SIGTERM when its parent goes (`setpriv --pdeathsig`) and that then runs
+/// `tests/containerd/teardown.sh` (containers killed, containerd and its shims stopped by PID, mounts, bridge and
+/// state directory removed). The agent itself is killed with the test binary, as every `testenv` process.
+fn start_reaper(dir: &Path, bridge: &str) -> anyhow::Result<testenv::process::Proc> {
+    // after a clean teardown the whole directory goes too (agent root, pod logs), unless NA_CRI_KEEP=1
+    let script = r#"trap 'kill $! 2>/dev/null
+NA_CRI_DIR="$1/containerd" NA_CRI_BRIDGE="$2" bash "$3" >>"$1/teardown.log" 2>&1 &&
+  [ "${NA_CRI_KEEP:-0}" != 1 ] && rm -rf "$1"
+exit' TERM
+while :; do sleep 3600 & wait $!; done"#;
+    let args: Vec<String> = vec![
+        "--pdeathsig".into(),
+        "TERM".into(),
+        "--".into(),
+        "bash".into(),
+        "-c".into(),
+        script.into(),
+        "real-node-reaper".into(),
+        dir.display().to_string(),
+        bridge.into(),
+        scripts().join("teardown.sh").display().to_string(),
+    ];
+    testenv::process::Proc::start(
+        "real-node-reaper",
+        Path::new("setpriv"),
+        &args,
+        &dir.join("reaper.log"),
+    )
+}
+
+impl RealNode {
+    /// The shared node, started on first use; `None` (the caller returns, having printed why) when
+    /// `NODE_AGENT_CONTAINERD_SETUP` is not set.
+    pub async fn get() -> anyhow::Result<Option<&'static RealNode>> {
+        let node = NODE_STATE
+            .get_or_try_init(|| async {
+                if std::env::var("NODE_AGENT_CONTAINERD_SETUP").as_deref() != Ok("1") {
+                    return Ok(None);
+                }
+                Self::start().await.map(Some)
+            })
+            .await?;
+        if node.is_none() {
+            println!(
+                "[real_node] skipped: NODE_AGENT_CONTAINERD_SETUP is not set (set it to 1, as root, to run the \
+                 real-node tests against a private containerd)"
+            );
+        }
+        Ok(node.as_ref())
+    }
+
+    async fn start() -> anyhow::Result<Self> {
+        if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self")?) != 0 {
+            bail!(
+                "the real-node tests need root (containerd, network namespaces, mounts); run them as root or \
+                 unset NODE_AGENT_CONTAINERD_SETUP"
+            );
+        }
+        let subnet_text = std::env::var("NA_CRI_SUBNET").unwrap_or_else(|_| "10.90.0.0/16".into());
+        let subnet = parse_cidr(&subnet_text).context("NA_CRI_SUBNET")?;
+        let pid = std::process::id();
+        let dir = std::env::temp_dir().join(format!("na-real-node-{pid}"));
+        std::fs::create_dir_all(&dir)?;
+        let containerd_dir = dir.join("containerd");
+        let bridge = format!("narn{:x}", pid % 0xfffff);
+        // from here on whatever setup.sh manages to start is torn down when this process exits
+        let reaper = start_reaper(&dir, &bridge)?;
+        // the control plane and containerd start side by side
+        let t0 = std::time::Instant::now();
+        let setup = {
+            let (containerd_dir, bridge, subnet_text) =
+                (containerd_dir.clone(), bridge.clone(), subnet_text.clone());
+            tokio::task::spawn_blocking(move || {
+                Command::new("bash")
+                    .arg(scripts().join("setup.sh"))
+                    .env("NA_CRI_DIR", &containerd_dir)
+                    .env("NA_CRI_BRIDGE", &bridge)
+                    .env("NA_CRI_SUBNET", &subnet_text)
+                    .env("NA_CRI_POD_CIDR_FROM_NODE", "1")
+                    .stdout(std::process::Stdio::null())
+                    .status()
+            })
+        };
+        let cp = testenv::shared_with(testenv::Options {
+            controller_manager_args: vec![format!("--cluster-cidr={subnet_text}")],
+            ..Default::default()
+        });
+        let (status, cp) = tokio::join!(setup, cp);
+        let (status, cp) = (status?.context("running tests/containerd/setup.sh")?, cp?);
+        if !status.success() {
+            bail!(
+                "tests/containerd/setup.sh failed ({status}); logs in {} (kept with NA_CRI_KEEP=1)",
+                containerd_dir.join("logs").display()
+            );
+        }
+        println!(
+            "[real_node] control plane and containerd up in {:?}",
+            t0.elapsed()
+        );
+        let socket = containerd_dir.join("containerd.sock");
+
+        let agent_root = dir.join("agent");
+        let pod_logs_dir = dir.join("pods");
+        std::fs::create_dir_all(&agent_root)?;
+        std::fs::create_dir_all(&pod_logs_dir)?;
+        let (cert, key) = cp.kubelet_serving_certificate(NODE)?;
+        let config = dir.join("kubelet-config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+                 tlsCertFile: {}\ntlsPrivateKeyFile: {}\nauthentication:\n  x509:\n    clientCAFile: {}\n\
+                 podLogsDir: {}\nclusterDNS: [{CLUSTER_DNS}]\nclusterDomain: {CLUSTER_DOMAIN}\n",
+                cert.display(),
+                key.display(),
+                cp.client_ca_file().display(),
+                pod_logs_dir.display(),
+            ),
+        )?;
+        let free = || -> anyhow::Result<String> {
+            Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port()
+                .to_string())
+        };
+        let args: Vec<String> = vec![
+            "--config".into(),
+            config.display().to_string(),
+            "--kubeconfig".into(),
+            cp.node_kubeconfig(NODE)?.display().to_string(),
+            "--hostname-override".into(),
+            NODE.into(),
+            "--node-ip".into(),
+            "127.0.0.1".into(),
+            "--runtime".into(),
+            "remote".into(),
+            "--container-runtime-endpoint".into(),
+            format!("unix://{}", socket.display()),
+            "--root-dir".into(),
+            agent_root.display().to_string(),
+            "--address".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            free()?,
+            "--healthz-port".into(),
+            free()?,
+        ];
+        let agent_log = dir.join("node-agent.log");
+        let bin = e2e::node_agent_binary()?;
+        let t0 = std::time::Instant::now();
+        let agent = testenv::process::Proc::start("node-agent", &bin, &args, &agent_log)?;
+
+        let nodes: Api<Node> = Api::all(cp.admin_client().await?);
+        let node = wait_for(
+            "the real node Ready with a pod CIDR",
+            Duration::from_secs(90),
+            || async {
+                Ok(nodes
+                    .get_opt(NODE)
+                    .await?
+                    .filter(e2e::node_is_ready)
+                    .filter(|n| n.spec.as_ref().and_then(|s| s.pod_cidr.as_ref()).is_some()))
+            },
+        )
+        .await
+        .with_context(|| format!("agent log tail:\n{}", testenv::process::log_tail(&agent_log, 40)))?;
+        let pod_cidr = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.pod_cidr.as_deref())
+            .context("podCIDR")?;
+        println!(
+            "[real_node] node {NODE} Ready with podCIDR {pod_cidr} {:?} after the agent started",
+            t0.elapsed()
+        );
+        Ok(Self {
+            cp,
+            socket,
+            subnet,
+            pod_cidr: parse_cidr(pod_cidr)?,
+            pod_logs_dir,
+            agent_log,
+            _processes: Mutex::new(vec![agent, reaper]),
+        })
+    }
+
+    /// A CRI client of the node's containerd (a fresh connection: each test runs its own async runtime).
+    pub async fn cri(&self) -> anyhow::Result<cri_real::RemoteRuntime> {
+        let endpoint = format!("unix://{}", self.socket.display());
+        Ok(cri_real::RemoteRuntime::connect(&endpoint).await?)
+    }
+
+    /// The last lines of the agent's log, for failure messages.
+    pub fn agent_log_tail(&self) -> String {
+        testenv::process::log_tail(&self.agent_log, 40)
+    }
+
+    /// A namespace of this name (created if missing), with its pods API.
+    pub async fn namespace(&self, name: &str) -> anyhow::Result<Api<Pod>> {
+        let client = self.cp.admin_client().await?;
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        if namespaces.get_opt(name).await?.is_none() {
+            let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+            namespaces.create(&PostParams::default(), &ns).await?;
+        }
+        Ok(Api::namespaced(client, name))
+    }
+
+    /// Creates `pod` (the scheduler places it: this is the control plane's only node), retrying while the
+    /// namespace's default service account does not exist yet (the controller-manager creates it shortly after
+    /// the namespace).
+    pub async fn create_pod(&self, api: &Api<Pod>, pod: &Pod) -> anyhow::Result<Pod> {
+        wait_for("the pod created", Duration::from_secs(30), || async {
+            match api.create(&PostParams::default(), pod).await {
+                Ok(p) => Ok(Some(p)),
+                Err(kube::Error::Api(e)) if e.message.contains("serviceaccount") => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await
+    }
+}
