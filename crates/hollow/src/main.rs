@@ -217,6 +217,13 @@ impl ChaosArgs {
     }
 }
 
+/// With the `dhat-heap` feature every allocation is recorded (slow: for profiling only); the profile of what is
+/// live when the fleet is told to stop is written to `dhat-heap.json` (view it with dhat's viewer, or
+/// `hack/dhat-top.py`).
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -275,6 +282,8 @@ fn node_ca(args: &RunArgs) -> anyhow::Result<Option<NodeCa>> {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
+    #[cfg(feature = "dhat-heap")]
+    let heap_profile = dhat::Profiler::new_heap();
     let node_ca = node_ca(&args)?;
     let kube_config = match &args.kubeconfig {
         Some(path) => {
@@ -428,6 +437,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             std::future::pending::<()>().await
         } => {}
     }
+    // the heap as the running fleet holds it, before anything stops
+    #[cfg(feature = "dhat-heap")]
+    drop(heap_profile);
     tracing::info!("stopping the fleet");
     fleet_token.cancel();
     if let Some(task) = chaos_task {

@@ -86,3 +86,23 @@ async fn the_pod_sides_long_lived_futures_stay_small() {
     )];
     check(&sizes);
 }
+
+#[test]
+fn per_node_and_per_pod_structures_stay_small() {
+    let mut sizes = vec![
+        ("AgentContext", size_of::<crate::AgentContext>(), 320),
+        ("AgentConfig", size_of::<AgentConfig>(), 1_024),
+        ("MachineInfo", size_of::<MachineInfo>(), 512),
+        ("NodeSnapshot", size_of::<crate::node::NodeSnapshot>(), 256),
+    ];
+    sizes.extend(crate::pods::per_pod_sizes().into_iter().map(|(name, size)| {
+        // the API objects are printed for comparison, not held per pod
+        let ceiling = if name.starts_with("k8s") {
+            usize::MAX
+        } else {
+            1_024
+        };
+        (name, size, ceiling)
+    }));
+    check(&sizes);
+}

@@ -336,5 +336,24 @@ impl PodLifecycle {
     }
 }
 
+/// The in-memory size of each per-pod structure (printed by the size tests).
+#[cfg(test)]
+pub(crate) fn per_pod_sizes() -> Vec<(&'static str, usize)> {
+    vec![
+        ("PodWorker", size_of::<worker::PodWorker>()),
+        ("DesiredPod", size_of::<spec::DesiredPod>()),
+        ("RuntimeView", size_of::<observed::RuntimeView>()),
+        ("Timeline", size_of::<metrics::Timeline>()),
+        (
+            "k8s Pod (for comparison)",
+            size_of::<k8s_openapi::api::core::v1::Pod>(),
+        ),
+        (
+            "k8s PodStatus",
+            size_of::<k8s_openapi::api::core::v1::PodStatus>(),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests;
