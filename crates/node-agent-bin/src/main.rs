@@ -131,7 +131,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("connecting to the container runtime at {endpoint}"))?;
             tracing::info!(%endpoint, "connected to the container runtime");
-            (Arc::new(rt), PodOptions::default(), Arc::new(FileLogs))
+            let pods = PodOptions::default().with_root_dir(&flags.root_dir);
+            (Arc::new(rt), pods, Arc::new(FileLogs))
         }
     };
 

@@ -258,6 +258,8 @@ pub(crate) struct FileConfig {
     #[serde(default)]
     pub resolv_conf: Option<String>,
     #[serde(default)]
+    pub config_map_and_secret_change_detection_strategy: Option<String>,
+    #[serde(default)]
     pub hairpin_mode: Option<String>,
     #[serde(default, deserialize_with = "dur")]
     pub volume_stats_agg_period: Option<Duration>,

@@ -285,6 +285,16 @@ pub(crate) fn resolve(
             format!("{hairpin_mode:?} must be promiscuous-bridge, hairpin-veth or none"),
         );
     }
+    let change_detection = f
+        .config_map_and_secret_change_detection_strategy
+        .clone()
+        .unwrap_or_else(|| "Watch".into());
+    if !matches!(change_detection.as_str(), "Watch" | "Cache" | "Get") {
+        c.err(
+            "configMapAndSecretChangeDetectionStrategy",
+            format!("{change_detection:?} must be Watch, Cache or Get"),
+        );
+    }
     let cgroup_driver = f.cgroup_driver.clone().unwrap_or_else(|| "cgroupfs".into());
     if !matches!(cgroup_driver.as_str(), "cgroupfs" | "systemd") {
         c.err(
@@ -463,6 +473,7 @@ pub(crate) fn resolve(
         cluster_domain: f.cluster_domain.clone().filter(|s| !s.is_empty()),
         cluster_dns,
         resolv_conf: f.resolv_conf.clone().unwrap_or_else(|| "/etc/resolv.conf".into()),
+        config_map_and_secret_change_detection_strategy: change_detection,
         hairpin_mode,
         volume_stats_agg_period: f.volume_stats_agg_period.unwrap_or(secs(60)),
         shutdown_grace_period,

@@ -1,5 +1,5 @@
 //! What every pod worker of one agent shares: configuration, the runtime, the probe transport, the event
-//! recorder, metrics, the status manager's handle and the node view. One `Arc` per agent.
+//! recorder, metrics, the status manager's handle, the node view and the source of referenced API objects. One `Arc` per agent.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use super::PodConfig;
 use super::admission::NodeView;
 use super::events::Recorder;
 use super::metrics::PodMetrics;
+use super::objects::PodObjects;
 use super::probes::ProbeTransport;
 use super::status::StatusHandle;
 
@@ -24,6 +25,8 @@ pub(crate) struct AgentCtx {
     pub metrics: Arc<PodMetrics>,
     pub status: StatusHandle,
     pub node: watch::Receiver<Option<NodeView>>,
+    /// ConfigMaps, Secrets and tokens that pods' volumes and environment name.
+    pub objects: Arc<dyn PodObjects>,
 }
 
 impl AgentCtx {

@@ -8,10 +8,14 @@
 //! `io.kubernetes.pod.terminationGracePeriod`.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use runtime_api::cri;
 
-use super::spec::{ContainerSpec, DesiredPod, EnvValue};
+use super::dns::{self, NodeDns};
+use super::env::Resolved;
+use super::spec::{ContainerSpec, DesiredPod};
 
 /// Label: the pod's UID.
 pub const POD_UID: &str = "io.kubernetes.pod.uid";
@@ -38,6 +42,11 @@ pub struct RuntimeLayout {
     /// Create each sandbox's log directory before `RunPodSandbox`, as the kubelet does (a real runtime writes
     /// container logs there and does not create it). Off by default: hollow nodes have no logs on disk.
     pub create_log_dirs: bool,
+    /// Where pod directories (volumes) are written, `<root-dir>/pods`; `None` (a hollow node): volume content
+    /// is computed but nothing is written.
+    pub pods_dir: Option<PathBuf>,
+    /// The node's DNS settings, for each sandbox's resolver configuration.
+    pub dns: Arc<NodeDns>,
 }
 
 impl Default for RuntimeLayout {
@@ -45,6 +54,8 @@ impl Default for RuntimeLayout {
         Self {
             pod_logs_dir: "/var/log/pods".to_owned(),
             create_log_dirs: false,
+            pods_dir: None,
+            dns: Arc::default(),
         }
     }
 }
@@ -97,6 +108,7 @@ pub fn sandbox_config(pod: &DesiredPod, attempt: u32, layout: &RuntimeLayout) ->
             attempt,
         }),
         hostname: pod.hostname.clone(),
+        dns_config: Some(dns::pod_dns(pod, &layout.dns)),
         log_directory: format!(
             "{}/{}_{}_{}",
             layout.pod_logs_dir, pod.namespace, pod.name, pod.uid
@@ -124,13 +136,14 @@ pub fn sandbox_config(pod: &DesiredPod, attempt: u32, layout: &RuntimeLayout) ->
     }
 }
 
-/// The container config for `c`, its `restart_count`-th instance.
+/// The container config for `c`, its `restart_count`-th instance, with its resolved environment, command and
+/// args and its volume mounts.
 pub fn container_config(
     pod: &DesiredPod,
     c: &ContainerSpec,
     restart_count: u32,
-    pod_ip: &str,
-    host_ip: &str,
+    resolved: Resolved,
+    mounts: Vec<cri::Mount>,
 ) -> cri::ContainerConfig {
     let mut labels = pod_labels(pod);
     labels.insert(CONTAINER_NAME.to_owned(), c.name.clone());
@@ -146,18 +159,6 @@ pub fn container_config(
             pod.termination_grace_secs.to_string(),
         ),
     ]);
-    let envs = c
-        .env
-        .iter()
-        .map(|(key, value)| cri::KeyValue {
-            key: key.clone(),
-            value: match value {
-                EnvValue::Literal(v) => v.clone(),
-                EnvValue::PodIp => pod_ip.to_owned(),
-                EnvValue::HostIp => host_ip.to_owned(),
-            },
-        })
-        .collect();
     let r = &c.resources;
     let resources = cri::LinuxContainerResources {
         // the kubelet's conversions: shares from the request, CFS quota from the limit, 100 ms period
@@ -177,10 +178,11 @@ pub fn container_config(
             user_specified_image: c.image.clone(),
             ..Default::default()
         }),
-        command: c.command.clone(),
-        args: c.args.clone(),
+        command: resolved.command,
+        args: resolved.args,
         working_dir: c.working_dir.clone(),
-        envs,
+        envs: resolved.env,
+        mounts,
         labels,
         annotations,
         log_path: format!("{}/{}.log", c.name, restart_count),
@@ -238,7 +240,14 @@ mod tests {
         assert_eq!(sb.metadata.as_ref().unwrap().attempt, 1);
         assert_eq!(sb.log_directory, "/var/log/pods/ns_web_u1");
 
-        let cc = container_config(&d, &d.containers[0], 3, "10.1.0.5", "127.0.0.1");
+        let resolved = Resolved {
+            env: vec![cri::KeyValue {
+                key: "IP".into(),
+                value: "10.1.0.5".into(),
+            }],
+            ..Default::default()
+        };
+        let cc = container_config(&d, &d.containers[0], 3, resolved, Vec::new());
         assert_eq!(cc.labels[CONTAINER_NAME], "app");
         assert_eq!(cc.labels[POD_NAMESPACE], "ns");
         assert_eq!(restart_count(&cc.annotations), 3);

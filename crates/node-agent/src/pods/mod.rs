@@ -30,6 +30,8 @@
 mod actions;
 pub mod admission;
 mod context;
+pub mod dns;
+mod env;
 pub mod events;
 pub(crate) mod gofmt;
 mod images;
@@ -37,6 +39,7 @@ mod kill;
 pub mod labels;
 mod manager;
 pub mod metrics;
+pub mod objects;
 mod observed;
 mod plan;
 mod pleg;
@@ -49,6 +52,7 @@ pub mod spec;
 pub mod static_pods;
 pub mod status;
 mod sync;
+mod volumes;
 mod wiring;
 mod worker;
 
@@ -90,6 +94,8 @@ pub struct PodConfig {
     pub layout: RuntimeLayout,
     /// Static pod sources (default: none).
     pub static_pods: StaticPodConfig,
+    /// How long a read ConfigMap or Secret is reused (0: read at every use); see [`objects`].
+    pub object_ttl: Duration,
 }
 
 impl PodConfig {
@@ -103,6 +109,7 @@ impl PodConfig {
             shutdown_grace: Duration::from_secs(5),
             layout: RuntimeLayout::default(),
             static_pods: StaticPodConfig::default(),
+            object_ttl: Duration::from_secs(60),
         }
     }
 }
@@ -286,7 +293,13 @@ impl PodLifecycle {
             status.clone(),
         );
         tracker.spawn(mirror_manager.run(tasks.clone()));
+        let objects = Arc::new(objects::ApiObjects::new(
+            self.client.clone(),
+            self.api.clone(),
+            self.config.object_ttl,
+        ));
         let ctx = Arc::new(context::AgentCtx {
+            objects,
             config: self.config,
             runtime: self.runtime,
             runtime_type,

@@ -8,6 +8,7 @@ use runtime_api::{Code, RuntimeError, cri};
 use tokio::time::Instant;
 
 use super::actions::{self, Where};
+use super::env;
 use super::events::EventType;
 use super::gofmt;
 use super::images::ImageState;
@@ -18,6 +19,7 @@ use super::plan::{self, Start};
 use super::probes::ProbeOutcome;
 use super::status::generate::{self, Inputs};
 use super::status::{Phase, StatusMsg};
+use super::volumes;
 use super::worker::{PodWorker, State};
 
 impl PodWorker {
@@ -46,6 +48,10 @@ impl PodWorker {
         let ctx = self.ctx.clone();
         let pod = self.pod.clone();
         self.view.refresh(&ctx, &pod.uid).await?;
+        if !self.setup_volumes().await {
+            self.report_status();
+            return Ok(());
+        }
         if let Some(t) = self.timeline.as_deref_mut() {
             t.mark(Stage::VolumesReady);
         }
@@ -101,6 +107,29 @@ impl PodWorker {
         }
         self.report_status();
         Ok(())
+    }
+
+    /// Sets up (or refreshes) the pod's volumes; `false` while they were never all set up (the pod waits,
+    /// retried with back-off). A failure is a `FailedMount` event; once set up, a failed refresh leaves the
+    /// running pod alone.
+    async fn setup_volumes(&mut self) -> bool {
+        if self.pod.volumes.is_empty() {
+            return true;
+        }
+        let ctx = self.ctx.clone();
+        let pod = self.pod.clone();
+        let vols = self.volumes.get_or_insert_with(Box::default);
+        let was_ready = vols.ready(&pod);
+        match vols.setup(&ctx, &pod).await {
+            Ok(()) => true,
+            Err(e) => {
+                ctx.events
+                    .pod(&pod, EventType::Warning, "FailedMount", e.to_string());
+                let retry = vols.retry_delay();
+                self.wake(Instant::now() + retry);
+                was_ready
+            }
+        }
     }
 
     async fn create_sandbox(&mut self, attempt: u32) -> Result<(), RuntimeError> {
@@ -190,14 +219,19 @@ impl PodWorker {
         }
         let pod_ip = sandbox.ips.first().cloned().unwrap_or_default();
         let host_ip = ctx.host_ips().into_iter().next().unwrap_or_default();
+        let resolved = match env::resolve(&ctx, &pod, c, &pod_ip, &host_ip).await {
+            Ok(r) => r,
+            Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
+        };
+        let mounts = volumes::mounts(&ctx, &pod, c);
         let req = cri::CreateContainerRequest {
             pod_sandbox_id: sandbox.id.clone(),
             config: Some(labels::container_config(
                 &pod,
                 c,
                 s.restart_count,
-                &pod_ip,
-                &host_ip,
+                resolved,
+                mounts,
             )),
             sandbox_config: Some(sandbox_config),
         };
@@ -266,7 +300,11 @@ impl PodWorker {
         if e.code == Code::Unavailable {
             return Err(e);
         }
-        let msg = e.message.clone();
+        Ok(self.wait_after_failure(s, reason, e.message))
+    }
+
+    /// Records why container `s` could not start (a `Failed` event, the waiting reason) and schedules a retry.
+    fn wait_after_failure(&mut self, s: &Start, reason: &'static str, msg: String) -> bool {
         self.ctx.events.container(
             &self.pod,
             &s.name,
@@ -277,7 +315,7 @@ impl PodWorker {
         self.waiting.insert(s.name.clone(), (reason, msg));
         let retry = Instant::now() + self.errors.next_delay();
         self.wake(retry);
-        Ok(false)
+        false
     }
 
     fn mark_started(&mut self) {

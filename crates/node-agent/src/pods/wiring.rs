@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::NodeView;
+use super::dns::NodeDns;
 use super::{NetworkProbes, PodConfig, PodLifecycle, PodMetrics, PodSource, ProbeTransport};
 use crate::agent::AgentContext;
 use crate::node::{NodeSnapshot, ResourceList};
@@ -24,6 +25,9 @@ pub struct PodOptions {
     /// Static pod manifests handed over in memory (a hollow fleet's per-node pods), each with the name that
     /// stands for its file; run besides `staticPodPath` / `staticPodURL`.
     pub static_manifests: Vec<(String, Arc<k8s_openapi::api::core::v1::Pod>)>,
+    /// The agent's root directory (`--root-dir`) on a real node: pod volumes are written under its `pods/`.
+    /// `None` (a hollow node): volume content is computed, nothing is written.
+    pub root_dir: Option<std::path::PathBuf>,
 }
 
 impl PodOptions {
@@ -35,7 +39,14 @@ impl PodOptions {
             metrics: Arc::new(PodMetrics::new()),
             source: PodSource::Watch,
             static_manifests: Vec::new(),
+            root_dir: None,
         }
+    }
+
+    /// Writes pod volumes under `root_dir/pods` (a real node).
+    pub fn with_root_dir(mut self, root_dir: impl Into<std::path::PathBuf>) -> Self {
+        self.root_dir = Some(root_dir.into());
+        self
     }
 }
 
@@ -117,6 +128,35 @@ async fn bridge(
     }
 }
 
+/// The node's DNS settings: `clusterDNS`, `clusterDomain` and the `resolvConf` file, read once per process
+/// (every agent of a fleet has the same).
+fn node_dns(k: &crate::config::KubeletConfig) -> Arc<NodeDns> {
+    static CACHE: std::sync::Mutex<Option<(String, Arc<NodeDns>)>> = std::sync::Mutex::new(None);
+    let servers: Vec<String> = k.cluster_dns.iter().map(ToString::to_string).collect();
+    let domain = k.cluster_domain.clone().unwrap_or_default();
+    let key = format!("{servers:?}|{domain}|{}", k.resolv_conf);
+    let mut cache = match CACHE.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    if let Some((cached, dns)) = cache.as_ref()
+        && *cached == key
+    {
+        return dns.clone();
+    }
+    let text = if k.resolv_conf.is_empty() {
+        String::new()
+    } else {
+        std::fs::read_to_string(&k.resolv_conf).unwrap_or_else(|error| {
+            tracing::warn!(file = %k.resolv_conf, %error, "cannot read resolvConf; pods get no node resolver settings");
+            String::new()
+        })
+    };
+    let dns = Arc::new(NodeDns::new(servers, domain, &text));
+    *cache = Some((key, dns.clone()));
+    dns
+}
+
 impl PodLifecycle {
     /// The pod lifecycle of the agent behind `ctx`.
     pub fn for_agent(ctx: &AgentContext, options: PodOptions) -> Self {
@@ -125,6 +165,12 @@ impl PodLifecycle {
         config.sync_frequency = k.sync_frequency;
         config.max_pods = k.max_pods;
         config.layout.pod_logs_dir = k.pod_logs_dir.display().to_string();
+        config.layout.pods_dir = options.root_dir.as_ref().map(|r| r.join("pods"));
+        config.layout.dns = node_dns(k);
+        config.object_ttl = match k.config_map_and_secret_change_detection_strategy.as_str() {
+            "Get" => std::time::Duration::ZERO,
+            _ => k.sync_frequency,
+        };
         config.static_pods = super::StaticPodConfig {
             path: k.static_pod_path.clone(),
             file_check_frequency: k.file_check_frequency,

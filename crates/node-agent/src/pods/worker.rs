@@ -33,6 +33,7 @@ use super::probes::prober::{self, ProbeUpdate, Prober, Seeds, Targets};
 use super::restart::RestartBackoff;
 use super::spec::DesiredPod;
 use super::status::{Phase, StatusMsg};
+use super::volumes::{self, PodVolumes};
 use crate::backoff::{Backoff, BackoffPolicy, jittered};
 
 /// Input to a pod worker.
@@ -106,6 +107,8 @@ pub(crate) struct PodWorker {
     pub(super) shutdown: Option<i64>,
     /// Fired once the pod is stopped and its final status reported (graceful node shutdown).
     pub(super) shutdown_done: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// The pod's volumes, once it has any.
+    pub(super) volumes: Option<Box<PodVolumes>>,
 }
 
 impl PodWorker {
@@ -170,6 +173,7 @@ impl PodWorker {
             counted_running: false,
             shutdown: None,
             shutdown_done: Vec::new(),
+            volumes: None,
         };
         (worker, tx)
     }
@@ -320,6 +324,7 @@ impl PodWorker {
         self.view.refresh(&self.ctx, &self.pod.uid).await?;
         kill::remove_pod(&self.ctx, &self.view).await?;
         let uid = self.pod.uid.clone();
+        volumes::cleanup(&self.ctx, &uid).await;
         if self.removed {
             self.ctx.status.send(StatusMsg::Forget { uid: uid.clone() });
         } else {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, HTTPGetAction, LifecycleHandler, Probe, TCPSocketAction};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Action, ContainerSpec, EnvValue, HttpGet, Port, ProbeSpec, PullPolicy};
+use super::volumes::{EnvFrom, MountSpec, resource_ref};
+use super::{Action, ContainerSpec, EnvValue, HttpGet, KeyRef, Port, ProbeSpec, PullPolicy};
 use crate::pods::resources::ContainerResources;
 
 pub(super) struct EnvCtx<'a> {
@@ -84,16 +85,65 @@ pub(super) fn container(c: &Container, init: bool, ctx: &mut EnvCtx<'_>) -> Cont
         .env
         .iter()
         .flatten()
-        .filter_map(|e| match (&e.value, &e.value_from) {
-            (_, Some(from)) => {
-                let path = &from.field_ref.as_ref()?.field_path;
-                Some((e.name.clone(), ctx.field(path)?))
+        .filter_map(
+            |e| match (e.value.as_deref().filter(|v| !v.is_empty()), &e.value_from) {
+                (None, Some(from)) => {
+                    let key_ref = |name: &Option<String>, key: &str, optional: Option<bool>| {
+                        Box::new(KeyRef {
+                            name: name.clone().unwrap_or_default(),
+                            key: key.to_owned(),
+                            optional: optional.unwrap_or(false),
+                        })
+                    };
+                    let value = if let Some(f) = &from.field_ref {
+                        ctx.field(&f.field_path)?
+                    } else if let Some(r) = &from.resource_field_ref {
+                        EnvValue::Resource(Box::new(resource_ref(r)))
+                    } else if let Some(c) = &from.config_map_key_ref {
+                        EnvValue::ConfigMapKey(key_ref(&Some(c.name.clone()), &c.key, c.optional))
+                    } else if let Some(s) = &from.secret_key_ref {
+                        EnvValue::SecretKey(key_ref(&Some(s.name.clone()), &s.key, s.optional))
+                    } else {
+                        return None;
+                    };
+                    Some((e.name.clone(), value))
+                }
+                (Some(v), _) if v.contains('$') => Some((e.name.clone(), EnvValue::Expand(v.to_owned()))),
+                (value, _) => Some((
+                    e.name.clone(),
+                    EnvValue::Literal(value.unwrap_or_default().to_owned()),
+                )),
+            },
+        )
+        .collect();
+    let env_from = c
+        .env_from
+        .iter()
+        .flatten()
+        .filter_map(|f| {
+            let prefix = f.prefix.clone().unwrap_or_default();
+            if let Some(s) = &f.secret_ref {
+                Some(EnvFrom {
+                    secret: true,
+                    name: s.name.clone(),
+                    prefix,
+                    optional: s.optional.unwrap_or(false),
+                })
+            } else {
+                f.config_map_ref.as_ref().map(|m| EnvFrom {
+                    secret: false,
+                    name: m.name.clone(),
+                    prefix,
+                    optional: m.optional.unwrap_or(false),
+                })
             }
-            (value, None) => Some((
-                e.name.clone(),
-                EnvValue::Literal(value.clone().unwrap_or_default()),
-            )),
         })
+        .collect();
+    let mounts = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(MountSpec::from_api)
         .collect();
     let lifecycle = c.lifecycle.as_ref();
     let hash = {
@@ -125,6 +175,8 @@ pub(super) fn container(c: &Container, init: bool, ctx: &mut EnvCtx<'_>) -> Cont
         args: c.args.clone().unwrap_or_default(),
         working_dir: c.working_dir.clone().unwrap_or_default(),
         env,
+        env_from,
+        mounts,
         readiness: c.readiness_probe.as_ref().and_then(|p| probe(p, &resolve)),
         liveness: c.liveness_probe.as_ref().and_then(|p| probe(p, &resolve)),
         startup: c.startup_probe.as_ref().and_then(|p| probe(p, &resolve)),

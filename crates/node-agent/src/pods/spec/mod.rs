@@ -14,8 +14,10 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::jiff::Timestamp;
 
 mod extract;
+pub mod volumes;
 
 use extract::{EnvCtx, container};
+pub use volumes::{EnvFrom, MountSpec, ResourceRef, VolumeSpec};
 
 use super::resources::{self, ContainerResources, PodRequests, QosClass};
 
@@ -89,10 +91,53 @@ fn image_tag_is_latest(image: &str) -> bool {
 pub enum EnvValue {
     /// A literal (or a field of the pod resolved when the pod was read).
     Literal(String),
+    /// A `value` with `$(VAR)` references, expanded against the variables before it.
+    Expand(String),
     /// `status.podIP`, known once the sandbox exists.
     PodIp,
     /// `status.hostIP`.
     HostIp,
+    /// A key of a ConfigMap (`configMapKeyRef`), read when the container is created.
+    ConfigMapKey(Box<KeyRef>),
+    /// A key of a Secret (`secretKeyRef`), read when the container is created.
+    SecretKey(Box<KeyRef>),
+    /// A request or limit (`resourceFieldRef`), the node's allocatable standing in for a missing limit.
+    Resource(Box<ResourceRef>),
+}
+
+/// A key of a ConfigMap or Secret named by an environment variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRef {
+    /// The object's name.
+    pub name: String,
+    /// The key.
+    pub key: String,
+    /// A missing object or key leaves the variable out instead of failing the container.
+    pub optional: bool,
+}
+
+/// `spec.dnsPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsPolicy {
+    /// `ClusterFirst` (the default): cluster DNS, except for host-network pods.
+    ClusterFirst,
+    /// `ClusterFirstWithHostNet`: cluster DNS, host network or not.
+    ClusterFirstWithHostNet,
+    /// `Default`: the node's resolver configuration.
+    Default,
+    /// `None`: only `dnsConfig`.
+    None,
+}
+
+/// `spec.dnsConfig`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// Extra name servers.
+    pub nameservers: Vec<String>,
+    /// Extra search domains.
+    pub searches: Vec<String>,
+    /// Options as `name` or `name:value`.
+    pub options: Vec<(String, Option<String>)>,
 }
 
 /// A port, with named ports already resolved against the container's ports.
@@ -172,8 +217,12 @@ pub struct ContainerSpec {
     pub args: Vec<String>,
     /// Working directory.
     pub working_dir: String,
-    /// Environment (literal values and pod fields; config map and secret references are not resolved).
+    /// Environment, in order (resolved when the container is created).
     pub env: Vec<(String, EnvValue)>,
+    /// `envFrom` sources, in order (their variables come before `env`'s).
+    pub env_from: Vec<EnvFrom>,
+    /// Volume mounts.
+    pub mounts: Vec<MountSpec>,
     /// `(containerPort, hostPort, protocol)` triples.
     pub ports: Vec<(i32, i32, String)>,
     /// Readiness probe.
@@ -252,6 +301,16 @@ pub struct DesiredPod {
     pub hostname: String,
     /// `spec.runtimeClassName`, passed as the runtime handler.
     pub runtime_handler: String,
+    /// `spec.volumes`.
+    pub volumes: Vec<VolumeSpec>,
+    /// `spec.serviceAccountName` (tokens of projected volumes are requested for it).
+    pub service_account: String,
+    /// `spec.dnsPolicy`.
+    pub dns_policy: DnsPolicy,
+    /// `spec.dnsConfig`.
+    pub dns_config: Option<Box<DnsConfig>>,
+    /// `spec.subdomain` (the sandbox hostname's domain part).
+    pub subdomain: String,
     /// `spec.priority` (0 when unset; for a pod that never went through the API server's priority
     /// admission, e.g. a static pod, the value of a `system-node-critical` / `system-cluster-critical`
     /// `priorityClassName`). Graceful node shutdown orders pods by it.
@@ -344,6 +403,27 @@ impl DesiredPod {
             host_network: spec.host_network.unwrap_or(false),
             runtime_handler: spec.runtime_class_name.clone().unwrap_or_default(),
             priority: priority(spec),
+            volumes: spec.volumes.iter().flatten().map(VolumeSpec::from_api).collect(),
+            service_account: spec.service_account_name.clone().unwrap_or_default(),
+            dns_policy: match spec.dns_policy.as_deref() {
+                Some("ClusterFirstWithHostNet") => DnsPolicy::ClusterFirstWithHostNet,
+                Some("Default") => DnsPolicy::Default,
+                Some("None") => DnsPolicy::None,
+                _ => DnsPolicy::ClusterFirst,
+            },
+            dns_config: spec.dns_config.as_ref().map(|c| {
+                Box::new(DnsConfig {
+                    nameservers: c.nameservers.clone().unwrap_or_default(),
+                    searches: c.searches.clone().unwrap_or_default(),
+                    options: c
+                        .options
+                        .iter()
+                        .flatten()
+                        .filter_map(|o| Some((o.name.clone()?, o.value.clone())))
+                        .collect(),
+                })
+            }),
+            subdomain: spec.subdomain.clone().unwrap_or_default(),
         }))
     }
 

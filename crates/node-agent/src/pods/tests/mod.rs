@@ -121,6 +121,7 @@ impl Harness {
             metrics: metrics.clone(),
             status,
             node: node_rx,
+            objects: Arc::new(super::objects::NoObjects),
         });
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();

@@ -1,0 +1,270 @@
+//! The API objects a pod's volumes and environment name: ConfigMaps and Secrets read from the API server (as
+//! the kubelet's configMap / secret managers read them), and service account tokens from the TokenRequest API.
+//!
+//! This module owns [`PodObjects`], the source every worker of one agent asks, and [`ApiObjects`], its
+//! implementation over the agent's client and rate limit. Reads are cached per agent for a time to live set by
+//! `configMapAndSecretChangeDetectionStrategy`: `Get` reads at every use, `Cache` and `Watch` keep a read for
+//! the sync period (the kubelet's `Watch` keeps a watch per object; changes reach pods at their next sync either
+//! way). One agent's reads of one object are serialised, so fifty pods starting at once read it once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use crate::api::{ApiCalls, is_not_found};
+
+/// The keys and values of a ConfigMap (`data` and `binaryData`) or a Secret.
+pub type ObjectData = BTreeMap<String, Vec<u8>>;
+
+/// A ConfigMap or a Secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ObjectKind {
+    /// `configmaps`.
+    ConfigMap,
+    /// `secrets`.
+    Secret,
+}
+
+impl ObjectKind {
+    /// The kind as the kubelet's messages name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ConfigMap => "ConfigMap",
+            Self::Secret => "Secret",
+        }
+    }
+
+    /// The API resource, as in `configmaps "x" not found`.
+    pub fn resource(self) -> &'static str {
+        match self {
+            Self::ConfigMap => "configmaps",
+            Self::Secret => "secrets",
+        }
+    }
+}
+
+/// A token request for a pod.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenFor<'a> {
+    /// The pod's namespace.
+    pub namespace: &'a str,
+    /// The service account.
+    pub service_account: &'a str,
+    /// The audience (the API server's own when empty).
+    pub audience: &'a str,
+    /// Requested lifetime.
+    pub expiration_secs: i64,
+    /// The pod the token is bound to.
+    pub pod_name: &'a str,
+    /// Its UID.
+    pub pod_uid: &'a str,
+}
+
+/// An issued token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    /// The JWT.
+    pub token: String,
+    /// When the API server says it expires.
+    pub expires: Timestamp,
+}
+
+/// Why an object could not be read.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ObjectError(pub String);
+
+/// Where a pod's referenced objects come from.
+#[async_trait]
+pub trait PodObjects: Send + Sync {
+    /// The object, or `None` when it does not exist.
+    async fn get(
+        &self,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ObjectData>>, ObjectError>;
+
+    /// A token for the pod's service account, bound to the pod.
+    async fn token(&self, request: TokenFor<'_>) -> Result<Token, ObjectError>;
+}
+
+/// A source with no objects and no tokens (a pod that names none never asks).
+#[derive(Debug, Default)]
+pub struct NoObjects;
+
+#[async_trait]
+impl PodObjects for NoObjects {
+    async fn get(&self, _: ObjectKind, _: &str, _: &str) -> Result<Option<Arc<ObjectData>>, ObjectError> {
+        Ok(None)
+    }
+
+    async fn token(&self, _: TokenFor<'_>) -> Result<Token, ObjectError> {
+        Err(ObjectError("no API server to request a token from".into()))
+    }
+}
+
+type CacheKey = (ObjectKind, String, String);
+
+/// [`PodObjects`] over the API server, with a per-agent cache.
+pub struct ApiObjects {
+    client: kube::Client,
+    api: ApiCalls,
+    ttl: Duration,
+    cache: Mutex<HashMap<CacheKey, (Instant, Option<Arc<ObjectData>>)>>,
+}
+
+impl std::fmt::Debug for ApiObjects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiObjects")
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiObjects {
+    /// Reads through `client` and `api`, keeping each read for `ttl` (zero: read at every use).
+    pub fn new(client: kube::Client, api: ApiCalls, ttl: Duration) -> Self {
+        Self {
+            client,
+            api,
+            ttl,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn fetch(&self, kind: ObjectKind, namespace: &str, name: &str) -> kube::Result<Option<ObjectData>> {
+        let result = match kind {
+            ObjectKind::ConfigMap => {
+                let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+                self.api
+                    .run("get", "configmaps", Box::pin(api.get(name)))
+                    .await
+                    .map(|cm| {
+                        let mut data: ObjectData = cm
+                            .data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.into_bytes()))
+                            .collect();
+                        data.extend(
+                            cm.binary_data
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(|(k, v)| (k, v.0)),
+                        );
+                        data
+                    })
+            }
+            ObjectKind::Secret => {
+                let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+                self.api
+                    .run("get", "secrets", Box::pin(api.get(name)))
+                    .await
+                    .map(|s| {
+                        let mut data: ObjectData = s
+                            .data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.0))
+                            .collect();
+                        // stringData is write-only, but an object that skipped the API server may carry it
+                        data.extend(
+                            s.string_data
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(|(k, v)| (k, v.into_bytes())),
+                        );
+                        data
+                    })
+            }
+        };
+        match result {
+            Ok(data) => Ok(Some(data)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[async_trait]
+impl PodObjects for ApiObjects {
+    async fn get(
+        &self,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ObjectData>>, ObjectError> {
+        let key = (kind, namespace.to_owned(), name.to_owned());
+        let mut cache = self.cache.lock().await;
+        let now = Instant::now();
+        if let Some((at, data)) = cache.get(&key)
+            && !self.ttl.is_zero()
+            && now.saturating_duration_since(*at) < self.ttl
+        {
+            return Ok(data.clone());
+        }
+        let data = self
+            .fetch(kind, namespace, name)
+            .await
+            .map_err(|e| ObjectError(describe(&e)))?
+            .map(Arc::new);
+        // forget entries nobody asked for within the time to live
+        let ttl = self.ttl;
+        cache.retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
+        if !ttl.is_zero() {
+            cache.insert(key, (now, data.clone()));
+        }
+        Ok(data)
+    }
+
+    async fn token(&self, r: TokenFor<'_>) -> Result<Token, ObjectError> {
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), r.namespace);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: (!r.audience.is_empty()).then(|| vec![r.audience.to_owned()]),
+                expiration_seconds: Some(r.expiration_secs),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(r.pod_name.to_owned()),
+                    uid: Some(r.pod_uid.to_owned()),
+                }),
+            }),
+            ..Default::default()
+        };
+        let issued = self
+            .api
+            .run(
+                "create",
+                "serviceaccounts/token",
+                Box::pin(api.create_token_request(r.service_account, &PostParams::default(), &request)),
+            )
+            .await
+            .map_err(|e| ObjectError(describe(&e)))?;
+        let status = issued.status.unwrap_or_default();
+        match (status.token, status.expiration_timestamp) {
+            (Some(token), Some(expires)) => Ok(Token {
+                token,
+                expires: expires.0,
+            }),
+            _ => Err(ObjectError("the token request came back without a token".into())),
+        }
+    }
+}

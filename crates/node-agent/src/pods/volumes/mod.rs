@@ -1,0 +1,331 @@
+//! A pod's volumes (the kubelet's volume manager, for the volume kinds a node provides itself): emptyDir,
+//! hostPath, configMap, secret, downwardAPI and projected (configMap, secret, downward API and service account
+//! token sources).
+//!
+//! Both modes compute every volume's content from the objects it names, so a missing ConfigMap fails a hollow
+//! pod's start (`FailedMount`) as it fails a real one, and a hollow node puts the same read load on the API
+//! server. A real node (a [`RuntimeLayout::pods_dir`](super::labels::RuntimeLayout)) also writes the content
+//! under `<pods_dir>/<uid>/volumes/kubernetes.io~<plugin>/<name>` — atomically, so updates reach running
+//! containers as one switch ([`disk`]) — and mounts tmpfs for secrets, projected and memory-backed volumes. The
+//! containers get the directories as CRI mounts ([`mounts`]). Every sync calls [`PodVolumes::setup`] again:
+//! changed content is rewritten and tokens are renewed at 80 % of their life (at most 24 h).
+//!
+//! Persistent and network volumes (persistentVolumeClaim, csi, nfs, ...) are not provided: on a real node the
+//! pod fails to start with a `FailedMount` event naming the kind; a hollow node has no disk to mount and lets
+//! the pod run.
+
+pub mod content;
+pub mod disk;
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use runtime_api::cri;
+use tokio::time::Instant;
+
+use self::content::File;
+use super::context::AgentCtx;
+use super::objects::{ObjectKind, TokenFor};
+use super::spec::volumes::{ObjectVolume, Projection, VolumeSource};
+use super::spec::{ContainerSpec, DesiredPod, VolumeSpec};
+
+/// The longest a token is used before it is renewed, however long it lives.
+const TOKEN_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// Why a volume could not be set up: the kubelet's `FailedMount` event text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountError {
+    /// The volume.
+    pub volume: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for MountError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MountVolume.SetUp failed for volume \"{}\" : {}",
+            self.volume, self.message
+        )
+    }
+}
+
+/// What a worker keeps of its pod's volumes: a hash of each volume's content as last set up, and when the
+/// earliest token needs renewing. A few words per volume, whichever the mode.
+#[derive(Debug, Default)]
+pub struct PodVolumes {
+    /// Per volume (by index in the spec): the content hash last set up.
+    set_up: Vec<Option<u64>>,
+    /// When a token of a projected volume is due for renewal.
+    token_due: Option<Instant>,
+    /// Failed set-ups in a row (the retry back-off).
+    failures: u32,
+}
+
+fn plugin(source: &VolumeSource) -> &'static str {
+    match source {
+        VolumeSource::EmptyDir { .. } => "kubernetes.io~empty-dir",
+        VolumeSource::HostPath { .. } => "kubernetes.io~host-path",
+        VolumeSource::ConfigMap(_) => "kubernetes.io~configmap",
+        VolumeSource::Secret(_) => "kubernetes.io~secret",
+        VolumeSource::DownwardApi(_) => "kubernetes.io~downward-api",
+        VolumeSource::Projected(_) => "kubernetes.io~projected",
+        VolumeSource::Unsupported(_) => "kubernetes.io~unsupported",
+    }
+}
+
+/// A pod's directory on a node with a pods directory.
+pub fn pod_dir(pods_dir: &std::path::Path, uid: &str) -> PathBuf {
+    pods_dir.join(uid)
+}
+
+/// Where volume `v` of `pod` lives on the node (for a hollow node: where it would).
+fn host_path(ctx: &AgentCtx, pod: &DesiredPod, v: &VolumeSpec) -> PathBuf {
+    if let VolumeSource::HostPath { path, .. } = &v.source {
+        return PathBuf::from(path);
+    }
+    let root = ctx
+        .config
+        .layout
+        .pods_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/pods"));
+    pod_dir(&root, &pod.uid)
+        .join("volumes")
+        .join(plugin(&v.source))
+        .join(&v.name)
+}
+
+fn hash_files(files: &[File]) -> u64 {
+    let mut h = DefaultHasher::new();
+    files.hash(&mut h);
+    h.finish()
+}
+
+impl Hash for File {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.path.hash(state);
+        self.data.hash(state);
+        self.mode.hash(state);
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl PodVolumes {
+    /// Sets up (or refreshes) every volume of `pod`; the first failure stops it.
+    pub async fn setup(&mut self, ctx: &AgentCtx, pod: &DesiredPod) -> Result<(), MountError> {
+        self.set_up.resize(pod.volumes.len(), None);
+        let now = Instant::now();
+        let renew_tokens = self.token_due.is_none_or(|due| now >= due);
+        let mut token_due: Option<Instant> = None;
+        for (i, v) in pod.volumes.iter().enumerate() {
+            let err = |message: String| MountError {
+                volume: v.name.clone(),
+                message,
+            };
+            let dir = host_path(ctx, pod, v);
+            let on_disk = ctx.config.layout.pods_dir.is_some();
+            let files = match &v.source {
+                VolumeSource::EmptyDir { memory, size_limit } => {
+                    if self.set_up[i].is_none() && on_disk {
+                        let (tmpfs, size) = (*memory, *size_limit);
+                        blocking(move || disk::make_dir(&dir, tmpfs, size)).await.map_err(err)?;
+                    }
+                    self.set_up[i] = Some(0);
+                    continue;
+                }
+                VolumeSource::HostPath { path, kind } => {
+                    if self.set_up[i].is_none() && on_disk {
+                        let (path, kind) = (path.clone(), *kind);
+                        match tokio::task::spawn_blocking(move || disk::check_host_path(&path, kind)).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(message)) => return Err(err(message)),
+                            Err(e) => return Err(err(e.to_string())),
+                        }
+                    }
+                    self.set_up[i] = Some(0);
+                    continue;
+                }
+                VolumeSource::Unsupported(kind) => {
+                    if on_disk {
+                        return Err(err(format!(
+                            "volume kind {kind} is not supported by node-agent (only emptyDir, hostPath, configMap, \
+                             secret, downwardAPI and projected)"
+                        )));
+                    }
+                    self.set_up[i] = Some(0);
+                    continue;
+                }
+                VolumeSource::ConfigMap(o) => object(ctx, pod, ObjectKind::ConfigMap, o, v.default_mode).await,
+                VolumeSource::Secret(o) => object(ctx, pod, ObjectKind::Secret, o, v.default_mode).await,
+                VolumeSource::DownwardApi(items) => {
+                    let node = ctx.node.borrow().clone();
+                    content::downward_files(pod, items, v.default_mode, node.as_ref())
+                }
+                VolumeSource::Projected(sources) => {
+                    let mut files = Vec::new();
+                    for source in sources {
+                        let part = match source {
+                            Projection::ConfigMap(o) => {
+                                object(ctx, pod, ObjectKind::ConfigMap, o, v.default_mode).await
+                            }
+                            Projection::Secret(o) => object(ctx, pod, ObjectKind::Secret, o, v.default_mode).await,
+                            Projection::DownwardApi(items) => {
+                                let node = ctx.node.borrow().clone();
+                                content::downward_files(pod, items, v.default_mode, node.as_ref())
+                            }
+                            Projection::Token {
+                                audience,
+                                expiration_secs,
+                                path,
+                            } => {
+                                let token = if renew_tokens || self.set_up[i].is_none() {
+                                    let issued = ctx
+                                        .objects
+                                        .token(TokenFor {
+                                            namespace: &pod.namespace,
+                                            service_account: &pod.service_account,
+                                            audience,
+                                            expiration_secs: *expiration_secs,
+                                            pod_name: &pod.name,
+                                            pod_uid: &pod.uid,
+                                        })
+                                        .await
+                                        .map_err(|e| err(e.0))?;
+                                    let life = issued
+                                        .expires
+                                        .duration_since(k8s_openapi::jiff::Timestamp::now())
+                                        .unsigned_abs();
+                                    let due = now + (life.mul_f64(0.8)).min(TOKEN_MAX_AGE);
+                                    token_due = Some(token_due.map_or(due, |d| d.min(due)));
+                                    Some(issued.token.into_bytes())
+                                } else {
+                                    // not yet due: keep the token the volume holds (a hollow node holds none)
+                                    let dir = dir.clone();
+                                    let path = path.clone();
+                                    tokio::task::spawn_blocking(move || disk::read_current(&dir, &path))
+                                        .await
+                                        .ok()
+                                        .flatten()
+                                };
+                                Ok(token
+                                    .map(|data| File {
+                                        path: path.clone(),
+                                        data,
+                                        mode: v.default_mode,
+                                    })
+                                    .into_iter()
+                                    .collect())
+                            }
+                            Projection::Unsupported(kind) if on_disk => Err(format!(
+                                "projected volume source {kind} is not supported by node-agent"
+                            )),
+                            Projection::Unsupported(_) => Ok(Vec::new()),
+                        };
+                        files.extend(part.map_err(err)?);
+                    }
+                    Ok(files)
+                }
+            }
+            .map_err(err)?;
+            let hash = hash_files(&files);
+            if self.set_up[i] == Some(hash) {
+                continue;
+            }
+            if on_disk {
+                let memory = matches!(v.source, VolumeSource::Secret(_) | VolumeSource::Projected(_));
+                blocking(move || {
+                    disk::make_dir(&dir, memory, None)?;
+                    disk::write_atomic(&dir, &files)
+                })
+                .await
+                .map_err(err)?;
+            }
+            self.set_up[i] = Some(hash);
+        }
+        if renew_tokens {
+            self.token_due = token_due;
+        }
+        self.failures = 0;
+        Ok(())
+    }
+
+    /// How long to wait before retrying a failed set-up: 0.5 s doubling up to about 2 minutes, as the
+    /// kubelet's volume operations back off.
+    pub fn retry_delay(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let exp = self.failures.min(9) - 1;
+        Duration::from_millis(500 << exp).min(Duration::from_secs(122))
+    }
+
+    /// Whether every volume was set up at least once.
+    pub fn ready(&self, pod: &DesiredPod) -> bool {
+        self.set_up.len() == pod.volumes.len() && self.set_up.iter().all(Option::is_some)
+    }
+}
+
+async fn object(
+    ctx: &AgentCtx,
+    pod: &DesiredPod,
+    kind: ObjectKind,
+    o: &ObjectVolume,
+    default_mode: u32,
+) -> Result<Vec<File>, String> {
+    let data = ctx
+        .objects
+        .get(kind, &pod.namespace, &o.name)
+        .await
+        .map_err(|e| e.0)?;
+    content::object_files(kind.name(), o, data.as_deref(), default_mode)
+}
+
+/// The CRI mounts of container `c`: each `volumeMount` onto its volume's directory (with `subPath`); mounts of
+/// configMap, secret, downward API and projected volumes are read-only, as the kubelet makes them.
+pub fn mounts(ctx: &AgentCtx, pod: &DesiredPod, c: &ContainerSpec) -> Vec<cri::Mount> {
+    c.mounts
+        .iter()
+        .filter_map(|m| {
+            let v = pod.volumes.iter().find(|v| v.name == m.volume)?;
+            let mut host = host_path(ctx, pod, v);
+            if !m.sub_path.is_empty() {
+                host = host.join(&m.sub_path);
+            }
+            let forced_ro = matches!(
+                v.source,
+                VolumeSource::ConfigMap(_)
+                    | VolumeSource::Secret(_)
+                    | VolumeSource::DownwardApi(_)
+                    | VolumeSource::Projected(_)
+            );
+            Some(cri::Mount {
+                container_path: m.path.clone(),
+                host_path: host.display().to_string(),
+                readonly: m.read_only || forced_ro,
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
+/// Removes the pod's directory on a node that keeps one (volumes unmounted first).
+pub async fn cleanup(ctx: &AgentCtx, uid: &str) {
+    let Some(pods_dir) = ctx.config.layout.pods_dir.clone() else {
+        return;
+    };
+    let dir = pod_dir(&pods_dir, uid);
+    if let Err(error) = blocking(move || disk::remove_pod_dir(&dir)).await {
+        tracing::warn!(%uid, %error, "cannot remove the pod's directory");
+    }
+}
