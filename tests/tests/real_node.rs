@@ -8,3 +8,7 @@
 mod harness;
 #[path = "real_node/running.rs"]
 mod running;
+#[path = "real_node/security.rs"]
+mod security;
+#[path = "real_node/volumes.rs"]
+mod volumes;

@@ -362,6 +362,8 @@ impl NodeFactory {
             metrics: self.pod_metrics.clone(),
             source,
             static_manifests: t.static_pods.clone(),
+            // nothing on disk: volume content is computed from the API objects, not written
+            root_dir: None,
         };
         let mut builder = Agent::builder(config, self.pool.for_agent(index), Arc::new(runtime.clone()))
             .pods(pods)

@@ -27,6 +27,8 @@ pub const NODE: &str = "real-node";
 /// Cluster DNS the agent is configured with (`clusterDNS`, `clusterDomain`).
 pub const CLUSTER_DNS: &str = "10.96.0.10";
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
+/// The agent's `syncFrequency`: how soon ConfigMap and Secret updates reach running pods.
+pub const SYNC_FREQUENCY: &str = "5s";
 
 /// The shared real node.
 pub struct RealNode {
@@ -39,6 +41,8 @@ pub struct RealNode {
     pub pod_cidr: (Ipv4Addr, u8),
     /// Where the agent writes pod logs (`podLogsDir`).
     pub pod_logs_dir: PathBuf,
+    /// The agent's `--root-dir` (pod volumes under its `pods/`).
+    pub agent_root: PathBuf,
     /// The agent's stderr.
     pub agent_log: PathBuf,
     /// The agent and the reaper (killed with this process, never before).
@@ -73,10 +77,12 @@ pub fn contains(cidr: (Ipv4Addr, u8), ip: Ipv4Addr) -> bool {
 /// Starts the process that tears the node down when this test binary exits (however it exits): a shell that
 /// the kernel sends SIGTERM when its parent goes (`setpriv --pdeathsig`) and that then runs
 /// `tests/containerd/teardown.sh` (containers killed, containerd and its shims stopped by PID, mounts, bridge and
-/// state directory removed). The agent itself is killed with the test binary, as every `testenv` process.
+/// state directory removed), after unmounting whatever the agent left mounted below the directory (tmpfs volumes
+/// of pods a failed test did not delete). The agent itself is killed with the test binary, as every `testenv` process.
 fn start_reaper(dir: &Path, bridge: &str) -> anyhow::Result<testenv::process::Proc> {
     // after a clean teardown the whole directory goes too (agent root, pod logs), unless NA_CRI_KEEP=1
     let script = r#"trap 'kill $! 2>/dev/null
+grep -F " $1/" /proc/mounts | cut -d" " -f2 | sort -r | xargs -r -n1 umount -l
 NA_CRI_DIR="$1/containerd" NA_CRI_BRIDGE="$2" bash "$3" >>"$1/teardown.log" 2>&1 &&
   [ "${NA_CRI_KEEP:-0}" != 1 ] && rm -rf "$1"
 exit' TERM
@@ -183,7 +189,8 @@ impl RealNode {
             format!(
                 "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
                  tlsCertFile: {}\ntlsPrivateKeyFile: {}\nauthentication:\n  x509:\n    clientCAFile: {}\n\
-                 podLogsDir: {}\nclusterDNS: [{CLUSTER_DNS}]\nclusterDomain: {CLUSTER_DOMAIN}\n",
+                 podLogsDir: {}\nclusterDNS: [{CLUSTER_DNS}]\nclusterDomain: {CLUSTER_DOMAIN}\n\
+                 syncFrequency: {SYNC_FREQUENCY}\n",
                 cert.display(),
                 key.display(),
                 cp.client_ca_file().display(),
@@ -252,6 +259,7 @@ impl RealNode {
             subnet,
             pod_cidr: parse_cidr(pod_cidr)?,
             pod_logs_dir,
+            agent_root,
             agent_log,
             _processes: Mutex::new(vec![agent, reaper]),
         })

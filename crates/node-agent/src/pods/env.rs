@@ -16,7 +16,7 @@ use super::spec::{ContainerSpec, DesiredPod, EnvValue};
 use super::volumes::content;
 
 /// What the container is created with.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Resolved {
     /// Environment, in order.
     pub env: Vec<cri::KeyValue>,
@@ -24,6 +24,8 @@ pub struct Resolved {
     pub command: Vec<String>,
     /// Arguments, expanded.
     pub args: Vec<String>,
+    /// The effective security context.
+    pub security: Option<cri::LinuxContainerSecurityContext>,
 }
 
 /// Expands `$(NAME)` in `input` with `lookup`; `$$` is a literal `$`; a reference to an unknown name, or one
@@ -175,6 +177,7 @@ pub async fn resolve(
             .collect(),
         command,
         args,
+        security: None,
     })
 }
 

@@ -137,12 +137,31 @@ impl Images {
             format!("Pulling image {image:?}"),
         );
         let started = Instant::now();
-        let req = cri::PullImageRequest {
-            image: Some(spec),
-            auth: None,
-            sandbox_config: Some(sandbox.clone()),
+        // each matching credential of the pod's imagePullSecrets in turn, or one anonymous pull
+        let creds = if pod.image_pull_secrets.is_empty() {
+            Vec::new()
+        } else {
+            super::pull_secrets::credentials(&*ctx.objects, &pod.namespace, &pod.image_pull_secrets, image)
+                .await
         };
-        match ctx.rt("pull_image", ctx.runtime.pull_image(req)).await {
+        let attempts: Vec<Option<cri::AuthConfig>> = if creds.is_empty() {
+            vec![None]
+        } else {
+            creds.into_iter().map(Some).collect()
+        };
+        let mut result = Err(runtime_api::RuntimeError::unavailable("no pull attempted"));
+        for auth in attempts {
+            let req = cri::PullImageRequest {
+                image: Some(spec.clone()),
+                auth,
+                sandbox_config: Some(sandbox.clone()),
+            };
+            result = ctx.rt("pull_image", ctx.runtime.pull_image(req)).await;
+            if result.is_ok() {
+                break;
+            }
+        }
+        match result {
             Ok(_) => {
                 let took = started.elapsed();
                 ctx.metrics.image_pulled(took);

@@ -15,6 +15,7 @@ use runtime_api::cri;
 
 use super::dns::{self, NodeDns};
 use super::env::Resolved;
+use super::security;
 use super::spec::{ContainerSpec, DesiredPod};
 
 /// Label: the pod's UID.
@@ -47,6 +48,16 @@ pub struct RuntimeLayout {
     pub pods_dir: Option<PathBuf>,
     /// The node's DNS settings, for each sandbox's resolver configuration.
     pub dns: Arc<NodeDns>,
+}
+
+impl RuntimeLayout {
+    /// The agent's root directory (`Localhost` seccomp profiles live in its `seccomp/`).
+    pub fn root_dir(&self) -> String {
+        self.pods_dir
+            .as_deref()
+            .and_then(std::path::Path::parent)
+            .map_or_else(|| "/var/lib/kubelet".to_owned(), |p| p.display().to_string())
+    }
 }
 
 impl Default for RuntimeLayout {
@@ -95,11 +106,7 @@ pub fn sandbox_config(pod: &DesiredPod, attempt: u32, layout: &RuntimeLayout) ->
             host_ip: String::new(),
         })
         .collect();
-    let network = if pod.host_network {
-        cri::NamespaceMode::Node
-    } else {
-        cri::NamespaceMode::Pod
-    };
+    let (security_context, sysctls) = security::sandbox(pod, &layout.root_dir());
     cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
             name: pod.name.clone(),
@@ -121,15 +128,8 @@ pub fn sandbox_config(pod: &DesiredPod, attempt: u32, layout: &RuntimeLayout) ->
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         linux: Some(cri::LinuxPodSandboxConfig {
-            security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(cri::NamespaceOption {
-                    network: network as i32,
-                    pid: cri::NamespaceMode::Container as i32,
-                    ipc: cri::NamespaceMode::Pod as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+            security_context: Some(security_context),
+            sysctls,
             ..Default::default()
         }),
         ..Default::default()
@@ -191,7 +191,7 @@ pub fn container_config(
         tty: c.tty,
         linux: Some(cri::LinuxContainerConfig {
             resources: Some(resources),
-            security_context: None,
+            security_context: resolved.security,
         }),
         ..Default::default()
     }

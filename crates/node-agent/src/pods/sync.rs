@@ -17,6 +17,7 @@ use super::labels;
 use super::metrics::Stage;
 use super::plan::{self, Start};
 use super::probes::ProbeOutcome;
+use super::security;
 use super::status::generate::{self, Inputs};
 use super::status::{Phase, StatusMsg};
 use super::volumes;
@@ -219,7 +220,13 @@ impl PodWorker {
         }
         let pod_ip = sandbox.ips.first().cloned().unwrap_or_default();
         let host_ip = ctx.host_ips().into_iter().next().unwrap_or_default();
-        let resolved = match env::resolve(&ctx, &pod, c, &pod_ip, &host_ip).await {
+        let resolved = env::resolve(&ctx, &pod, c, &pod_ip, &host_ip)
+            .await
+            .and_then(|mut r| {
+                r.security = Some(security::container(&pod, c, &ctx.config.layout.root_dir())?);
+                Ok(r)
+            });
+        let resolved = match resolved {
             Ok(r) => r,
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
         };
@@ -303,7 +310,8 @@ impl PodWorker {
         Ok(self.wait_after_failure(s, reason, e.message))
     }
 
-    /// Records why container `s` could not start (a `Failed` event, the waiting reason) and schedules a retry.
+    /// Records why container `s` could not start (a `Failed` event, the waiting reason) and schedules a retry
+    /// after the kubelet's pod worker back-off (10 s, jittered by up to half).
     fn wait_after_failure(&mut self, s: &Start, reason: &'static str, msg: String) -> bool {
         self.ctx.events.container(
             &self.pod,
@@ -313,8 +321,7 @@ impl PodWorker {
             format!("Error: {msg}"),
         );
         self.waiting.insert(s.name.clone(), (reason, msg));
-        let retry = Instant::now() + self.errors.next_delay();
-        self.wake(retry);
+        self.wake(Instant::now() + crate::backoff::jittered(Duration::from_secs(10), 0.5));
         false
     }
 

@@ -196,6 +196,7 @@ pub(super) fn container(c: &Container, init: bool, ctx: &mut EnvCtx<'_>) -> Cont
         stdin: c.stdin.unwrap_or(false),
         stdin_once: c.stdin_once.unwrap_or(false),
         ports,
+        security: crate::pods::security::ContainerSecurity::from_api(c.security_context.as_ref()),
         hash,
     }
 }

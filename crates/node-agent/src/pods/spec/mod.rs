@@ -20,6 +20,7 @@ use extract::{EnvCtx, container};
 pub use volumes::{EnvFrom, MountSpec, ResourceRef, VolumeSpec};
 
 use super::resources::{self, ContainerResources, PodRequests, QosClass};
+use super::security::{ContainerSecurity, PodSecurity};
 
 /// The pod-level restart policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,6 +248,8 @@ pub struct ContainerSpec {
     pub stdin: bool,
     /// Close stdin after the first attach.
     pub stdin_once: bool,
+    /// The container's own `securityContext`.
+    pub security: Option<Box<ContainerSecurity>>,
     /// Hash of the fields whose change restarts the container.
     pub hash: u64,
 }
@@ -311,6 +314,10 @@ pub struct DesiredPod {
     pub dns_config: Option<Box<DnsConfig>>,
     /// `spec.subdomain` (the sandbox hostname's domain part).
     pub subdomain: String,
+    /// `spec.imagePullSecrets` names.
+    pub image_pull_secrets: Vec<String>,
+    /// `spec.securityContext` and the host namespace switches (`None`: all defaults).
+    pub security: Option<Box<PodSecurity>>,
     /// `spec.priority` (0 when unset; for a pod that never went through the API server's priority
     /// admission, e.g. a static pod, the value of a `system-node-critical` / `system-cluster-critical`
     /// `priorityClassName`). Graceful node shutdown orders pods by it.
@@ -424,6 +431,13 @@ impl DesiredPod {
                 })
             }),
             subdomain: spec.subdomain.clone().unwrap_or_default(),
+            security: PodSecurity::from_api(spec),
+            image_pull_secrets: spec
+                .image_pull_secrets
+                .iter()
+                .flatten()
+                .map(|s| s.name.clone())
+                .collect(),
         }))
     }
 

@@ -139,13 +139,13 @@ pub(crate) fn initialized(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeRe
 
 struct Gen<'a> {
     i: &'a Inputs<'a>,
-    initialized: bool,
 }
 
 impl Gen<'_> {
-    fn status(&self, c: &ContainerSpec, init: bool) -> ContainerStatus {
+    fn status(&self, c: &ContainerSpec) -> ContainerStatus {
         let view = self.i.view;
-        let default_reason = if init || !self.initialized {
+        // the kubelet's default waiting reason depends only on whether the pod has init containers
+        let default_reason = if !self.i.pod.init_containers.is_empty() {
             "PodInitializing"
         } else {
             "ContainerCreating"
@@ -286,12 +286,9 @@ fn names(list: &[&str]) -> String {
 pub(crate) fn generate(i: &Inputs<'_>) -> (PodStatus, Phase) {
     let pod = i.pod;
     let initialized_now = initialized(pod, i.view, i.probes);
-    let g = Gen {
-        i,
-        initialized: initialized_now,
-    };
-    let init: Vec<ContainerStatus> = pod.init_containers.iter().map(|c| g.status(c, true)).collect();
-    let mut app: Vec<ContainerStatus> = pod.containers.iter().map(|c| g.status(c, false)).collect();
+    let g = Gen { i };
+    let init: Vec<ContainerStatus> = pod.init_containers.iter().map(|c| g.status(c)).collect();
+    let mut app: Vec<ContainerStatus> = pod.containers.iter().map(|c| g.status(c)).collect();
     let phase = i
         .terminal
         .unwrap_or_else(|| phase(pod, &init, &app, initialized_now));
