@@ -6,6 +6,10 @@
 
 #[path = "real_node/harness.rs"]
 mod harness;
+#[path = "real_node/images.rs"]
+mod images;
+#[path = "real_node/probes.rs"]
+mod probes;
 #[path = "real_node/running.rs"]
 mod running;
 #[path = "real_node/security.rs"]

@@ -35,6 +35,8 @@ pub struct RealNode {
     pub cp: &'static testenv::ControlPlane,
     /// containerd's CRI socket.
     pub socket: PathBuf,
+    /// containerd's state directory (`NA_CRI_DIR` of `tests/containerd/setup.sh`).
+    pub containerd_dir: PathBuf,
     /// This binary's pod subnet (`NA_CRI_SUBNET`): the controller-manager's cluster CIDR.
     pub subnet: (Ipv4Addr, u8),
     /// The Node's `spec.podCIDR`, handed to containerd by the agent.
@@ -45,13 +47,16 @@ pub struct RealNode {
     pub agent_root: PathBuf,
     /// The agent's stderr.
     pub agent_log: PathBuf,
-    /// The agent and the reaper (killed with this process, never before).
+    /// The agent (killed with this process, never before).
     _processes: Mutex<Vec<testenv::process::Proc>>,
 }
 
 static NODE_STATE: OnceCell<Option<RealNode>> = OnceCell::const_new();
+/// The process that tears the node down when this test binary exits ([`start_reaper`]).
+static REAPER: Mutex<Option<testenv::process::Proc>> = Mutex::new(None);
 
-fn scripts() -> PathBuf {
+/// The project's containerd test scripts (`tests/containerd`).
+pub fn scripts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("containerd")
 }
 
@@ -142,8 +147,10 @@ impl RealNode {
         std::fs::create_dir_all(&dir)?;
         let containerd_dir = dir.join("containerd");
         let bridge = format!("narn{:x}", pid % 0xfffff);
-        // from here on whatever setup.sh manages to start is torn down when this process exits
+        // from here on whatever setup.sh manages to start is torn down when this process exits — also when
+        // the start fails half-way: the reaper is kept for the life of the process, never dropped (killed)
         let reaper = start_reaper(&dir, &bridge)?;
+        REAPER.lock().unwrap_or_else(|p| p.into_inner()).replace(reaper);
         // the control plane and containerd start side by side
         let t0 = std::time::Instant::now();
         let setup = {
@@ -256,12 +263,13 @@ impl RealNode {
         Ok(Self {
             cp,
             socket,
+            containerd_dir,
             subnet,
             pod_cidr: parse_cidr(pod_cidr)?,
             pod_logs_dir,
             agent_root,
             agent_log,
-            _processes: Mutex::new(vec![agent, reaper]),
+            _processes: Mutex::new(vec![agent]),
         })
     }
 

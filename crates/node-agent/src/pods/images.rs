@@ -136,6 +136,9 @@ impl Images {
             "Pulling",
             format!("Pulling image {image:?}"),
         );
+        // the node's pull pacing (serializeImagePulls, maxParallelImagePulls, registryPullQPS/Burst)
+        let queued = Instant::now();
+        let _slot = ctx.config.pulls.acquire().await;
         let started = Instant::now();
         // each matching credential of the pod's imagePullSecrets in turn, or one anonymous pull
         let creds = if pod.image_pull_secrets.is_empty() {
@@ -165,8 +168,8 @@ impl Images {
             Ok(_) => {
                 let took = started.elapsed();
                 ctx.metrics.image_pulled(took);
-                let t = gofmt::duration(took);
-                let msg = format!("Successfully pulled image {image:?} in {t} ({t} including waiting)");
+                let (t, total) = (gofmt::duration(took), gofmt::duration(queued.elapsed()));
+                let msg = format!("Successfully pulled image {image:?} in {t} ({total} including waiting)");
                 ctx.events
                     .container(pod, &c.name, EventType::Normal, "Pulled", msg);
                 self.backoff.reset(&key);

@@ -44,6 +44,7 @@ mod observed;
 mod plan;
 mod pleg;
 pub mod probes;
+pub mod pull_gate;
 mod pull_secrets;
 pub mod resources;
 mod restart;
@@ -98,6 +99,8 @@ pub struct PodConfig {
     pub static_pods: StaticPodConfig,
     /// How long a read ConfigMap or Secret is reused (0: read at every use); see [`objects`].
     pub object_ttl: Duration,
+    /// How image pulls are paced (default: no limit).
+    pub pulls: Arc<pull_gate::PullGate>,
 }
 
 impl PodConfig {
@@ -112,6 +115,7 @@ impl PodConfig {
             layout: RuntimeLayout::default(),
             static_pods: StaticPodConfig::default(),
             object_ttl: Duration::from_secs(60),
+            pulls: Arc::default(),
         }
     }
 }

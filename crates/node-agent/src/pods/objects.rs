@@ -114,13 +114,15 @@ impl PodObjects for NoObjects {
 }
 
 type CacheKey = (ObjectKind, String, String);
+/// When an object was read, and what was read (`None`: it did not exist).
+type CacheEntry = (Instant, Option<Arc<ObjectData>>);
 
 /// [`PodObjects`] over the API server, with a per-agent cache.
 pub struct ApiObjects {
     client: kube::Client,
     api: ApiCalls,
     ttl: Duration,
-    cache: Mutex<HashMap<CacheKey, (Instant, Option<Arc<ObjectData>>)>>,
+    cache: Mutex<HashMap<CacheKey, CacheEntry>>,
 }
 
 impl std::fmt::Debug for ApiObjects {

@@ -75,7 +75,9 @@ fn entries(data: &ObjectData) -> Vec<(String, Entry)> {
     parsed.unwrap_or_default().into_iter().collect()
 }
 
-fn auth_config(server: &str, e: Entry) -> cri::AuthConfig {
+/// The CRI credentials of one entry. `server_address` stays empty as the kubelet leaves it: containerd ignores
+/// credentials whose server address does not parse as a URL of the pulled host, and a bare `host:port` does not.
+fn auth_config(e: Entry) -> cri::AuthConfig {
     let (mut username, mut password) = (e.username, e.password);
     if username.is_empty()
         && let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(e.auth.trim())
@@ -89,7 +91,7 @@ fn auth_config(server: &str, e: Entry) -> cri::AuthConfig {
         username,
         password,
         auth: e.auth,
-        server_address: server.to_owned(),
+        server_address: String::new(),
         identity_token: e.identity_token,
         registry_token: e.registry_token,
     }
@@ -122,11 +124,11 @@ pub async fn credentials(
             if host_matches
                 && (k_path.is_empty() || path == k_path || path.starts_with(&format!("{k_path}/")))
             {
-                found.push((k_path.len(), auth_config(&k_host, entry)));
+                found.push((k_path.len(), auth_config(entry)));
             }
         }
     }
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
     found.into_iter().map(|(_, a)| a).collect()
 }
 

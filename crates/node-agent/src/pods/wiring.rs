@@ -167,6 +167,12 @@ impl PodLifecycle {
         config.layout.pod_logs_dir = k.pod_logs_dir.display().to_string();
         config.layout.pods_dir = options.root_dir.as_ref().map(|r| r.join("pods"));
         config.layout.dns = node_dns(k);
+        config.pulls = Arc::new(super::pull_gate::PullGate::new(
+            k.serialize_image_pulls,
+            k.max_parallel_image_pulls,
+            k.registry_pull_qps,
+            k.registry_burst,
+        ));
         config.object_ttl = match k.config_map_and_secret_change_detection_strategy.as_str() {
             "Get" => std::time::Duration::ZERO,
             _ => k.sync_frequency,

@@ -1,0 +1,202 @@
+//! Images from a real registry on loopback (the CNCF distribution registry, with basic authentication): a
+//! private image is refused without credentials (`ErrImagePull`, then `ImagePullBackOff`), pulled with the
+//! pod's `imagePullSecrets` (`Pulling` / `Pulled` events) and runs; a tag that does not exist backs off.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use e2e::{init_logging, wait_for};
+use k8s_openapi::api::core::v1::{Event, Pod, Secret};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+
+use super::harness::{RealNode, scripts};
+
+const NS: &str = "rn-images";
+
+/// A registry with `alice:secret` basic auth holding the node's busybox as `private/busybox:1`; stopped on drop.
+struct Registry {
+    dir: std::path::PathBuf,
+    addr: String,
+}
+
+impl Registry {
+    fn start(node: &RealNode) -> anyhow::Result<Self> {
+        let dir = node.containerd_dir.with_file_name("registry");
+        let out = Command::new("bash")
+            .arg(scripts().join("registry.sh"))
+            .args(["start", &dir.display().to_string(), "alice:secret"])
+            .env("NA_CRI_DIR", &node.containerd_dir)
+            .output()
+            .context("tests/containerd/registry.sh start")?;
+        if !out.status.success() {
+            bail!(
+                "registry.sh start failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let addr = String::from_utf8(out.stdout)?.trim().to_owned();
+        let registry = Self { dir, addr };
+        let rootfs = node.containerd_dir.join("images/busybox-rootfs");
+        push(&rootfs, &format!("{}/private/busybox:1", registry.addr))?;
+        Ok(registry)
+    }
+}
+
+fn push(rootfs: &Path, reference: &str) -> anyhow::Result<()> {
+    let out = Command::new("python3")
+        .arg(scripts().join("oci_image.py"))
+        .args([
+            "--rootfs",
+            &rootfs.display().to_string(),
+            "--ref",
+            "busybox",
+            "--cmd",
+            r#"["sh"]"#,
+        ])
+        .args(["--push", reference, "--auth", "alice:secret"])
+        .output()
+        .context("oci_image.py --push")?;
+    if !out.status.success() {
+        bail!(
+            "pushing {reference} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(scripts().join("registry.sh"))
+            .args(["stop", &self.dir.display().to_string()])
+            .status();
+    }
+}
+
+fn pod(name: &str, image: &str, secret: bool) -> anyhow::Result<Pod> {
+    let mut spec = serde_json::json!({
+        "automountServiceAccountToken": false,
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "main", "image": image, "imagePullPolicy": "Always",
+                        "command": ["sh", "-c", "echo pulled; while :; do sleep 1; done"]}],
+    });
+    if secret {
+        spec["imagePullSecrets"] = serde_json::json!([{"name": "regcred"}]);
+    }
+    Ok(serde_json::from_value(
+        serde_json::json!({"metadata": {"name": name}, "spec": spec}),
+    )?)
+}
+
+fn waiting_reason(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()?
+        .reason
+        .clone()
+}
+
+async fn reasons(events: &Api<Event>, pod: &str) -> anyhow::Result<Vec<String>> {
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={pod}")))
+        .await?;
+    Ok(list.items.into_iter().filter_map(|e| e.reason).collect())
+}
+
+#[tokio::test]
+async fn private_images_pull_only_with_their_secret_and_missing_tags_back_off() -> anyhow::Result<()> {
+    init_logging();
+    let Some(node) = RealNode::get().await? else {
+        return Ok(());
+    };
+    let registry = Registry::start(node)?;
+    let image = format!("{}/private/busybox:1", registry.addr);
+    println!("[real_node] registry at {} with {image}", registry.addr);
+    let pods = node.namespace(NS).await?;
+    let client = node.cp.admin_client().await?;
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+
+    // no credentials: refused by the registry
+    node.create_pod(&pods, &pod("anonymous", &image, false)?).await?;
+    wait_for(
+        "anonymous in ImagePullBackOff",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get("anonymous").await?;
+            Ok((waiting_reason(&p).as_deref() == Some("ImagePullBackOff")).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    let seen = reasons(&events, "anonymous").await?;
+    for r in ["Pulling", "Failed", "BackOff"] {
+        assert!(seen.iter().any(|s| s == r), "{r} among {seen:?}");
+    }
+
+    // with the pod's imagePullSecrets: pulled and running
+    let auth = base64_encode("alice:secret");
+    let config = serde_json::json!({"auths": {registry.addr.clone(): {"auth": auth}}}).to_string();
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "regcred", "namespace": NS},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": config},
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    node.create_pod(&pods, &pod("with-secret", &image, true)?).await?;
+    wait_for("with-secret Running", Duration::from_secs(60), || async {
+        let p = pods.get("with-secret").await?;
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        Ok((phase == Some("Running")).then_some(()))
+    })
+    .await
+    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    let seen = reasons(&events, "with-secret").await?;
+    assert!(seen.iter().any(|s| s == "Pulled"), "{seen:?}");
+
+    // a tag that does not exist: ErrImagePull, then back-off
+    let missing = format!("{}/private/busybox:nope", registry.addr);
+    node.create_pod(&pods, &pod("missing-tag", &missing, true)?)
+        .await?;
+    wait_for(
+        "missing-tag in ImagePullBackOff",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get("missing-tag").await?;
+            Ok((waiting_reason(&p).as_deref() == Some("ImagePullBackOff")).then_some(()))
+        },
+    )
+    .await?;
+    let failed: Vec<String> = events
+        .list(&ListParams::default().fields("involvedObject.name=missing-tag"))
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Failed"))
+        .filter_map(|e| e.message)
+        .collect();
+    assert!(
+        failed
+            .iter()
+            .any(|m| m.starts_with(&format!("Failed to pull image \"{missing}\""))),
+        "{failed:?}"
+    );
+    assert!(failed.iter().any(|m| m == "Error: ErrImagePull"), "{failed:?}");
+    Ok(())
+}
+
+fn base64_encode(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
