@@ -285,6 +285,7 @@ async fn agent_restart_starts_nothing_twice_and_keeps_statuses() -> anyhow::Resu
     let runtime = stop(a).await;
     let held = containers(&runtime).await?;
 
+    let restarted_at = k8s_openapi::jiff::Timestamp::now();
     let a = start_agent(
         cp,
         "pl-restart",
@@ -295,6 +296,24 @@ async fn agent_restart_starts_nothing_twice_and_keeps_statuses() -> anyhow::Resu
         },
     )
     .await?;
+    // the new agent is back: its lease renews after the restart ...
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(admin.clone(), "kube-node-lease");
+    wait_for(
+        "a lease renewal by the new agent",
+        Duration::from_secs(30),
+        || async {
+            let renewed = leases
+                .get("pl-restart")
+                .await?
+                .spec
+                .and_then(|s| s.renew_time)
+                .is_some_and(|t| t.0 > restarted_at);
+            Ok(renewed.then_some(()))
+        },
+    )
+    .await?;
+    // ... and it had many syncs to act on what it found (a wrong agent would have restarted or duplicated)
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert_eq!(
         containers(&runtime).await?,
@@ -312,6 +331,13 @@ async fn agent_restart_starts_nothing_twice_and_keeps_statuses() -> anyhow::Resu
             "{name}: object written again"
         );
     }
+    // and it takes new work
+    let spec = json!({"containers": [{"name": "app", "image": "nginx:1.27"}]});
+    create_pod(&pods, pod_json("after", "pl-restart", spec, json!({}))).await?;
+    wait_pod(&pods, "after", "Ready", 30, |p| {
+        condition(p, "Ready") == Some(true)
+    })
+    .await?;
     stop(a).await;
     Ok(())
 }

@@ -331,6 +331,7 @@ async fn agent_restart_starts_nothing_twice_and_changes_no_status() {
             p
         })
         .collect();
+    let with_status_again = with_status.clone();
     h.send(PodEvent::Snapshot(with_status)).await;
     tokio::time::sleep(Duration::from_secs(15)).await;
     h.until("settled", Duration::from_secs(1), |_| true).await;
@@ -351,6 +352,18 @@ async fn agent_restart_starts_nothing_twice_and_changes_no_status() {
             .iter()
             .any(|(r, _)| *r == "Started" || *r == "Killing")
     );
+    // the new agent is working, not merely idle: a pod added now runs
+    let mut with_new = with_status_again;
+    with_new.push(pod(
+        "c",
+        json!({"containers": [{"name": "app", "image": "nginx:1.27"}]}),
+        json!({}),
+    ));
+    h.send(PodEvent::Snapshot(with_new)).await;
+    h.until("the new pod ready", Duration::from_secs(10), |h| {
+        h.condition("c", "Ready") == Some(true)
+    })
+    .await;
     h.stop().await;
 }
 

@@ -211,14 +211,17 @@ impl PodVolumes {
                                     let due = now + (life.mul_f64(0.8)).min(TOKEN_MAX_AGE);
                                     token_due = Some(token_due.map_or(due, |d| d.min(due)));
                                     Some(issued.token.into_bytes())
-                                } else {
-                                    // not yet due: keep the token the volume holds (a hollow node holds none)
+                                } else if on_disk {
+                                    // not yet due: keep the token the volume holds
                                     let dir = dir.clone();
                                     let path = path.clone();
                                     tokio::task::spawn_blocking(move || disk::read_current(&dir, &path))
                                         .await
                                         .ok()
                                         .flatten()
+                                } else {
+                                    // a hollow node keeps no token: nothing would be written anyway
+                                    None
                                 };
                                 Ok(token
                                     .map(|data| File {
