@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything node-agent needs on a fresh machine of this project's kind (Debian with Go and rustup):
 # Debian packages (protoc for the CRI protos; containerd, runc, CNI plugins and busybox for real-mode tests),
-# rustfmt/clippy, the pinned Kubernetes binaries and the CNCF distribution registry the real-mode tests pull images
-# from (built once from the Go module proxy, then cached).
+# rustfmt/clippy, the pinned Kubernetes binaries, the CNCF distribution registry the real-mode tests pull images
+# from and containerd 2.x (the second runtime of the real-mode tests), built once from the Go module proxy, then
+# cached.
 # Idempotent and quick when everything is already there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,4 +31,5 @@ fi
 bash "$root/hack/build-kubernetes.sh" >/dev/null
 bash "$root/hack/build-helm.sh" >/dev/null
 bash "$root/hack/build-registry.sh" >/dev/null
+bash "$root/hack/build-containerd.sh" >/dev/null
 echo "setup: ready (Kubernetes $(cat "$root/KUBERNETES_VERSION") in $(bash "$root/hack/build-kubernetes.sh"))" >&2

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Start a private containerd (Debian's 1.6 packages) serving CRI v1 on a unix socket, for node-agent's
-# real-runtime tests. Loopback/local only: images are built here from busybox-static and imported, and registries
+# Start a private containerd (Debian's 1.6 packages, or 2.x built by hack/build-containerd.sh with
+# NA_CRI_CONTAINERD=2) serving CRI v1 on a unix socket, for node-agent's real-runtime tests.
+# Loopback/local only: images are built here from busybox-static and imported, and registries
 # on 127.0.0.1 (tests/containerd/registry.sh) are reached over plain HTTP through hosts.toml files below
 # $NA_CRI_DIR/certs.d (containerd's registry config_path); bridge CNI inside the pods' own network namespaces.
 #
@@ -9,6 +10,8 @@
 #        NA_CRI_SUBNET  pod subnet of the bridge network, default 10.88.0.0/16
 #        NA_CRI_BRIDGE  bridge device name, default nacri0
 #        NA_CRI_SKIP_APT=1  never call apt-get (fail if a package is missing)
+#        NA_CRI_CONTAINERD=2  containerd 2.x (built from the Go module proxy, cached) instead of Debian's 1.6; its
+#                       config is this script's version-2 config migrated by `containerd config migrate`
 #        NA_CRI_REGISTRIES  space-separated HOST:PORT of registries to pull from over plain HTTP (more can be added
 #                       later: registry.sh start writes their hosts.toml when NA_CRI_DIR is set)
 #        NA_CRI_POD_CIDR_FROM_NODE=1  no CNI network until the CRI client hands containerd a pod CIDR
@@ -69,6 +72,13 @@ else
   CNI_TEMPLATE=""
   POD_SUBNET=$SUBNET
 fi
+CONTAINERD=containerd
+if [ "${NA_CRI_CONTAINERD:-1.6}" = 2 ]; then
+  bin_dir=$(bash "$HERE/../../hack/build-containerd.sh")
+  CONTAINERD="$bin_dir/containerd"
+  # its own shim first on the PATH: containerd finds containerd-shim-runc-v2 there
+  export PATH="$bin_dir:$PATH"
+fi
 cat > "$DIR/config.toml" <<CONF
 version = 2
 root = "$DIR/root"
@@ -127,6 +137,17 @@ cat > "$CNI_CONF" <<CONF
 }
 CONF
 
+if [ "$CONTAINERD" != containerd ]; then
+  # containerd 2.x: the same settings in its own (version 3) layout
+  mv "$DIR/config.toml" "$DIR/config-v2.toml"
+  "$CONTAINERD" --config "$DIR/config-v2.toml" config migrate > "$DIR/config.toml" 2>"$DIR/logs/migrate.log" \
+    || die "containerd config migrate failed; see $DIR/logs/migrate.log"
+  # nothing machine-wide: no imported drop-ins, and NRI (whose socket is the machine's) off
+  sed -i -e "s|^imports = .*|imports = []|" \
+    -e "/^  \[plugins.'io.containerd.nri.v1.nri'\]/,/^\$/ s/disable = false/disable = true/" "$DIR/config.toml"
+  grep -q "^imports = \[\]" "$DIR/config.toml" || die "could not clear the migrated config's imports"
+fi
+
 # --- images ---------------------------------------------------------------------------------------------------
 # busybox: the static busybox binary with one symlink per applet.
 ROOTFS="$DIR/images/busybox-rootfs"
@@ -156,7 +177,7 @@ python3 "$HERE/oci_image.py" --rootfs "$PAUSE" --ref localhost/pause:local --out
 
 # --- containerd -----------------------------------------------------------------------------------------------
 rm -f "$SOCK" "$SOCK.ttrpc"
-containerd --config "$DIR/config.toml" </dev/null >"$DIR/logs/containerd.log" 2>&1 &
+"$CONTAINERD" --config "$DIR/config.toml" </dev/null >"$DIR/logs/containerd.log" 2>&1 &
 echo $! > "$DIR/containerd.pid"
 log "containerd pid $(cat "$DIR/containerd.pid")"
 CTR=(ctr --address "$SOCK")

@@ -4,6 +4,9 @@
 //! lease renews after the restart and a pod created afterwards runs. A binary of its own (its own node), since
 //! it stops the agent that every test of the node shares. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1`.
 
+/// The containerd the node runs on (Debian's 1.6).
+const CONTAINERD: &str = "1.6";
+
 #[allow(dead_code)]
 #[path = "real_node/harness.rs"]
 mod harness;

@@ -48,8 +48,10 @@ pub struct RealNode {
     /// The agent's stderr.
     pub agent_log: PathBuf,
     /// The agent (killed with this process, never before, unless [`RealNode::restart_agent`] replaces it).
+    #[allow(dead_code)] // held for its drop; read by restart_agent, which only some test binaries use
     agent: Mutex<Option<testenv::process::Proc>>,
     /// The agent's program and arguments, to start it again.
+    #[allow(dead_code)]
     agent_command: (PathBuf, Vec<String>),
 }
 
@@ -170,6 +172,8 @@ impl RealNode {
                     .env("NA_CRI_BRIDGE", &bridge)
                     .env("NA_CRI_SUBNET", &subnet_text)
                     .env("NA_CRI_POD_CIDR_FROM_NODE", "1")
+                    // which containerd: the including test binary's `CONTAINERD` (1.6 or 2)
+                    .env("NA_CRI_CONTAINERD", crate::CONTAINERD)
                     .stdout(std::process::Stdio::null())
                     .status()
             })
@@ -283,6 +287,7 @@ impl RealNode {
 
     /// Stops the agent — SIGTERM (a plain stop: containers keep running) or, with `kill`, SIGKILL — and starts
     /// it again with the same arguments; returns when the new process runs (not when it is ready).
+    #[allow(dead_code)] // real_node_restart.rs only
     pub async fn restart_agent(&self, kill: bool) -> anyhow::Result<()> {
         let old = self.agent.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(old) = old {

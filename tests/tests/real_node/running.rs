@@ -91,6 +91,17 @@ async fn busybox_pod_runs_with_an_ip_from_the_pod_cidr_logs_and_stops_on_deletio
         .state;
     assert_eq!(state, cri::ContainerState::ContainerRunning as i32);
 
+    // how the agent learns of container changes: containerd 2.x streams events, 1.6 has none (relisted)
+    let log = std::fs::read_to_string(&node.agent_log)?;
+    let evented = log.contains("following the runtime's container events (evented PLEG)");
+    let relisted = log.contains("runtime has no container events, relisting");
+    assert_eq!(
+        (evented, relisted),
+        (crate::CONTAINERD == "2", crate::CONTAINERD == "1.6"),
+        "PLEG mode on containerd {}",
+        crate::CONTAINERD
+    );
+
     let t1 = Instant::now();
     pods.delete("hello", &DeleteParams::default()).await?;
     wait_for("pod hello gone from the API", Duration::from_secs(60), || async {

@@ -47,6 +47,7 @@ impl Pleg {
 
     pub(crate) async fn run(self, cancel: CancellationToken) {
         let mut backoff = Backoff::new(BackoffPolicy::api_retry());
+        let mut announced = false;
         loop {
             let opened = tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -54,6 +55,10 @@ impl Pleg {
             };
             match opened {
                 Ok(mut stream) => {
+                    if !announced {
+                        announced = true;
+                        tracing::info!("following the runtime's container events (evented PLEG)");
+                    }
                     loop {
                         let item = tokio::select! {
                             _ = cancel.cancelled() => return,

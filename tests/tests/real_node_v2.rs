@@ -1,0 +1,19 @@
+//! The real-node tests of `real_node.rs` — the same modules, unchanged — on containerd 2.x built from the Go
+//! module proxy (`hack/build-containerd.sh`), whose CRI plugin streams container events (`GetContainerEvents`)
+//! where Debian's 1.6 is relisted. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1`; one node for the binary.
+
+/// The containerd these tests run on.
+const CONTAINERD: &str = "2";
+
+#[path = "real_node/harness.rs"]
+mod harness;
+#[path = "real_node/images.rs"]
+mod images;
+#[path = "real_node/probes.rs"]
+mod probes;
+#[path = "real_node/running.rs"]
+mod running;
+#[path = "real_node/security.rs"]
+mod security;
+#[path = "real_node/volumes.rs"]
+mod volumes;
