@@ -136,6 +136,19 @@ impl ApiCalls {
         }
     }
 
+    /// A gate with the same accounting and fleet-wide cap but none of this agent's own bucket: for a client
+    /// that has a rate limit of its own, as the kubelet's event client has (`eventRecordQPS`), so its requests do
+    /// not spend `kubeAPIQPS`.
+    pub fn without_own_limit(&self) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                metrics: self.inner.metrics.clone(),
+                limiter: None,
+                shared: self.inner.shared.clone(),
+            }),
+        }
+    }
+
     /// Runs one request through the gate.
     pub async fn run<T, F>(&self, verb: &'static str, resource: &'static str, request: F) -> kube::Result<T>
     where
@@ -184,6 +197,31 @@ mod tests {
             "{waited:?}"
         );
         assert!(RateLimiter::new(0, 10).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gate_without_its_own_limit_spends_none_of_the_agents_bucket() {
+        let m = Arc::new(Metrics::unregistered());
+        let gate = ApiCalls::new(m.clone(), 1, 1);
+        let events = gate.without_own_limit();
+        let ok = || async { Ok::<_, kube::Error>(()) };
+        let t0 = Instant::now();
+        for _ in 0..20 {
+            events.run("create", "events", ok()).await.unwrap();
+        }
+        gate.run("get", "nodes", ok()).await.unwrap();
+        assert_eq!(Instant::now(), t0, "the agent's one token is still there");
+        gate.run("get", "nodes", ok()).await.unwrap();
+        assert_eq!(
+            Instant::now() - t0,
+            Duration::from_secs(1),
+            "and its own bucket still paces it"
+        );
+        assert_eq!(
+            m.request_count("create", "events", 201),
+            20,
+            "counted in the same metrics"
+        );
     }
 
     #[tokio::test(start_paused = true)]

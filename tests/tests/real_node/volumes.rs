@@ -1,8 +1,9 @@
 //! Volumes, environment and DNS on the real node, as the container sees them: every volume kind the agent
 //! provides shows the right content inside the container, environment variables from ConfigMaps, Secrets, pod
 //! fields and resources are right, the resolver is the cluster's, the projected service account token
-//! authenticates to the API server as the pod's service account, a ConfigMap update reaches the running
-//! container, and deleting the pod removes its volumes from the node (tmpfs unmounted).
+//! authenticates to the API server as the pod's service account, the kubelet-managed /etc/hosts names the pod
+//! and its host aliases, a ConfigMap update reaches the running container, and deleting the pod removes its
+//! volumes from the node (tmpfs unmounted).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -73,12 +74,16 @@ echo "token=$(cat /var/run/secrets/kubernetes.io/serviceaccount/token)"
 echo "ca_lines=$(grep -c CERTIFICATE /var/run/secrets/kubernetes.io/serviceaccount/ca.crt)"
 echo from-the-pod > /host/marker
 echo "readonly=$(touch /etc/cfg/x 2>/dev/null && echo no || echo yes)"
+echo "hosts_header=$(head -n 1 /etc/hosts)"
+echo "hosts_pod=$(awk '$2=="vols"{print $1}' /etc/hosts)"
+echo "hosts_alias=$(awk '$1=="10.1.2.3"{print $2","$3}' /etc/hosts)"
 while :; do echo "now=$(cat /etc/cfg/greeting.txt)"; sleep 1; done
 "#;
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "vols", "labels": {"app": "vols", "tier": "test"}},
         "spec": {
             "terminationGracePeriodSeconds": 1,
+            "hostAliases": [{"ip": "10.1.2.3", "hostnames": ["foo.local", "bar.local"]}],
             "containers": [{
                 "name": "main",
                 "image": "localhost/busybox:local",
@@ -172,6 +177,15 @@ while :; do echo "now=$(cat /etc/cfg/greeting.txt)"; sleep 1; done
     assert_eq!(get("ns"), NS);
     assert!(get("ca_lines").parse::<u32>().unwrap_or(0) >= 2, "{logs}");
     assert_eq!(get("readonly"), "yes", "configMap mounts are read-only");
+    let pod_ip = pods
+        .get("vols")
+        .await?
+        .status
+        .and_then(|s| s.pod_ip)
+        .context("podIP")?;
+    assert_eq!(get("hosts_header"), "# Kubernetes-managed hosts file.");
+    assert_eq!(get("hosts_pod"), pod_ip, "the pod's own name resolves to its IP");
+    assert_eq!(get("hosts_alias"), "foo.local,bar.local");
     assert_eq!(
         std::fs::read_to_string(host_dir.join("marker"))?,
         "from-the-pod\n",

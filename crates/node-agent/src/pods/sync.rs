@@ -230,7 +230,11 @@ impl PodWorker {
             Ok(r) => r,
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
         };
-        let mounts = volumes::mounts(&ctx, &pod, c);
+        let mut mounts = volumes::mounts(&ctx, &pod, c);
+        match volumes::etc_hosts(&ctx, &pod, c, &pod_ip).await {
+            Ok(hosts) => mounts.extend(hosts),
+            Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
+        }
         let req = cri::CreateContainerRequest {
             pod_sandbox_id: sandbox.id.clone(),
             config: Some(labels::container_config(

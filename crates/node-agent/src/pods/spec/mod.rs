@@ -314,6 +314,8 @@ pub struct DesiredPod {
     pub dns_config: Option<Box<DnsConfig>>,
     /// `spec.subdomain` (the sandbox hostname's domain part).
     pub subdomain: String,
+    /// `spec.hostAliases` as (IP, hostnames).
+    pub host_aliases: Vec<(String, Vec<String>)>,
     /// `spec.imagePullSecrets` names.
     pub image_pull_secrets: Vec<String>,
     /// `spec.securityContext` and the host namespace switches (`None`: all defaults).
@@ -432,6 +434,12 @@ impl DesiredPod {
             }),
             subdomain: spec.subdomain.clone().unwrap_or_default(),
             security: PodSecurity::from_api(spec),
+            host_aliases: spec
+                .host_aliases
+                .iter()
+                .flatten()
+                .map(|a| (a.ip.clone(), a.hostnames.clone().unwrap_or_default()))
+                .collect(),
             image_pull_secrets: spec
                 .image_pull_secrets
                 .iter()

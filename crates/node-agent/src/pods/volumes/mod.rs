@@ -322,6 +322,68 @@ pub fn mounts(ctx: &AgentCtx, pod: &DesiredPod, c: &ContainerSpec) -> Vec<cri::M
         .collect()
 }
 
+/// The kubelet-managed `/etc/hosts` of a pod on a real node: written to `<pod dir>/etc-hosts` when a container is
+/// created — localhost entries and the pod's IP with its hostname (and FQDN with a `subdomain`), or the node's
+/// own hosts file for a host-network pod, then `hostAliases` — and mounted at `/etc/hosts` unless the container
+/// mounts something there itself. `None` on a hollow node, or before the pod has an IP.
+pub async fn etc_hosts(
+    ctx: &AgentCtx,
+    pod: &DesiredPod,
+    c: &ContainerSpec,
+    pod_ip: &str,
+) -> Result<Option<cri::Mount>, String> {
+    let Some(pods_dir) = ctx.config.layout.pods_dir.clone() else {
+        return Ok(None);
+    };
+    if c.mounts.iter().any(|m| m.path == "/etc/hosts") || (pod_ip.is_empty() && !pod.host_network) {
+        return Ok(None);
+    }
+    let mut aliases = String::new();
+    if !pod.host_aliases.is_empty() {
+        aliases.push_str("\n# Entries added by HostAliases.\n");
+        for (ip, names) in &pod.host_aliases {
+            aliases.push_str(&format!("{ip}\t{}\n", names.join("\t")));
+        }
+    }
+    let domain = &ctx.config.layout.dns.cluster_domain;
+    let entry = if pod.subdomain.is_empty() || domain.is_empty() {
+        format!("{pod_ip}\t{}\n", pod.hostname)
+    } else {
+        let fqdn = format!(
+            "{}.{}.{}.svc.{domain}",
+            pod.hostname, pod.subdomain, pod.namespace
+        );
+        format!("{pod_ip}\t{fqdn}\t{}\n", pod.hostname)
+    };
+    let host_network = pod.host_network;
+    let file = pod_dir(&pods_dir, &pod.uid).join("etc-hosts");
+    let path = file.clone();
+    blocking(move || {
+        let content = if host_network {
+            let node = std::fs::read_to_string("/etc/hosts")?;
+            format!("# Kubernetes-managed hosts file (host network).\n{node}{aliases}")
+        } else {
+            format!(
+                "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
+                 fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n\
+                 {entry}{aliases}"
+            )
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&path, content)?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+    })
+    .await?;
+    Ok(Some(cri::Mount {
+        container_path: "/etc/hosts".to_owned(),
+        host_path: file.display().to_string(),
+        readonly: false,
+        ..Default::default()
+    }))
+}
+
 /// Removes the pod's directory on a node that keeps one (volumes unmounted first).
 pub async fn cleanup(ctx: &AgentCtx, uid: &str) {
     let Some(pods_dir) = ctx.config.layout.pods_dir.clone() else {
