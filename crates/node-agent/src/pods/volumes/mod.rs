@@ -171,8 +171,7 @@ impl PodVolumes {
                 VolumeSource::ConfigMap(o) => object(ctx, pod, ObjectKind::ConfigMap, o, v.default_mode).await,
                 VolumeSource::Secret(o) => object(ctx, pod, ObjectKind::Secret, o, v.default_mode).await,
                 VolumeSource::DownwardApi(items) => {
-                    let node = ctx.node.borrow().clone();
-                    content::downward_files(pod, items, v.default_mode, node.as_ref())
+                    content::downward_files(pod, items, v.default_mode, ctx.node.borrow().as_ref())
                 }
                 VolumeSource::Projected(sources) => {
                     let mut files = Vec::new();
@@ -183,8 +182,7 @@ impl PodVolumes {
                             }
                             Projection::Secret(o) => object(ctx, pod, ObjectKind::Secret, o, v.default_mode).await,
                             Projection::DownwardApi(items) => {
-                                let node = ctx.node.borrow().clone();
-                                content::downward_files(pod, items, v.default_mode, node.as_ref())
+                                content::downward_files(pod, items, v.default_mode, ctx.node.borrow().as_ref())
                             }
                             Projection::Token {
                                 audience,
