@@ -170,10 +170,9 @@ impl AgentBuilder {
         if let Some(shared) = self.shared_limit {
             api = api.with_shared_limit(shared);
         }
-        // events have their own limit (eventRecordQPS / eventBurst), as the kubelet's event client does
         let (events, event_sink) = EventSink::new(
             self.client.clone(),
-            api.without_own_limit(),
+            api.clone(),
             config.node_name.clone(),
             k.event_record_qps,
             k.event_burst,

@@ -260,7 +260,7 @@ impl PodLifecycle {
                 // the kubelet's default eventRecordQPS / eventBurst
                 let (recorder, writer) = crate::events::EventSink::new(
                     self.client.clone(),
-                    self.api.without_own_limit(),
+                    self.api.clone(),
                     self.config.node_name.clone(),
                     50,
                     100,
