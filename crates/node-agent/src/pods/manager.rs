@@ -51,6 +51,10 @@ pub(crate) struct PodManager {
     statics: Statics,
     /// A graceful node shutdown has begun: new pods are refused.
     shutting_down: bool,
+    /// API pods whose workers finished (stopped and removed everything) while the object still exists: a
+    /// late watch event for one (its final status echoed back, before the DELETE lands) must not start a
+    /// worker again. Dropped when the pod leaves the API server.
+    finished: HashSet<String>,
 }
 
 /// The static pods side of the manager.
@@ -134,6 +138,7 @@ impl PodManager {
             cancel,
             statics,
             shutting_down: false,
+            finished: HashSet::new(),
         }
     }
 
@@ -194,6 +199,9 @@ impl PodManager {
             }
             PodEvent::Apply(pod) => self.apply(*pod),
             PodEvent::Delete(pod) => {
+                if let Some(uid) = pod.metadata.uid.as_deref() {
+                    self.finished.remove(uid);
+                }
                 if let Some(uid) = pod.metadata.uid.as_deref()
                     && !self.statics.mirrors.is_static(uid)
                     && let Some(e) = self.workers.get(uid)
@@ -208,6 +216,7 @@ impl PodManager {
                 let api_live: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
                 let mut live = api_live.clone();
                 live.extend(self.statics.uids().cloned());
+                self.finished.retain(|uid| api_live.contains(uid));
                 self.statics.api_live = Some(api_live);
                 for (uid, e) in &self.workers {
                     if !live.contains(uid) {
@@ -337,9 +346,9 @@ impl PodManager {
     }
 
     fn on_finished(&mut self, done: Finished) {
-        let (uid, gone) = match done {
-            Finished::Stopped { uid } => (uid, false),
-            Finished::Gone { uid } => (uid, true),
+        let (uid, gone, in_api) = match done {
+            Finished::Stopped { uid } => (uid, false, false),
+            Finished::Gone { uid, in_api } => (uid, true, in_api),
         };
         if let Some(e) = self.workers.get_mut(&uid)
             && e.admitted
@@ -349,6 +358,9 @@ impl PodManager {
         }
         if gone {
             self.workers.remove(&uid);
+            if in_api && !self.statics.mirrors.is_static(&uid) {
+                self.finished.insert(uid.clone());
+            }
             let again = self
                 .statics
                 .by_source
@@ -372,6 +384,9 @@ impl PodManager {
             tracing::warn!(pod = ?pod.metadata.name, "pod without uid or spec ignored");
             return;
         };
+        if self.finished.contains(&desired.uid) {
+            return;
+        }
         if let Some(e) = self.workers.get_mut(&desired.uid) {
             e.pod = desired.clone();
             let _ = e.tx.send(WorkerMsg::Update(desired));

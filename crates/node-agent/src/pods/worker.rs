@@ -55,8 +55,8 @@ pub(crate) enum WorkerMsg {
 /// What the worker tells the pod manager.
 #[derive(Debug)]
 pub(crate) enum Finished {
-    /// The pod is terminated and its object deleted (or gone): forget it.
-    Gone { uid: String },
+    /// The pod is terminated and its object deleted (`in_api`: the DELETE is still to land) or gone: forget it.
+    Gone { uid: String, in_api: bool },
     /// The pod no longer runs anything (terminal or terminated): release its admitted resources.
     Stopped { uid: String },
 }
@@ -312,7 +312,15 @@ impl PodWorker {
         // The final status comes from the view taken right after the containers stopped, once: a terminal
         // status does not change, and later views lose the containers as they are removed (a retry after a
         // failed removal would otherwise report them as never started).
-        if first && self.rejected.is_none() && !self.removed {
+        // A pod whose terminal status is already written (by this worker, or before an agent restart) keeps it:
+        // its containers may be gone from the runtime by now.
+        let reported_terminal = self
+            .last_status
+            .as_deref()
+            .and_then(|s| s.phase.as_deref())
+            .and_then(Phase::parse)
+            .is_some_and(|p| p.is_terminal());
+        if first && self.rejected.is_none() && !self.removed && !reported_terminal {
             self.report_status();
         }
         for done in self.shutdown_done.drain(..) {
@@ -334,7 +342,10 @@ impl PodWorker {
                 name: self.pod.name.clone(),
             });
         }
-        let _ = self.done.send(Finished::Gone { uid });
+        let _ = self.done.send(Finished::Gone {
+            uid,
+            in_api: !self.removed,
+        });
         self.state = State::Exit;
         Ok(())
     }

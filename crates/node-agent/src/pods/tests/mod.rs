@@ -82,6 +82,8 @@ pub(super) struct Harness {
     /// Graceful node shutdown requests.
     pub control: mpsc::UnboundedSender<crate::pods::shutdown::ShutdownRequest>,
     pub statuses: HashMap<String, PodStatus>,
+    /// How many statuses were reported (any pod).
+    pub sets: usize,
     pub deleted: Vec<String>,
     pub events: Arc<MemoryEvents>,
     status_rx: mpsc::UnboundedReceiver<StatusMsg>,
@@ -145,6 +147,7 @@ impl Harness {
             mirror_rx,
             control,
             statuses: HashMap::new(),
+            sets: 0,
             deleted: Vec::new(),
             events,
             status_rx,
@@ -167,10 +170,11 @@ impl Harness {
         self.feed.send(event).await.unwrap();
     }
 
-    fn pump(&mut self) {
+    pub(super) fn pump(&mut self) {
         while let Ok(msg) = self.status_rx.try_recv() {
             match msg {
                 StatusMsg::Set { uid, status, .. } => {
+                    self.sets += 1;
                     self.statuses.insert(uid, *status);
                 }
                 StatusMsg::Delete { uid, .. } => self.deleted.push(uid),

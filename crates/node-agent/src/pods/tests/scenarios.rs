@@ -263,7 +263,7 @@ async fn delete_runs_pre_stop_within_the_grace_period() {
     })
     .await;
     let asked = h.t0.elapsed();
-    h.send(PodEvent::Apply(Box::new(deleting(p, 5)))).await;
+    h.send(PodEvent::Apply(Box::new(deleting(p.clone(), 5)))).await;
     let gone = h
         .until("deleted", Duration::from_secs(20), |h| {
             h.deleted.contains(&"uid-graceful".to_owned())
@@ -290,6 +290,20 @@ async fn delete_runs_pre_stop_within_the_grace_period() {
             .any(|(r, m)| *r == "Killing" && m == "Stopping container app")
     );
     assert!(h.containers().await.is_empty(), "containers removed");
+    // The watch may still deliver the pod (with the final status just written) after its worker is gone and
+    // before the DELETE lands: nothing may run for it again, nor report a status from the emptied runtime.
+    let mut echo = deleting(p, 5);
+    echo.status = Some(s.clone());
+    h.send(PodEvent::Apply(Box::new(echo))).await;
+    let sets_before = h.sets;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    h.pump();
+    assert_eq!(
+        h.sets,
+        sets_before,
+        "a status after the pod was finished: {:?}",
+        h.status("graceful")
+    );
     println!("pod deleted {took:.2} s after the delete request (grace 5 s, preStop 2 s)");
     h.stop().await;
 }
