@@ -109,13 +109,14 @@ pub fn node_agent_binary() -> anyhow::Result<PathBuf> {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
         cmd.current_dir(&workspace)
-            .args(["build", "-q", "-p", "node-agent-bin", "--bin", "node-agent"]);
+            // the workspace's feature set: the artefacts `cargo test --workspace` has just built
+            .args(["build", "-q", "--workspace", "--bin", "node-agent"]);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             cmd.arg("--release");
         }
         let status = cmd.status().map_err(|e| format!("running cargo build: {e}"))?;
         if !status.success() {
-            return Err(format!("cargo build -p node-agent-bin failed: {status}"));
+            return Err(format!("cargo build --bin node-agent failed: {status}"));
         }
         Ok(profile_dir.join("node-agent"))
     })

@@ -17,5 +17,7 @@ mod probes;
 mod running;
 #[path = "real_node/security.rs"]
 mod security;
+#[path = "real_node/streaming.rs"]
+mod streaming;
 #[path = "real_node/volumes.rs"]
 mod volumes;

@@ -303,6 +303,18 @@ impl Runtime for RemoteRuntime {
         rpc!(self, runtime, exec_sync, req, self.config.request_timeout + own)
     }
 
+    async fn exec(&self, req: cri::ExecRequest) -> Result<cri::ExecResponse> {
+        rpc!(self, runtime, exec, req)
+    }
+
+    async fn attach(&self, req: cri::AttachRequest) -> Result<cri::AttachResponse> {
+        rpc!(self, runtime, attach, req)
+    }
+
+    async fn port_forward(&self, req: cri::PortForwardRequest) -> Result<cri::PortForwardResponse> {
+        rpc!(self, runtime, port_forward, req)
+    }
+
     async fn container_stats(&self, req: cri::ContainerStatsRequest) -> Result<cri::ContainerStatsResponse> {
         rpc!(self, runtime, container_stats, req)
     }

@@ -140,6 +140,29 @@ pub trait Runtime: Send + Sync + 'static {
     /// `ExecSync`: run a command in a container and collect its output.
     async fn exec_sync(&self, req: cri::ExecSyncRequest) -> Result<cri::ExecSyncResponse>;
 
+    /// `Exec`: the URL of the runtime's streaming server where one exec session is served. Runtimes without a
+    /// streaming server answer `Unimplemented` (the default).
+    async fn exec(&self, req: cri::ExecRequest) -> Result<cri::ExecResponse> {
+        let _ = req;
+        Err(RuntimeError::unimplemented(
+            "Exec: this runtime serves no streams",
+        ))
+    }
+    /// `Attach`: the URL where a stream attached to a container's stdio is served (default `Unimplemented`).
+    async fn attach(&self, req: cri::AttachRequest) -> Result<cri::AttachResponse> {
+        let _ = req;
+        Err(RuntimeError::unimplemented(
+            "Attach: this runtime serves no streams",
+        ))
+    }
+    /// `PortForward`: the URL where port forwarding into a sandbox is served (default `Unimplemented`).
+    async fn port_forward(&self, req: cri::PortForwardRequest) -> Result<cri::PortForwardResponse> {
+        let _ = req;
+        Err(RuntimeError::unimplemented(
+            "PortForward: this runtime serves no streams",
+        ))
+    }
+
     /// `ContainerStats`.
     async fn container_stats(&self, req: cri::ContainerStatsRequest) -> Result<cri::ContainerStatsResponse>;
     /// `ListContainerStats`.

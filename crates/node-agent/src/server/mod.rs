@@ -2,8 +2,9 @@
 //! to.
 //!
 //! A [`KubeletServer`] holds what every node it answers for shares: the TLS configuration ([`tls`]), the
-//! authenticator/authorizer and its caches ([`auth`]), the routes ([`routes`], [`stats`], [`logs`]) and the
-//! process's metrics registry. [`KubeletServer::serve_node`] binds one listener for one node — the kubelet's
+//! authenticator/authorizer and its caches ([`auth`]), the routes ([`routes`], [`stats`], [`logs`],
+//! [`streaming`]) and the process's metrics registry. [`KubeletServer::serve_node`] binds one listener for one
+//! node — the kubelet's
 //! `port`, which the node publishes in `status.daemonEndpoints.kubeletEndpoint.port` — and every connection
 //! accepted there is answered for that node. A real node has one; a hollow fleet, whose nodes all publish the
 //! process's one address, gives every node a port of its own on the one server, so node-scoped paths
@@ -17,6 +18,7 @@ pub mod auth;
 pub mod logs;
 mod routes;
 pub mod stats;
+pub mod streaming;
 pub mod tls;
 
 use std::convert::Infallible;

@@ -1,6 +1,6 @@
 //! The kubelet API's routes: which path is answered by which handler, on the secure port (every path) and on the
 //! read-only port (no logs, no configuration). Also the small node-scoped handlers: `/healthz`, `/pods`,
-//! `/metrics`, `/configz`.
+//! `/metrics`, `/configz`. Streams (`/exec`, `/attach`, `/portForward`, `/run`) are in [`super::streaming`].
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use runtime_api::cri;
 use serde_json::json;
 
@@ -31,12 +31,46 @@ fn read_only_routes() -> Router<Arc<Shared>> {
 pub(super) fn full(shared: Arc<Shared>) -> Router {
     let mut router = read_only_routes().route("/configz", get(configz));
     if shared.kubelet.enable_debugging_handlers {
-        router = router.route(
-            "/containerLogs/{namespace}/{pod}/{container}",
-            get(super::logs::container_logs),
-        );
+        use super::streaming;
+        router = router
+            .route(
+                "/containerLogs/{namespace}/{pod}/{container}",
+                get(super::logs::container_logs),
+            )
+            .route("/exec/{namespace}/{pod}/{container}", any_stream(streaming::exec))
+            .route(
+                "/exec/{namespace}/{pod}/{uid}/{container}",
+                any_stream(streaming::exec),
+            )
+            .route(
+                "/attach/{namespace}/{pod}/{container}",
+                any_stream(streaming::attach),
+            )
+            .route(
+                "/attach/{namespace}/{pod}/{uid}/{container}",
+                any_stream(streaming::attach),
+            )
+            .route(
+                "/portForward/{namespace}/{pod}",
+                any_stream(streaming::port_forward),
+            )
+            .route(
+                "/portForward/{namespace}/{pod}/{uid}",
+                any_stream(streaming::port_forward),
+            )
+            .route("/run/{namespace}/{pod}/{container}", post(streaming::run))
+            .route("/run/{namespace}/{pod}/{uid}/{container}", post(streaming::run));
     }
     router.with_state(shared)
+}
+
+/// A stream path answers GET and POST (the API server uses either), as the kubelet's.
+fn any_stream<H, T>(handler: H) -> axum::routing::MethodRouter<Arc<Shared>>
+where
+    H: axum::handler::Handler<T, Arc<Shared>> + Clone,
+    T: 'static,
+{
+    get(handler.clone()).post(handler)
 }
 
 /// The read-only port's paths.

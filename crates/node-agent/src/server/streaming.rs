@@ -1,0 +1,512 @@
+//! The kubelet API's streaming paths: `/exec`, `/attach` and `/portForward` (an upgraded connection — SPDY or
+//! WebSocket, whichever the API server asks for — between the client and the container), and `/run` (a
+//! command's output in one response).
+//!
+//! For a stream the node asks the container runtime for a session (`Exec`, `Attach`, `PortForward` over CRI;
+//! the answer is a URL on the runtime's own streaming server) and then proxies the client's upgrade request to
+//! that URL: the runtime's answer (101 Switching Protocols, or its error) goes back to the client, and after a
+//! 101 the two connections are spliced byte for byte until either side closes. The node never interprets the
+//! stream protocol, so every protocol version the runtime speaks works. Paths with the pod's UID
+//! (`/exec/{ns}/{pod}/{uid}/{container}`) only match that instance of the pod.
+//!
+//! Status codes as the kubelet's: an unknown pod is 404 (`pod does not exist`), an unknown container 500
+//! (`container not found ("c")`), a stream with none of stdin/stdout/stderr 400, a runtime without a streaming
+//! server 501.
+
+use std::collections::HashMap;
+
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, Request};
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use runtime_api::{Code, RuntimeError, cri};
+
+use super::NodeEndpoint;
+use super::routes::error;
+use crate::pods::labels;
+
+/// What a stream carries: the kubelet's query parameters `stdin`, `stdout`, `stderr`, `tty` and every
+/// `command` (exec only).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// The command (exec).
+    pub command: Vec<String>,
+    /// Attach the client's stdin.
+    pub stdin: bool,
+    /// Stream stdout.
+    pub stdout: bool,
+    /// Stream stderr (never with a TTY, whose output is one stream).
+    pub stderr: bool,
+    /// Allocate a terminal.
+    pub tty: bool,
+}
+
+impl StreamOptions {
+    /// Parses a raw query string as the kubelet does: a flag is on only when its value is `1` (what the API
+    /// server sends), and a TTY folds stderr into stdout.
+    pub fn from_query(query: Option<&str>) -> Result<Self, String> {
+        let mut o = Self::default();
+        for (k, v) in form_pairs(query.unwrap_or("")) {
+            match k.as_str() {
+                "command" => o.command.push(v),
+                "input" | "stdin" => o.stdin = v == "1",
+                "output" | "stdout" => o.stdout = v == "1",
+                "error" | "stderr" => o.stderr = v == "1",
+                "tty" => o.tty = v == "1",
+                _ => {}
+            }
+        }
+        if o.tty {
+            o.stderr = false;
+        }
+        if !(o.stdin || o.stdout || o.stderr) {
+            return Err("you must specify at least 1 of stdin, stdout, stderr".into());
+        }
+        Ok(o)
+    }
+}
+
+/// The `key=value` pairs of a URL query, percent- and plus-decoded, in order (keys may repeat).
+fn form_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+fn decode(s: &str) -> String {
+    let hex = |b: u8| char::from(b).to_digit(16);
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(hi), Some(lo)) => {
+                    out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'?'));
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The pod's ready sandbox: by namespace and name, and UID when the path names one.
+async fn find_sandbox(
+    node: &NodeEndpoint,
+    namespace: &str,
+    pod: &str,
+    uid: Option<&str>,
+) -> Result<cri::PodSandbox, Response> {
+    let mut selector = HashMap::from([
+        (labels::POD_NAMESPACE.to_owned(), namespace.to_owned()),
+        (labels::POD_NAME.to_owned(), pod.to_owned()),
+    ]);
+    if let Some(uid) = uid {
+        selector.insert(labels::POD_UID.to_owned(), uid.to_owned());
+    }
+    let ready = cri::PodSandboxStateValue {
+        state: cri::PodSandboxState::SandboxReady as i32,
+    };
+    let mut sandboxes = node
+        .ctx
+        .runtime
+        .list_pod_sandbox(cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter {
+                label_selector: selector,
+                state: Some(ready),
+                ..Default::default()
+            }),
+        })
+        .await
+        .map_err(|e| runtime_failure("ListPodSandbox", &e))?
+        .items;
+    sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+    sandboxes
+        .into_iter()
+        .next()
+        .ok_or_else(|| error(StatusCode::NOT_FOUND, "pod does not exist"))
+}
+
+/// The running container `container` of the pod's sandbox.
+async fn find_container(
+    node: &NodeEndpoint,
+    namespace: &str,
+    pod: &str,
+    uid: Option<&str>,
+    container: &str,
+) -> Result<String, Response> {
+    let sandbox = find_sandbox(node, namespace, pod, uid).await?;
+    let running = cri::ContainerStateValue {
+        state: cri::ContainerState::ContainerRunning as i32,
+    };
+    let containers = node
+        .ctx
+        .runtime
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                pod_sandbox_id: sandbox.id,
+                state: Some(running),
+                label_selector: HashMap::from([(labels::CONTAINER_NAME.to_owned(), container.to_owned())]),
+                ..Default::default()
+            }),
+        })
+        .await
+        .map_err(|e| runtime_failure("ListContainers", &e))?
+        .containers;
+    containers.into_iter().next().map(|c| c.id).ok_or_else(|| {
+        error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("container not found ({container:?})"),
+        )
+    })
+}
+
+/// A runtime error as the kubelet writes a streaming one: the gRPC code mapped to an HTTP status.
+fn runtime_failure(call: &str, e: &RuntimeError) -> Response {
+    let status = match e.code {
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::InvalidArgument => StatusCode::BAD_REQUEST,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(status, format!("container runtime {call}: {}", e.message))
+}
+
+/// The path of a container stream: `{ns}/{pod}/{container}` or `{ns}/{pod}/{uid}/{container}`.
+type ContainerPath = (String, String, Option<String>, String);
+
+fn container_path(mut p: HashMap<String, String>) -> ContainerPath {
+    let mut take = |k: &str| p.remove(k);
+    (
+        take("namespace").unwrap_or_default(),
+        take("pod").unwrap_or_default(),
+        take("uid"),
+        take("container").unwrap_or_default(),
+    )
+}
+
+/// `/exec/{ns}/{pod}[/{uid}]/{container}?command=...&stdin=1&stdout=1&tty=1`.
+pub(super) async fn exec(
+    Extension(node): Extension<NodeEndpoint>,
+    Path(parts): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+    req: Request,
+) -> Response {
+    let (ns, pod, uid, container) = container_path(parts);
+    let opts = match StreamOptions::from_query(query.as_deref()) {
+        Ok(o) => o,
+        Err(m) => return error(StatusCode::BAD_REQUEST, m),
+    };
+    if opts.command.is_empty() {
+        return error(StatusCode::BAD_REQUEST, "missing command");
+    }
+    let id = match find_container(&node, &ns, &pod, uid.as_deref(), &container).await {
+        Ok(id) => id,
+        Err(resp) => return resp,
+    };
+    let asked = cri::ExecRequest {
+        container_id: id,
+        cmd: opts.command,
+        tty: opts.tty,
+        stdin: opts.stdin,
+        stdout: opts.stdout,
+        stderr: opts.stderr,
+    };
+    match node.ctx.runtime.exec(asked).await {
+        Ok(r) => proxy_stream(req, &r.url).await,
+        Err(e) => runtime_failure("Exec", &e),
+    }
+}
+
+/// `/attach/{ns}/{pod}[/{uid}]/{container}?stdin=1&stdout=1&tty=1`.
+pub(super) async fn attach(
+    Extension(node): Extension<NodeEndpoint>,
+    Path(parts): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+    req: Request,
+) -> Response {
+    let (ns, pod, uid, container) = container_path(parts);
+    let opts = match StreamOptions::from_query(query.as_deref()) {
+        Ok(o) => o,
+        Err(m) => return error(StatusCode::BAD_REQUEST, m),
+    };
+    let id = match find_container(&node, &ns, &pod, uid.as_deref(), &container).await {
+        Ok(id) => id,
+        Err(resp) => return resp,
+    };
+    let asked = cri::AttachRequest {
+        container_id: id,
+        stdin: opts.stdin,
+        tty: opts.tty,
+        stdout: opts.stdout,
+        stderr: opts.stderr,
+    };
+    match node.ctx.runtime.attach(asked).await {
+        Ok(r) => proxy_stream(req, &r.url).await,
+        Err(e) => runtime_failure("Attach", &e),
+    }
+}
+
+/// `/portForward/{ns}/{pod}[/{uid}]`: the ports travel inside the stream (one pair of streams per port).
+pub(super) async fn port_forward(
+    Extension(node): Extension<NodeEndpoint>,
+    Path(parts): Path<HashMap<String, String>>,
+    req: Request,
+) -> Response {
+    let (ns, pod, uid, _) = container_path(parts);
+    let sandbox = match find_sandbox(&node, &ns, &pod, uid.as_deref()).await {
+        Ok(s) => s,
+        Err(resp) => return resp,
+    };
+    let asked = cri::PortForwardRequest {
+        pod_sandbox_id: sandbox.id,
+        port: Vec::new(),
+    };
+    match node.ctx.runtime.port_forward(asked).await {
+        Ok(r) => proxy_stream(req, &r.url).await,
+        Err(e) => runtime_failure("PortForward", &e),
+    }
+}
+
+/// `POST /run/{ns}/{pod}[/{uid}]/{container}?cmd=...`: runs the command (split on whitespace) to completion
+/// and answers its stdout followed by its stderr.
+pub(super) async fn run(
+    Extension(node): Extension<NodeEndpoint>,
+    Path(parts): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let (ns, pod, uid, container) = container_path(parts);
+    let cmd: Vec<String> = form_pairs(query.as_deref().unwrap_or(""))
+        .into_iter()
+        .filter(|(k, _)| k == "cmd")
+        .flat_map(|(_, v)| v.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    if cmd.is_empty() {
+        return error(StatusCode::BAD_REQUEST, "missing cmd");
+    }
+    let id = match find_container(&node, &ns, &pod, uid.as_deref(), &container).await {
+        Ok(id) => id,
+        Err(resp) => return resp,
+    };
+    let timeout = node.ctx.config.kubelet.runtime_request_timeout.as_secs();
+    let asked = cri::ExecSyncRequest {
+        container_id: id,
+        cmd,
+        timeout: i64::try_from(timeout).unwrap_or(i64::MAX),
+    };
+    match node.ctx.runtime.exec_sync(asked).await {
+        Ok(r) => {
+            let mut out = r.stdout;
+            out.extend_from_slice(&r.stderr);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                out,
+            )
+                .into_response()
+        }
+        Err(e) => runtime_failure("ExecSync", &e),
+    }
+}
+
+/// Hop-by-hop headers a proxy does not pass on, except the upgrade pair that makes the stream.
+fn forwarded(name: &header::HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "host"
+            | "authorization"
+            | "proxy-authorization"
+            | "keep-alive"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+    )
+}
+
+/// Proxies the client's (upgrade) request to the runtime's stream `url`; after a 101 both connections are
+/// spliced until one closes.
+async fn proxy_stream(mut req: Request, url: &str) -> Response {
+    let upgrade = req
+        .headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    if !upgrade {
+        return error(StatusCode::BAD_REQUEST, "Upgrade request required");
+    }
+    let target: Uri = match url.parse() {
+        Ok(u) => u,
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the runtime's stream URL {url:?}: {e}"),
+            );
+        }
+    };
+    if target.scheme_str() != Some("http") {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the runtime's stream URL {url:?}: only http:// streaming servers are supported"),
+        );
+    }
+    let Some(authority) = target.authority().cloned() else {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the runtime's stream URL {url:?} names no server"),
+        );
+    };
+    let port = authority.port_u16().unwrap_or(80);
+    let tcp = match tokio::net::TcpStream::connect((authority.host(), port)).await {
+        Ok(t) => t,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_GATEWAY,
+                format!("connecting to the runtime's streaming server {authority}: {e}"),
+            );
+        }
+    };
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await {
+        Ok(pair) => pair,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_GATEWAY,
+                format!("streaming server {authority}: {e}"),
+            );
+        }
+    };
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "runtime stream connection ended");
+        }
+    });
+    let client_upgrade = hyper::upgrade::on(&mut req);
+    let path = target.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    let mut upstream = hyper::Request::builder().method(req.method().clone()).uri(path);
+    for (name, value) in req.headers() {
+        if forwarded(name) {
+            upstream = upstream.header(name, value);
+        }
+    }
+    upstream = upstream.header(header::HOST, authority.as_str());
+    let upstream = match upstream.body(http_body_util::Empty::<hyper::body::Bytes>::new()) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let mut answer = match sender.send_request(upstream).await {
+        Ok(r) => r,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_GATEWAY,
+                format!("streaming server {authority}: {e}"),
+            );
+        }
+    };
+    let status = answer.status();
+    let mut resp = Response::builder().status(status);
+    for (name, value) in answer.headers() {
+        resp = resp.header(name, value);
+    }
+    if status != StatusCode::SWITCHING_PROTOCOLS {
+        // the runtime's refusal (bad command, no such container, ...) goes back as it came
+        let body = match answer.into_body().collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_GATEWAY,
+                    format!("streaming server {authority}: {e}"),
+                );
+            }
+        };
+        return resp
+            .body(Body::from(body))
+            .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()));
+    }
+    let runtime_upgrade = hyper::upgrade::on(&mut answer);
+    tokio::spawn(async move {
+        let (client, runtime) = match tokio::join!(client_upgrade, runtime_upgrade) {
+            (Ok(c), Ok(r)) => (c, r),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(error = %e, "stream upgrade failed");
+                return;
+            }
+        };
+        let (mut client, mut runtime) = (TokioIo::new(client), TokioIo::new(runtime));
+        match tokio::io::copy_bidirectional(&mut client, &mut runtime).await {
+            Ok((up, down)) => tracing::debug!(up, down, "stream closed"),
+            Err(e) => tracing::debug!(error = %e, "stream ended"),
+        }
+    });
+    resp.body(Body::empty())
+        .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_flags_are_on_only_with_1_and_a_tty_takes_stderr() {
+        let o = StreamOptions::from_query(Some("command=sh&command=-c&command=echo+hi%21&stdout=1&stderr=1"))
+            .unwrap();
+        assert_eq!(o.command, ["sh", "-c", "echo hi!"]);
+        assert!(o.stdout && o.stderr && !o.stdin && !o.tty);
+        let o = StreamOptions::from_query(Some("command=sh&stdin=1&stdout=1&stderr=1&tty=1")).unwrap();
+        assert!(o.tty && !o.stderr);
+        let o = StreamOptions::from_query(Some("command=ls&stdout=true&stdin=1")).unwrap();
+        assert!(!o.stdout && o.stdin, "only 1 turns a flag on");
+        let e = StreamOptions::from_query(Some("command=ls")).unwrap_err();
+        assert!(e.contains("at least 1 of stdin, stdout, stderr"), "{e}");
+        assert!(StreamOptions::from_query(None).is_err());
+    }
+
+    #[test]
+    fn paths_with_and_without_the_pod_uid() {
+        let p = |v: &[(&str, &str)]| {
+            container_path(
+                v.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            )
+        };
+        assert_eq!(
+            p(&[("namespace", "ns"), ("pod", "web"), ("container", "app")]),
+            ("ns".into(), "web".into(), None, "app".into())
+        );
+        assert_eq!(
+            p(&[
+                ("namespace", "ns"),
+                ("pod", "web"),
+                ("uid", "u-1"),
+                ("container", "app")
+            ]),
+            ("ns".into(), "web".into(), Some("u-1".into()), "app".into())
+        );
+    }
+
+    #[test]
+    fn runtime_codes_map_to_http_statuses() {
+        let r = runtime_failure("Exec", &RuntimeError::unimplemented("no"));
+        assert_eq!(r.status(), StatusCode::NOT_IMPLEMENTED);
+        assert!(r.headers().get(header::CONTENT_TYPE).is_some());
+        let r = runtime_failure("Exec", &RuntimeError::not_found("gone"));
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    }
+}
