@@ -15,5 +15,7 @@ mod probes;
 mod running;
 #[path = "real_node/security.rs"]
 mod security;
+#[path = "real_node/service_links.rs"]
+mod service_links;
 #[path = "real_node/volumes.rs"]
 mod volumes;

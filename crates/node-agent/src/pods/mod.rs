@@ -49,6 +49,7 @@ mod pull_secrets;
 pub mod resources;
 mod restart;
 pub mod security;
+mod service_links;
 pub mod shutdown;
 pub mod source;
 pub mod spec;
@@ -303,6 +304,7 @@ impl PodLifecycle {
             self.client.clone(),
             self.api.clone(),
             self.config.object_ttl,
+            self.config.sync_frequency,
         ));
         let ctx = Arc::new(context::AgentCtx {
             objects,

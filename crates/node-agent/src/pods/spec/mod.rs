@@ -300,6 +300,8 @@ pub struct DesiredPod {
     pub qos: QosClass,
     /// `spec.hostNetwork`.
     pub host_network: bool,
+    /// `spec.enableServiceLinks` (default true): the namespace's Services as environment variables.
+    pub service_links: bool,
     /// The sandbox hostname.
     pub hostname: String,
     /// `spec.runtimeClassName`, passed as the runtime handler.
@@ -410,6 +412,7 @@ impl DesiredPod {
             requests,
             qos,
             host_network: spec.host_network.unwrap_or(false),
+            service_links: spec.enable_service_links.unwrap_or(true),
             runtime_handler: spec.runtime_class_name.clone().unwrap_or_default(),
             priority: priority(spec),
             volumes: spec.volumes.iter().flatten().map(VolumeSpec::from_api).collect(),
