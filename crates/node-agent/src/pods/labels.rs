@@ -4,7 +4,7 @@
 //!
 //! Labels (filterable with CRI label selectors): `io.kubernetes.pod.{uid,name,namespace}` on sandboxes and
 //! containers, `io.kubernetes.container.name` on containers. Annotations on containers:
-//! `io.kubernetes.container.{hash,restartCount,terminationMessagePath}` and
+//! `io.kubernetes.container.{hash,restartCount,terminationMessagePath,terminationMessagePolicy}` and
 //! `io.kubernetes.pod.terminationGracePeriod`.
 
 use std::collections::HashMap;
@@ -32,6 +32,8 @@ pub const CONTAINER_HASH: &str = "io.kubernetes.container.hash";
 pub const RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
 /// Annotation: the termination message path.
 pub const TERMINATION_MESSAGE_PATH: &str = "io.kubernetes.container.terminationMessagePath";
+/// Annotation: the termination message policy (`File` or `FallbackToLogsOnError`).
+pub const TERMINATION_MESSAGE_POLICY: &str = "io.kubernetes.container.terminationMessagePolicy";
 /// Annotation: the pod's termination grace period in seconds (used when the pod object is gone).
 pub const TERMINATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
 
@@ -153,6 +155,15 @@ pub fn container_config(
         (
             TERMINATION_MESSAGE_PATH.to_owned(),
             c.termination_message_path.clone(),
+        ),
+        (
+            TERMINATION_MESSAGE_POLICY.to_owned(),
+            if c.termination_fallback_to_logs {
+                super::termination::FALLBACK_TO_LOGS
+            } else {
+                "File"
+            }
+            .to_owned(),
         ),
         (
             TERMINATION_GRACE.to_owned(),

@@ -56,6 +56,7 @@ pub mod spec;
 pub mod static_pods;
 pub mod status;
 mod sync;
+mod termination;
 mod volumes;
 mod wiring;
 mod worker;

@@ -20,6 +20,7 @@ use super::probes::ProbeOutcome;
 use super::security;
 use super::status::generate::{self, Inputs};
 use super::status::{Phase, StatusMsg};
+use super::termination;
 use super::volumes;
 use super::worker::{PodWorker, State};
 
@@ -231,6 +232,7 @@ impl PodWorker {
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
         };
         let mut mounts = volumes::mounts(&ctx, &pod, c);
+        mounts.extend(termination::mount(ctx.config.layout.pods_dir.as_deref(), &pod, c).await);
         match volumes::etc_hosts(&ctx, &pod, c, &pod_ip).await {
             Ok(hosts) => mounts.extend(hosts),
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),

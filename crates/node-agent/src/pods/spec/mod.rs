@@ -242,6 +242,9 @@ pub struct ContainerSpec {
     pub resources: ContainerResources,
     /// Where the container writes its termination message.
     pub termination_message_path: String,
+    /// `terminationMessagePolicy: FallbackToLogsOnError`: a failed container's log tail stands in for an empty
+    /// message.
+    pub termination_fallback_to_logs: bool,
     /// Allocate a TTY.
     pub tty: bool,
     /// Keep stdin open.
