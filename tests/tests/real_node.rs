@@ -7,6 +7,8 @@
 /// The containerd these tests run on: Debian's 1.6 (`real_node_v2.rs` runs the same tests on 2.x).
 const CONTAINERD: &str = "1.6";
 
+#[path = "real_node/cgroups.rs"]
+mod cgroups;
 #[path = "real_node/harness.rs"]
 mod harness;
 #[path = "real_node/images.rs"]

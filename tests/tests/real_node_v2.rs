@@ -5,6 +5,8 @@
 /// The containerd these tests run on.
 const CONTAINERD: &str = "2";
 
+#[path = "real_node/cgroups.rs"]
+mod cgroups;
 #[path = "real_node/harness.rs"]
 mod harness;
 #[path = "real_node/images.rs"]

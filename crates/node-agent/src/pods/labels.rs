@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use runtime_api::cri;
 
+use super::cgroups::QosCgroups;
 use super::dns::{self, NodeDns};
 use super::env::Resolved;
 use super::security;
@@ -50,6 +51,9 @@ pub struct RuntimeLayout {
     pub pods_dir: Option<PathBuf>,
     /// The node's DNS settings, for each sandbox's resolver configuration.
     pub dns: Arc<NodeDns>,
+    /// The QoS cgroups of a real node with `cgroupsPerQOS`: sandboxes get their pod's cgroup as parent.
+    /// `None` (a hollow node, or `cgroupsPerQOS: false`): the runtime's default parent.
+    pub cgroups: Option<Arc<QosCgroups>>,
 }
 
 impl RuntimeLayout {
@@ -69,6 +73,7 @@ impl Default for RuntimeLayout {
             create_log_dirs: false,
             pods_dir: None,
             dns: Arc::default(),
+            cgroups: None,
         }
     }
 }
@@ -130,6 +135,11 @@ pub fn sandbox_config(pod: &DesiredPod, attempt: u32, layout: &RuntimeLayout) ->
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: layout
+                .cgroups
+                .as_ref()
+                .map(|c| c.pod_path(pod.qos, &pod.uid))
+                .unwrap_or_default(),
             security_context: Some(security_context),
             sysctls,
             ..Default::default()
