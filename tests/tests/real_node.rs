@@ -7,6 +7,8 @@
 /// The containerd these tests run on: Debian's 1.6 (`real_node_v2.rs` runs the same tests on 2.x).
 const CONTAINERD: &str = "1.6";
 
+#[path = "real_node/cgroups.rs"]
+mod cgroups;
 #[path = "real_node/harness.rs"]
 mod harness;
 #[path = "real_node/images.rs"]
@@ -17,6 +19,10 @@ mod probes;
 mod running;
 #[path = "real_node/security.rs"]
 mod security;
+#[path = "real_node/service_links.rs"]
+mod service_links;
+#[path = "real_node/termination.rs"]
+mod termination;
 #[path = "real_node/streaming.rs"]
 mod streaming;
 #[path = "real_node/volumes.rs"]

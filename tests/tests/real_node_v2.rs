@@ -5,6 +5,8 @@
 /// The containerd these tests run on.
 const CONTAINERD: &str = "2";
 
+#[path = "real_node/cgroups.rs"]
+mod cgroups;
 #[path = "real_node/harness.rs"]
 mod harness;
 #[path = "real_node/images.rs"]
@@ -15,6 +17,10 @@ mod probes;
 mod running;
 #[path = "real_node/security.rs"]
 mod security;
+#[path = "real_node/service_links.rs"]
+mod service_links;
+#[path = "real_node/termination.rs"]
+mod termination;
 #[path = "real_node/streaming.rs"]
 mod streaming;
 #[path = "real_node/volumes.rs"]

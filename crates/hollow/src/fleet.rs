@@ -364,6 +364,8 @@ impl NodeFactory {
             static_manifests: t.static_pods.clone(),
             // nothing on disk: volume content is computed from the API objects, not written
             root_dir: None,
+            // nor cgroups: the machine's are never touched by a hollow node
+            cgroups: None,
         };
         let mut builder = Agent::builder(config, self.pool.for_agent(index), Arc::new(runtime.clone()))
             .pods(pods)

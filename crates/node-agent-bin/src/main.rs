@@ -14,6 +14,7 @@ use clap::Parser;
 use cri_fake::{FakeConfig, FakeRuntime};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use node_agent::config::RuntimeKind;
+use node_agent::pods::cgroups::QosCgroups;
 use node_agent::pods::{NetTarget, PodOptions, ScriptedProbes};
 use node_agent::server::{FileLogs, LogSource, NodeEndpoint, ScriptedLogs, serve_agent};
 use node_agent::{Agent, Flags, MachineInfo, Metrics};
@@ -131,7 +132,15 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("connecting to the container runtime at {endpoint}"))?;
             tracing::info!(%endpoint, "connected to the container runtime");
-            let pods = PodOptions::default().with_root_dir(&flags.root_dir);
+            let mut pods = PodOptions::default().with_root_dir(&flags.root_dir);
+            if kubelet.cgroups_per_qos {
+                let cgroups = QosCgroups::start(&kubelet.cgroup_root, kubelet.pod_pids_limit)
+                    .context("creating the QoS cgroups (cgroupsPerQOS)")?;
+                tracing::info!(kubepods = %cgroups.kubepods(), "pods run in QoS cgroups (cgroup v1, cgroupfs)");
+                pods = pods.with_cgroups(cgroups);
+            } else if kubelet.pod_pids_limit > 0 {
+                tracing::warn!("podPidsLimit has no effect with cgroupsPerQOS: false (no pod cgroups)");
+            }
             (Arc::new(rt), pods, Arc::new(FileLogs))
         }
     };

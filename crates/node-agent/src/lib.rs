@@ -29,12 +29,14 @@
 //! * [`backoff`] — jittered exponential backoff (registration, lease, CrashLoopBackOff) and jittered intervals.
 //! * [`quantity`] — exact resource quantity arithmetic.
 //! * [`machine`] — machine facts (host or synthetic).
+//! * `cri_log` — the CRI container log format.
 //! * [`server`] — the kubelet HTTPS API (authenticated, authorized), the healthz and read-only ports.
 
 pub mod agent;
 pub mod api;
 pub mod backoff;
 pub mod config;
+mod cri_log;
 pub mod events;
 pub mod machine;
 pub mod metrics;

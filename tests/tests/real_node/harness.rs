@@ -2,7 +2,8 @@
 //! allocating pod CIDRs from this binary's pod subnet), a private containerd started with the project's
 //! `tests/containerd/setup.sh` (CNI configured from the pod CIDR the agent hands it, as a kubelet's runtime is),
 //! and the `node-agent` binary with `--runtime remote` registered as node [`NODE`] with a loopback InternalIP,
-//! its own root and log directories under one temp directory.
+//! its own root and log directories under one temp directory, and its own `cgroupRoot` (`/na-real-node-<pid>`), so
+//! its QoS and pod cgroups never meet another run's.
 //!
 //! Started by the first test that asks ([`RealNode::get`]); torn down when the test binary exits, however it
 //! exits (see [`start_reaper`]): the agent is killed, `tests/containerd/teardown.sh` kills the containers and
@@ -47,6 +48,8 @@ pub struct RealNode {
     pub agent_root: PathBuf,
     /// The agent's stderr.
     pub agent_log: PathBuf,
+    /// The agent's `cgroupRoot`: its pods' cgroups are under `<cgroupRoot>/kubepods`.
+    pub cgroup_root: String,
     /// The agent (killed with this process, never before, unless [`RealNode::restart_agent`] replaces it).
     #[allow(dead_code)] // held for its drop; read by restart_agent, which only some test binaries use
     agent: Mutex<Option<testenv::process::Proc>>,
@@ -87,13 +90,16 @@ pub fn contains(cidr: (Ipv4Addr, u8), ip: Ipv4Addr) -> bool {
 /// the kernel sends SIGTERM when its parent goes (`setpriv --pdeathsig`) and that then runs
 /// `tests/containerd/teardown.sh` (containers killed, containerd and its shims stopped by PID, mounts, bridge and
 /// state directory removed), after unmounting whatever the agent left mounted below the directory (tmpfs volumes
-/// of pods a failed test did not delete). The agent itself is killed with the test binary, as every `testenv` process.
-fn start_reaper(dir: &Path, bridge: &str) -> anyhow::Result<testenv::process::Proc> {
+/// of pods a failed test did not delete), and then removes the agent's cgroups (`cgroup` below every mounted
+/// hierarchy, deepest first). The agent itself is killed with the test binary, as every `testenv` process.
+fn start_reaper(dir: &Path, bridge: &str, cgroup: &str) -> anyhow::Result<testenv::process::Proc> {
     // after a clean teardown the whole directory goes too (agent root, pod logs), unless NA_CRI_KEEP=1
     let script = r#"trap 'kill $! 2>/dev/null
 grep -F " $1/" /proc/mounts | cut -d" " -f2 | sort -r | xargs -r -n1 umount -l
-NA_CRI_DIR="$1/containerd" NA_CRI_BRIDGE="$2" bash "$3" >>"$1/teardown.log" 2>&1 &&
-  [ "${NA_CRI_KEEP:-0}" != 1 ] && rm -rf "$1"
+NA_CRI_DIR="$1/containerd" NA_CRI_BRIDGE="$2" bash "$3" >>"$1/teardown.log" 2>&1
+ok=$?
+for d in /sys/fs/cgroup/*/"$4"; do [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>>"$1/teardown.log"; done
+[ $ok = 0 ] && [ "${NA_CRI_KEEP:-0}" != 1 ] && rm -rf "$1"
 exit' TERM
 while :; do sleep 3600 & wait $!; done"#;
     let args: Vec<String> = vec![
@@ -107,6 +113,7 @@ while :; do sleep 3600 & wait $!; done"#;
         dir.display().to_string(),
         bridge.into(),
         scripts().join("teardown.sh").display().to_string(),
+        cgroup.into(),
     ];
     testenv::process::Proc::start(
         "real-node-reaper",
@@ -156,9 +163,10 @@ impl RealNode {
         std::fs::create_dir_all(&dir)?;
         let containerd_dir = dir.join("containerd");
         let bridge = format!("narn{:x}", pid % 0xfffff);
+        let cgroup = format!("na-real-node-{pid}");
         // from here on whatever setup.sh manages to start is torn down when this process exits — also when
         // the start fails half-way: the reaper is kept for the life of the process, never dropped (killed)
-        let reaper = start_reaper(&dir, &bridge)?;
+        let reaper = start_reaper(&dir, &bridge, &cgroup)?;
         REAPER.lock().unwrap_or_else(|p| p.into_inner()).replace(reaper);
         // the control plane and containerd start side by side
         let t0 = std::time::Instant::now();
@@ -208,7 +216,7 @@ impl RealNode {
                 "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
                  tlsCertFile: {}\ntlsPrivateKeyFile: {}\nauthentication:\n  x509:\n    clientCAFile: {}\n\
                  podLogsDir: {}\nclusterDNS: [{CLUSTER_DNS}]\nclusterDomain: {CLUSTER_DOMAIN}\n\
-                 syncFrequency: {SYNC_FREQUENCY}\n",
+                 syncFrequency: {SYNC_FREQUENCY}\ncgroupRoot: /{cgroup}\n",
                 cert.display(),
                 key.display(),
                 cp.client_ca_file().display(),
@@ -280,6 +288,7 @@ impl RealNode {
             pod_logs_dir,
             agent_root,
             agent_log,
+            cgroup_root: format!("/{cgroup}"),
             agent: Mutex::new(Some(agent)),
             agent_command: (bin, args),
         })

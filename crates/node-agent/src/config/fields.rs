@@ -5,7 +5,6 @@
 /// concern that a CRI-driving node agent does not own, or a feature not built). Their values are not checked.
 pub(crate) const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
     "allowedUnsafeSysctls",
-    "cgroupRoot",
     "containerLogMaxWorkers",
     "containerLogMonitorInterval",
     "cpuCFSQuota",
@@ -134,5 +133,6 @@ pub(crate) const KNOWN_FIELDS: &[&str] = &[
     "failSwapOn",
     "cgroupDriver",
     "cgroupsPerQOS",
+    "cgroupRoot",
     "featureGates",
 ];

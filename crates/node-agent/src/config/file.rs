@@ -276,6 +276,8 @@ pub(crate) struct FileConfig {
     #[serde(default, rename = "cgroupsPerQOS")]
     pub cgroups_per_qos: Option<bool>,
     #[serde(default)]
+    pub cgroup_root: Option<String>,
+    #[serde(default)]
     pub feature_gates: Option<BTreeMap<String, bool>>,
 }
 
@@ -476,7 +478,10 @@ mod tests {
 
     #[test]
     fn upstream_only_fields_are_accepted_and_reported() {
-        let f = parse_ok("cgroupRoot: /\nlogging:\n  format: text\n");
-        assert_eq!(f.ignored, vec!["cgroupRoot".to_string(), "logging".to_string()]);
+        let f = parse_ok("kubeletCgroups: /k\nlogging:\n  format: text\n");
+        assert_eq!(
+            f.ignored,
+            vec!["kubeletCgroups".to_string(), "logging".to_string()]
+        );
     }
 }

@@ -317,8 +317,10 @@ pub struct KubeletConfig {
     pub fail_swap_on: bool,
     /// Cgroup driver (default cgroupfs).
     pub cgroup_driver: String,
-    /// QoS cgroup hierarchy (default true).
+    /// QoS cgroup hierarchy (default true): pods in `<cgroupRoot>/kubepods/...` on a real node.
     pub cgroups_per_qos: bool,
+    /// The root of the QoS cgroups (default `/`).
+    pub cgroup_root: String,
     /// Feature gates as given.
     pub feature_gates: BTreeMap<String, bool>,
 }

@@ -296,10 +296,27 @@ pub(crate) fn resolve(
         );
     }
     let cgroup_driver = f.cgroup_driver.clone().unwrap_or_else(|| "cgroupfs".into());
-    if !matches!(cgroup_driver.as_str(), "cgroupfs" | "systemd") {
-        c.err(
+    match cgroup_driver.as_str() {
+        "cgroupfs" => {}
+        "systemd" => c.err(
             "cgroupDriver",
-            format!("{cgroup_driver:?} must be cgroupfs or systemd"),
+            "systemd is not supported by node-agent (only cgroupfs; configure the runtime's cgroup driver to match)"
+                .to_owned(),
+        ),
+        _ => c.err(
+            "cgroupDriver",
+            format!("{cgroup_driver:?} must be cgroupfs (systemd is not supported by node-agent)"),
+        ),
+    }
+    let cgroup_root = f
+        .cgroup_root
+        .clone()
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| "/".into());
+    if !cgroup_root.starts_with('/') {
+        c.err(
+            "cgroupRoot",
+            format!("{cgroup_root:?} must be an absolute cgroup path"),
         );
     }
 
@@ -482,6 +499,7 @@ pub(crate) fn resolve(
         fail_swap_on: f.fail_swap_on.unwrap_or(true),
         cgroup_driver,
         cgroups_per_qos: f.cgroups_per_qos.unwrap_or(true),
+        cgroup_root,
         feature_gates: f.feature_gates.clone().unwrap_or_default(),
     };
     if c.errors.is_empty() {

@@ -58,6 +58,19 @@ fn defaults_equal_the_kubelets() {
     assert!(d.authentication.webhook_enabled && !d.authentication.anonymous_enabled);
     assert_eq!(d.hairpin_mode, "promiscuous-bridge");
     assert_eq!(d.cgroup_driver, "cgroupfs");
+    assert!(d.cgroups_per_qos);
+    assert_eq!(d.cgroup_root, "/");
+}
+
+#[test]
+fn the_systemd_cgroup_driver_and_a_relative_cgroup_root_are_refused_by_name() {
+    let e = from_yaml("cgroupDriver: systemd\ncgroupRoot: kube\n").unwrap_err();
+    let text = e.to_string();
+    assert!(e.fields().contains(&"cgroupDriver"), "{text}");
+    assert!(e.fields().contains(&"cgroupRoot"), "{text}");
+    assert!(text.contains("systemd is not supported by node-agent"), "{text}");
+    let c = from_yaml("cgroupRoot: /custom\ncgroupsPerQOS: false\n").unwrap();
+    assert_eq!((c.cgroup_root.as_str(), c.cgroups_per_qos), ("/custom", false));
 }
 
 #[test]

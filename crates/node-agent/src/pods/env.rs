@@ -1,5 +1,5 @@
 //! A container's environment, command and arguments as the kubelet builds them when it creates the container:
-//! `envFrom` sources first (ConfigMap / Secret keys with their prefix), then `env` in order — literal values
+//! service links first ([`service_links`](super::service_links)), then `envFrom` sources (ConfigMap / Secret keys with their prefix), then `env` in order — literal values
 //! with `$(VAR)` references expanded against the variables before them, pod fields, the pod and host IPs,
 //! ConfigMap and Secret keys, requests and limits — and finally `$(VAR)` expanded in command and args.
 //!
@@ -106,6 +106,9 @@ pub async fn resolve(
     host_ip: &str,
 ) -> Result<Resolved, String> {
     let mut env = Env::default();
+    for (name, value) in super::service_links::vars(ctx, pod).await? {
+        env.set(name, value);
+    }
     for from in &c.env_from {
         let kind = if from.secret {
             ObjectKind::Secret

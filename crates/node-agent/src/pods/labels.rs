@@ -4,7 +4,7 @@
 //!
 //! Labels (filterable with CRI label selectors): `io.kubernetes.pod.{uid,name,namespace}` on sandboxes and
 //! containers, `io.kubernetes.container.name` on containers. Annotations on containers:
-//! `io.kubernetes.container.{hash,restartCount,terminationMessagePath}` and
+//! `io.kubernetes.container.{hash,restartCount,terminationMessagePath,terminationMessagePolicy}` and
 //! `io.kubernetes.pod.terminationGracePeriod`.
 
 use std::collections::HashMap;
@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use runtime_api::cri;
 
+use super::cgroups::QosCgroups;
 use super::dns::{self, NodeDns};
 use super::env::Resolved;
 use super::security;
@@ -32,6 +33,8 @@ pub const CONTAINER_HASH: &str = "io.kubernetes.container.hash";
 pub const RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
 /// Annotation: the termination message path.
 pub const TERMINATION_MESSAGE_PATH: &str = "io.kubernetes.container.terminationMessagePath";
+/// Annotation: the termination message policy (`File` or `FallbackToLogsOnError`).
+pub const TERMINATION_MESSAGE_POLICY: &str = "io.kubernetes.container.terminationMessagePolicy";
 /// Annotation: the pod's termination grace period in seconds (used when the pod object is gone).
 pub const TERMINATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
 
@@ -48,6 +51,9 @@ pub struct RuntimeLayout {
     pub pods_dir: Option<PathBuf>,
     /// The node's DNS settings, for each sandbox's resolver configuration.
     pub dns: Arc<NodeDns>,
+    /// The QoS cgroups of a real node with `cgroupsPerQOS`: sandboxes get their pod's cgroup as parent.
+    /// `None` (a hollow node, or `cgroupsPerQOS: false`): the runtime's default parent.
+    pub cgroups: Option<Arc<QosCgroups>>,
 }
 
 impl RuntimeLayout {
@@ -67,6 +73,7 @@ impl Default for RuntimeLayout {
             create_log_dirs: false,
             pods_dir: None,
             dns: Arc::default(),
+            cgroups: None,
         }
     }
 }
@@ -128,6 +135,11 @@ pub fn sandbox_config(pod: &DesiredPod, attempt: u32, layout: &RuntimeLayout) ->
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: layout
+                .cgroups
+                .as_ref()
+                .map(|c| c.pod_path(pod.qos, &pod.uid))
+                .unwrap_or_default(),
             security_context: Some(security_context),
             sysctls,
             ..Default::default()
@@ -153,6 +165,15 @@ pub fn container_config(
         (
             TERMINATION_MESSAGE_PATH.to_owned(),
             c.termination_message_path.clone(),
+        ),
+        (
+            TERMINATION_MESSAGE_POLICY.to_owned(),
+            if c.termination_fallback_to_logs {
+                super::termination::FALLBACK_TO_LOGS
+            } else {
+                "File"
+            }
+            .to_owned(),
         ),
         (
             TERMINATION_GRACE.to_owned(),

@@ -17,11 +17,12 @@
 //! [`Agent`](crate::Agent) (see [`PodLifecycle::for_agent`] and [`PodOptions`]), else an event writer of
 //! its own. API writes go through the agent's rate limit ([`ApiCalls`]).
 //!
-//! Supporting modules: [`spec`] (the compact desired pod), `resources` (requests, QoS), `labels` (runtime
+//! Supporting modules: [`spec`] (the compact desired pod), `resources` (requests, limits, QoS), `labels` (runtime
 //! labels and annotations), `observed` (the runtime's view of a pod), `images`, `restart`
 //! (CrashLoopBackOff), `actions` (exec/http/tcp/grpc/sleep), [`metrics`] (per-stage hdrhistograms and the
 //! kubelet's Prometheus series), `gofmt` (Go-style durations in messages), `wiring` (running as a manager of
-//! an [`Agent`](crate::Agent)).
+//! an [`Agent`](crate::Agent)), `service_links` (Services as environment variables), `termination` (termination
+//! messages), [`cgroups`] (QoS and pod cgroups of a real node).
 //!
 //! Shutdown (cancelling the token) stops every loop and leaves containers running: a restarted agent rebuilds
 //! its state from the runtime (labels and annotations written by `labels`) and the API server, starting nothing
@@ -29,6 +30,7 @@
 
 mod actions;
 pub mod admission;
+pub mod cgroups;
 mod context;
 pub mod dns;
 mod env;
@@ -49,12 +51,14 @@ mod pull_secrets;
 pub mod resources;
 mod restart;
 pub mod security;
+mod service_links;
 pub mod shutdown;
 pub mod source;
 pub mod spec;
 pub mod static_pods;
 pub mod status;
 mod sync;
+mod termination;
 mod volumes;
 mod wiring;
 mod worker;
@@ -303,6 +307,7 @@ impl PodLifecycle {
             self.client.clone(),
             self.api.clone(),
             self.config.object_ttl,
+            self.config.sync_frequency,
         ));
         let ctx = Arc::new(context::AgentCtx {
             objects,

@@ -1,11 +1,15 @@
 //! The API objects a pod's volumes and environment name: ConfigMaps and Secrets read from the API server (as
-//! the kubelet's configMap / secret managers read them), and service account tokens from the TokenRequest API.
+//! the kubelet's configMap / secret managers read them), service account tokens from the TokenRequest API, and
+//! the Services whose links go into containers' environment.
 //!
 //! This module owns [`PodObjects`], the source every worker of one agent asks, and [`ApiObjects`], its
 //! implementation over the agent's client and rate limit. Reads are cached per agent for a time to live set by
 //! `configMapAndSecretChangeDetectionStrategy`: `Get` reads at every use, `Cache` and `Watch` keep a read for
 //! the sync period (the kubelet's `Watch` keeps a watch per object; changes reach pods at their next sync either
 //! way). One agent's reads of one object are serialised, so fifty pods starting at once read it once.
+//!
+//! Services are listed per namespace (the kubelet keeps a cluster-wide informer instead) and kept for
+//! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -13,10 +17,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -78,6 +82,44 @@ pub struct Token {
     pub expires: Timestamp,
 }
 
+/// A Service with a cluster IP, as its environment variables need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceLink {
+    /// `metadata.name`.
+    pub name: String,
+    /// `spec.clusterIP` (never empty nor `None`).
+    pub cluster_ip: String,
+    /// `spec.ports` as (name, port, protocol), in order.
+    pub ports: Vec<(String, i32, String)>,
+}
+
+impl ServiceLink {
+    /// The link of `svc`, or `None` for a Service without a cluster IP (headless, ExternalName).
+    pub fn from_api(svc: &Service) -> Option<Self> {
+        let spec = svc.spec.as_ref()?;
+        let ip = spec
+            .cluster_ip
+            .as_deref()
+            .filter(|ip| !ip.is_empty() && *ip != "None")?;
+        Some(Self {
+            name: svc.metadata.name.clone()?,
+            cluster_ip: ip.to_owned(),
+            ports: spec
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| {
+                    (
+                        p.name.clone().unwrap_or_default(),
+                        p.port,
+                        p.protocol.clone().unwrap_or_else(|| "TCP".to_owned()),
+                    )
+                })
+                .collect(),
+        })
+    }
+}
+
 /// Why an object could not be read.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
@@ -96,6 +138,13 @@ pub trait PodObjects: Send + Sync {
 
     /// A token for the pod's service account, bound to the pod.
     async fn token(&self, request: TokenFor<'_>) -> Result<Token, ObjectError>;
+
+    /// The Services of `namespace` that have a cluster IP, or with `name` only that one (empty when it does not
+    /// exist or has none). A source without an API server has none.
+    async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {
+        let _ = (namespace, name);
+        Ok(Arc::new([]))
+    }
 }
 
 /// A source with no objects and no tokens (a pod that names none never asks).
@@ -114,6 +163,10 @@ impl PodObjects for NoObjects {
 }
 
 type CacheKey = (ObjectKind, String, String);
+/// A namespace, and a Service name when one was asked for alone.
+type ServiceKey = (String, Option<String>);
+/// When Services were read, and what was read.
+type ServiceEntry = (Instant, Arc<[ServiceLink]>);
 /// When an object was read, and what was read (`None`: it did not exist).
 type CacheEntry = (Instant, Option<Arc<ObjectData>>);
 
@@ -123,6 +176,9 @@ pub struct ApiObjects {
     api: ApiCalls,
     ttl: Duration,
     cache: Mutex<HashMap<CacheKey, CacheEntry>>,
+    /// How long a Service read is kept (the sync period, whatever the ConfigMap strategy).
+    services_ttl: Duration,
+    services: Mutex<HashMap<ServiceKey, ServiceEntry>>,
 }
 
 impl std::fmt::Debug for ApiObjects {
@@ -134,13 +190,34 @@ impl std::fmt::Debug for ApiObjects {
 }
 
 impl ApiObjects {
-    /// Reads through `client` and `api`, keeping each read for `ttl` (zero: read at every use).
-    pub fn new(client: kube::Client, api: ApiCalls, ttl: Duration) -> Self {
+    /// Reads through `client` and `api`, keeping each ConfigMap and Secret read for `ttl` (zero: read at every
+    /// use) and each Service read for `services_ttl`.
+    pub fn new(client: kube::Client, api: ApiCalls, ttl: Duration, services_ttl: Duration) -> Self {
         Self {
             client,
             api,
             ttl,
             cache: Mutex::new(HashMap::new()),
+            services_ttl,
+            services: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn fetch_services(&self, namespace: &str, name: Option<&str>) -> kube::Result<Arc<[ServiceLink]>> {
+        let api: Api<Service> = Api::namespaced(self.client.clone(), namespace);
+        match name {
+            Some(name) => match self.api.run("get", "services", Box::pin(api.get(name))).await {
+                Ok(svc) => Ok(ServiceLink::from_api(&svc).into_iter().collect()),
+                Err(e) if is_not_found(&e) => Ok(Arc::new([])),
+                Err(e) => Err(e),
+            },
+            None => {
+                let list = self
+                    .api
+                    .run("list", "services", Box::pin(api.list(&ListParams::default())))
+                    .await?;
+                Ok(list.items.iter().filter_map(ServiceLink::from_api).collect())
+            }
         }
     }
 
@@ -234,6 +311,27 @@ impl PodObjects for ApiObjects {
             cache.insert(key, (now, data.clone()));
         }
         Ok(data)
+    }
+
+    async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {
+        let key = (namespace.to_owned(), name.map(str::to_owned));
+        let mut cache = self.services.lock().await;
+        let now = Instant::now();
+        let ttl = self.services_ttl;
+        if let Some((at, links)) = cache.get(&key)
+            && now.saturating_duration_since(*at) < ttl
+        {
+            return Ok(links.clone());
+        }
+        let links = self
+            .fetch_services(namespace, name)
+            .await
+            .map_err(|e| ObjectError(describe(&e)))?;
+        cache.retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
+        if !ttl.is_zero() {
+            cache.insert(key, (now, links.clone()));
+        }
+        Ok(links)
     }
 
     async fn token(&self, r: TokenFor<'_>) -> Result<Token, ObjectError> {

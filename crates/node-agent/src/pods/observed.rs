@@ -2,7 +2,8 @@
 //! label, reduced to the fields the lifecycle reads.
 //!
 //! [`RuntimeView::refresh`] lists the pod's sandboxes and containers and asks for the status only of objects
-//! that are new or changed state since the last refresh, so a steady pod costs two list calls per sync.
+//! that are new or changed state since the last refresh, so a steady pod costs two list calls per sync. On a
+//! real node an exited container's message gets its [termination message](super::termination), read once.
 
 use k8s_openapi::jiff::Timestamp;
 use runtime_api::{RuntimeError, cri};
@@ -260,7 +261,12 @@ impl RuntimeView {
                 .await;
             match status {
                 Ok(resp) => {
-                    if let Some(s) = resp.status {
+                    if let Some(mut s) = resp.status {
+                        if ctx.config.layout.pods_dir.is_some() && CState::from_cri(s.state) == CState::Exited
+                        {
+                            // a real node: what the container left in its termination message file
+                            s.message = super::termination::read(&s).await;
+                        }
                         let mut rec = ContainerRecord::from_status(s, c.pod_sandbox_id);
                         // keep the clocks of what was seen before
                         if let Some(known) = self.containers.iter().find(|k| k.id == rec.id) {

@@ -172,6 +172,57 @@ pub fn qos_class<'a>(containers: impl Iterator<Item = &'a ContainerSpec>) -> Qos
     }
 }
 
+/// The pod's limits as its cgroup gets them: cpu millicores and memory bytes, each `None` unless every container
+/// declares that limit (the larger of the app containers plus sidecars and each init container's peak, as for
+/// requests, plus the pod overhead).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodLimits {
+    /// Millicores.
+    pub cpu_milli: Option<i64>,
+    /// Bytes.
+    pub memory: Option<i64>,
+}
+
+/// The limits of a pod with these containers whose effective request is `requests` (the overhead is what
+/// `requests` holds beyond the containers' own).
+pub fn pod_limits(init: &[ContainerSpec], app: &[ContainerSpec], requests: PodRequests) -> PodLimits {
+    let lim = |r: &ContainerResources| (r.cpu_limit.unwrap_or(0), r.memory_limit.unwrap_or(0));
+    let (mut cpu_declared, mut memory_declared) = (true, true);
+    let mut declared = |(cpu, memory): (i64, i64)| {
+        cpu_declared &= cpu != 0;
+        memory_declared &= memory != 0;
+    };
+    let (mut cpu, mut memory) = (0, 0);
+    for c in app {
+        let (c_cpu, c_mem) = lim(&c.resources);
+        declared((c_cpu, c_mem));
+        cpu += c_cpu;
+        memory += c_mem;
+    }
+    let (mut side_cpu, mut side_mem, mut peak_cpu, mut peak_mem) = (0, 0, 0, 0);
+    for c in init {
+        let (c_cpu, c_mem) = lim(&c.resources);
+        let effective = if c.sidecar {
+            cpu += c_cpu;
+            memory += c_mem;
+            side_cpu += c_cpu;
+            side_mem += c_mem;
+            (side_cpu, side_mem)
+        } else {
+            (c_cpu + side_cpu, c_mem + side_mem)
+        };
+        declared(effective);
+        peak_cpu = peak_cpu.max(effective.0);
+        peak_mem = peak_mem.max(effective.1);
+    }
+    let overhead = requests.minus(pod_requests(init, app, None));
+    let with_overhead = |v: i64, extra: i64| if v == 0 { v } else { v + extra };
+    PodLimits {
+        cpu_milli: cpu_declared.then(|| with_overhead(cpu.max(peak_cpu), overhead.cpu_milli)),
+        memory: memory_declared.then(|| with_overhead(memory.max(peak_mem), overhead.memory)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::spec::DesiredPod;
@@ -210,5 +261,47 @@ mod tests {
         ]}));
         assert_eq!(g.qos, QosClass::Guaranteed);
         assert_eq!(g.requests.cpu_milli, 1000, "request defaults to the limit");
+    }
+
+    #[test]
+    fn limits_count_only_when_every_container_declares_them() {
+        let limits = |d: &DesiredPod| pod_limits(&d.init_containers, &d.containers, d.requests);
+        let d = desired(json!({
+            "initContainers": [
+                {"name": "init", "image": "i", "resources": {"limits": {"cpu": "2", "memory": "64Mi"}}}
+            ],
+            "containers": [
+                {"name": "a", "image": "i", "resources": {"limits": {"cpu": "250m", "memory": "64Mi"}}},
+                {"name": "b", "image": "i", "resources": {"limits": {"cpu": "500m"}, "requests": {"memory": "1Mi"}}}
+            ],
+            "overhead": {"cpu": "100m", "memory": "1Mi"}
+        }));
+        assert_eq!(
+            limits(&d),
+            PodLimits {
+                cpu_milli: Some(2100),
+                memory: None
+            },
+            "the init peak plus overhead; b has no memory limit"
+        );
+        let d = desired(json!({
+            "initContainers": [
+                {"name": "side", "image": "i", "restartPolicy": "Always",
+                 "resources": {"limits": {"cpu": "100m", "memory": "16Mi"}}}
+            ],
+            "containers": [
+                {"name": "a", "image": "i", "resources": {"limits": {"cpu": "250m", "memory": "64Mi"}}}
+            ]
+        }));
+        assert_eq!(
+            limits(&d),
+            PodLimits {
+                cpu_milli: Some(350),
+                memory: Some(80 << 20)
+            },
+            "sidecars add to the app containers"
+        );
+        let be = desired(json!({"containers": [{"name": "a", "image": "i"}]}));
+        assert_eq!(limits(&be), PodLimits::default());
     }
 }

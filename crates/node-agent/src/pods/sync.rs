@@ -20,6 +20,7 @@ use super::probes::ProbeOutcome;
 use super::security;
 use super::status::generate::{self, Inputs};
 use super::status::{Phase, StatusMsg};
+use super::termination;
 use super::volumes;
 use super::worker::{PodWorker, State};
 
@@ -49,6 +50,10 @@ impl PodWorker {
         let ctx = self.ctx.clone();
         let pod = self.pod.clone();
         self.view.refresh(&ctx, &pod.uid).await?;
+        if !self.ensure_cgroup().await {
+            self.report_status();
+            return Ok(());
+        }
         if !self.setup_volumes().await {
             self.report_status();
             return Ok(());
@@ -108,6 +113,25 @@ impl PodWorker {
         }
         self.report_status();
         Ok(())
+    }
+
+    /// Makes sure the pod's cgroup exists (a real node with QoS cgroups); `false` when it could not be made: a
+    /// `FailedCreatePodContainer` event, retried after the pod worker back-off.
+    async fn ensure_cgroup(&mut self) -> bool {
+        let Some(cgroups) = self.ctx.config.layout.cgroups.clone() else {
+            return true;
+        };
+        match cgroups.ensure(&self.pod).await {
+            Ok(()) => true,
+            Err(e) => {
+                let msg = format!("unable to ensure pod container exists: {e}");
+                self.ctx
+                    .events
+                    .pod(&self.pod, EventType::Warning, "FailedCreatePodContainer", msg);
+                self.wake(Instant::now() + crate::backoff::jittered(Duration::from_secs(10), 0.5));
+                false
+            }
+        }
     }
 
     /// Sets up (or refreshes) the pod's volumes; `false` while they were never all set up (the pod waits,
@@ -231,6 +255,7 @@ impl PodWorker {
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
         };
         let mut mounts = volumes::mounts(&ctx, &pod, c);
+        mounts.extend(termination::mount(ctx.config.layout.pods_dir.as_deref(), &pod, c).await);
         match volumes::etc_hosts(&ctx, &pod, c, &pod_ip).await {
             Ok(hosts) => mounts.extend(hosts),
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),

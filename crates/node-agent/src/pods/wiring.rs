@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::NodeView;
+use super::cgroups::QosCgroups;
 use super::dns::NodeDns;
 use super::{NetworkProbes, PodConfig, PodLifecycle, PodMetrics, PodSource, ProbeTransport};
 use crate::agent::AgentContext;
@@ -28,6 +29,9 @@ pub struct PodOptions {
     /// The agent's root directory (`--root-dir`) on a real node: pod volumes are written under its `pods/`.
     /// `None` (a hollow node): volume content is computed, nothing is written.
     pub root_dir: Option<std::path::PathBuf>,
+    /// The node's QoS cgroups (a real node with `cgroupsPerQOS`; see [`QosCgroups::start`]). `None`: the machine's
+    /// cgroups are not touched.
+    pub cgroups: Option<Arc<QosCgroups>>,
 }
 
 impl PodOptions {
@@ -40,12 +44,19 @@ impl PodOptions {
             source: PodSource::Watch,
             static_manifests: Vec::new(),
             root_dir: None,
+            cgroups: None,
         }
     }
 
     /// Writes pod volumes under `root_dir/pods` (a real node).
     pub fn with_root_dir(mut self, root_dir: impl Into<std::path::PathBuf>) -> Self {
         self.root_dir = Some(root_dir.into());
+        self
+    }
+
+    /// Puts pods in the node's QoS cgroups (a real node).
+    pub fn with_cgroups(mut self, cgroups: Arc<QosCgroups>) -> Self {
+        self.cgroups = Some(cgroups);
         self
     }
 }
@@ -166,6 +177,7 @@ impl PodLifecycle {
         config.max_pods = k.max_pods;
         config.layout.pod_logs_dir = k.pod_logs_dir.display().to_string();
         config.layout.pods_dir = options.root_dir.as_ref().map(|r| r.join("pods"));
+        config.layout.cgroups = options.cgroups.clone();
         config.layout.dns = node_dns(k);
         config.pulls = Arc::new(super::pull_gate::PullGate::new(
             k.serialize_image_pulls,

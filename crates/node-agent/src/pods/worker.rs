@@ -333,6 +333,9 @@ impl PodWorker {
         kill::remove_pod(&self.ctx, &self.view).await?;
         let uid = self.pod.uid.clone();
         volumes::cleanup(&self.ctx, &uid).await;
+        if let Some(cgroups) = &self.ctx.config.layout.cgroups {
+            cgroups.remove(&self.pod).await;
+        }
         if self.removed {
             self.ctx.status.send(StatusMsg::Forget { uid: uid.clone() });
         } else {

@@ -23,6 +23,7 @@ use time::format_description::well_known::Rfc3339;
 
 use super::NodeEndpoint;
 use super::routes::{error, runtime_error};
+use crate::cri_log::{Entry, parse};
 use crate::pods::labels;
 
 /// Where a container's CRI-format log is read.
@@ -174,54 +175,6 @@ impl LogOptions {
         }
         Ok(o)
     }
-}
-
-/// One logical log line.
-#[derive(Debug, Clone, PartialEq)]
-struct Entry {
-    time: OffsetDateTime,
-    stamp: String,
-    text: Vec<u8>,
-}
-
-/// Parses complete CRI log lines from `buf`, joining partial (`P`) lines with their continuation; returns the
-/// entries and how many bytes were consumed (an unterminated last line, or a trailing run of partial lines, is
-/// left for the next read).
-fn parse(buf: &[u8]) -> (Vec<Entry>, usize) {
-    let mut out = Vec::new();
-    let mut pending: Option<Entry> = None;
-    let mut consumed = 0;
-    let mut pos = 0;
-    while let Some(nl) = buf[pos..].iter().position(|b| *b == b'\n') {
-        let line = &buf[pos..pos + nl];
-        pos += nl + 1;
-        let mut parts = line.splitn(4, |b| *b == b' ');
-        let (Some(stamp), Some(_stream), Some(tag), text) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        let Ok(stamp) = std::str::from_utf8(stamp) else {
-            continue;
-        };
-        let Ok(time) = OffsetDateTime::parse(stamp, &Rfc3339) else {
-            continue;
-        };
-        let text = text.unwrap_or_default();
-        let partial = tag.split(|b| *b == b':').next() == Some(&b"P"[..]);
-        let entry = pending.get_or_insert_with(|| Entry {
-            time,
-            stamp: stamp.to_owned(),
-            text: Vec::new(),
-        });
-        entry.text.extend_from_slice(text);
-        if !partial {
-            entry.text.push(b'\n');
-            out.extend(pending.take());
-            consumed = pos;
-        }
-    }
-    (out, consumed)
 }
 
 fn render(entries: &[Entry], o: &LogOptions, written: &mut u64) -> Vec<u8> {

@@ -259,6 +259,8 @@ async fn configz(State(shared): State<Arc<Shared>>, Extension(node): Extension<N
         "clusterDNS": k.cluster_dns.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "resolvConf": k.resolv_conf,
         "cgroupDriver": k.cgroup_driver,
+        "cgroupsPerQOS": k.cgroups_per_qos,
+        "cgroupRoot": k.cgroup_root,
         "failSwapOn": k.fail_swap_on,
         "registerNode": k.register_node,
         "featureGates": k.feature_gates,

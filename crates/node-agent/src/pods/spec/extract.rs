@@ -192,6 +192,8 @@ pub(super) fn container(c: &Container, init: bool, ctx: &mut EnvCtx<'_>) -> Cont
             .termination_message_path
             .clone()
             .unwrap_or_else(|| "/dev/termination-log".to_owned()),
+        termination_fallback_to_logs: c.termination_message_policy.as_deref()
+            == Some(crate::pods::termination::FALLBACK_TO_LOGS),
         tty: c.tty.unwrap_or(false),
         stdin: c.stdin.unwrap_or(false),
         stdin_once: c.stdin_once.unwrap_or(false),

@@ -242,6 +242,9 @@ pub struct ContainerSpec {
     pub resources: ContainerResources,
     /// Where the container writes its termination message.
     pub termination_message_path: String,
+    /// `terminationMessagePolicy: FallbackToLogsOnError`: a failed container's log tail stands in for an empty
+    /// message.
+    pub termination_fallback_to_logs: bool,
     /// Allocate a TTY.
     pub tty: bool,
     /// Keep stdin open.
@@ -300,6 +303,8 @@ pub struct DesiredPod {
     pub qos: QosClass,
     /// `spec.hostNetwork`.
     pub host_network: bool,
+    /// `spec.enableServiceLinks` (default true): the namespace's Services as environment variables.
+    pub service_links: bool,
     /// The sandbox hostname.
     pub hostname: String,
     /// `spec.runtimeClassName`, passed as the runtime handler.
@@ -410,6 +415,7 @@ impl DesiredPod {
             requests,
             qos,
             host_network: spec.host_network.unwrap_or(false),
+            service_links: spec.enable_service_links.unwrap_or(true),
             runtime_handler: spec.runtime_class_name.clone().unwrap_or_default(),
             priority: priority(spec),
             volumes: spec.volumes.iter().flatten().map(VolumeSpec::from_api).collect(),

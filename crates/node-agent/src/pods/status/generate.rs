@@ -98,14 +98,17 @@ fn waiting(reason: &str, message: Option<String>) -> ContainerState {
     }
 }
 
-fn terminated(r: &ContainerRecord, id: &str) -> ContainerState {
+/// The terminated state of `r`, its message cut to `max_message` bytes.
+fn terminated(r: &ContainerRecord, id: &str, max_message: usize) -> ContainerState {
+    let mut message = r.message.clone();
+    crate::pods::termination::truncate(&mut message, max_message);
     ContainerState {
         terminated: Some(ContainerStateTerminated {
             exit_code: r.exit_code,
             reason: Some(r.reason.clone())
                 .filter(|s| !s.is_empty())
                 .or_else(|| Some(if r.exit_code == 0 { "Completed" } else { "Error" }.to_owned())),
-            message: Some(r.message.clone()).filter(|s| !s.is_empty()),
+            message: Some(message).filter(|s| !s.is_empty()),
             started_at: ns_time(r.started_at),
             finished_at: ns_time(r.finished_at),
             container_id: Some(id.to_owned()),
@@ -164,7 +167,11 @@ impl Gen<'_> {
         };
         let id = format!("{}://{}", self.i.runtime_type, r.id);
         let prev = view.previous(&c.name).filter(|p| p.state == CState::Exited);
-        let mut last = prev.map(|p| terminated(p, &format!("{}://{}", self.i.runtime_type, p.id)));
+        // the pod's messages share the status's room, as the kubelet's status manager cuts them
+        let pod = self.i.pod;
+        let max = crate::pods::termination::MAX_POD_BYTES
+            / (pod.init_containers.len() + pod.containers.len()).max(1);
+        let mut last = prev.map(|p| terminated(p, &format!("{}://{}", self.i.runtime_type, p.id), max));
         let state = match r.state {
             CState::Running => ContainerState {
                 running: Some(ContainerStateRunning {
@@ -175,10 +182,10 @@ impl Gen<'_> {
             CState::Created => waiting("ContainerCreating", None),
             CState::Exited => match cached {
                 Some((reason, message)) if self.i.terminal.is_none() => {
-                    last = Some(terminated(r, &id));
+                    last = Some(terminated(r, &id, max));
                     waiting(reason, Some(message.clone()).filter(|m| !m.is_empty()))
                 }
-                _ => terminated(r, &id),
+                _ => terminated(r, &id, max),
             },
             CState::Unknown => waiting("ContainerStatusUnknown", None),
         };
