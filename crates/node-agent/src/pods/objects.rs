@@ -212,9 +212,14 @@ impl ApiObjects {
                 Err(e) => Err(e),
             },
             None => {
+                // any resourceVersion: the API server answers from its watch cache, as for an informer's list
                 let list = self
                     .api
-                    .run("list", "services", Box::pin(api.list(&ListParams::default())))
+                    .run(
+                        "list",
+                        "services",
+                        Box::pin(api.list(&ListParams::default().match_any())),
+                    )
                     .await?;
                 Ok(list.items.iter().filter_map(ServiceLink::from_api).collect())
             }
