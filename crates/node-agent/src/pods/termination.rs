@@ -7,7 +7,8 @@
 //! runtime reports the instance exited, [`read`] takes the last [`MAX_FILE_BYTES`] of that file (found again
 //! through the status's mounts, so a restarted agent finds it too); when it is empty, the policy is
 //! `FallbackToLogsOnError` and the container failed, the last [`MAX_LOG_LINES`] lines of its log, at most
-//! [`MAX_LOG_BYTES`]. The message follows the runtime's own (`<runtime message>: <termination message>`).
+//! [`MAX_LOG_BYTES`], read once [`LOG_SETTLE`] has passed since the exit. The message follows the runtime's own
+//! (`<runtime message>: <termination message>`).
 //!
 //! A hollow node has no files: its containers report the runtime's message only. The files go with the pod's
 //! directory when the pod is removed.
@@ -116,6 +117,7 @@ pub(super) async fn read(s: &cri::ContainerStatus) -> String {
         },
     };
     if check_logs && !s.log_path.is_empty() {
+        settle_logs(s.finished_at).await;
         text = match read_tail(Path::new(&s.log_path), LOG_WINDOW).await {
             Ok((raw, cut)) => log_tail(&raw, cut),
             Err(e) => format!("Error on reading termination message from logs: {e}"),
@@ -125,6 +127,22 @@ pub(super) async fn read(s: &cri::ContainerStatus) -> String {
         (_, true) => s.message.clone(),
         (true, false) => text,
         (false, false) => format!("{}: {text}", s.message),
+    }
+}
+
+/// How long after a container's exit its last log lines may still be on their way to the log file: the runtime
+/// copies the container's output to the file on its own, and may report the exit before the copy is done.
+const LOG_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Waits until [`LOG_SETTLE`] has passed since `finished_at` (nanoseconds since the epoch; at once when it has,
+/// or when the time is unknown).
+async fn settle_logs(finished_at: i64) {
+    let Ok(finished) = u64::try_from(finished_at) else {
+        return;
+    };
+    let settled = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(finished) + LOG_SETTLE;
+    if let Ok(left) = settled.duration_since(std::time::SystemTime::now()) {
+        tokio::time::sleep(left.min(LOG_SETTLE)).await;
     }
 }
 
