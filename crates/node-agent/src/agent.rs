@@ -170,9 +170,10 @@ impl AgentBuilder {
         if let Some(shared) = self.shared_limit {
             api = api.with_shared_limit(shared);
         }
+        // events have their own limit (eventRecordQPS / eventBurst), as the kubelet's event client does
         let (events, event_sink) = EventSink::new(
             self.client.clone(),
-            api.clone(),
+            api.without_own_limit(),
             config.node_name.clone(),
             k.event_record_qps,
             k.event_burst,

@@ -264,7 +264,7 @@ impl PodLifecycle {
                 // the kubelet's default eventRecordQPS / eventBurst
                 let (recorder, writer) = crate::events::EventSink::new(
                     self.client.clone(),
-                    self.api.clone(),
+                    self.api.without_own_limit(),
                     self.config.node_name.clone(),
                     50,
                     100,
