@@ -25,6 +25,7 @@ use hyper_util::rt::TokioIo;
 use runtime_api::{Code, RuntimeError, cri};
 
 use super::NodeEndpoint;
+use super::remotecommand::{self, Negotiation, Outcome, Protocol};
 use super::routes::error;
 use crate::pods::labels;
 
@@ -221,8 +222,8 @@ pub(super) async fn exec(
         Err(resp) => return resp,
     };
     let asked = cri::ExecRequest {
-        container_id: id,
-        cmd: opts.command,
+        container_id: id.clone(),
+        cmd: opts.command.clone(),
         tty: opts.tty,
         stdin: opts.stdin,
         stdout: opts.stdout,
@@ -230,9 +231,114 @@ pub(super) async fn exec(
     };
     match node.ctx.runtime.exec(asked).await {
         Ok(r) => proxy_stream(req, &r.url).await,
+        Err(e) if e.code == Code::Unimplemented => exec_here(node, req, id, opts),
         Err(e) => runtime_failure("Exec", &e),
     }
 }
+
+/// Whether the request's `header` lists `token` (comma-separated, any case).
+fn lists(req: &Request, header: header::HeaderName, token: &str) -> bool {
+    req.headers()
+        .get_all(header)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// Exec on a runtime without a streaming server: the node answers the SPDY/3.1 upgrade itself and runs the
+/// command with ExecSync (see [`remotecommand`](super::remotecommand)); stdin is read and discarded.
+fn exec_here(node: NodeEndpoint, mut req: Request, container_id: String, opts: StreamOptions) -> Response {
+    if !lists(&req, header::CONNECTION, "upgrade") {
+        return error(StatusCode::BAD_REQUEST, "Upgrade request required");
+    }
+    if !lists(&req, header::UPGRADE, "spdy/3.1") {
+        let asked = req
+            .headers()
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the container runtime has no streaming server, so this node serves exec itself over SPDY/3.1 \
+                 only; the request asked to upgrade to {asked:?}"
+            ),
+        );
+    }
+    let versions = req
+        .headers()
+        .get_all(PROTOCOL_VERSION)
+        .iter()
+        .filter_map(|v| v.to_str().ok());
+    let protocol = match remotecommand::negotiate(versions) {
+        Ok(p) => p,
+        Err(Negotiation::Missing) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("unable to upgrade: header {PROTOCOL_VERSION} names no protocol"),
+            );
+        }
+        Err(Negotiation::NoCommon(asked)) => {
+            let spoken: Vec<_> = Protocol::ALL.iter().map(|p| p.name()).collect();
+            let mut resp = error(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "unable to upgrade: unable to negotiate protocol: client supports {asked:?}, server accepts {spoken:?}"
+                ),
+            );
+            for p in spoken {
+                resp.headers_mut()
+                    .append(ACCEPTED_PROTOCOL_VERSIONS, header::HeaderValue::from_static(p));
+            }
+            return resp;
+        }
+    };
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let io = match upgrade.await {
+            Ok(u) => TokioIo::new(u),
+            Err(e) => {
+                tracing::debug!(error = %e, "exec upgrade failed");
+                return;
+            }
+        };
+        let timeout = node.ctx.config.kubelet.runtime_request_timeout.as_secs();
+        let run = || async {
+            let asked = cri::ExecSyncRequest {
+                container_id,
+                cmd: opts.command.clone(),
+                timeout: i64::try_from(timeout).unwrap_or(i64::MAX),
+            };
+            node.ctx
+                .runtime
+                .exec_sync(asked)
+                .await
+                .map(|r| Outcome {
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                    exit_code: r.exit_code,
+                })
+                .map_err(|e| e.message)
+        };
+        match remotecommand::serve_exec(io, protocol, &opts, run).await {
+            Ok(()) => tracing::debug!(command = ?opts.command, "exec stream done"),
+            Err(e) => tracing::debug!(error = %e, "exec stream ended early"),
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::UPGRADE, "SPDY/3.1")
+        .header(PROTOCOL_VERSION, protocol.name())
+        .body(Body::empty())
+        .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+/// The header a stream client lists its protocol versions in, and the node answers the chosen one.
+const PROTOCOL_VERSION: &str = "x-stream-protocol-version";
+/// The header listing the versions the node speaks, on a 403 for a failed negotiation.
+const ACCEPTED_PROTOCOL_VERSIONS: &str = "x-accepted-stream-protocol-versions";
 
 /// `/attach/{ns}/{pod}[/{uid}]/{container}?stdin=1&stdout=1&tty=1`.
 pub(super) async fn attach(
