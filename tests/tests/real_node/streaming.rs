@@ -100,7 +100,7 @@ async fn exec_port_forward_and_logs_through_the_api_server() -> anyhow::Result<(
 
     // exec: output, stdin, the command's exit code
     let t0 = Instant::now();
-    let (code, out, err) = kubectl(&node, &["exec", "web", "--", "echo", "hi"], None)?;
+    let (code, out, err) = kubectl(node, &["exec", "web", "--", "echo", "hi"], None)?;
     println!("[real_node] kubectl exec echo: {:?}", t0.elapsed());
     assert_eq!(
         (code, out.as_str()),
@@ -108,20 +108,16 @@ async fn exec_port_forward_and_logs_through_the_api_server() -> anyhow::Result<(
         "stderr: {err}\nagent log:\n{}",
         node.agent_log_tail()
     );
-    let (code, out, err) = kubectl(
-        &node,
-        &["exec", "-i", "web", "--", "cat"],
-        Some("piped through\n"),
-    )?;
+    let (code, out, err) = kubectl(node, &["exec", "-i", "web", "--", "cat"], Some("piped through\n"))?;
     assert_eq!((code, out.as_str()), (0, "piped through\n"), "stderr: {err}");
     let (code, _, err) = kubectl(
-        &node,
+        node,
         &["exec", "web", "--", "sh", "-c", "echo oops >&2; exit 3"],
         None,
     )?;
     assert_eq!(code, 3, "stderr: {err}");
     assert!(err.contains("oops"), "{err}");
-    let (code, out, _) = kubectl(&node, &["exec", "web", "--", "cat", "/www/index.html"], None)?;
+    let (code, out, _) = kubectl(node, &["exec", "web", "--", "cat", "/www/index.html"], None)?;
     assert_eq!((code, out.as_str()), (0, "forwarded-page\n"));
 
     // port-forward: a local port reaches the container's 8080
@@ -193,7 +189,7 @@ async fn exec_port_forward_and_logs_through_the_api_server() -> anyhow::Result<(
 
     // logs: the last lines, following, the previous instance
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (code, out, err) = kubectl(&node, &["logs", "web", "--tail", "2"], None)?;
+    let (code, out, err) = kubectl(node, &["logs", "web", "--tail", "2"], None)?;
     assert_eq!(code, 0, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
@@ -234,8 +230,8 @@ async fn exec_port_forward_and_logs_through_the_api_server() -> anyhow::Result<(
     );
 
     running(&pods, "crasher", 1).await?;
-    let (_, now, _) = kubectl(&node, &["logs", "crasher"], None)?;
-    let (code, previous, err) = kubectl(&node, &["logs", "crasher", "--previous"], None)?;
+    let (_, now, _) = kubectl(node, &["logs", "crasher"], None)?;
+    let (code, previous, err) = kubectl(node, &["logs", "crasher", "--previous"], None)?;
     assert_eq!(code, 0, "{err}");
     assert_eq!((now.as_str(), previous.as_str()), ("attempt-2\n", "attempt-1\n"));
     Ok(())
