@@ -21,9 +21,9 @@ mod running;
 mod security;
 #[path = "real_node/service_links.rs"]
 mod service_links;
-#[path = "real_node/termination.rs"]
-mod termination;
 #[path = "real_node/streaming.rs"]
 mod streaming;
+#[path = "real_node/termination.rs"]
+mod termination;
 #[path = "real_node/volumes.rs"]
 mod volumes;
