@@ -7,7 +7,8 @@
 //! The API server refuses to proxy to loopback node addresses (`/api/v1/nodes/N/proxy/...` answers "address not
 //! allowed"), so node-scoped endpoints are called directly, as metrics-server does; logs go through the API
 //! server, which verifies the node's serving certificate against the cluster CA and presents its kubelet client
-//! certificate.
+//! certificate. `kubectl exec` goes through the API server too: the node serves the SPDY stream itself (the fake
+//! runtime has no streaming server) and runs the command with the pod's scripted exec rules.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,6 +162,7 @@ fn scripted_pod(name: &str, node: &str) -> anyhow::Result<Pod> {
             "cri-fake.node-agent.io/logs": "hello from the hollow node\nsecond line\nthird line",
             "cri-fake.node-agent.io/memory": "48Mi",
             "cri-fake.node-agent.io/cpu": "250m",
+            "cri-fake.node-agent.io/exec": r#"[{"cmd": "check", "exitCode": 3, "stdout": "checked out\n", "stderr": "checked err\n"}]"#,
         }},
         "spec": {
             "nodeName": node,
@@ -387,6 +389,28 @@ async fn logs_stats_and_resource_metrics_of_hollow_nodes_with_the_kubelets_auth(
     let configz: serde_json::Value = serde_json::from_str(&body)?;
     assert_eq!(configz["kubeletconfig"]["port"], i64::from(port1));
     assert_eq!(configz["kubeletconfig"]["authorization"]["mode"], "Webhook");
+
+    // kubectl exec, through the API server (WebSocket to it, SPDY from it to the node, which serves the
+    // stream itself: the fake runtime has no streaming server)
+    let kubectl = |args: &[&str]| {
+        let mut cmd = cp.kubectl();
+        cmd.args(["exec", "-n", NS, "kapi-logs", "-c", "app", "--"])
+            .args(args);
+        tokio::task::spawn_blocking(move || cmd.output())
+    };
+    let out = kubectl(&["echo", "hi"]).await??;
+    println!("[kubelet_api] kubectl exec echo hi: {out:?}");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    let out = kubectl(&["check"]).await??;
+    println!("[kubelet_api] kubectl exec check: {out:?}");
+    assert_eq!(out.status.code(), Some(3), "the scripted exit code: {out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "checked out\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("checked err\n"), "{stderr}");
+    assert!(stderr.contains("command terminated with exit code 3"), "{stderr}");
+    let out = kubectl(&["false"]).await??;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
 
     pods.delete("kapi-logs", &Default::default()).await?;
     fleet.stop(Duration::from_secs(10)).await;

@@ -16,7 +16,9 @@
 
 pub mod auth;
 pub mod logs;
+pub mod remotecommand;
 mod routes;
+pub mod spdy;
 pub mod stats;
 pub mod streaming;
 pub mod tls;

@@ -10,8 +10,12 @@
 //! (`/exec/{ns}/{pod}/{uid}/{container}`) only match that instance of the pod.
 //!
 //! Status codes as the kubelet's: an unknown pod is 404 (`pod does not exist`), an unknown container 500
-//! (`container not found ("c")`), a stream with none of stdin/stdout/stderr 400, a runtime without a streaming
-//! server 501.
+//! (`container not found ("c")`), a stream with none of stdin/stdout/stderr 400.
+//!
+//! A runtime without a streaming server (its `Exec` answers `Unimplemented`, as the fake runtime of hollow
+//! nodes does) still gets `/exec`: the node answers the SPDY/3.1 upgrade itself and runs the command with
+//! ExecSync ([`remotecommand`](super::remotecommand)); stdin is read and discarded and the output is written
+//! when the command ends. Such a node answers `/attach` and `/portForward` 501.
 
 use std::collections::HashMap;
 
@@ -25,6 +29,7 @@ use hyper_util::rt::TokioIo;
 use runtime_api::{Code, RuntimeError, cri};
 
 use super::NodeEndpoint;
+use super::remotecommand::{self, Negotiation, Outcome, Protocol};
 use super::routes::error;
 use crate::pods::labels;
 
@@ -221,8 +226,8 @@ pub(super) async fn exec(
         Err(resp) => return resp,
     };
     let asked = cri::ExecRequest {
-        container_id: id,
-        cmd: opts.command,
+        container_id: id.clone(),
+        cmd: opts.command.clone(),
         tty: opts.tty,
         stdin: opts.stdin,
         stdout: opts.stdout,
@@ -230,9 +235,140 @@ pub(super) async fn exec(
     };
     match node.ctx.runtime.exec(asked).await {
         Ok(r) => proxy_stream(req, &r.url).await,
+        Err(e) if e.code == Code::Unimplemented => exec_here(node, req, id, opts),
         Err(e) => runtime_failure("Exec", &e),
     }
 }
+
+/// Whether the request's `header` lists `token` (comma-separated, any case).
+fn lists(req: &Request, header: header::HeaderName, token: &str) -> bool {
+    req.headers()
+        .get_all(header)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// Exec on a runtime without a streaming server: the node answers the SPDY/3.1 upgrade itself and runs the
+/// command with ExecSync (see [`remotecommand`](super::remotecommand)); stdin is read and discarded.
+fn exec_here(node: NodeEndpoint, mut req: Request, container_id: String, opts: StreamOptions) -> Response {
+    let protocol = match spdy_upgrade(&req) {
+        Ok(p) => p,
+        Err(resp) => return *resp,
+    };
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let io = match upgrade.await {
+            Ok(u) => TokioIo::new(u),
+            Err(e) => {
+                tracing::debug!(error = %e, "exec upgrade failed");
+                return;
+            }
+        };
+        let timeout = node.ctx.config.kubelet.runtime_request_timeout.as_secs();
+        let run = || async {
+            let asked = cri::ExecSyncRequest {
+                container_id,
+                cmd: opts.command.clone(),
+                timeout: i64::try_from(timeout).unwrap_or(i64::MAX),
+            };
+            node.ctx
+                .runtime
+                .exec_sync(asked)
+                .await
+                .map(|r| Outcome {
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                    exit_code: r.exit_code,
+                })
+                .map_err(|e| e.message)
+        };
+        match remotecommand::serve_exec(io, protocol, &opts, run).await {
+            Ok(()) => tracing::debug!(command = ?opts.command, "exec stream done"),
+            Err(e) => tracing::debug!(error = %e, "exec stream ended early"),
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::UPGRADE, "SPDY/3.1")
+        .header(PROTOCOL_VERSION, protocol.name())
+        .body(Body::empty())
+        .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+/// The remote-command version of a request the node serves itself: a SPDY/3.1 upgrade naming a version it
+/// speaks. Otherwise the refusal: 400 for no upgrade, an upgrade to anything else or no version named; 403
+/// listing the versions spoken when none is common.
+fn spdy_upgrade(req: &Request) -> Result<Protocol, Box<Response>> {
+    if !lists(req, header::CONNECTION, "upgrade") {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "Upgrade request required",
+        )));
+    }
+    if !lists(req, header::UPGRADE, "spdy/3.1") {
+        let asked = req
+            .headers()
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the container runtime has no streaming server, so this node serves exec itself over SPDY/3.1 \
+                 only; the request asked to upgrade to {asked:?}"
+            ),
+        )));
+    }
+    let versions = req
+        .headers()
+        .get_all(PROTOCOL_VERSION)
+        .iter()
+        .filter_map(|v| v.to_str().ok());
+    let protocol = match remotecommand::negotiate(versions) {
+        Ok(p) => p,
+        Err(Negotiation::Missing) => {
+            return Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                format!("unable to upgrade: header {PROTOCOL_VERSION} names no protocol"),
+            )));
+        }
+        Err(Negotiation::NoCommon(asked)) => {
+            let spoken: Vec<_> = Protocol::ALL.iter().map(|p| p.name()).collect();
+            let mut resp = error(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "unable to upgrade: unable to negotiate protocol: client supports {asked:?}, server accepts {spoken:?}"
+                ),
+            );
+            for p in spoken {
+                resp.headers_mut()
+                    .append(ACCEPTED_PROTOCOL_VERSIONS, header::HeaderValue::from_static(p));
+            }
+            return Err(Box::new(resp));
+        }
+    };
+    Ok(protocol)
+}
+
+/// 501 for attach or port-forward on a runtime without a streaming server, saying what the node does serve.
+fn no_streaming_server(call: &str, e: &RuntimeError) -> Response {
+    error(
+        StatusCode::NOT_IMPLEMENTED,
+        format!(
+            "container runtime {call}: {}; without a runtime streaming server this node serves exec only \
+             (attach and port-forward need one)",
+            e.message
+        ),
+    )
+}
+
+/// The header a stream client lists its protocol versions in, and the node answers the chosen one.
+const PROTOCOL_VERSION: &str = "x-stream-protocol-version";
+/// The header listing the versions the node speaks, on a 403 for a failed negotiation.
+const ACCEPTED_PROTOCOL_VERSIONS: &str = "x-accepted-stream-protocol-versions";
 
 /// `/attach/{ns}/{pod}[/{uid}]/{container}?stdin=1&stdout=1&tty=1`.
 pub(super) async fn attach(
@@ -259,6 +395,7 @@ pub(super) async fn attach(
     };
     match node.ctx.runtime.attach(asked).await {
         Ok(r) => proxy_stream(req, &r.url).await,
+        Err(e) if e.code == Code::Unimplemented => no_streaming_server("Attach", &e),
         Err(e) => runtime_failure("Attach", &e),
     }
 }
@@ -280,6 +417,7 @@ pub(super) async fn port_forward(
     };
     match node.ctx.runtime.port_forward(asked).await {
         Ok(r) => proxy_stream(req, &r.url).await,
+        Err(e) if e.code == Code::Unimplemented => no_streaming_server("PortForward", &e),
         Err(e) => runtime_failure("PortForward", &e),
     }
 }
@@ -501,11 +639,57 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn only_spdy_upgrades_with_a_known_version_are_served_here() {
+        let req = |headers: &[(&str, &str)]| {
+            let mut r = Request::builder().uri("/exec/ns/p/c?command=ls&stdout=1");
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r.body(Body::empty()).unwrap()
+        };
+        let body = |r: Response| async move {
+            let b = r.into_body().collect().await.unwrap().to_bytes();
+            String::from_utf8_lossy(&b).into_owned()
+        };
+        let spdy = [("connection", "Upgrade"), ("upgrade", "SPDY/3.1")];
+        let ok = req(&[
+            spdy[0],
+            spdy[1],
+            ("x-stream-protocol-version", "v5.channel.k8s.io,v4.channel.k8s.io"),
+        ]);
+        assert_eq!(spdy_upgrade(&ok).unwrap(), Protocol::V5);
+        let r = spdy_upgrade(&req(&[])).unwrap_err();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert!(body(*r).await.contains("Upgrade request required"));
+        let ws = req(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("x-stream-protocol-version", "v5.channel.k8s.io"),
+        ]);
+        let r = spdy_upgrade(&ws).unwrap_err();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let m = body(*r).await;
+        assert!(m.contains("SPDY/3.1") && m.contains("websocket"), "{m}");
+        let r = spdy_upgrade(&req(&spdy)).unwrap_err();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let r = spdy_upgrade(&req(&[
+            spdy[0],
+            spdy[1],
+            ("x-stream-protocol-version", "v9.channel.k8s.io"),
+        ]))
+        .unwrap_err();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        assert_eq!(r.headers().get_all(ACCEPTED_PROTOCOL_VERSIONS).iter().count(), 5);
+    }
+
     #[test]
     fn runtime_codes_map_to_http_statuses() {
         let r = runtime_failure("Exec", &RuntimeError::unimplemented("no"));
         assert_eq!(r.status(), StatusCode::NOT_IMPLEMENTED);
         assert!(r.headers().get(header::CONTENT_TYPE).is_some());
+        let r = no_streaming_server("Attach", &RuntimeError::unimplemented("no streams"));
+        assert_eq!(r.status(), StatusCode::NOT_IMPLEMENTED);
         let r = runtime_failure("Exec", &RuntimeError::not_found("gone"));
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
     }
