@@ -20,6 +20,7 @@ pub mod remotecommand;
 mod routes;
 pub mod spdy;
 pub mod stats;
+mod stream_proxy;
 pub mod streaming;
 pub mod tls;
 
