@@ -138,7 +138,12 @@ async fn private_images_pull_only_with_their_secret_and_missing_tags_back_off() 
     )
     .await
     .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
-    let seen = reasons(&events, "anonymous").await?;
+    // events are written on their own, after the status that reports the back-off
+    let seen = wait_for("the BackOff event", Duration::from_secs(15), || async {
+        let seen = reasons(&events, "anonymous").await?;
+        Ok(seen.iter().any(|s| s == "BackOff").then_some(seen))
+    })
+    .await?;
     for r in ["Pulling", "Failed", "BackOff"] {
         assert!(seen.iter().any(|s| s == r), "{r} among {seen:?}");
     }
