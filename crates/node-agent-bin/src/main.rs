@@ -149,12 +149,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::register(&mut registry));
     let token = CancellationToken::new();
     let node = config.node_name.clone();
-    let agent = Agent::builder(config, client, runtime)
+    let mut builder = Agent::builder(config, client, runtime)
         .token(token.clone())
         .metrics(metrics)
-        .pods(pods)
-        .build()?
-        .start();
+        .pods(pods);
+    if flags.runtime == RuntimeKind::Remote {
+        builder = builder.host_stats(Arc::new(node_agent::stats::host::RealHost::new(&flags.root_dir)));
+    }
+    let agent = builder.build()?.start();
     tracing::info!(%node, "node agent started");
     let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);
     serve_agent(endpoint, Some(Arc::new(registry)))

@@ -78,6 +78,8 @@ pub struct AgentContext {
     pub pressure: Arc<watch::Sender<Pressure>>,
     /// Readiness checks (e.g. PLEG) that make the node NotReady when failing.
     pub health_checks: HealthChecks,
+    /// Node and pod usage (eviction, image GC, the kubelet API's stats).
+    pub stats: crate::stats::StatsProvider,
     /// Fires when the agent stops.
     pub token: CancellationToken,
     /// Pauses the lease and node status heartbeats (chaos; never paused otherwise).
@@ -114,9 +116,18 @@ pub struct AgentBuilder {
     pods: Option<crate::pods::PodOptions>,
     shared_limit: Option<Arc<crate::api::RateLimiter>>,
     node_watch: Option<kube::Client>,
+    host_stats: Option<Arc<dyn crate::stats::HostStats>>,
 }
 
 impl AgentBuilder {
+    /// Read node figures (memory, filesystems, processes) from `host` — a real node passes
+    /// [`RealHost`](crate::stats::host::RealHost); default: [`Synthetic`](crate::stats::Synthetic), the
+    /// machine facts' capacities used by what the runtime reports.
+    pub fn host_stats(mut self, host: Arc<dyn crate::stats::HostStats>) -> Self {
+        self.host_stats = Some(host);
+        self
+    }
+
     /// Hold the watch of this node's Node object over `client` instead of the request client (a process
     /// multiplexing many agents keeps long-lived watches on connections of their own, see
     /// [`PodSource::WatchVia`](crate::pods::PodSource::WatchVia)).
@@ -186,6 +197,12 @@ impl AgentBuilder {
             watch::channel(Arc::new(NodeStatusManager::allocatable(&config)));
         let (pressure_tx, pressure_rx) = watch::channel(Pressure::default());
         let (node_tx, node) = watch::channel(None);
+        let stats = crate::stats::StatsProvider::new(
+            self.runtime.clone(),
+            config.clone(),
+            self.host_stats
+                .unwrap_or_else(|| Arc::new(crate::stats::Synthetic)),
+        );
         let ctx = AgentContext {
             config,
             client: self.client,
@@ -199,6 +216,7 @@ impl AgentBuilder {
             node,
             pressure: Arc::new(pressure_tx),
             health_checks: HealthChecks::default(),
+            stats,
             token,
             heartbeats: crate::node::Heartbeats::default(),
         };
@@ -242,6 +260,7 @@ impl Agent {
             pods: None,
             shared_limit: None,
             node_watch: None,
+            host_stats: None,
         }
     }
 
@@ -261,8 +280,9 @@ impl Agent {
         tracker.spawn(m.status.run());
         tracker.spawn(m.lease.run());
         tracker.spawn(m.informer.run());
-        let (shutdown_tx, shutdown_rx) = tokio::sync::mpsc::unbounded_channel();
-        tracker.spawn(crate::pods::run_for_agent(ctx.clone(), m.pods, shutdown_rx));
+        let (control, control_rx) = tokio::sync::mpsc::unbounded_channel();
+        tracker.spawn(crate::pods::run_for_agent(ctx.clone(), m.pods, control_rx));
+        tracker.spawn(crate::eviction::EvictionManager::new(ctx.clone(), control.clone()).run());
         let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = shutting_down.clone();
         ctx.health_checks.add_plain(move || {
@@ -276,7 +296,7 @@ impl Agent {
         RunningAgent {
             ctx,
             tracker,
-            shutdown_tx,
+            control,
             shutting_down,
             resync: m.resync,
         }
@@ -364,7 +384,7 @@ pub(crate) struct Managers {
 pub struct RunningAgent {
     ctx: AgentContext,
     tracker: TaskTracker,
-    shutdown_tx: tokio::sync::mpsc::UnboundedSender<crate::pods::shutdown::ShutdownRequest>,
+    control: tokio::sync::mpsc::UnboundedSender<crate::pods::control::PodControl>,
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
     resync: Arc<Notify>,
 }
@@ -417,7 +437,11 @@ impl RunningAgent {
         self.resync.notify_one();
         let (done, wait) = tokio::sync::oneshot::channel();
         let request = crate::pods::shutdown::ShutdownRequest { groups, done };
-        if self.shutdown_tx.send(request).is_ok() {
+        if self
+            .control
+            .send(crate::pods::control::PodControl::Shutdown(request))
+            .is_ok()
+        {
             // the groups' periods, then at most 5 s for the statuses to be written
             let bound = total + Duration::from_secs(6);
             if tokio::time::timeout(bound, wait).await.is_err() {

@@ -61,6 +61,16 @@ async fn the_agents_long_lived_futures_stay_small() {
         ("lease", size_of_val(&m.lease.run()), 3_072),
         ("node informer", size_of_val(&m.informer.run()), 768),
         (
+            "eviction manager",
+            size_of_val(
+                &crate::eviction::EvictionManager::new(ctx.clone(), tokio::sync::mpsc::unbounded_channel().0)
+                    .run(),
+            ),
+            // its own context clone, thresholds and state, one sleep or cleanup wait (a pass is boxed):
+            // 1,056 bytes in a debug build
+            1_280,
+        ),
+        (
             "pod lifecycle",
             size_of_val(&crate::pods::run_for_agent(ctx.clone(), m.pods, control)),
             // with the static pod sources and the shutdown channel: 3,184 bytes in a debug build

@@ -38,6 +38,7 @@ pub mod backoff;
 pub mod config;
 mod cri_log;
 pub mod events;
+pub mod eviction;
 pub mod machine;
 pub mod metrics;
 pub mod node;
@@ -45,6 +46,7 @@ pub mod pods;
 pub mod quantity;
 pub mod runtime_health;
 pub mod server;
+pub mod stats;
 
 #[cfg(test)]
 mod agent_future_sizes;

@@ -8,6 +8,7 @@
 //!   (-> Node exists), `post_registration` (-> Ready reported), and the total.
 //! * `node_agent_api_requests_total{verb,resource,code}` — every API request the agent made, by verb, resource
 //!   (`nodes`, `nodes/status`, `leases`, `events`, ...) and HTTP status (`0` when no response came back).
+//! * `kubelet_evictions_total{eviction_signal}` — pods evicted for node pressure, by the signal that drove it.
 
 use std::time::Duration;
 
@@ -28,10 +29,18 @@ pub struct ApiRequestLabels {
     pub code: u16,
 }
 
+/// Labels of the eviction counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictionLabels {
+    /// `memory.available`, `nodefs.available`, ...
+    pub eviction_signal: &'static str,
+}
+
 /// The agent's metrics.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     api_requests: Family<ApiRequestLabels, Counter>,
+    evictions: Family<EvictionLabels, Counter>,
     startup_total: Histogram,
     startup_pre_registration: Histogram,
     startup_registration: Histogram,
@@ -51,6 +60,11 @@ impl Metrics {
             "node_agent_api_requests",
             "API server requests made by the node agent, by verb, resource and HTTP status code",
             m.api_requests.clone(),
+        );
+        registry.register(
+            "kubelet_evictions",
+            "Pods evicted for node pressure, by the eviction signal",
+            m.evictions.clone(),
         );
         registry.register(
             "kubelet_node_startup_duration_seconds",
@@ -79,6 +93,7 @@ impl Metrics {
     pub fn unregistered() -> Self {
         Self {
             api_requests: Family::default(),
+            evictions: Family::default(),
             startup_total: startup_histogram(),
             startup_pre_registration: startup_histogram(),
             startup_registration: startup_histogram(),
@@ -91,6 +106,24 @@ impl Metrics {
         self.api_requests
             .get_or_create(&ApiRequestLabels { verb, resource, code })
             .inc();
+    }
+
+    /// Counts one eviction driven by `signal`.
+    pub fn eviction(&self, signal: &'static str) {
+        self.evictions
+            .get_or_create(&EvictionLabels {
+                eviction_signal: signal,
+            })
+            .inc();
+    }
+
+    /// How many evictions `signal` drove.
+    pub fn eviction_count(&self, signal: &'static str) -> u64 {
+        self.evictions
+            .get_or_create(&EvictionLabels {
+                eviction_signal: signal,
+            })
+            .get()
     }
 
     /// How many requests with these labels were counted.

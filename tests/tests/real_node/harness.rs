@@ -3,7 +3,9 @@
 //! `tests/containerd/setup.sh` (CNI configured from the pod CIDR the agent hands it, as a kubelet's runtime is),
 //! and the `node-agent` binary with `--runtime remote` registered as node [`NODE`] with a loopback InternalIP,
 //! its own root and log directories under one temp directory, and its own `cgroupRoot` (`/na-real-node-<pid>`), so
-//! its QoS and pod cgroups never meet another run's.
+//! its QoS and pod cgroups never meet another run's. Its disk eviction thresholds are 2 % (the kubelet's
+//! defaults are 10 % / 15 %): the tests share the machine's disk with builds, and a development machine below
+//! 15 % free would otherwise see DiskPressure refuse and evict the tests' pods.
 //!
 //! Started by the first test that asks ([`RealNode::get`]); torn down when the test binary exits, however it
 //! exits (see [`start_reaper`]): the agent is killed, `tests/containerd/teardown.sh` kills the containers and
@@ -216,7 +218,8 @@ impl RealNode {
                 "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
                  tlsCertFile: {}\ntlsPrivateKeyFile: {}\nauthentication:\n  x509:\n    clientCAFile: {}\n\
                  podLogsDir: {}\nclusterDNS: [{CLUSTER_DNS}]\nclusterDomain: {CLUSTER_DOMAIN}\n\
-                 syncFrequency: {SYNC_FREQUENCY}\ncgroupRoot: /{cgroup}\n",
+                 syncFrequency: {SYNC_FREQUENCY}\ncgroupRoot: /{cgroup}\n\
+                 evictionHard: {{memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}}\n",
                 cert.display(),
                 key.display(),
                 cp.client_ca_file().display(),

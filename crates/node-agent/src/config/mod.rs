@@ -242,7 +242,7 @@ pub struct KubeletConfig {
     /// Resources reserved for the OS (`systemReserved`).
     pub system_reserved: BTreeMap<String, Quantity>,
     /// Hard eviction thresholds, by signal (default memory.available<100Mi, nodefs.available<10%,
-    /// nodefs.inodesFree<5%, imagefs.available<15%).
+    /// nodefs.inodesFree<5%, imagefs.available<15%, imagefs.inodesFree<5%).
     pub eviction_hard: BTreeMap<String, Threshold>,
     /// Soft eviction thresholds, by signal.
     pub eviction_soft: BTreeMap<String, Threshold>,

@@ -70,6 +70,10 @@ pub fn default_eviction_hard() -> BTreeMap<String, Threshold> {
         "imagefs.available".to_owned(),
         Threshold::Percentage(15.0f32 / 100.0),
     );
+    m.insert(
+        "imagefs.inodesFree".to_owned(),
+        Threshold::Percentage(5.0f32 / 100.0),
+    );
     m
 }
 

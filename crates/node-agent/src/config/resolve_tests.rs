@@ -48,7 +48,7 @@ fn defaults_equal_the_kubelets() {
     assert_eq!(d.container_log_max_size.to_string(), "10Mi");
     assert_eq!(d.container_log_max_files, 5);
     assert!(d.serialize_image_pulls);
-    assert_eq!(d.eviction_hard.len(), 4);
+    assert_eq!(d.eviction_hard.len(), 5);
     assert_eq!(
         d.eviction_hard["memory.available"],
         Threshold::Quantity("100Mi".parse().unwrap())
@@ -87,7 +87,7 @@ fn eviction_hard_replaces_defaults_unless_merged() {
     assert_eq!(c.eviction_hard.len(), 1);
     let c =
         from_yaml("evictionHard:\n  memory.available: 200Mi\nmergeDefaultEvictionSettings: true\n").unwrap();
-    assert_eq!(c.eviction_hard.len(), 4);
+    assert_eq!(c.eviction_hard.len(), 5);
     assert_eq!(
         c.eviction_hard["memory.available"],
         Threshold::Quantity("200Mi".parse().unwrap())

@@ -38,6 +38,8 @@ pub struct NodeView {
     pub no_execute_taints: Vec<(String, String)>,
     /// Host IPs for `status.hostIP(s)`: InternalIP addresses first.
     pub host_ips: Vec<String>,
+    /// The node's pressure conditions as the eviction manager reports them.
+    pub pressure: crate::node::Pressure,
 }
 
 impl NodeView {
@@ -78,6 +80,20 @@ impl NodeView {
                 .map(|t| (t.key.clone(), t.value.clone().unwrap_or_default()))
                 .collect(),
             host_ips,
+            pressure: {
+                let on = |kind: &str| {
+                    status
+                        .and_then(|s| s.conditions.as_deref())
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == kind && c.status == "True")
+                };
+                crate::node::Pressure {
+                    memory: on("MemoryPressure"),
+                    disk: on("DiskPressure"),
+                    pid: on("PIDPressure"),
+                }
+            },
         }
     }
 }
@@ -143,8 +159,24 @@ pub fn admit(
     desired: &DesiredPod,
     node: &NodeView,
     committed: &Committed,
+    critical: bool,
 ) -> Result<(), Rejection> {
     let spec = pod.spec.as_ref();
+    let tolerates_memory_pressure = spec
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .any(|t| tolerates_effect(t, "node.kubernetes.io/memory-pressure", "", "NoSchedule"));
+    crate::eviction::admit(
+        node.pressure,
+        critical,
+        desired.qos == super::resources::QosClass::BestEffort,
+        tolerates_memory_pressure,
+    )
+    .map_err(|message| Rejection {
+        reason: crate::eviction::REASON.into(),
+        message,
+    })?;
     if !matches_node(
         spec.and_then(|s| s.node_selector.as_ref()),
         spec.and_then(required_terms),
@@ -250,10 +282,12 @@ fn requirement(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
 }
 
 fn tolerates(t: &Toleration, key: &str, value: &str) -> bool {
-    if t.effect
-        .as_deref()
-        .is_some_and(|e| !e.is_empty() && e != "NoExecute")
-    {
+    tolerates_effect(t, key, value, "NoExecute")
+}
+
+/// Does `t` tolerate a taint `key=value:effect`?
+fn tolerates_effect(t: &Toleration, key: &str, value: &str, effect: &str) -> bool {
+    if t.effect.as_deref().is_some_and(|e| !e.is_empty() && e != effect) {
         return false;
     }
     let tkey = t.key.as_deref().unwrap_or_default();
@@ -308,16 +342,16 @@ mod tests {
             {"name": "c", "image": "i", "resources": {"requests": {"cpu": "1500m"}}}
         ]}));
         let mut committed = Committed::default();
-        assert!(admit(&p, &d, &node(), &committed).is_ok());
+        assert!(admit(&p, &d, &node(), &committed, false).is_ok());
         committed.add(&d);
-        let err = admit(&p, &d, &node(), &committed).unwrap_err();
+        let err = admit(&p, &d, &node(), &committed, false).unwrap_err();
         assert_eq!(err.reason, "OutOfcpu");
         assert_eq!(
             err.message,
             "Node didn't have enough resource: cpu, requested: 1500, used: 1500, capacity: 2000"
         );
         committed.remove(&d);
-        assert!(admit(&p, &d, &node(), &committed).is_ok());
+        assert!(admit(&p, &d, &node(), &committed, false).is_ok());
     }
 
     #[test]
@@ -326,7 +360,9 @@ mod tests {
             {"name": "c", "image": "i", "resources": {"requests": {"memory": "2Gi"}}}
         ]}));
         assert_eq!(
-            admit(&p, &d, &node(), &Committed::default()).unwrap_err().reason,
+            admit(&p, &d, &node(), &Committed::default(), false)
+                .unwrap_err()
+                .reason,
             "OutOfmemory"
         );
         let (p, d) = pod(json!({"containers": [{"name": "c", "image": "i"}]}));
@@ -334,13 +370,16 @@ mod tests {
             pods: 3,
             ..Default::default()
         };
-        assert_eq!(admit(&p, &d, &node(), &full).unwrap_err().reason, "OutOfpods");
+        assert_eq!(
+            admit(&p, &d, &node(), &full, false).unwrap_err().reason,
+            "OutOfpods"
+        );
     }
 
     #[test]
     fn node_affinity_and_selector() {
         let (p, d) = pod(json!({"nodeSelector": {"zone": "b"}, "containers": [{"name": "c", "image": "i"}]}));
-        let err = admit(&p, &d, &node(), &Committed::default()).unwrap_err();
+        let err = admit(&p, &d, &node(), &Committed::default(), false).unwrap_err();
         assert_eq!(err.reason, "NodeAffinity");
         let (p, d) = pod(json!({
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -350,7 +389,7 @@ mod tests {
             "containers": [{"name": "c", "image": "i"}]
         }));
         assert!(
-            admit(&p, &d, &node(), &Committed::default()).is_ok(),
+            admit(&p, &d, &node(), &Committed::default(), false).is_ok(),
             "second term matches"
         );
     }
@@ -359,7 +398,7 @@ mod tests {
     fn untolerated_no_execute_taint_is_refused() {
         let (mut p, d) = pod(json!({"containers": [{"name": "c", "image": "i"}]}));
         p.spec.as_mut().unwrap().tolerations = None;
-        let err = admit(&p, &d, &node(), &Committed::default()).unwrap_err();
+        let err = admit(&p, &d, &node(), &Committed::default(), false).unwrap_err();
         assert_eq!(err.reason, "TaintToleration");
     }
 
@@ -371,7 +410,7 @@ mod tests {
         let mut committed = Committed::default();
         committed.add(&d);
         assert_eq!(
-            admit(&p, &d, &node(), &committed).unwrap_err().reason,
+            admit(&p, &d, &node(), &committed, false).unwrap_err().reason,
             "NodePorts"
         );
     }

@@ -18,6 +18,7 @@ use tracing::Instrument;
 
 use super::admission::{self, Committed, Rejection};
 use super::context::AgentCtx;
+use super::control::{ActivePod, EvictOrder, KillCause, PodControl};
 use super::events::EventType;
 use super::kill;
 use super::labels;
@@ -29,7 +30,7 @@ use super::source::PodEvent;
 use super::spec::DesiredPod;
 use super::static_pods::mirror::{Desired, MirrorMsg};
 use super::static_pods::{Mirrors, StaticUpdate, manifest};
-use super::worker::{Finished, PodWorker, WorkerInit, WorkerMsg};
+use super::worker::{Finished, KillOrder, PodWorker, WorkerInit, WorkerMsg};
 
 struct Entry {
     tx: mpsc::UnboundedSender<WorkerMsg>,
@@ -148,7 +149,7 @@ impl PodManager {
         mut source: mpsc::Receiver<PodEvent>,
         mut statics: mpsc::Receiver<StaticUpdate>,
         mut pleg: mpsc::UnboundedReceiver<PlegEvent>,
-        mut control: mpsc::UnboundedReceiver<ShutdownRequest>,
+        mut control: mpsc::UnboundedReceiver<PodControl>,
     ) {
         let mut node = self.ctx.node.clone();
         let mut statics_open = true;
@@ -157,7 +158,7 @@ impl PodManager {
             tokio::select! {
                 _ = self.cancel.cancelled() => break,
                 request = control.recv(), if control_open => match request {
-                    Some(request) => self.on_shutdown(request),
+                    Some(request) => self.on_control(request),
                     None => control_open = false,
                 },
                 event = source.recv() => match event {
@@ -239,15 +240,88 @@ impl PodManager {
 
     /// Takes a shutdown request queued beside a pod event before that event, so that a pod arriving with
     /// (or after) the request is refused, whichever channel the select happened to poll first.
-    fn shutdown_first(&mut self, control: &mut mpsc::UnboundedReceiver<ShutdownRequest>, open: &mut bool) {
+    fn shutdown_first(&mut self, control: &mut mpsc::UnboundedReceiver<PodControl>, open: &mut bool) {
         if !*open {
             return;
         }
         match control.try_recv() {
-            Ok(request) => self.on_shutdown(request),
+            Ok(request) => self.on_control(request),
             Err(mpsc::error::TryRecvError::Disconnected) => *open = false,
             Err(mpsc::error::TryRecvError::Empty) => {}
         }
+    }
+
+    fn on_control(&mut self, request: PodControl) {
+        match request {
+            PodControl::Shutdown(request) => self.on_shutdown(request),
+            PodControl::ActivePods(answer) => {
+                let _ = answer.send(self.active_pods());
+            }
+            PodControl::Evict(order) => self.on_evict(*order),
+        }
+    }
+
+    /// The admitted pods still running: not finished, not being deleted.
+    fn active_pods(&self) -> Vec<ActivePod> {
+        self.workers
+            .iter()
+            .filter(|(uid, e)| e.admitted && e.pod.deletion.is_none() && !self.finished.contains(*uid))
+            .map(|(uid, e)| {
+                let p = &e.pod;
+                let containers = p
+                    .init_containers
+                    .iter()
+                    .chain(&p.containers)
+                    .map(|c| {
+                        (
+                            c.name.clone(),
+                            c.resources.memory_request.unwrap_or(0),
+                            c.resources.ephemeral_request.unwrap_or(0),
+                        )
+                    })
+                    .collect();
+                ActivePod {
+                    uid: uid.clone(),
+                    name: p.name.clone(),
+                    namespace: p.namespace.clone(),
+                    priority: p.priority,
+                    critical: self.statics.mirrors.is_static(uid)
+                        || p.priority >= super::spec::SYSTEM_CRITICAL_PRIORITY,
+                    memory_request: p.requests.memory,
+                    ephemeral_request: p.requests.ephemeral,
+                    containers,
+                    grace_secs: p.grace_secs(),
+                }
+            })
+            .collect()
+    }
+
+    /// Evicts one pod: its worker stops it and reports it Failed with the eviction's reason and message.
+    fn on_evict(&mut self, order: EvictOrder) {
+        let EvictOrder {
+            uid,
+            grace_secs,
+            reason,
+            message,
+            done,
+        } = order;
+        let Some(e) = self.workers.get(&uid).filter(|e| e.admitted) else {
+            let _ = done.send(false);
+            return;
+        };
+        let (stopped, wait) = tokio::sync::oneshot::channel();
+        let order = KillOrder {
+            grace_secs,
+            cause: KillCause::Evicted { reason, message },
+            done: stopped,
+        };
+        if e.tx.send(WorkerMsg::Kill(Box::new(order))).is_err() {
+            let _ = done.send(false);
+            return;
+        }
+        self.tracker.spawn(async move {
+            let _ = done.send(wait.await.is_ok());
+        });
     }
 
     /// Graceful node shutdown: refuse new pods, stop the running ones group by group, then let the status
@@ -425,7 +499,8 @@ impl PodManager {
                 if view.pods <= 0 {
                     view.pods = i64::from(self.ctx.config.max_pods);
                 }
-                admission::admit(&pod, &desired, &view, &self.committed)
+                let critical = is_static || desired.priority >= super::spec::SYSTEM_CRITICAL_PRIORITY;
+                admission::admit(&pod, &desired, &view, &self.committed, critical)
             }
         };
         match verdict {
@@ -520,7 +595,8 @@ impl PodManager {
 
 /// The event reason of a rejection (event reasons are `&'static str`; admission's come from a fixed set).
 fn event_reason(reason: &str) -> &'static str {
-    const KNOWN: [&str; 8] = [
+    const KNOWN: [&str; 9] = [
+        "Evicted",
         "NodeShutdown",
         "OutOfcpu",
         "OutOfmemory",

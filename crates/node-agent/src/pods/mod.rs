@@ -32,6 +32,7 @@ mod actions;
 pub mod admission;
 pub mod cgroups;
 mod context;
+pub mod control;
 pub mod dns;
 mod env;
 pub mod events;
@@ -143,8 +144,8 @@ pub struct PodLifecycle {
     events: Option<Arc<dyn PodEventSink>>,
     api: ApiCalls,
     source: PodSource,
-    /// Graceful node shutdown requests.
-    control: Option<mpsc::UnboundedReceiver<shutdown::ShutdownRequest>>,
+    /// Requests from other managers (graceful node shutdown, eviction).
+    control: Option<mpsc::UnboundedReceiver<control::PodControl>>,
     /// Extra tasks to run alongside (e.g. the node view bridge of [`PodLifecycle::for_agent`]).
     companions: Vec<Companion>,
 }
@@ -187,11 +188,9 @@ impl PodLifecycle {
         }
     }
 
-    /// Takes graceful node shutdown requests from `control` (see [`shutdown`]).
-    pub fn with_shutdown_control(
-        mut self,
-        control: mpsc::UnboundedReceiver<shutdown::ShutdownRequest>,
-    ) -> Self {
+    /// Takes requests (graceful node shutdown, see [`shutdown`]; active pods and evictions, see [`control`])
+    /// from `control`.
+    pub fn with_control(mut self, control: mpsc::UnboundedReceiver<control::PodControl>) -> Self {
         self.control = Some(control);
         self
     }

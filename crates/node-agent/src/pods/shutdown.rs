@@ -9,12 +9,11 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::{mpsc, oneshot};
 
+use super::control::KillCause;
 use super::spec::SYSTEM_CRITICAL_PRIORITY;
-use super::worker::WorkerMsg;
+use super::worker::{KillOrder, WorkerMsg};
 
 /// `status.reason` of a pod stopped by a node shutdown.
 pub const REASON: &str = "Terminated";
@@ -64,31 +63,6 @@ pub fn group_of(groups: &[ShutdownGroup], priority: i32) -> usize {
     groups.iter().rposition(|g| priority >= g.priority).unwrap_or(0)
 }
 
-/// Marks a final status as the kubelet's shutdown manager does.
-pub(crate) fn mark_status(status: &mut PodStatus, generation: Option<i64>) {
-    if status.phase.as_deref() != Some("Succeeded") {
-        status.phase = Some("Failed".into());
-    }
-    status.reason = Some(REASON.into());
-    status.message = Some(MESSAGE.into());
-    let conditions = status.conditions.get_or_insert_with(Vec::new);
-    let existing = conditions.iter().position(|c| c.type_ == "DisruptionTarget");
-    let condition = PodCondition {
-        type_: "DisruptionTarget".into(),
-        status: "True".into(),
-        reason: Some("TerminationByKubelet".into()),
-        message: Some(MESSAGE.into()),
-        last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
-        observed_generation: generation,
-        ..Default::default()
-    };
-    match existing {
-        Some(i) if conditions[i].status == "True" => {}
-        Some(i) => conditions[i] = condition,
-        None => conditions.push(condition),
-    }
-}
-
 /// A request to the pod manager to shut the node's pods down.
 #[derive(Debug)]
 pub struct ShutdownRequest {
@@ -112,7 +86,12 @@ pub(crate) async fn run(groups: Vec<ShutdownGroup>, pods: Vec<(mpsc::UnboundedSe
         let mut waits = Vec::new();
         for tx in workers {
             let (done, wait) = oneshot::channel();
-            if tx.send(WorkerMsg::Shutdown(Box::new((grace_secs, done)))).is_ok() {
+            let order = KillOrder {
+                grace_secs,
+                cause: KillCause::Shutdown,
+                done,
+            };
+            if tx.send(WorkerMsg::Kill(Box::new(order))).is_ok() {
                 waits.push(wait);
             }
         }
@@ -130,6 +109,8 @@ pub(crate) async fn run(groups: Vec<ShutdownGroup>, pods: Vec<(mpsc::UnboundedSe
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pods::control::mark_status;
+    use k8s_openapi::api::core::v1::PodStatus;
 
     #[test]
     fn default_groups_split_the_period() {
@@ -161,7 +142,7 @@ mod tests {
             phase: Some("Running".into()),
             ..Default::default()
         };
-        mark_status(&mut s, Some(1));
+        mark_status(&mut s, &KillCause::Shutdown, Some(1));
         assert_eq!(s.phase.as_deref(), Some("Failed"));
         assert_eq!(s.reason.as_deref(), Some("Terminated"));
         assert_eq!(s.message.as_deref(), Some(MESSAGE));
@@ -175,7 +156,7 @@ mod tests {
             phase: Some("Succeeded".into()),
             ..Default::default()
         };
-        mark_status(&mut done, None);
+        mark_status(&mut done, &KillCause::Shutdown, None);
         assert_eq!(done.phase.as_deref(), Some("Succeeded"));
     }
 }

@@ -402,8 +402,10 @@ impl PodWorker {
             }),
         };
         let mut status = status;
-        if self.shutdown.is_some() && phase.is_terminal() {
-            super::shutdown::mark_status(&mut status, self.pod.generation);
+        if let Some((_, cause)) = &self.killed
+            && phase.is_terminal()
+        {
+            super::control::mark_status(&mut status, cause, self.pod.generation);
         }
         let timeline = match &self.timeline {
             Some(t) if phase == Phase::Running && t.reached(Stage::ContainersStarted) => self.timeline.take(),

@@ -77,7 +77,7 @@ impl std::fmt::Debug for PodOptions {
 }
 
 /// The node view from the registered Node and the allocatable the agent computed.
-fn node_view(node: &NodeSnapshot, allocatable: &ResourceList) -> NodeView {
+fn node_view(node: &NodeSnapshot, allocatable: &ResourceList, pressure: crate::node::Pressure) -> NodeView {
     let get = |key: &str, milli: bool| {
         allocatable
             .get(key)
@@ -107,6 +107,7 @@ fn node_view(node: &NodeSnapshot, allocatable: &ResourceList) -> NodeView {
             .map(|t| (t.key.clone(), t.value.clone().unwrap_or_default()))
             .collect(),
         host_ips,
+        pressure,
     }
 }
 
@@ -114,15 +115,17 @@ fn node_view(node: &NodeSnapshot, allocatable: &ResourceList) -> NodeView {
 async fn bridge(
     mut node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
     mut allocatable: watch::Receiver<Arc<ResourceList>>,
+    mut pressure: watch::Receiver<crate::node::Pressure>,
     tx: watch::Sender<Option<NodeView>>,
     cancel: CancellationToken,
 ) {
-    let (mut node_open, mut alloc_open) = (true, true);
+    let (mut node_open, mut alloc_open, mut pressure_open) = (true, true, true);
     loop {
+        let now = *pressure.borrow_and_update();
         let view = node
             .borrow_and_update()
             .as_ref()
-            .map(|n| node_view(n, &allocatable.borrow_and_update()));
+            .map(|n| node_view(n, &allocatable.borrow_and_update(), now));
         tx.send_if_modified(|cur| {
             let changed = *cur != view;
             *cur = view;
@@ -135,6 +138,7 @@ async fn bridge(
             _ = cancel.cancelled() => return,
             r = node.changed(), if node_open => node_open = r.is_ok(),
             r = allocatable.changed(), if alloc_open => alloc_open = r.is_ok(),
+            r = pressure.changed(), if pressure_open => pressure_open = r.is_ok(),
         }
     }
 }
@@ -198,7 +202,11 @@ impl PodLifecycle {
             manifests: options.static_manifests.clone(),
         };
         let (tx, rx) = watch::channel(None);
-        let (node, allocatable) = (ctx.node.clone(), ctx.allocatable.clone());
+        let (node, allocatable, pressure) = (
+            ctx.node.clone(),
+            ctx.allocatable.clone(),
+            ctx.pressure.subscribe(),
+        );
         let mut lifecycle = PodLifecycle::new(
             config,
             ctx.client.clone(),
@@ -211,21 +219,21 @@ impl PodLifecycle {
         .with_api(ctx.api.clone())
         .with_source(options.source);
         lifecycle.companions.push(Box::new(move |cancel| {
-            bridge(node, allocatable, tx, cancel).boxed()
+            bridge(node, allocatable, pressure, tx, cancel).boxed()
         }));
         lifecycle
     }
 }
 
 /// Runs the pod lifecycle of the agent behind `ctx` until the agent's token fires (errors are logged).
-/// Graceful node shutdown requests arrive on `control`.
+/// Requests of other managers (graceful node shutdown, eviction) arrive on `control`.
 pub async fn run_for_agent(
     ctx: AgentContext,
     options: PodOptions,
-    control: tokio::sync::mpsc::UnboundedReceiver<super::shutdown::ShutdownRequest>,
+    control: tokio::sync::mpsc::UnboundedReceiver<super::control::PodControl>,
 ) {
     let token = ctx.token.clone();
-    let lifecycle = PodLifecycle::for_agent(&ctx, options).with_shutdown_control(control);
+    let lifecycle = PodLifecycle::for_agent(&ctx, options).with_control(control);
     if let Err(error) = lifecycle.run(token).await {
         tracing::error!(node = %ctx.config.node_name, %error, "pod lifecycle stopped");
     }

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::Rejection;
 use super::context::AgentCtx;
+use super::control::KillCause;
 use super::images::Images;
 use super::kill;
 use super::metrics::Timeline;
@@ -47,9 +48,20 @@ pub(crate) enum WorkerMsg {
     Runtime,
     /// A probe result changed.
     Probe(Box<ProbeUpdate>),
-    /// Graceful node shutdown: stop the pod within the given seconds (or its own shorter grace period),
-    /// report it Failed with the shutdown reason, then fire the sender (boxed: messages stay small).
-    Shutdown(Box<(i64, tokio::sync::oneshot::Sender<()>)>),
+    /// Stop the pod on request (graceful node shutdown, eviction) and report why, then fire the order's
+    /// sender (boxed: messages stay small).
+    Kill(Box<KillOrder>),
+}
+
+/// A request to stop the pod.
+#[derive(Debug)]
+pub(crate) struct KillOrder {
+    /// Grace period: for a shutdown the pod's own when shorter; for an eviction this one.
+    pub grace_secs: i64,
+    /// Why.
+    pub cause: KillCause,
+    /// Fired once the pod is stopped and its final status reported.
+    pub done: tokio::sync::oneshot::Sender<()>,
 }
 
 /// What the worker tells the pod manager.
@@ -103,10 +115,10 @@ pub(crate) struct PodWorker {
     pub(super) errors: Backoff,
     pub(super) stopped_reported: bool,
     pub(super) counted_running: bool,
-    /// Set by a graceful node shutdown: the grace period it allows.
-    pub(super) shutdown: Option<i64>,
-    /// Fired once the pod is stopped and its final status reported (graceful node shutdown).
-    pub(super) shutdown_done: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Set by a stop on request (graceful node shutdown, eviction): the grace period and the cause.
+    pub(super) killed: Option<(i64, KillCause)>,
+    /// Fired once the pod is stopped and its final status reported (stop on request).
+    pub(super) killed_done: Vec<tokio::sync::oneshot::Sender<()>>,
     /// The pod's volumes, once it has any.
     pub(super) volumes: Option<Box<PodVolumes>>,
 }
@@ -171,8 +183,8 @@ impl PodWorker {
             errors: Backoff::new(BackoffPolicy::api_retry()),
             stopped_reported: false,
             counted_running: false,
-            shutdown: None,
-            shutdown_done: Vec::new(),
+            killed: None,
+            killed_done: Vec::new(),
             volumes: None,
         };
         (worker, tx)
@@ -184,11 +196,15 @@ impl PodWorker {
             WorkerMsg::Removed => self.removed = true,
             WorkerMsg::Runtime => {}
             WorkerMsg::Probe(update) => self.probes.apply(&update),
-            WorkerMsg::Shutdown(order) => {
-                let (grace_secs, done) = *order;
-                self.shutdown_done.push(done);
+            WorkerMsg::Kill(order) => {
+                let KillOrder {
+                    grace_secs,
+                    cause,
+                    done,
+                } = *order;
+                self.killed_done.push(done);
                 if self.state == State::Syncing {
-                    self.shutdown = Some(grace_secs);
+                    self.killed = Some((grace_secs, cause));
                     self.state = State::Terminating;
                 }
             }
@@ -271,15 +287,17 @@ impl PodWorker {
     async fn terminate(&mut self) -> Result<(), runtime_api::RuntimeError> {
         self.stop_prober();
         self.view.refresh(&self.ctx, &self.pod.uid).await?;
-        let grace_secs = match self.shutdown {
+        let grace_secs = match &self.killed {
             // the pod's own grace period when shorter, as the kubelet's shutdown manager does
-            Some(limit) => self.pod.grace_secs().min(limit),
+            Some((limit, KillCause::Shutdown)) => self.pod.grace_secs().min(*limit),
+            // the eviction manager's override
+            Some((grace, KillCause::Evicted { .. })) => *grace,
             None => self.pod.grace_secs(),
         };
         let grace = Duration::from_secs(u64::try_from(grace_secs).unwrap_or(0));
         kill::kill_pod(&self.ctx, &self.pod, &self.view, grace).await?;
         self.view.refresh(&self.ctx, &self.pod.uid).await?;
-        if self.shutdown.is_some() && self.terminal.is_none() {
+        if self.killed.is_some() && self.terminal.is_none() {
             self.terminal = Some(Phase::Failed);
         }
         if self.terminal.is_none() {
@@ -323,7 +341,7 @@ impl PodWorker {
         if first && self.rejected.is_none() && !self.removed && !reported_terminal {
             self.report_status();
         }
-        for done in self.shutdown_done.drain(..) {
+        for done in self.killed_done.drain(..) {
             let _ = done.send(());
         }
         if !(self.removed || self.pod.deletion.is_some()) {

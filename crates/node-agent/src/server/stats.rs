@@ -2,146 +2,26 @@
 //! `stats/v1alpha1`) and `/metrics/resource` (what metrics-server scrapes, with the kubelet's metric names and
 //! labels).
 //!
-//! Sources: `ListPodSandboxStats` (per pod and per container CPU, memory, network, writable layer),
-//! `ListPodSandbox` and `ListContainers` (start times). Node figures are the sums over its pods, with capacity
-//! from the machine facts; a node's own system processes are not counted.
+//! The figures come from the agent's [`StatsProvider`](crate::stats::StatsProvider) (the runtime's CRI stats and,
+//! on a real node, the machine's memory and filesystems); this module only words them.
 
 use axum::Extension;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use runtime_api::cri;
 use serde_json::{Value, json};
 
 use super::NodeEndpoint;
 use super::routes::{json_response, runtime_error};
 
-/// One container's usage.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ContainerUsage {
-    /// Container name.
-    pub name: String,
-    /// Start (creation) time, Unix nanoseconds.
-    pub start_ns: i64,
-    /// Sample time, Unix nanoseconds.
-    pub time_ns: i64,
-    /// CPU now, nanocores.
-    pub nano_cores: u64,
-    /// Cumulative CPU, core-nanoseconds.
-    pub core_nanos: u64,
-    /// Memory working set, bytes.
-    pub working_set: u64,
-    /// Memory usage, bytes.
-    pub memory_usage: u64,
-    /// Resident set, bytes.
-    pub rss: u64,
-    /// Writable layer, bytes.
-    pub rootfs_bytes: u64,
-}
+pub use crate::stats::{ContainerUsage, PodUsage, Summary};
 
-/// One pod's usage.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PodUsage {
-    /// Name.
-    pub name: String,
-    /// Namespace.
-    pub namespace: String,
-    /// UID.
-    pub uid: String,
-    /// Sandbox creation time, Unix nanoseconds.
-    pub start_ns: i64,
-    /// Sample time, Unix nanoseconds.
-    pub time_ns: i64,
-    /// CPU now, nanocores.
-    pub nano_cores: u64,
-    /// Cumulative CPU, core-nanoseconds.
-    pub core_nanos: u64,
-    /// Memory working set, bytes.
-    pub working_set: u64,
-    /// Network received / sent bytes of the default interface.
-    pub rx_bytes: u64,
-    /// Sent bytes.
-    pub tx_bytes: u64,
-    /// Its running containers.
-    pub containers: Vec<ContainerUsage>,
-}
-
-fn v(x: Option<&cri::UInt64Value>) -> u64 {
-    x.map_or(0, |x| x.value)
-}
-
-/// Every ready pod's usage, from the runtime.
-pub async fn collect(node: &NodeEndpoint) -> Result<Vec<PodUsage>, Response> {
-    let runtime = &node.ctx.runtime;
-    let stats = runtime
-        .list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest { filter: None })
+/// The node and every ready pod's usage, from the agent's stats provider.
+pub async fn collect(node: &NodeEndpoint) -> Result<Summary, Response> {
+    node.ctx
+        .stats
+        .summary()
         .await
-        .map_err(|e| runtime_error("ListPodSandboxStats", &e))?
-        .stats;
-    let sandboxes = runtime
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await
-        .map_err(|e| runtime_error("ListPodSandbox", &e))?
-        .items;
-    let containers = runtime
-        .list_containers(cri::ListContainersRequest { filter: None })
-        .await
-        .map_err(|e| runtime_error("ListContainers", &e))?
-        .containers;
-    let mut pods = Vec::with_capacity(stats.len());
-    for s in stats {
-        let Some(attrs) = &s.attributes else { continue };
-        let Some(meta) = &attrs.metadata else { continue };
-        let Some(linux) = &s.linux else { continue };
-        let cpu = linux.cpu.unwrap_or_default();
-        let memory = linux.memory.unwrap_or_default();
-        let iface = linux
-            .network
-            .as_ref()
-            .and_then(|n| n.default_interface.clone())
-            .unwrap_or_default();
-        let start_ns = sandboxes
-            .iter()
-            .find(|sb| sb.id == attrs.id)
-            .map_or(0, |sb| sb.created_at);
-        let usage = linux
-            .containers
-            .iter()
-            .filter_map(|c| {
-                let a = c.attributes.as_ref()?;
-                let cpu = c.cpu.unwrap_or_default();
-                let mem = c.memory.unwrap_or_default();
-                Some(ContainerUsage {
-                    name: a.metadata.as_ref()?.name.clone(),
-                    start_ns: containers
-                        .iter()
-                        .find(|x| x.id == a.id)
-                        .map_or(0, |x| x.created_at),
-                    time_ns: cpu.timestamp,
-                    nano_cores: v(cpu.usage_nano_cores.as_ref()),
-                    core_nanos: v(cpu.usage_core_nano_seconds.as_ref()),
-                    working_set: v(mem.working_set_bytes.as_ref()),
-                    memory_usage: v(mem.usage_bytes.as_ref()),
-                    rss: v(mem.rss_bytes.as_ref()),
-                    rootfs_bytes: v(c.writable_layer.as_ref().and_then(|w| w.used_bytes.as_ref())),
-                })
-            })
-            .collect();
-        pods.push(PodUsage {
-            name: meta.name.clone(),
-            namespace: meta.namespace.clone(),
-            uid: meta.uid.clone(),
-            start_ns,
-            time_ns: cpu.timestamp,
-            nano_cores: v(cpu.usage_nano_cores.as_ref()),
-            core_nanos: v(cpu.usage_core_nano_seconds.as_ref()),
-            working_set: v(memory.working_set_bytes.as_ref()),
-            rx_bytes: v(iface.rx_bytes.as_ref()),
-            tx_bytes: v(iface.tx_bytes.as_ref()),
-            containers: usage,
-        });
-    }
-    pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    Ok(pods)
+        .map_err(|e| runtime_error(e.call, &e.source))
 }
 
 /// RFC 3339 (UTC, nanoseconds) of Unix nanoseconds.
@@ -160,19 +40,26 @@ fn cpu(time: &str, nano_cores: u64, core_nanos: u64) -> Value {
     json!({"time": time, "usageNanoCores": nano_cores, "usageCoreNanoSeconds": core_nanos})
 }
 
-/// The Summary API document for `node` and its pods.
-pub fn summary_json(node: &NodeEndpoint, pods: &[PodUsage]) -> Value {
-    let machine = &node.ctx.config.machine;
-    let now = rfc3339(pods.iter().map(|p| p.time_ns).max().unwrap_or_else(now_ns));
+/// The Summary API document for `node`: the node's figures and its pods'.
+pub fn summary_json(node: &NodeEndpoint, summary: &Summary) -> Value {
+    let pods = &summary.pods;
+    let n = &summary.node;
+    let now = rfc3339(n.time_ns);
     let nano_cores: u64 = pods.iter().map(|p| p.nano_cores).sum();
     let core_nanos: u64 = pods.iter().map(|p| p.core_nanos).sum();
-    let working_set: u64 = pods.iter().map(|p| p.working_set).sum();
-    let rootfs: u64 = pods
-        .iter()
-        .flat_map(|p| &p.containers)
-        .map(|c| c.rootfs_bytes)
-        .sum();
-    let fs_capacity = machine.ephemeral_storage_bytes;
+    let nodefs = n.nodefs.unwrap_or_default();
+    let imagefs = n.imagefs.unwrap_or_default();
+    let fs_json = |fs: &crate::stats::FsStats| {
+        let mut v = json!({"time": now, "capacityBytes": fs.capacity_bytes, "usedBytes": fs.used_bytes(),
+                           "availableBytes": fs.available_bytes});
+        if let (Some(inodes), Some(free)) = (fs.inodes, fs.inodes_free) {
+            v["inodes"] = json!(inodes);
+            v["inodesFree"] = json!(free);
+            v["inodesUsed"] = json!(inodes.saturating_sub(free));
+        }
+        v
+    };
+    let fs_capacity = nodefs.capacity_bytes;
     let pods_json: Vec<Value> = pods
         .iter()
         .map(|p| {
@@ -190,8 +77,8 @@ pub fn summary_json(node: &NodeEndpoint, pods: &[PodUsage]) -> Value {
                         "memory": {"time": t, "usageBytes": c.memory_usage, "workingSetBytes": c.working_set,
                                    "rssBytes": c.rss, "pageFaults": 0, "majorPageFaults": 0},
                         "rootfs": {"time": t, "usedBytes": c.rootfs_bytes,
-                                   "capacityBytes": fs_capacity,
-                                   "availableBytes": fs_capacity.saturating_sub(rootfs)},
+                                   "capacityBytes": imagefs.capacity_bytes,
+                                   "availableBytes": imagefs.available_bytes},
                     })
                 }).collect::<Vec<_>>(),
                 "cpu": cpu(&t, p.nano_cores, p.core_nanos),
@@ -201,7 +88,7 @@ pub fn summary_json(node: &NodeEndpoint, pods: &[PodUsage]) -> Value {
                 "volume": [],
                 "ephemeral-storage": {"time": t, "usedBytes": pod_rootfs,
                                       "capacityBytes": fs_capacity,
-                                      "availableBytes": fs_capacity.saturating_sub(rootfs)},
+                                      "availableBytes": nodefs.available_bytes},
             })
         })
         .collect();
@@ -212,14 +99,13 @@ pub fn summary_json(node: &NodeEndpoint, pods: &[PodUsage]) -> Value {
             "cpu": cpu(&now, nano_cores, core_nanos),
             "memory": {
                 "time": now,
-                "availableBytes": machine.memory_bytes.saturating_sub(working_set),
-                "usageBytes": working_set,
-                "workingSetBytes": working_set,
+                "availableBytes": n.memory_available(),
+                "usageBytes": n.memory_working_set,
+                "workingSetBytes": n.memory_working_set,
             },
-            "fs": {"time": now, "capacityBytes": fs_capacity, "usedBytes": rootfs,
-                   "availableBytes": fs_capacity.saturating_sub(rootfs)},
-            "runtime": {"imageFs": {"time": now, "capacityBytes": fs_capacity, "usedBytes": rootfs,
-                                    "availableBytes": fs_capacity.saturating_sub(rootfs)}},
+            "fs": fs_json(&nodefs),
+            "runtime": {"imageFs": fs_json(&imagefs)},
+            "rlimit": n.pids.map(|(max, running)| json!({"time": now, "maxpid": max, "curproc": running})),
         },
         "pods": pods_json,
     })
@@ -228,7 +114,7 @@ pub fn summary_json(node: &NodeEndpoint, pods: &[PodUsage]) -> Value {
 /// `GET /stats/summary`.
 pub async fn summary(Extension(node): Extension<NodeEndpoint>) -> Response {
     match collect(&node).await {
-        Ok(pods) => json_response(StatusCode::OK, &summary_json(&node, &pods)),
+        Ok(summary) => json_response(StatusCode::OK, &summary_json(&node, &summary)),
         Err(resp) => resp,
     }
 }
@@ -240,8 +126,9 @@ fn label(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// The `/metrics/resource` exposition for `pods` (Prometheus text, sample timestamps in milliseconds).
-pub fn resource_metrics_text(pods: &[PodUsage]) -> String {
+/// The `/metrics/resource` exposition for `summary` (Prometheus text, sample timestamps in milliseconds).
+pub fn resource_metrics_text(summary: &Summary) -> String {
+    let pods = &summary.pods[..];
     use std::fmt::Write as _;
     let ms = |ns: i64| ns / 1_000_000;
     let now = pods.iter().map(|p| p.time_ns).max().unwrap_or_else(now_ns);
@@ -292,7 +179,7 @@ pub fn resource_metrics_text(pods: &[PodUsage]) -> String {
         &mut containers().map(|(l, c)| format!("{l} {} {}", c.start_ns as f64 / 1e9, ms(c.time_ns))),
     );
     let node_cpu: u64 = pods.iter().map(|p| p.core_nanos).sum();
-    let node_mem: u64 = pods.iter().map(|p| p.working_set).sum();
+    let node_mem = summary.node.memory_working_set;
     family(
         "node_cpu_usage_seconds_total",
         "counter",
@@ -333,10 +220,10 @@ pub fn resource_metrics_text(pods: &[PodUsage]) -> String {
 /// `GET /metrics/resource`.
 pub async fn resource_metrics(Extension(node): Extension<NodeEndpoint>) -> Response {
     match collect(&node).await {
-        Ok(pods) => (
+        Ok(summary) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-            resource_metrics_text(&pods),
+            resource_metrics_text(&summary),
         )
             .into_response(),
         Err(resp) => resp,
@@ -372,7 +259,14 @@ mod tests {
 
     #[test]
     fn resource_metrics_use_the_kubelets_names_labels_and_units() {
-        let text = resource_metrics_text(&[pod()]);
+        let summary = Summary {
+            node: crate::stats::NodeUsage {
+                memory_working_set: 64 << 20,
+                ..Default::default()
+            },
+            pods: vec![pod()],
+        };
+        let text = resource_metrics_text(&summary);
         assert!(
             text.contains(
                 "container_cpu_usage_seconds_total{container=\"app\",namespace=\"default\",pod=\"web\"} 2.5 1700000010000"

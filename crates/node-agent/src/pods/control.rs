@@ -1,0 +1,124 @@
+//! Requests other managers send the pod manager: a graceful node shutdown, the list of active pods, and the
+//! eviction of one pod (the eviction manager's `killPod`).
+
+use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::sync::oneshot;
+
+use super::shutdown::ShutdownRequest;
+
+/// A request to the pod manager.
+#[derive(Debug)]
+pub enum PodControl {
+    /// Shut the node's pods down (graceful node shutdown).
+    Shutdown(ShutdownRequest),
+    /// Answer the pods that run (admitted, not terminal, not being deleted).
+    ActivePods(oneshot::Sender<Vec<ActivePod>>),
+    /// Evict one pod.
+    Evict(Box<EvictOrder>),
+}
+
+/// A running pod as other managers see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActivePod {
+    /// UID.
+    pub uid: String,
+    /// Name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// `spec.priority`.
+    pub priority: i32,
+    /// Static, mirror or system-critical priority (never evicted; admitted under pressure).
+    pub critical: bool,
+    /// Effective memory request, bytes.
+    pub memory_request: i64,
+    /// Effective ephemeral-storage request, bytes.
+    pub ephemeral_request: i64,
+    /// Per container: (name, memory request, ephemeral-storage request).
+    pub containers: Vec<(String, i64, i64)>,
+    /// `spec.terminationGracePeriodSeconds`.
+    pub grace_secs: i64,
+}
+
+/// Stop one pod and report it evicted.
+#[derive(Debug)]
+pub struct EvictOrder {
+    /// The pod.
+    pub uid: String,
+    /// Its grace period (the pod's own is not consulted).
+    pub grace_secs: i64,
+    /// The status reason (`Evicted`).
+    pub reason: String,
+    /// The status message (also the `DisruptionTarget` condition's).
+    pub message: String,
+    /// Answered `true` once the pod is stopped and its status reported, `false` when there is no such
+    /// running pod.
+    pub done: oneshot::Sender<bool>,
+}
+
+/// Why a worker stops its pod on request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KillCause {
+    /// Graceful node shutdown.
+    Shutdown,
+    /// Evicted: the status reason and message.
+    Evicted { reason: String, message: String },
+}
+
+/// Marks a final status with the disruption: phase Failed (a shutdown leaves a Succeeded pod Succeeded),
+/// the reason and message, and a `DisruptionTarget` condition (reason `TerminationByKubelet`).
+pub(crate) fn mark_status(status: &mut PodStatus, cause: &KillCause, generation: Option<i64>) {
+    let (reason, message) = match cause {
+        KillCause::Shutdown => (super::shutdown::REASON, super::shutdown::MESSAGE),
+        KillCause::Evicted { reason, message } => (reason.as_str(), message.as_str()),
+    };
+    if *cause != KillCause::Shutdown || status.phase.as_deref() != Some("Succeeded") {
+        status.phase = Some("Failed".into());
+    }
+    status.reason = Some(reason.into());
+    status.message = Some(message.into());
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    let existing = conditions.iter().position(|c| c.type_ == "DisruptionTarget");
+    let condition = PodCondition {
+        type_: "DisruptionTarget".into(),
+        status: "True".into(),
+        reason: Some("TerminationByKubelet".into()),
+        message: Some(message.into()),
+        last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+        observed_generation: generation,
+        ..Default::default()
+    };
+    match existing {
+        Some(i) if conditions[i].status == "True" => {}
+        Some(i) => conditions[i] = condition,
+        None => conditions.push(condition),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_evicted_pod_fails_even_if_it_had_succeeded() {
+        let mut s = PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        };
+        let cause = KillCause::Evicted {
+            reason: "Evicted".into(),
+            message: "The node was low on resource: memory. ".into(),
+        };
+        mark_status(&mut s, &cause, Some(2));
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        assert_eq!(s.reason.as_deref(), Some("Evicted"));
+        let c = &s.conditions.as_ref().unwrap()[0];
+        assert_eq!(c.reason.as_deref(), Some("TerminationByKubelet"));
+        assert_eq!(
+            c.message.as_deref(),
+            Some("The node was low on resource: memory. ")
+        );
+        assert_eq!(c.observed_generation, Some(2));
+    }
+}

@@ -1,0 +1,127 @@
+//! Node figures read from this machine (real mode): memory from the root memory cgroup (cgroup v1) or
+//! `/proc/meminfo`, filesystems by `statvfs`, processes from `/proc`.
+
+use std::path::{Path, PathBuf};
+
+use super::{FsStats, HostStats};
+
+/// This machine, for an agent whose root directory is `root_dir`.
+#[derive(Debug, Clone)]
+pub struct RealHost {
+    root_dir: PathBuf,
+}
+
+impl RealHost {
+    /// Reads figures of this machine; the node filesystem is the one holding `root_dir`.
+    pub fn new(root_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            root_dir: root_dir.into(),
+        }
+    }
+}
+
+fn read(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+/// The value of `key` (first field after it) in a `key value` / `key: value kB` file.
+fn field(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let mut parts = l.split_whitespace();
+        let k = parts.next()?.trim_end_matches(':');
+        (k == key).then(|| parts.next()?.parse().ok()).flatten()
+    })
+}
+
+/// Working set of the root memory cgroup (usage minus inactive file pages), as the kubelet observes
+/// `memory.available`; `None` where there is no such cgroup (cgroup v2: see [`meminfo_working_set`]).
+fn cgroup_v1_working_set() -> Option<u64> {
+    let usage: u64 = read("/sys/fs/cgroup/memory/memory.usage_in_bytes")?
+        .trim()
+        .parse()
+        .ok()?;
+    let stat = read("/sys/fs/cgroup/memory/memory.stat")?;
+    let inactive = field(&stat, "total_inactive_file").unwrap_or(0);
+    Some(usage.saturating_sub(inactive))
+}
+
+/// `MemTotal - MemAvailable`, bytes.
+fn meminfo_working_set() -> Option<u64> {
+    let text = read("/proc/meminfo")?;
+    let total = field(&text, "MemTotal")?;
+    let available = field(&text, "MemAvailable")?;
+    Some(total.saturating_sub(available) * 1024)
+}
+
+/// `statvfs` of `path`, or of its nearest existing ancestor.
+pub fn statvfs(path: &Path) -> Option<FsStats> {
+    let mut probe = Some(path);
+    while let Some(p) = probe {
+        if p.exists() {
+            let st = nix::sys::statvfs::statvfs(p).ok()?;
+            let frag = st.fragment_size();
+            return Some(FsStats {
+                capacity_bytes: st.blocks().saturating_mul(frag),
+                available_bytes: st.blocks_available().saturating_mul(frag),
+                inodes: Some(st.files()),
+                inodes_free: Some(st.files_free()),
+            });
+        }
+        probe = p.parent();
+    }
+    None
+}
+
+impl HostStats for RealHost {
+    fn memory_working_set(&self) -> Option<u64> {
+        cgroup_v1_working_set().or_else(meminfo_working_set)
+    }
+
+    fn node_fs(&self) -> Option<FsStats> {
+        statvfs(&self.root_dir)
+    }
+
+    fn fs_at(&self, path: &str) -> Option<FsStats> {
+        statvfs(Path::new(path))
+    }
+
+    fn pids(&self) -> Option<(u64, u64)> {
+        let max: u64 = read("/proc/sys/kernel/pid_max")?.trim().parse().ok()?;
+        // the fourth field of loadavg is running/total scheduling entities
+        let loadavg = read("/proc/loadavg")?;
+        let total = loadavg
+            .split_whitespace()
+            .nth(3)?
+            .split('/')
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some((max, total))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_of_proc_files() {
+        let meminfo = "MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    4000000 kB\n";
+        assert_eq!(field(meminfo, "MemTotal"), Some(16_000_000));
+        assert_eq!(field(meminfo, "MemAvailable"), Some(4_000_000));
+        assert_eq!(field(meminfo, "Cached"), None);
+        let stat = "cache 5\ntotal_inactive_file 4096\n";
+        assert_eq!(field(stat, "total_inactive_file"), Some(4096));
+    }
+
+    #[test]
+    fn this_machine_is_readable() {
+        let host = RealHost::new("/nonexistent/agent/root");
+        let fs = host.node_fs().expect("statvfs of an ancestor");
+        assert!(fs.capacity_bytes >= fs.available_bytes && fs.capacity_bytes > 0);
+        let ws = host.memory_working_set().expect("memory working set");
+        assert!(ws > 0);
+        let (max, running) = host.pids().expect("pids");
+        assert!(max >= running && running > 0);
+    }
+}

@@ -1,0 +1,374 @@
+//! The stats provider: what one node and its pods use, for the eviction manager, image GC and the kubelet
+//! API's `/stats/summary` and `/metrics/resource`.
+//!
+//! Per-pod and per-container figures come from the runtime (`ListPodSandboxStats`, with start times from
+//! `ListPodSandbox` / `ListContainers`); node figures come from a [`HostStats`] source:
+//!
+//! * real mode — [`host::RealHost`]: the memory working set of the machine (the root memory cgroup, or
+//!   `/proc/meminfo`), `statvfs` of the agent's root directory (nodefs) and of the runtime's image filesystem
+//!   mountpoint (imagefs, from `ImageFsInfo`), `kernel.pid_max` and the number of processes;
+//! * hollow mode — [`Synthetic`]: the node's capacity from its [`MachineInfo`](crate::MachineInfo), used by what
+//!   the (fake) runtime reports: the pods' working sets, and one filesystem holding the images and the
+//!   containers' writable layers.
+
+pub mod host;
+
+use std::sync::Arc;
+
+use runtime_api::{Runtime, RuntimeError, cri};
+
+use crate::config::AgentConfig;
+
+/// One container's usage.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ContainerUsage {
+    /// Container name.
+    pub name: String,
+    /// Start (creation) time, Unix nanoseconds.
+    pub start_ns: i64,
+    /// Sample time, Unix nanoseconds.
+    pub time_ns: i64,
+    /// CPU now, nanocores.
+    pub nano_cores: u64,
+    /// Cumulative CPU, core-nanoseconds.
+    pub core_nanos: u64,
+    /// Memory working set, bytes.
+    pub working_set: u64,
+    /// Memory usage, bytes.
+    pub memory_usage: u64,
+    /// Resident set, bytes.
+    pub rss: u64,
+    /// Writable layer, bytes.
+    pub rootfs_bytes: u64,
+}
+
+/// One pod's usage.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodUsage {
+    /// Name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// UID.
+    pub uid: String,
+    /// Sandbox creation time, Unix nanoseconds.
+    pub start_ns: i64,
+    /// Sample time, Unix nanoseconds.
+    pub time_ns: i64,
+    /// CPU now, nanocores.
+    pub nano_cores: u64,
+    /// Cumulative CPU, core-nanoseconds.
+    pub core_nanos: u64,
+    /// Memory working set, bytes.
+    pub working_set: u64,
+    /// Network received / sent bytes of the default interface.
+    pub rx_bytes: u64,
+    /// Sent bytes.
+    pub tx_bytes: u64,
+    /// Processes running in the pod.
+    pub processes: u64,
+    /// Its running containers.
+    pub containers: Vec<ContainerUsage>,
+}
+
+impl PodUsage {
+    /// Writable layers of its containers, bytes (its ephemeral-storage use as the eviction manager counts it).
+    pub fn rootfs_bytes(&self) -> u64 {
+        self.containers.iter().map(|c| c.rootfs_bytes).sum()
+    }
+}
+
+/// One filesystem.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FsStats {
+    /// Size, bytes.
+    pub capacity_bytes: u64,
+    /// Free for unprivileged users, bytes.
+    pub available_bytes: u64,
+    /// Inodes (`None`: not known).
+    pub inodes: Option<u64>,
+    /// Free inodes.
+    pub inodes_free: Option<u64>,
+}
+
+impl FsStats {
+    /// Used bytes.
+    pub fn used_bytes(&self) -> u64 {
+        self.capacity_bytes.saturating_sub(self.available_bytes)
+    }
+}
+
+/// The node's own figures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeUsage {
+    /// Memory capacity, bytes.
+    pub memory_capacity: u64,
+    /// Memory working set, bytes.
+    pub memory_working_set: u64,
+    /// The filesystem of the agent's root directory (pods' volumes and logs).
+    pub nodefs: Option<FsStats>,
+    /// The runtime's image filesystem.
+    pub imagefs: Option<FsStats>,
+    /// `kernel.pid_max` and processes running, when known.
+    pub pids: Option<(u64, u64)>,
+    /// Sample time, Unix nanoseconds.
+    pub time_ns: i64,
+}
+
+impl NodeUsage {
+    /// Memory available: capacity minus the working set.
+    pub fn memory_available(&self) -> u64 {
+        self.memory_capacity.saturating_sub(self.memory_working_set)
+    }
+}
+
+/// A snapshot of the node and its pods.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    /// The node.
+    pub node: NodeUsage,
+    /// Its pods, by namespace and name.
+    pub pods: Vec<PodUsage>,
+}
+
+/// A runtime call that failed while gathering stats.
+#[derive(Debug, thiserror::Error)]
+#[error("{call}: {source}")]
+pub struct StatsError {
+    /// The CRI call.
+    pub call: &'static str,
+    /// Its error.
+    #[source]
+    pub source: RuntimeError,
+}
+
+/// What the runtime cannot tell about the node: memory, filesystems, processes.
+pub trait HostStats: Send + Sync {
+    /// Memory working set of the whole node, bytes (`None`: the sum of the pods' is used).
+    fn memory_working_set(&self) -> Option<u64>;
+    /// The filesystem of the agent's root directory.
+    fn node_fs(&self) -> Option<FsStats>;
+    /// The filesystem mounted at (or holding) `path`.
+    fn fs_at(&self, path: &str) -> Option<FsStats>;
+    /// `(pid_max, processes)`.
+    fn pids(&self) -> Option<(u64, u64)>;
+}
+
+/// Hollow nodes: nothing is read from the host; node figures are the machine's capacity used by what the
+/// runtime reports (see the module documentation).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Synthetic;
+
+impl HostStats for Synthetic {
+    fn memory_working_set(&self) -> Option<u64> {
+        None
+    }
+    fn node_fs(&self) -> Option<FsStats> {
+        None
+    }
+    fn fs_at(&self, _path: &str) -> Option<FsStats> {
+        None
+    }
+    fn pids(&self) -> Option<(u64, u64)> {
+        None
+    }
+}
+
+fn v(x: Option<&cri::UInt64Value>) -> u64 {
+    x.map_or(0, |x| x.value)
+}
+
+fn now_ns() -> i64 {
+    i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos()).unwrap_or(0)
+}
+
+/// Gathers [`Summary`]s for one node. Cheap to clone.
+#[derive(Clone)]
+pub struct StatsProvider {
+    runtime: Arc<dyn Runtime>,
+    config: Arc<AgentConfig>,
+    host: Arc<dyn HostStats>,
+}
+
+impl std::fmt::Debug for StatsProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatsProvider").finish_non_exhaustive()
+    }
+}
+
+impl StatsProvider {
+    /// A provider over `runtime` for the node of `config` (its machine facts give capacities), with node
+    /// figures from `host`.
+    pub fn new(runtime: Arc<dyn Runtime>, config: Arc<AgentConfig>, host: Arc<dyn HostStats>) -> Self {
+        Self {
+            runtime,
+            config,
+            host,
+        }
+    }
+
+    /// Every ready pod's usage, from the runtime, by namespace and name.
+    pub async fn pods(&self) -> Result<Vec<PodUsage>, StatsError> {
+        let err = |call| move |source| StatsError { call, source };
+        let stats = self
+            .runtime
+            .list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest { filter: None })
+            .await
+            .map_err(err("ListPodSandboxStats"))?
+            .stats;
+        let sandboxes = self
+            .runtime
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await
+            .map_err(err("ListPodSandbox"))?
+            .items;
+        let containers = self
+            .runtime
+            .list_containers(cri::ListContainersRequest { filter: None })
+            .await
+            .map_err(err("ListContainers"))?
+            .containers;
+        let mut pods = Vec::with_capacity(stats.len());
+        for s in stats {
+            let Some(attrs) = &s.attributes else { continue };
+            let Some(meta) = &attrs.metadata else { continue };
+            let Some(linux) = &s.linux else { continue };
+            let cpu = linux.cpu.unwrap_or_default();
+            let memory = linux.memory.unwrap_or_default();
+            let iface = linux
+                .network
+                .as_ref()
+                .and_then(|n| n.default_interface.clone())
+                .unwrap_or_default();
+            let start_ns = sandboxes
+                .iter()
+                .find(|sb| sb.id == attrs.id)
+                .map_or(0, |sb| sb.created_at);
+            let usage = linux
+                .containers
+                .iter()
+                .filter_map(|c| {
+                    let a = c.attributes.as_ref()?;
+                    let cpu = c.cpu.unwrap_or_default();
+                    let mem = c.memory.unwrap_or_default();
+                    Some(ContainerUsage {
+                        name: a.metadata.as_ref()?.name.clone(),
+                        start_ns: containers
+                            .iter()
+                            .find(|x| x.id == a.id)
+                            .map_or(0, |x| x.created_at),
+                        time_ns: cpu.timestamp,
+                        nano_cores: v(cpu.usage_nano_cores.as_ref()),
+                        core_nanos: v(cpu.usage_core_nano_seconds.as_ref()),
+                        working_set: v(mem.working_set_bytes.as_ref()),
+                        memory_usage: v(mem.usage_bytes.as_ref()),
+                        rss: v(mem.rss_bytes.as_ref()),
+                        rootfs_bytes: v(c.writable_layer.as_ref().and_then(|w| w.used_bytes.as_ref())),
+                    })
+                })
+                .collect();
+            pods.push(PodUsage {
+                name: meta.name.clone(),
+                namespace: meta.namespace.clone(),
+                uid: meta.uid.clone(),
+                start_ns,
+                time_ns: cpu.timestamp,
+                nano_cores: v(cpu.usage_nano_cores.as_ref()),
+                core_nanos: v(cpu.usage_core_nano_seconds.as_ref()),
+                working_set: v(memory.working_set_bytes.as_ref()),
+                rx_bytes: v(iface.rx_bytes.as_ref()),
+                tx_bytes: v(iface.tx_bytes.as_ref()),
+                processes: v(linux.process.as_ref().and_then(|p| p.process_count.as_ref())),
+                containers: usage,
+            });
+        }
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        Ok(pods)
+    }
+
+    /// The runtime's image filesystem: where it is (`ImageFsInfo`) and what it holds.
+    pub async fn image_fs(&self) -> Result<FsStats, StatsError> {
+        let info = self
+            .runtime
+            .image_fs_info(cri::ImageFsInfoRequest {})
+            .await
+            .map_err(|source| StatsError {
+                call: "ImageFsInfo",
+                source,
+            })?;
+        let fs = info.image_filesystems.first();
+        let used = fs.map_or(0, |f| v(f.used_bytes.as_ref()));
+        let mountpoint = fs
+            .and_then(|f| f.fs_id.as_ref())
+            .map(|id| id.mountpoint.as_str())
+            .unwrap_or_default();
+        if let Some(real) = (!mountpoint.is_empty())
+            .then(|| self.host.fs_at(mountpoint))
+            .flatten()
+        {
+            return Ok(real);
+        }
+        // one synthetic filesystem: images and writable layers share the node's ephemeral storage
+        let layers: u64 = match self.pods().await {
+            Ok(pods) => pods.iter().map(PodUsage::rootfs_bytes).sum(),
+            Err(_) => 0,
+        };
+        Ok(self.synthetic_fs(used + layers))
+    }
+
+    fn synthetic_fs(&self, used: u64) -> FsStats {
+        let capacity = self.config.machine.ephemeral_storage_bytes;
+        FsStats {
+            capacity_bytes: capacity,
+            available_bytes: capacity.saturating_sub(used),
+            inodes: None,
+            inodes_free: None,
+        }
+    }
+
+    /// The node and its pods now.
+    pub async fn summary(&self) -> Result<Summary, StatsError> {
+        let pods = self.pods().await?;
+        let pods_ws: u64 = pods.iter().map(|p| p.working_set).sum();
+        let layers: u64 = pods.iter().map(PodUsage::rootfs_bytes).sum();
+        let info = self
+            .runtime
+            .image_fs_info(cri::ImageFsInfoRequest {})
+            .await
+            .map_err(|source| StatsError {
+                call: "ImageFsInfo",
+                source,
+            })?;
+        let fs = info.image_filesystems.first();
+        let images_used = fs.map_or(0, |f| v(f.used_bytes.as_ref()));
+        let mountpoint = fs
+            .and_then(|f| f.fs_id.as_ref())
+            .map(|id| id.mountpoint.clone())
+            .unwrap_or_default();
+        let (nodefs, imagefs) = match self.host.node_fs() {
+            Some(nodefs) => {
+                let imagefs = (!mountpoint.is_empty())
+                    .then(|| self.host.fs_at(&mountpoint))
+                    .flatten()
+                    .unwrap_or(nodefs);
+                (nodefs, imagefs)
+            }
+            None => {
+                let fs = self.synthetic_fs(images_used + layers);
+                (fs, fs)
+            }
+        };
+        let time_ns = pods.iter().map(|p| p.time_ns).max().unwrap_or_else(now_ns);
+        Ok(Summary {
+            node: NodeUsage {
+                memory_capacity: self.config.machine.memory_bytes,
+                memory_working_set: self.host.memory_working_set().unwrap_or(pods_ws),
+                nodefs: Some(nodefs),
+                imagefs: Some(imagefs),
+                pids: self.host.pids(),
+                time_ns,
+            },
+            pods,
+        })
+    }
+}
