@@ -3,9 +3,8 @@
 //! `tests/containerd/setup.sh` (CNI configured from the pod CIDR the agent hands it, as a kubelet's runtime is),
 //! and the `node-agent` binary with `--runtime remote` registered as node [`NODE`] with a loopback InternalIP,
 //! its own root and log directories under one temp directory, and its own `cgroupRoot` (`/na-real-node-<pid>`), so
-//! its QoS and pod cgroups never meet another run's. Its disk eviction thresholds are 2 % (the kubelet's
-//! defaults are 10 % / 15 %): the tests share the machine's disk with builds, and a development machine below
-//! 15 % free would otherwise see DiskPressure refuse and evict the tests' pods.
+//! its QoS and pod cgroups never meet another run's. The including binary adds to its KubeletConfiguration
+//! (`KUBELET_CONFIG`, usually [`EVICTION`]).
 //!
 //! Started by the first test that asks ([`RealNode::get`]); torn down when the test binary exits, however it
 //! exits (see [`start_reaper`]): the agent is killed, `tests/containerd/teardown.sh` kills the containers and
@@ -32,6 +31,12 @@ pub const CLUSTER_DNS: &str = "10.96.0.10";
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 /// The agent's `syncFrequency`: how soon ConfigMap and Secret updates reach running pods.
 pub const SYNC_FREQUENCY: &str = "5s";
+
+/// The tests' eviction thresholds: disk at 2 % (the kubelet's defaults are 10 % / 15 %) — the tests share the
+/// machine's disk with builds, and a development machine below 15 % free would otherwise see DiskPressure
+/// refuse and evict the tests' pods.
+pub const EVICTION: &str =
+    "evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}\n";
 
 /// The shared real node.
 pub struct RealNode {
@@ -218,12 +223,12 @@ impl RealNode {
                 "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
                  tlsCertFile: {}\ntlsPrivateKeyFile: {}\nauthentication:\n  x509:\n    clientCAFile: {}\n\
                  podLogsDir: {}\nclusterDNS: [{CLUSTER_DNS}]\nclusterDomain: {CLUSTER_DOMAIN}\n\
-                 syncFrequency: {SYNC_FREQUENCY}\ncgroupRoot: /{cgroup}\n\
-                 evictionHard: {{memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}}\n",
+                 syncFrequency: {SYNC_FREQUENCY}\ncgroupRoot: /{cgroup}\n{}",
                 cert.display(),
                 key.display(),
                 cp.client_ca_file().display(),
                 pod_logs_dir.display(),
+                crate::KUBELET_CONFIG,
             ),
         )?;
         let free = || -> anyhow::Result<String> {

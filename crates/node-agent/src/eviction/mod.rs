@@ -175,7 +175,15 @@ impl EvictionManager {
         });
         let threshold = *decision.act_on.first()?;
         let resource = threshold.signal.resource();
-        tracing::info!(node = %self.ctx.node_name(), signal = threshold.signal.as_str(), "eviction manager: attempting to reclaim {}", resource.as_str());
+        let seen = obs.get(&threshold.signal).copied();
+        tracing::info!(
+            node = %self.ctx.node_name(),
+            signal = threshold.signal.as_str(),
+            available = seen.map(|o| o.available),
+            threshold = seen.map(|o| threshold.quantity(o.capacity)),
+            "eviction manager: attempting to reclaim {}",
+            resource.as_str()
+        );
         self.ctx.events.warning(
             &self.ctx.node_reference(),
             "EvictionThresholdMet",

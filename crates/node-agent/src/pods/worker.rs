@@ -341,6 +341,9 @@ impl PodWorker {
         if first && self.rejected.is_none() && !self.removed && !reported_terminal {
             self.report_status();
         }
+        if first {
+            volumes::release(&self.ctx, &self.pod.uid).await;
+        }
         for done in self.killed_done.drain(..) {
             let _ = done.send(());
         }

@@ -210,18 +210,37 @@ impl StatsProvider {
     /// Every ready pod's usage, from the runtime, by namespace and name.
     pub async fn pods(&self) -> Result<Vec<PodUsage>, StatsError> {
         let err = |call| move |source| StatsError { call, source };
-        let stats = self
-            .runtime
-            .list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest { filter: None })
-            .await
-            .map_err(err("ListPodSandboxStats"))?
-            .stats;
         let sandboxes = self
             .runtime
             .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
             .await
             .map_err(err("ListPodSandbox"))?
             .items;
+        let stats = match self
+            .runtime
+            .list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest { filter: None })
+            .await
+        {
+            Ok(r) => r.stats,
+            // containerd 1.6 fails the whole list when one sandbox is stopped: ask per ready sandbox
+            Err(error) => {
+                tracing::debug!(%error, "ListPodSandboxStats failed; asking per ready sandbox");
+                let mut stats = Vec::new();
+                for sb in sandboxes
+                    .iter()
+                    .filter(|sb| sb.state == cri::PodSandboxState::SandboxReady as i32)
+                {
+                    let req = cri::PodSandboxStatsRequest {
+                        pod_sandbox_id: sb.id.clone(),
+                    };
+                    match self.runtime.pod_sandbox_stats(req).await {
+                        Ok(r) => stats.extend(r.stats),
+                        Err(error) => tracing::debug!(sandbox = %sb.id, %error, "PodSandboxStats failed"),
+                    }
+                }
+                stats
+            }
+        };
         let containers = self
             .runtime
             .list_containers(cri::ListContainersRequest { filter: None })

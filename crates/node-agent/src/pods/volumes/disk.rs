@@ -195,6 +195,15 @@ pub fn check_host_path(path: &str, kind: HostPathType) -> Result<(), String> {
 /// Removes a pod's directory: every volume directory under `volumes/<plugin>/` is unmounted first if it is a
 /// mount point. hostPath volumes live outside it and are never touched.
 pub fn remove_pod_dir(pod_dir: &Path) -> io::Result<()> {
+    remove_volumes(pod_dir)?;
+    match fs::remove_dir_all(pod_dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Unmounts (tmpfs) and removes the pod's volumes (`<pod dir>/volumes`), leaving the rest of its directory.
+pub fn remove_volumes(pod_dir: &Path) -> io::Result<()> {
     let volumes = pod_dir.join("volumes");
     if let Ok(plugins) = fs::read_dir(&volumes) {
         for plugin in plugins.flatten() {
@@ -210,7 +219,7 @@ pub fn remove_pod_dir(pod_dir: &Path) -> io::Result<()> {
             }
         }
     }
-    match fs::remove_dir_all(pod_dir) {
+    match fs::remove_dir_all(&volumes) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }

@@ -382,6 +382,20 @@ pub async fn etc_hosts(
     }))
 }
 
+/// Tears down the volumes of a pod that ran to its end (terminal, or stopped by an eviction or a shutdown)
+/// while its object stays: memory-backed emptyDirs give their memory back, disk-backed ones their space, as
+/// the kubelet unmounts the volumes of terminated pods. The rest of the pod's directory stays until
+/// [`cleanup`].
+pub async fn release(ctx: &AgentCtx, uid: &str) {
+    let Some(pods_dir) = ctx.config.layout.pods_dir.clone() else {
+        return;
+    };
+    let dir = pod_dir(&pods_dir, uid);
+    if let Err(error) = blocking(move || disk::remove_volumes(&dir)).await {
+        tracing::warn!(%uid, %error, "cannot remove the terminated pod's volumes");
+    }
+}
+
 /// Removes the pod's directory on a node that keeps one (volumes unmounted first).
 pub async fn cleanup(ctx: &AgentCtx, uid: &str) {
     let Some(pods_dir) = ctx.config.layout.pods_dir.clone() else {

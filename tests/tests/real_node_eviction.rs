@@ -1,0 +1,16 @@
+//! Node-pressure eviction on a real node of its own (its threshold would put the shared node of `real_node.rs`
+//! under pressure while other tests run): `allocatableMemory.available<96%` — pressure once the pods' working
+//! sets pass 4 % of allocatable memory — and a 30 s transition period. Needs root and
+//! `NODE_AGENT_CONTAINERD_SETUP=1`.
+
+/// The containerd the node runs on (Debian's 1.6).
+const CONTAINERD: &str = "1.6";
+/// What the node's KubeletConfiguration adds (see the harness).
+const KUBELET_CONFIG: &str = "evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%, \
+                              allocatableMemory.available: 96%}\nevictionPressureTransitionPeriod: 30s\n";
+
+#[path = "real_node/eviction.rs"]
+mod eviction;
+#[allow(dead_code)]
+#[path = "real_node/harness.rs"]
+mod harness;
