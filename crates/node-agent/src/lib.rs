@@ -31,6 +31,8 @@
 //! * [`machine`] — machine facts (host or synthetic).
 //! * `cri_log` — the CRI container log format.
 //! * [`server`] — the kubelet HTTPS API (authenticated, authorized), the healthz and read-only ports.
+//! * [`stats`] — node and pod usage (CRI stats, the machine or the synthetic node's capacity).
+//! * [`eviction`] — node-pressure eviction: thresholds, pressure conditions, ranking, one eviction per pass.
 
 pub mod agent;
 pub mod api;

@@ -161,7 +161,8 @@ impl EvictionManager {
         let summary = match self.ctx.stats.summary().await {
             Ok(s) => s,
             Err(error) => {
-                tracing::warn!(node = %self.ctx.node_name(), %error, "eviction manager: no stats");
+                // debug: an unreachable runtime is reported by the node's Ready condition already
+                tracing::debug!(node = %self.ctx.node_name(), %error, "eviction manager: no stats");
                 return None;
             }
         };
