@@ -10,6 +10,8 @@
 //! | [`NodeStatusManager`] | registration, conditions, `nodes/status`, the runtime's pod CIDR |
 //! | [`NodeInformer`] | a watch of this node's Node object -> [`NodeSnapshot`] |
 //! | [`LeaseManager`] | `kube-node-lease/<node>` |
+//! | pod lifecycle ([`crate::pods`]) | desired pods, workers, probes, PLEG, pod statuses |
+//! | container and image GC ([`crate::gc`]) | dead containers, sandboxes, logs; unused images |
 //!
 //! Everything another manager needs (node name, allocatable, runtime health, events, metrics, the API gate,
 //! pressure and health-check inputs, the token) is in the cheap-to-clone [`AgentContext`]. Adding a manager is
@@ -29,6 +31,9 @@ use tokio_util::task::TaskTracker;
 use crate::api::ApiCalls;
 use crate::config::{AgentConfig, ConfigError};
 use crate::events::{EventRecorder, EventSink, node_reference};
+use crate::gc::{
+    ContainerGc, GarbageCollectors, ImageFsKind, ImageFsSource, ImageGc, ImagePolicy, RuntimeImageFs,
+};
 use crate::metrics::Metrics;
 use crate::node::status::{StatusChannels, cordon_for_shutdown};
 use crate::node::{
@@ -82,6 +87,8 @@ pub struct AgentContext {
     pub token: CancellationToken,
     /// Pauses the lease and node status heartbeats (chaos; never paused otherwise).
     pub heartbeats: crate::node::Heartbeats,
+    /// The container and image garbage collectors (the eviction manager reclaims through them).
+    pub gc: GarbageCollectors,
 }
 
 impl std::fmt::Debug for AgentContext {
@@ -114,9 +121,17 @@ pub struct AgentBuilder {
     pods: Option<crate::pods::PodOptions>,
     shared_limit: Option<Arc<crate::api::RateLimiter>>,
     node_watch: Option<kube::Client>,
+    image_fs: Option<Arc<dyn ImageFsSource>>,
 }
 
 impl AgentBuilder {
+    /// Measure the image filesystem (for image GC) with `source` (default: the runtime's `ImageFsInfo`, with a
+    /// `statvfs` on a real node and the node's ephemeral-storage capacity on an in-memory one).
+    pub fn image_fs(mut self, source: Arc<dyn ImageFsSource>) -> Self {
+        self.image_fs = Some(source);
+        self
+    }
+
     /// Hold the watch of this node's Node object over `client` instead of the request client (a process
     /// multiplexing many agents keeps long-lived watches on connections of their own, see
     /// [`PodSource::WatchVia`](crate::pods::PodSource::WatchVia)).
@@ -186,6 +201,34 @@ impl AgentBuilder {
             watch::channel(Arc::new(NodeStatusManager::allocatable(&config)));
         let (pressure_tx, pressure_rx) = watch::channel(Pressure::default());
         let (node_tx, node) = watch::channel(None);
+        let pods = self.pods.unwrap_or_default();
+        // a real node keeps pod files under its root directory; an in-memory one writes nothing
+        let real = pods.root_dir.is_some();
+        let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
+        let image_fs = self.image_fs.unwrap_or_else(|| {
+            let kind = if real {
+                ImageFsKind::Statvfs
+            } else {
+                ImageFsKind::Capacity(config.machine.ephemeral_storage_bytes)
+            };
+            Arc::new(RuntimeImageFs::new(self.runtime.clone(), kind))
+        });
+        let gc = GarbageCollectors {
+            containers: ContainerGc::new(
+                self.runtime.clone(),
+                &config.gc,
+                crate::pods::PodsQuery::new(control_tx.clone()),
+                real.then(|| k.pod_logs_dir.clone()),
+            ),
+            images: ImageGc::new(
+                self.runtime.clone(),
+                ImagePolicy::from_config(k),
+                image_fs,
+                events.clone(),
+                config.node_name.clone(),
+                metrics.clone(),
+            ),
+        };
         let ctx = AgentContext {
             config,
             client: self.client,
@@ -201,6 +244,7 @@ impl AgentBuilder {
             health_checks: HealthChecks::default(),
             token,
             heartbeats: crate::node::Heartbeats::default(),
+            gc,
         };
         Ok(Agent {
             ctx,
@@ -210,8 +254,9 @@ impl AgentBuilder {
             node_tx,
             pressure_rx,
             started: Instant::now(),
-            pods: self.pods.unwrap_or_default(),
+            pods,
             node_watch: self.node_watch,
+            control: (control_tx, control_rx),
         })
     }
 }
@@ -227,7 +272,14 @@ pub struct Agent {
     started: Instant,
     pods: crate::pods::PodOptions,
     node_watch: Option<kube::Client>,
+    control: PodControl,
 }
+
+/// The pod manager's control channel: shutdown requests and the garbage collector's questions.
+type PodControl = (
+    tokio::sync::mpsc::UnboundedSender<crate::pods::ManagerControl>,
+    tokio::sync::mpsc::UnboundedReceiver<crate::pods::ManagerControl>,
+);
 
 impl Agent {
     /// An agent for `config`, talking to the API server through `client` and to the container runtime through
@@ -242,6 +294,7 @@ impl Agent {
             pods: None,
             shared_limit: None,
             node_watch: None,
+            image_fs: None,
         }
     }
 
@@ -261,8 +314,23 @@ impl Agent {
         tracker.spawn(m.status.run());
         tracker.spawn(m.lease.run());
         tracker.spawn(m.informer.run());
-        let (shutdown_tx, shutdown_rx) = tokio::sync::mpsc::unbounded_channel();
-        tracker.spawn(crate::pods::run_for_agent(ctx.clone(), m.pods, shutdown_rx));
+        let (control_tx, control_rx) = m.control;
+        tracker.spawn(crate::pods::run_for_agent(ctx.clone(), m.pods, control_rx));
+        let (name, gc) = (&ctx.config.node_name, &ctx.config.gc);
+        tracker.spawn(crate::gc::run_container_gc(
+            ctx.gc.containers.clone(),
+            ctx.events.clone(),
+            name.clone(),
+            gc.container_gc_period,
+            ctx.token.clone(),
+        ));
+        tracker.spawn(crate::gc::run_image_gc(
+            ctx.gc.images.clone(),
+            ctx.events.clone(),
+            name.clone(),
+            gc.image_gc_period,
+            ctx.token.clone(),
+        ));
         let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = shutting_down.clone();
         ctx.health_checks.add_plain(move || {
@@ -276,7 +344,7 @@ impl Agent {
         RunningAgent {
             ctx,
             tracker,
-            shutdown_tx,
+            shutdown_tx: control_tx,
             shutting_down,
             resync: m.resync,
         }
@@ -294,6 +362,7 @@ impl Agent {
             started,
             pods,
             node_watch,
+            control,
         } = self;
         let resync = Arc::new(Notify::new());
         let resync_status = resync.clone();
@@ -343,6 +412,7 @@ impl Agent {
             informer,
             pods,
             resync: resync_status,
+            control,
         };
         (ctx, managers)
     }
@@ -358,13 +428,15 @@ pub(crate) struct Managers {
     pub(crate) pods: crate::pods::PodOptions,
     /// Wakes the node status loop (a shutdown reports NotReady at once).
     pub(crate) resync: Arc<Notify>,
+    /// The pod manager's control channel.
+    pub(crate) control: PodControl,
 }
 
 /// A started agent.
 pub struct RunningAgent {
     ctx: AgentContext,
     tracker: TaskTracker,
-    shutdown_tx: tokio::sync::mpsc::UnboundedSender<crate::pods::shutdown::ShutdownRequest>,
+    shutdown_tx: tokio::sync::mpsc::UnboundedSender<crate::pods::ManagerControl>,
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
     resync: Arc<Notify>,
 }
@@ -417,7 +489,7 @@ impl RunningAgent {
         self.resync.notify_one();
         let (done, wait) = tokio::sync::oneshot::channel();
         let request = crate::pods::shutdown::ShutdownRequest { groups, done };
-        if self.shutdown_tx.send(request).is_ok() {
+        if self.shutdown_tx.send(request.into()).is_ok() {
             // the groups' periods, then at most 5 s for the statuses to be written
             let bound = total + Duration::from_secs(6);
             if tokio::time::timeout(bound, wait).await.is_err() {

@@ -31,6 +31,7 @@
 //! * [`machine`] — machine facts (host or synthetic).
 //! * `cri_log` — the CRI container log format.
 //! * [`server`] — the kubelet HTTPS API (authenticated, authorized), the healthz and read-only ports.
+//! * [`gc`] — container and image garbage collection.
 
 pub mod agent;
 pub mod api;
@@ -38,6 +39,7 @@ pub mod backoff;
 pub mod config;
 mod cri_log;
 pub mod events;
+pub mod gc;
 pub mod machine;
 pub mod metrics;
 pub mod node;

@@ -13,6 +13,9 @@
 //! | PLEG | `pleg` | runtime events (or a 1 s relist) to workers |
 //! | status manager | `status` | PATCH `pods/status` on change; final DELETE |
 //!
+//! From outside, [`control`] carries graceful shutdown requests and the garbage collector's question which
+//! pods the node still has.
+//!
 //! Events go through a [`PodEventSink`] ([`events`]): the agent's own recorder when run by an
 //! [`Agent`](crate::Agent) (see [`PodLifecycle::for_agent`] and [`PodOptions`]), else an event writer of
 //! its own. API writes go through the agent's rate limit ([`ApiCalls`]).
@@ -32,6 +35,7 @@ mod actions;
 pub mod admission;
 pub mod cgroups;
 mod context;
+pub mod control;
 pub mod dns;
 mod env;
 pub mod events;
@@ -72,6 +76,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use admission::NodeView;
+pub use control::{KnownPods, ManagerControl, PodsQuery};
 pub use events::{MemoryEvents, NoEvents, PodEvent as PodEventRecord, PodEventSink};
 pub use labels::RuntimeLayout;
 pub use metrics::{PodMetrics, Stage, StageReport};
@@ -143,8 +148,8 @@ pub struct PodLifecycle {
     events: Option<Arc<dyn PodEventSink>>,
     api: ApiCalls,
     source: PodSource,
-    /// Graceful node shutdown requests.
-    control: Option<mpsc::UnboundedReceiver<shutdown::ShutdownRequest>>,
+    /// Graceful node shutdown requests and questions about the node's pods.
+    control: Option<mpsc::UnboundedReceiver<ManagerControl>>,
     /// Extra tasks to run alongside (e.g. the node view bridge of [`PodLifecycle::for_agent`]).
     companions: Vec<Companion>,
 }
@@ -187,11 +192,9 @@ impl PodLifecycle {
         }
     }
 
-    /// Takes graceful node shutdown requests from `control` (see [`shutdown`]).
-    pub fn with_shutdown_control(
-        mut self,
-        control: mpsc::UnboundedReceiver<shutdown::ShutdownRequest>,
-    ) -> Self {
+    /// Takes graceful node shutdown requests (see [`shutdown`]) and questions about the node's pods (see
+    /// [`control`]) from `control`.
+    pub fn with_control(mut self, control: mpsc::UnboundedReceiver<ManagerControl>) -> Self {
         self.control = Some(control);
         self
     }

@@ -218,14 +218,14 @@ impl PodLifecycle {
 }
 
 /// Runs the pod lifecycle of the agent behind `ctx` until the agent's token fires (errors are logged).
-/// Graceful node shutdown requests arrive on `control`.
+/// Graceful node shutdown requests and questions about the node's pods arrive on `control`.
 pub async fn run_for_agent(
     ctx: AgentContext,
     options: PodOptions,
-    control: tokio::sync::mpsc::UnboundedReceiver<super::shutdown::ShutdownRequest>,
+    control: tokio::sync::mpsc::UnboundedReceiver<super::ManagerControl>,
 ) {
     let token = ctx.token.clone();
-    let lifecycle = PodLifecycle::for_agent(&ctx, options).with_shutdown_control(control);
+    let lifecycle = PodLifecycle::for_agent(&ctx, options).with_control(control);
     if let Err(error) = lifecycle.run(token).await {
         tracing::error!(node = %ctx.config.node_name, %error, "pod lifecycle stopped");
     }

@@ -1,6 +1,7 @@
 //! Lifecycle tests under paused tokio time: the real pod manager, workers, prober and PLEG against the
 //! in-memory fake runtime, with the status manager replaced by a recorder of what it would write.
 
+mod gc;
 mod probes;
 mod scenarios;
 mod shutdown;
@@ -79,8 +80,8 @@ pub(super) struct Harness {
     pub desired: watch::Receiver<Desired>,
     /// Mirror pods the manager passed on instead of running them.
     pub mirror_rx: mpsc::UnboundedReceiver<MirrorMsg>,
-    /// Graceful node shutdown requests.
-    pub control: mpsc::UnboundedSender<crate::pods::shutdown::ShutdownRequest>,
+    /// Graceful node shutdown requests and pod queries.
+    pub control: mpsc::UnboundedSender<crate::pods::ManagerControl>,
     pub statuses: HashMap<String, PodStatus>,
     /// How many statuses were reported (any pod).
     pub sets: usize,

@@ -42,7 +42,7 @@ async fn regular_pods_stop_first_then_critical_ones_within_their_periods() {
 
     let (done, mut wait) = tokio::sync::oneshot::channel();
     let groups = shutdown::groups(Duration::from_secs(10), Duration::from_secs(4), &[]);
-    h.control.send(ShutdownRequest { groups, done }).unwrap();
+    h.control.send(ShutdownRequest { groups, done }.into()).unwrap();
     let start = h.t0.elapsed();
     // a pod arriving during the shutdown is refused
     h.send(PodEvent::Apply(Box::new(app("late", 0, "0s")))).await;
