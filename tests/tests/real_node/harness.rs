@@ -58,6 +58,16 @@ pub struct RealNode {
     agent_command: (PathBuf, Vec<String>),
 }
 
+/// What a test binary may add to the node's settings (the first caller of [`RealNode::get_with`] decides for
+/// the whole binary).
+#[derive(Debug, Clone, Default)]
+pub struct NodeOptions {
+    /// More `node-agent` arguments.
+    pub extra_args: Vec<String>,
+    /// More KubeletConfiguration lines (`field: value\n`).
+    pub extra_config: String,
+}
+
 static NODE_STATE: OnceCell<Option<RealNode>> = OnceCell::const_new();
 /// The process that tears the node down when this test binary exits ([`start_reaper`]).
 static REAPER: Mutex<Option<testenv::process::Proc>> = Mutex::new(None);
@@ -127,12 +137,17 @@ impl RealNode {
     /// The shared node, started on first use; `None` (the caller returns, having printed why) when
     /// `NODE_AGENT_CONTAINERD_SETUP` is not set.
     pub async fn get() -> anyhow::Result<Option<&'static RealNode>> {
+        Self::get_with(&NodeOptions::default()).await
+    }
+
+    /// [`RealNode::get`], the node started with `options` when this call starts it.
+    pub async fn get_with(options: &NodeOptions) -> anyhow::Result<Option<&'static RealNode>> {
         let node = NODE_STATE
             .get_or_try_init(|| async {
                 if std::env::var("NODE_AGENT_CONTAINERD_SETUP").as_deref() != Ok("1") {
                     return Ok(None);
                 }
-                Self::start().await.map(Some)
+                Self::start(options).await.map(Some)
             })
             .await?;
         if node.is_none() {
@@ -149,7 +164,7 @@ impl RealNode {
         Ok(node.as_ref())
     }
 
-    async fn start() -> anyhow::Result<Self> {
+    async fn start(options: &NodeOptions) -> anyhow::Result<Self> {
         if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self")?) != 0 {
             bail!(
                 "the real-node tests need root (containerd, network namespaces, mounts); run them as root or \
@@ -216,11 +231,12 @@ impl RealNode {
                 "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
                  tlsCertFile: {}\ntlsPrivateKeyFile: {}\nauthentication:\n  x509:\n    clientCAFile: {}\n\
                  podLogsDir: {}\nclusterDNS: [{CLUSTER_DNS}]\nclusterDomain: {CLUSTER_DOMAIN}\n\
-                 syncFrequency: {SYNC_FREQUENCY}\ncgroupRoot: /{cgroup}\n",
+                 syncFrequency: {SYNC_FREQUENCY}\ncgroupRoot: /{cgroup}\n{}",
                 cert.display(),
                 key.display(),
                 cp.client_ca_file().display(),
                 pod_logs_dir.display(),
+                options.extra_config,
             ),
         )?;
         let free = || -> anyhow::Result<String> {
@@ -229,7 +245,7 @@ impl RealNode {
                 .port()
                 .to_string())
         };
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "--config".into(),
             config.display().to_string(),
             "--kubeconfig".into(),
@@ -251,6 +267,7 @@ impl RealNode {
             "--healthz-port".into(),
             free()?,
         ];
+        args.extend(options.extra_args.iter().cloned());
         let agent_log = dir.join("node-agent.log");
         let bin = e2e::node_agent_binary()?;
         let t0 = std::time::Instant::now();
