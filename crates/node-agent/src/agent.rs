@@ -316,19 +316,15 @@ impl Agent {
         tracker.spawn(m.informer.run());
         let (control_tx, control_rx) = m.control;
         tracker.spawn(crate::pods::run_for_agent(ctx.clone(), m.pods, control_rx));
-        let (name, gc) = (&ctx.config.node_name, &ctx.config.gc);
-        tracker.spawn(crate::gc::run_container_gc(
-            ctx.gc.containers.clone(),
+        let periods = crate::gc::Periods {
+            containers: ctx.config.gc.container_gc_period,
+            images: ctx.config.gc.image_gc_period,
+        };
+        tracker.spawn(crate::gc::run(
+            ctx.gc.clone(),
             ctx.events.clone(),
-            name.clone(),
-            gc.container_gc_period,
-            ctx.token.clone(),
-        ));
-        tracker.spawn(crate::gc::run_image_gc(
-            ctx.gc.images.clone(),
-            ctx.events.clone(),
-            name.clone(),
-            gc.image_gc_period,
+            ctx.config.node_name.clone(),
+            periods,
             ctx.token.clone(),
         ));
         let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));

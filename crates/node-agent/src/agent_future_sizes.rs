@@ -68,26 +68,18 @@ async fn the_agents_long_lived_futures_stay_small() {
             4_096,
         ),
         (
-            "container gc",
-            size_of_val(&crate::gc::run_container_gc(
-                ctx.gc.containers.clone(),
+            "garbage collectors",
+            size_of_val(&crate::gc::run(
+                ctx.gc.clone(),
                 ctx.events.clone(),
                 ctx.config.node_name.clone(),
-                gc.container_gc_period,
+                crate::gc::Periods {
+                    containers: gc.container_gc_period,
+                    images: gc.image_gc_period,
+                },
                 ctx.token.clone(),
             )),
-            512,
-        ),
-        (
-            "image gc",
-            size_of_val(&crate::gc::run_image_gc(
-                ctx.gc.images.clone(),
-                ctx.events.clone(),
-                ctx.config.node_name.clone(),
-                gc.image_gc_period,
-                ctx.token.clone(),
-            )),
-            512,
+            704,
         ),
     ];
     check(&sizes);

@@ -308,11 +308,15 @@ async fn the_container_loop_runs_once_a_period_and_reports_failures_on_the_node(
     crash_looped(&rt, &sb, "p", 3).await;
     let (events, mut seen) = CapturedEvents::new();
     let token = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(run_container_gc(
-        gc,
+    let collectors = GarbageCollectors {
+        containers: gc,
+        images: image_gc_off(&rt, events.clone()),
+    };
+    let task = tokio::spawn(run(
+        collectors,
         events,
         "n1".into(),
-        Duration::from_secs(60),
+        periods(60, 300),
         token.clone(),
     ));
     tokio::time::sleep(Duration::from_secs(60)).await;
@@ -329,6 +333,41 @@ async fn the_container_loop_runs_once_a_period_and_reports_failures_on_the_node(
     assert!(message.starts_with("failed to list containers"), "{message}");
     token.cancel();
     task.await.unwrap();
+}
+
+fn periods(containers: u64, images: u64) -> Periods {
+    Periods {
+        containers: Duration::from_secs(containers),
+        images: Duration::from_secs(images),
+    }
+}
+
+/// An image collector whose policy turns it off.
+fn image_gc_off(rt: &FakeRuntime, events: crate::events::EventRecorder) -> ImageGc {
+    let off = ImagePolicy {
+        high_threshold_percent: 100,
+        low_threshold_percent: 80,
+        min_age: Duration::ZERO,
+        max_age: Duration::ZERO,
+    };
+    ImageGc::new(
+        Arc::new(rt.clone()),
+        off,
+        Arc::new(NoFs),
+        events,
+        "n1",
+        Arc::new(Metrics::unregistered()),
+    )
+}
+
+/// An image filesystem that cannot be measured.
+struct NoFs;
+
+#[async_trait::async_trait]
+impl ImageFsSource for NoFs {
+    async fn image_fs(&self) -> Result<FsStats, String> {
+        Err("no image filesystem here".into())
+    }
 }
 
 // ---- images ----
@@ -529,11 +568,20 @@ async fn the_image_loop_reports_a_repeated_failure_as_image_gc_failed() {
     let mut t = images(policy).await;
     let token = tokio_util::sync::CancellationToken::new();
     let period = Duration::from_secs(300);
-    let task = tokio::spawn(run_image_gc(
-        t.gc.clone(),
+    let collectors = GarbageCollectors {
+        containers: ContainerGc::new(
+            Arc::new(t.rt.clone()),
+            &GcSettings::default(),
+            pods_answering(Arc::new(Mutex::new(None))),
+            None,
+        ),
+        images: t.gc.clone(),
+    };
+    let task = tokio::spawn(run(
+        collectors,
         t.recorder.clone(),
         "n1".into(),
-        period,
+        periods(86_400, 300),
         token.clone(),
     ));
     tokio::time::sleep(period).await;
@@ -552,22 +600,29 @@ async fn the_image_loop_reports_a_repeated_failure_as_image_gc_failed() {
 
 #[tokio::test(start_paused = true)]
 async fn a_high_threshold_of_100_without_a_maximum_age_turns_image_gc_off() {
-    let policy = ImagePolicy {
-        high_threshold_percent: 100,
-        low_threshold_percent: 80,
-        min_age: Duration::ZERO,
-        max_age: Duration::ZERO,
+    let rt = runtime();
+    let (events, mut seen) = CapturedEvents::new();
+    let collectors = GarbageCollectors {
+        containers: ContainerGc::new(
+            Arc::new(rt.clone()),
+            &GcSettings::default(),
+            pods_answering(Arc::new(Mutex::new(None))),
+            None,
+        ),
+        images: image_gc_off(&rt, events.clone()),
     };
-    let t = images(policy).await;
+    assert!(collectors.images.policy().disabled());
     let token = tokio_util::sync::CancellationToken::new();
-    // returns at once: no timer is kept
-    run_image_gc(
-        t.gc.clone(),
-        t.recorder.clone(),
+    let task = tokio::spawn(run(
+        collectors,
+        events,
         "n1".into(),
-        Duration::from_secs(300),
-        token,
-    )
-    .await;
-    assert_eq!(image_names(&t.rt).await.len(), 5);
+        periods(86_400, 300),
+        token.clone(),
+    ));
+    // were it on, its passes would fail (the filesystem cannot be measured) and say so from the second one
+    tokio::time::sleep(Duration::from_secs(1800)).await;
+    assert!(seen.drain().is_empty());
+    token.cancel();
+    task.await.unwrap();
 }

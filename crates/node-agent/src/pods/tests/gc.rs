@@ -9,7 +9,7 @@ use serde_json::json;
 use super::super::source::PodEvent;
 use super::{Harness, pod};
 use crate::config::GcSettings;
-use crate::gc::{ContainerGc, run_container_gc};
+use crate::gc::{ContainerGc, GarbageCollectors, ImageGc, ImagePolicy, Periods, RuntimeImageFs};
 use crate::pods::PodsQuery;
 
 fn exited(list: &[(String, u32, i32, String)]) -> usize {
@@ -62,12 +62,31 @@ async fn a_crash_loop_keeps_its_restart_count_and_last_state_while_dead_instance
         None,
     );
     let (events, _seen) = crate::events::CapturedEvents::new();
+    let images = ImageGc::new(
+        std::sync::Arc::new(h.runtime.clone()),
+        ImagePolicy::from_config(&crate::config::KubeletConfig::default()),
+        std::sync::Arc::new(RuntimeImageFs::new(
+            std::sync::Arc::new(h.runtime.clone()),
+            crate::gc::ImageFsKind::Capacity(100 << 30),
+        )),
+        events.clone(),
+        "n1",
+        std::sync::Arc::new(crate::metrics::Metrics::unregistered()),
+    );
     let token = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(run_container_gc(
-        gc,
+    let periods = Periods {
+        containers: Duration::from_secs(60),
+        images: Duration::from_secs(300),
+    };
+    let collectors = GarbageCollectors {
+        containers: gc,
+        images,
+    };
+    let task = tokio::spawn(crate::gc::run(
+        collectors,
         events,
         "n1".into(),
-        Duration::from_secs(60),
+        periods,
         token.clone(),
     ));
     let p = pod(
