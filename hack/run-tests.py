@@ -29,6 +29,7 @@ CONTAINERD_BINARIES = {
     "e2e/test/real_node_restart": "10.91.0.0/16",
     "e2e/test/real_node_v2": "10.92.0.0/16",
     "e2e/test/real_node_eviction": "10.94.0.0/16",
+    "e2e/test/real_node_gc": "10.93.0.0/16",
 }
 
 

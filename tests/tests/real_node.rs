@@ -6,8 +6,6 @@
 
 /// The containerd these tests run on: Debian's 1.6 (`real_node_v2.rs` runs the same tests on 2.x).
 const CONTAINERD: &str = "1.6";
-/// What the node's KubeletConfiguration adds (see the harness).
-const KUBELET_CONFIG: &str = harness::EVICTION;
 
 #[path = "real_node/cgroups.rs"]
 mod cgroups;

@@ -5,9 +5,6 @@
 
 /// The containerd the node runs on (Debian's 1.6).
 const CONTAINERD: &str = "1.6";
-/// What the node's KubeletConfiguration adds (see the harness).
-const KUBELET_CONFIG: &str = "evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%, \
-                              allocatableMemory.available: 96%}\nevictionPressureTransitionPeriod: 30s\n";
 
 #[path = "real_node/eviction.rs"]
 mod eviction;

@@ -6,8 +6,6 @@
 
 /// The containerd the node runs on (Debian's 1.6).
 const CONTAINERD: &str = "1.6";
-/// What the node's KubeletConfiguration adds (see the harness).
-const KUBELET_CONFIG: &str = harness::EVICTION;
 
 #[allow(dead_code)]
 #[path = "real_node/harness.rs"]

@@ -4,8 +4,6 @@
 
 /// The containerd these tests run on.
 const CONTAINERD: &str = "2";
-/// What the node's KubeletConfiguration adds (see the harness).
-const KUBELET_CONFIG: &str = harness::EVICTION;
 
 #[path = "real_node/cgroups.rs"]
 mod cgroups;

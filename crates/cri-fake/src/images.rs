@@ -70,6 +70,8 @@ pub(crate) struct Image {
     pub(crate) size: u64,
     /// The image config's `User` (`uid`, `name`, `uid:gid` or `name:group`); `None` = not set.
     pub(crate) user: Option<Box<str>>,
+    /// Pinned by the runtime (a kubelet never garbage collects it).
+    pub(crate) pinned: bool,
 }
 
 impl Image {
@@ -112,7 +114,7 @@ impl Image {
                 image: self.id().to_owned(),
                 ..Default::default()
             }),
-            ..Default::default()
+            pinned: self.pinned,
         }
     }
 }
@@ -276,6 +278,7 @@ impl Images {
                             refs: Box::new([meta]),
                             size,
                             user: user.map(Into::into),
+                            pinned: false,
                         });
                         self.list.len() - 1
                     }
@@ -283,6 +286,13 @@ impl Images {
             }
         };
         &self.list[index]
+    }
+
+    /// Pin the image `spec` names (nothing happens when it is not there).
+    pub(crate) fn pin(&mut self, spec: &str) {
+        if let Some(i) = self.find(spec) {
+            self.list[i].pinned = true;
+        }
     }
 
     /// Remove the image `spec` names, under every reference it has; `false` if it was not there.
@@ -365,5 +375,15 @@ mod tests {
         assert_eq!(images.len(), 1);
         assert!(images.remove("nginx:1.25"));
         assert!(!images.remove("nginx:1.25"));
+    }
+
+    #[test]
+    fn pinned_images_say_so() {
+        let mut images = Images::default();
+        images.add(&Reference::parse("registry.k8s.io/pause:3.10").unwrap(), 1, None);
+        images.add(&Reference::parse("busybox").unwrap(), 1, None);
+        images.pin("registry.k8s.io/pause:3.10");
+        let pinned: Vec<bool> = images.iter().map(|i| i.to_cri().pinned).collect();
+        assert_eq!(pinned, [true, false]);
     }
 }

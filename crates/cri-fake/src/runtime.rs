@@ -34,6 +34,9 @@ pub struct FakeConfig {
     pub profile: Arc<Profile>,
     /// Images present from the start (references such as `registry.k8s.io/pause:3.10`).
     pub images: Vec<String>,
+    /// Images present from the start and pinned (`pinned: true` in ListImages and ImageStatus, as containerd
+    /// pins its sandbox image): a kubelet's image garbage collector leaves them alone.
+    pub pinned_images: Vec<String>,
     /// Seed of the random draws (distributions) and of the id salt; `None` picks one at random.
     pub seed: Option<u64>,
 }
@@ -46,6 +49,7 @@ impl Default for FakeConfig {
             pod_cidr: Some(DEFAULT_POD_CIDR.into()),
             profile: Arc::new(Profile::default()),
             images: Vec::new(),
+            pinned_images: Vec::new(),
             seed: None,
         }
     }
@@ -141,6 +145,7 @@ impl FakeRuntime {
         let images = config
             .images
             .iter()
+            .chain(&config.pinned_images)
             .filter_map(|image| {
                 let reference = Reference::parse(image);
                 if reference.is_none() {
@@ -161,6 +166,7 @@ impl FakeRuntime {
         let images = config
             .images
             .iter()
+            .chain(&config.pinned_images)
             .map(|image| Reference::parse(image).ok_or_else(|| ConfigError::Image(image.clone())))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self::build(config, ipam, images))
@@ -174,6 +180,9 @@ impl FakeRuntime {
             state
                 .images
                 .add(reference, script.image_size, script.image_user.as_deref());
+        }
+        for pinned in &config.pinned_images {
+            state.images.pin(pinned);
         }
         FakeRuntime {
             inner: Arc::new(Inner {

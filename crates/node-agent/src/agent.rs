@@ -10,6 +10,8 @@
 //! | [`NodeStatusManager`] | registration, conditions, `nodes/status`, the runtime's pod CIDR |
 //! | [`NodeInformer`] | a watch of this node's Node object -> [`NodeSnapshot`] |
 //! | [`LeaseManager`] | `kube-node-lease/<node>` |
+//! | pod lifecycle ([`crate::pods`]) | desired pods, workers, probes, PLEG, pod statuses |
+//! | container and image GC ([`crate::gc`]) | dead containers, sandboxes, logs; unused images |
 //!
 //! Everything another manager needs (node name, allocatable, runtime health, events, metrics, the API gate,
 //! pressure and health-check inputs, the token) is in the cheap-to-clone [`AgentContext`]. Adding a manager is
@@ -29,6 +31,9 @@ use tokio_util::task::TaskTracker;
 use crate::api::ApiCalls;
 use crate::config::{AgentConfig, ConfigError};
 use crate::events::{EventRecorder, EventSink, node_reference};
+use crate::gc::{
+    ContainerGc, GarbageCollectors, ImageFsSource, ImageGc, ImagePolicy,
+};
 use crate::metrics::Metrics;
 use crate::node::status::{StatusChannels, cordon_for_shutdown};
 use crate::node::{
@@ -84,6 +89,8 @@ pub struct AgentContext {
     pub token: CancellationToken,
     /// Pauses the lease and node status heartbeats (chaos; never paused otherwise).
     pub heartbeats: crate::node::Heartbeats,
+    /// The container and image garbage collectors (the eviction manager reclaims through them).
+    pub gc: GarbageCollectors,
 }
 
 impl std::fmt::Debug for AgentContext {
@@ -117,6 +124,7 @@ pub struct AgentBuilder {
     shared_limit: Option<Arc<crate::api::RateLimiter>>,
     node_watch: Option<kube::Client>,
     host_stats: Option<Arc<dyn crate::stats::HostStats>>,
+    image_fs: Option<Arc<dyn ImageFsSource>>,
 }
 
 impl AgentBuilder {
@@ -125,6 +133,12 @@ impl AgentBuilder {
     /// machine facts' capacities used by what the runtime reports.
     pub fn host_stats(mut self, host: Arc<dyn crate::stats::HostStats>) -> Self {
         self.host_stats = Some(host);
+        self
+    }
+
+    /// Measure the image filesystem (for image GC) with `source` (default: the agent's stats provider, see [`AgentBuilder::host_stats`]).
+    pub fn image_fs(mut self, source: Arc<dyn ImageFsSource>) -> Self {
+        self.image_fs = Some(source);
         self
     }
 
@@ -203,6 +217,29 @@ impl AgentBuilder {
             self.host_stats
                 .unwrap_or_else(|| Arc::new(crate::stats::Synthetic)),
         );
+        let pods = self.pods.unwrap_or_default();
+        // a real node keeps pod files under its root directory; an in-memory one writes nothing
+        let real = pods.root_dir.is_some();
+        let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
+        let image_fs = self
+            .image_fs
+            .unwrap_or_else(|| Arc::new(stats.clone()) as Arc<dyn ImageFsSource>);
+        let gc = GarbageCollectors {
+            containers: ContainerGc::new(
+                self.runtime.clone(),
+                &config.gc,
+                crate::pods::PodsQuery::new(control_tx.clone()),
+                real.then(|| k.pod_logs_dir.clone()),
+            ),
+            images: ImageGc::new(
+                self.runtime.clone(),
+                ImagePolicy::from_config(k),
+                image_fs,
+                events.clone(),
+                config.node_name.clone(),
+                metrics.clone(),
+            ),
+        };
         let ctx = AgentContext {
             config,
             client: self.client,
@@ -219,6 +256,7 @@ impl AgentBuilder {
             stats,
             token,
             heartbeats: crate::node::Heartbeats::default(),
+            gc,
         };
         Ok(Agent {
             ctx,
@@ -228,8 +266,9 @@ impl AgentBuilder {
             node_tx,
             pressure_rx,
             started: Instant::now(),
-            pods: self.pods.unwrap_or_default(),
+            pods,
             node_watch: self.node_watch,
+            control: (control_tx, control_rx),
         })
     }
 }
@@ -245,7 +284,14 @@ pub struct Agent {
     started: Instant,
     pods: crate::pods::PodOptions,
     node_watch: Option<kube::Client>,
+    control: PodControl,
 }
+
+/// The pod manager's control channel: shutdown requests and the garbage collector's questions.
+type PodControl = (
+    tokio::sync::mpsc::UnboundedSender<crate::pods::ManagerControl>,
+    tokio::sync::mpsc::UnboundedReceiver<crate::pods::ManagerControl>,
+);
 
 impl Agent {
     /// An agent for `config`, talking to the API server through `client` and to the container runtime through
@@ -261,6 +307,7 @@ impl Agent {
             shared_limit: None,
             node_watch: None,
             host_stats: None,
+            image_fs: None,
         }
     }
 
@@ -280,9 +327,20 @@ impl Agent {
         tracker.spawn(m.status.run());
         tracker.spawn(m.lease.run());
         tracker.spawn(m.informer.run());
-        let (control, control_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (control_tx, control_rx) = m.control;
         tracker.spawn(crate::pods::run_for_agent(ctx.clone(), m.pods, control_rx));
-        tracker.spawn(crate::eviction::EvictionManager::new(ctx.clone(), control.clone()).run());
+        let periods = crate::gc::Periods {
+            containers: ctx.config.gc.container_gc_period,
+            images: ctx.config.gc.image_gc_period,
+        };
+        tracker.spawn(crate::gc::run(
+            ctx.gc.clone(),
+            ctx.events.clone(),
+            ctx.config.node_name.clone(),
+            periods,
+            ctx.token.clone(),
+        ));
+        tracker.spawn(crate::eviction::EvictionManager::new(ctx.clone(), control_tx.clone()).run());
         let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = shutting_down.clone();
         ctx.health_checks.add_plain(move || {
@@ -296,7 +354,7 @@ impl Agent {
         RunningAgent {
             ctx,
             tracker,
-            control,
+            shutdown_tx: control_tx,
             shutting_down,
             resync: m.resync,
         }
@@ -314,6 +372,7 @@ impl Agent {
             started,
             pods,
             node_watch,
+            control,
         } = self;
         let resync = Arc::new(Notify::new());
         let resync_status = resync.clone();
@@ -363,6 +422,7 @@ impl Agent {
             informer,
             pods,
             resync: resync_status,
+            control,
         };
         (ctx, managers)
     }
@@ -378,13 +438,15 @@ pub(crate) struct Managers {
     pub(crate) pods: crate::pods::PodOptions,
     /// Wakes the node status loop (a shutdown reports NotReady at once).
     pub(crate) resync: Arc<Notify>,
+    /// The pod manager's control channel.
+    pub(crate) control: PodControl,
 }
 
 /// A started agent.
 pub struct RunningAgent {
     ctx: AgentContext,
     tracker: TaskTracker,
-    control: tokio::sync::mpsc::UnboundedSender<crate::pods::control::PodControl>,
+    shutdown_tx: tokio::sync::mpsc::UnboundedSender<crate::pods::ManagerControl>,
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
     resync: Arc<Notify>,
 }
@@ -437,11 +499,7 @@ impl RunningAgent {
         self.resync.notify_one();
         let (done, wait) = tokio::sync::oneshot::channel();
         let request = crate::pods::shutdown::ShutdownRequest { groups, done };
-        if self
-            .control
-            .send(crate::pods::control::PodControl::Shutdown(request))
-            .is_ok()
-        {
+        if self.shutdown_tx.send(request.into()).is_ok() {
             // the groups' periods, then at most 5 s for the statuses to be written
             let bound = total + Duration::from_secs(6);
             if tokio::time::timeout(bound, wait).await.is_err() {

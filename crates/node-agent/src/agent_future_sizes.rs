@@ -49,7 +49,8 @@ fn check(sizes: &[(&str, usize, usize)]) {
 #[tokio::test]
 async fn the_agents_long_lived_futures_stay_small() {
     let (ctx, m) = agent().managers();
-    let (_shutdown, control) = tokio::sync::mpsc::unbounded_channel();
+    let (_control, control) = m.control;
+    let gc = &ctx.config.gc;
     let sizes = [
         ("event sink", size_of_val(&m.event_sink.run()), 1_024),
         (
@@ -75,6 +76,20 @@ async fn the_agents_long_lived_futures_stay_small() {
             size_of_val(&crate::pods::run_for_agent(ctx.clone(), m.pods, control)),
             // with the static pod sources and the shutdown channel: 3,184 bytes in a debug build
             4_096,
+        ),
+        (
+            "garbage collectors",
+            size_of_val(&crate::gc::run(
+                ctx.gc.clone(),
+                ctx.events.clone(),
+                ctx.config.node_name.clone(),
+                crate::gc::Periods {
+                    containers: gc.container_gc_period,
+                    images: gc.image_gc_period,
+                },
+                ctx.token.clone(),
+            )),
+            704,
         ),
     ];
     check(&sizes);

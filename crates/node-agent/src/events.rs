@@ -114,6 +114,31 @@ impl EventRecorder {
     }
 }
 
+/// A recorder whose events are kept for a test to read instead of being written.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct CapturedEvents {
+    rx: mpsc::Receiver<Box<PendingEvent>>,
+}
+
+#[cfg(test)]
+impl CapturedEvents {
+    /// A recorder and what it records.
+    pub(crate) fn new() -> (EventRecorder, Self) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        (EventRecorder { tx }, Self { rx })
+    }
+
+    /// The events recorded since the last call: (type, reason, message, involved object's name).
+    pub(crate) fn drain(&mut self) -> Vec<(EventType, String, String, String)> {
+        let mut out = Vec::new();
+        while let Ok(ev) = self.rx.try_recv() {
+            out.push((ev.kind, ev.reason, ev.message, ev.object.name.unwrap_or_default()));
+        }
+        out
+    }
+}
+
 #[derive(Debug)]
 struct Recent {
     key: u64,

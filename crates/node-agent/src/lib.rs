@@ -33,6 +33,7 @@
 //! * [`server`] — the kubelet HTTPS API (authenticated, authorized), the healthz and read-only ports.
 //! * [`stats`] — node and pod usage (CRI stats, the machine or the synthetic node's capacity).
 //! * [`eviction`] — node-pressure eviction: thresholds, pressure conditions, ranking, one eviction per pass.
+//! * [`gc`] — container and image garbage collection.
 
 pub mod agent;
 pub mod api;
@@ -41,6 +42,7 @@ pub mod config;
 mod cri_log;
 pub mod events;
 pub mod eviction;
+pub mod gc;
 pub mod machine;
 pub mod metrics;
 pub mod node;

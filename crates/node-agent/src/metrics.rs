@@ -9,6 +9,8 @@
 //! * `node_agent_api_requests_total{verb,resource,code}` — every API request the agent made, by verb, resource
 //!   (`nodes`, `nodes/status`, `leases`, `events`, ...) and HTTP status (`0` when no response came back).
 //! * `kubelet_evictions_total{eviction_signal}` — pods evicted for node pressure, by the signal that drove it.
+//! * `kubelet_image_garbage_collected_total{reason}` — images the image garbage collector removed, because they
+//!   went unused longer than `imageMaximumGCAge` (`age`) or to free disk space (`space`).
 
 use std::time::Duration;
 
@@ -36,11 +38,19 @@ pub struct EvictionLabels {
     pub eviction_signal: &'static str,
 }
 
+/// Labels of the image GC counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ImageGcLabels {
+    /// `age` or `space`, as the kubelet labels them.
+    pub reason: &'static str,
+}
+
 /// The agent's metrics.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     api_requests: Family<ApiRequestLabels, Counter>,
     evictions: Family<EvictionLabels, Counter>,
+    images_collected: Family<ImageGcLabels, Counter>,
     startup_total: Histogram,
     startup_pre_registration: Histogram,
     startup_registration: Histogram,
@@ -86,6 +96,11 @@ impl Metrics {
             "Time from registration until the node first reported Ready",
             m.startup_post_registration.clone(),
         );
+        registry.register(
+            "kubelet_image_garbage_collected",
+            "Total number of images garbage collected by the kubelet, whether through disk usage or image age",
+            m.images_collected.clone(),
+        );
         m
     }
 
@@ -94,6 +109,7 @@ impl Metrics {
         Self {
             api_requests: Family::default(),
             evictions: Family::default(),
+            images_collected: Family::default(),
             startup_total: startup_histogram(),
             startup_pre_registration: startup_histogram(),
             startup_registration: startup_histogram(),
@@ -130,6 +146,20 @@ impl Metrics {
     pub fn request_count(&self, verb: &'static str, resource: &'static str, code: u16) -> u64 {
         self.api_requests
             .get_or_create(&ApiRequestLabels { verb, resource, code })
+            .get()
+    }
+
+    /// Counts one image removed by the image garbage collector, for `reason` (`age` or `space`).
+    pub fn image_collected(&self, reason: &'static str) {
+        self.images_collected
+            .get_or_create(&ImageGcLabels { reason })
+            .inc();
+    }
+
+    /// How many images were collected for `reason`.
+    pub fn images_collected(&self, reason: &'static str) -> u64 {
+        self.images_collected
+            .get_or_create(&ImageGcLabels { reason })
             .get()
     }
 
@@ -173,6 +203,7 @@ mod tests {
         let m = Metrics::register(&mut registry);
         m.count_request("update", "leases", 200);
         m.count_request("update", "leases", 200);
+        m.image_collected("space");
         m.observe_startup(&StartupPhases {
             pre_registration: Duration::from_millis(5),
             registration: Duration::from_millis(50),
@@ -189,6 +220,10 @@ mod tests {
         );
         assert!(
             text.contains("kubelet_node_startup_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kubelet_image_garbage_collected_total{reason=\"space\"} 1"),
             "{text}"
         );
         assert!(

@@ -1,6 +1,7 @@
 //! Node-pressure eviction on the real node: a BestEffort pod that fills a memory-backed emptyDir (real memory,
 //! charged to its cgroup and reported by containerd's stats) pushes the node past its
-//! `allocatableMemory.available` threshold (this binary's configuration, see `real_node_eviction.rs`); the agent
+//! `allocatableMemory.available` threshold (this node's configuration: at 96 % of allocatable, a 30 s
+//! transition period; a node of its own, `real_node_eviction.rs`); the agent
 //! reports MemoryPressure, evicts the hog (Failed / Evicted with the kubelet's message, an `Evicted` event),
 //! gives its tmpfs back, keeps the Guaranteed pod running, and clears the condition after the transition period.
 //!
@@ -15,7 +16,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Api;
 use kube::api::ListParams;
 
-use super::harness::{NODE, RealNode};
+use super::harness::{NODE, NodeOptions, RealNode};
 
 const NS: &str = "rn-eviction";
 
@@ -44,7 +45,13 @@ fn memory_pressure(n: &Node) -> Option<(String, String)> {
 #[tokio::test]
 async fn a_memory_hog_is_evicted_and_the_guaranteed_pod_keeps_running() -> anyhow::Result<()> {
     init_logging();
-    let Some(node) = RealNode::get().await? else {
+    let options = NodeOptions {
+        extra_config: "evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%, \
+                       allocatableMemory.available: 96%}\nevictionPressureTransitionPeriod: 30s\n"
+            .into(),
+        ..Default::default()
+    };
+    let Some(node) = RealNode::get_with(&options).await? else {
         return Ok(());
     };
     let pods = node.namespace(NS).await?;

@@ -3,8 +3,8 @@
 //! `tests/containerd/setup.sh` (CNI configured from the pod CIDR the agent hands it, as a kubelet's runtime is),
 //! and the `node-agent` binary with `--runtime remote` registered as node [`NODE`] with a loopback InternalIP,
 //! its own root and log directories under one temp directory, and its own `cgroupRoot` (`/na-real-node-<pid>`), so
-//! its QoS and pod cgroups never meet another run's. The including binary adds to its KubeletConfiguration
-//! (`KUBELET_CONFIG`, usually [`EVICTION`]).
+//! its QoS and pod cgroups never meet another run's. Its disk eviction thresholds are [`EVICTION`]'s unless the
+//! binary's [`NodeOptions`] set `evictionHard`.
 //!
 //! Started by the first test that asks ([`RealNode::get`]); torn down when the test binary exits, however it
 //! exits (see [`start_reaper`]): the agent is killed, `tests/containerd/teardown.sh` kills the containers and
@@ -63,6 +63,16 @@ pub struct RealNode {
     /// The agent's program and arguments, to start it again.
     #[allow(dead_code)]
     agent_command: (PathBuf, Vec<String>),
+}
+
+/// What a test binary may add to the node's settings (the first caller of [`RealNode::get_with`] decides for
+/// the whole binary).
+#[derive(Debug, Clone, Default)]
+pub struct NodeOptions {
+    /// More `node-agent` arguments.
+    pub extra_args: Vec<String>,
+    /// More KubeletConfiguration lines (`field: value\n`).
+    pub extra_config: String,
 }
 
 static NODE_STATE: OnceCell<Option<RealNode>> = OnceCell::const_new();
@@ -134,12 +144,17 @@ impl RealNode {
     /// The shared node, started on first use; `None` (the caller returns, having printed why) when
     /// `NODE_AGENT_CONTAINERD_SETUP` is not set.
     pub async fn get() -> anyhow::Result<Option<&'static RealNode>> {
+        Self::get_with(&NodeOptions::default()).await
+    }
+
+    /// [`RealNode::get`], the node started with `options` when this call starts it.
+    pub async fn get_with(options: &NodeOptions) -> anyhow::Result<Option<&'static RealNode>> {
         let node = NODE_STATE
             .get_or_try_init(|| async {
                 if std::env::var("NODE_AGENT_CONTAINERD_SETUP").as_deref() != Ok("1") {
                     return Ok(None);
                 }
-                Self::start().await.map(Some)
+                Self::start(options).await.map(Some)
             })
             .await?;
         if node.is_none() {
@@ -156,7 +171,7 @@ impl RealNode {
         Ok(node.as_ref())
     }
 
-    async fn start() -> anyhow::Result<Self> {
+    async fn start(options: &NodeOptions) -> anyhow::Result<Self> {
         if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self")?) != 0 {
             bail!(
                 "the real-node tests need root (containerd, network namespaces, mounts); run them as root or \
@@ -216,6 +231,12 @@ impl RealNode {
         std::fs::create_dir_all(&agent_root)?;
         std::fs::create_dir_all(&pod_logs_dir)?;
         let (cert, key) = cp.kubelet_serving_certificate(NODE)?;
+        // the tests' disk thresholds unless the binary sets its own
+        let extra_config = if options.extra_config.contains("evictionHard:") {
+            options.extra_config.clone()
+        } else {
+            format!("{EVICTION}{}", options.extra_config)
+        };
         let config = dir.join("kubelet-config.yaml");
         std::fs::write(
             &config,
@@ -228,7 +249,7 @@ impl RealNode {
                 key.display(),
                 cp.client_ca_file().display(),
                 pod_logs_dir.display(),
-                crate::KUBELET_CONFIG,
+                extra_config,
             ),
         )?;
         let free = || -> anyhow::Result<String> {
@@ -237,7 +258,7 @@ impl RealNode {
                 .port()
                 .to_string())
         };
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "--config".into(),
             config.display().to_string(),
             "--kubeconfig".into(),
@@ -259,6 +280,7 @@ impl RealNode {
             "--healthz-port".into(),
             free()?,
         ];
+        args.extend(options.extra_args.iter().cloned());
         let agent_log = dir.join("node-agent.log");
         let bin = e2e::node_agent_binary()?;
         let t0 = std::time::Instant::now();

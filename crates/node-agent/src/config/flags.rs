@@ -175,6 +175,27 @@ pub struct Flags {
     #[arg(long)]
     pub mark_unschedulable_on_shutdown: bool,
 
+    /// Minimum age of a dead container before it may be garbage collected, e.g. 1m (0: any age).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub minimum_container_ttl_duration: Option<Duration>,
+
+    /// Dead instances kept per container of a pod (negative: no limit; default 1). The newest two instances of
+    /// each container of a pod that still exists are kept whatever this says (restart count, lastState, logs).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub maximum_dead_containers_per_container: Option<i32>,
+
+    /// Dead containers kept on the node in total (negative: no limit; default -1).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub maximum_dead_containers: Option<i32>,
+
+    /// How often dead containers are garbage collected (node-agent's own; the kubelet's is fixed at 1m).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1m")]
+    pub container_gc_period: Duration,
+
+    /// How often unused images are garbage collected (node-agent's own; the kubelet's is fixed at 5m).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5m")]
+    pub image_gc_period: Duration,
+
     /// How long a graceful stop may take before tasks are abandoned, e.g. 10s.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
     pub shutdown_timeout: Duration,
@@ -374,6 +395,20 @@ impl Flags {
         let mut cfg = AgentConfig::new(hostname, node_ip, kubelet, machine);
         cfg.node_labels = self.node_labels.clone().map(|l| l.0).unwrap_or_default();
         cfg.mark_unschedulable_on_shutdown = self.mark_unschedulable_on_shutdown;
+        let defaults = super::GcSettings::default();
+        cfg.gc = super::GcSettings {
+            minimum_container_ttl: self
+                .minimum_container_ttl_duration
+                .unwrap_or(defaults.minimum_container_ttl),
+            max_dead_per_container: self
+                .maximum_dead_containers_per_container
+                .unwrap_or(defaults.max_dead_per_container),
+            max_dead_containers: self
+                .maximum_dead_containers
+                .unwrap_or(defaults.max_dead_containers),
+            container_gc_period: self.container_gc_period,
+            image_gc_period: self.image_gc_period,
+        };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -468,5 +503,46 @@ mod tests {
             .unwrap();
         assert_eq!(cfg.node_name, "my-host");
         assert!(cfg.node_ip.is_loopback());
+        assert_eq!(
+            cfg.gc,
+            crate::config::GcSettings::default(),
+            "the kubelet's GC defaults"
+        );
+    }
+
+    #[test]
+    fn container_gc_flags_reach_the_agent_config() {
+        let f = flags(&[
+            "--minimum-container-ttl-duration=1m30s",
+            "--maximum-dead-containers-per-container=2",
+            "--maximum-dead-containers=-1",
+            "--container-gc-period=5s",
+            "--image-gc-period=10s",
+        ]);
+        let cfg = f
+            .agent_config(
+                Arc::new(KubeletConfig::default()),
+                MachineInfo::synthetic("h"),
+                "h",
+            )
+            .unwrap();
+        assert_eq!(cfg.gc.minimum_container_ttl, Duration::from_secs(90));
+        assert_eq!(
+            (cfg.gc.max_dead_per_container, cfg.gc.max_dead_containers),
+            (2, -1)
+        );
+        assert_eq!(
+            (cfg.gc.container_gc_period, cfg.gc.image_gc_period),
+            (Duration::from_secs(5), Duration::from_secs(10))
+        );
+        let e = flags(&["--image-gc-period=0"])
+            .agent_config(
+                Arc::new(KubeletConfig::default()),
+                MachineInfo::synthetic("h"),
+                "h",
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("imageGCPeriod (--image-gc-period)"), "{e}");
+        assert!(Flags::try_parse_from(["node-agent", "--minimum-container-ttl-duration=-1s"]).is_err());
     }
 }

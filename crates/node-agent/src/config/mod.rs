@@ -339,6 +339,39 @@ impl KubeletConfig {
     }
 }
 
+/// Garbage collection settings that the kubelet takes as flags rather than from its configuration file.
+///
+/// The container GC policy: dead containers older than `minimum_container_ttl` may be removed; at most
+/// `max_dead_per_container` of them are kept per container of a pod and `max_dead_containers` on the node (a
+/// negative number: no limit). The two periods are node-agent's own (`--container-gc-period`,
+/// `--image-gc-period`); the kubelet's are fixed at 1 min and 5 min.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GcSettings {
+    /// `--minimum-container-ttl-duration` (default 0).
+    pub minimum_container_ttl: Duration,
+    /// `--maximum-dead-containers-per-container` (default 1).
+    pub max_dead_per_container: i32,
+    /// `--maximum-dead-containers` (default -1, no limit).
+    pub max_dead_containers: i32,
+    /// How often dead containers are collected (default 1 min).
+    pub container_gc_period: Duration,
+    /// How often unused images are collected (default 5 min).
+    pub image_gc_period: Duration,
+}
+
+impl Default for GcSettings {
+    /// The kubelet's defaults.
+    fn default() -> Self {
+        Self {
+            minimum_container_ttl: Duration::ZERO,
+            max_dead_per_container: 1,
+            max_dead_containers: -1,
+            container_gc_period: Duration::from_secs(60),
+            image_gc_period: Duration::from_secs(300),
+        }
+    }
+}
+
 /// Everything one agent needs: the shared kubelet settings plus this node's identity and machine facts.
 ///
 /// A plain value: the binary or the hollow fleet builds it; thousands of them share one `Arc<KubeletConfig>`.
@@ -363,6 +396,8 @@ pub struct AgentConfig {
     pub kubelet_version: String,
     /// On graceful stop, mark the Node unschedulable (undone at the next start).
     pub mark_unschedulable_on_shutdown: bool,
+    /// Container and image garbage collection (flags; the image thresholds are in `kubelet`).
+    pub gc: GcSettings,
 }
 
 impl AgentConfig {
@@ -385,6 +420,7 @@ impl AgentConfig {
             machine,
             kubelet_version: KUBELET_VERSION.to_owned(),
             mark_unschedulable_on_shutdown: false,
+            gc: GcSettings::default(),
         }
     }
 
@@ -404,6 +440,20 @@ impl AgentConfig {
             });
         }
         errors.extend(validate_node_labels(&self.node_labels));
+        for (field, period) in [
+            (
+                "containerGCPeriod (--container-gc-period)",
+                self.gc.container_gc_period,
+            ),
+            ("imageGCPeriod (--image-gc-period)", self.gc.image_gc_period),
+        ] {
+            if period.is_zero() {
+                errors.push(FieldError {
+                    field: field.into(),
+                    message: "must be greater than zero".into(),
+                });
+            }
+        }
         if errors.is_empty() {
             Ok(())
         } else {

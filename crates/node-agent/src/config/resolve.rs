@@ -216,12 +216,22 @@ pub(crate) fn resolve(
     );
     let image_gc_low_threshold_percent =
         c.percent("imageGCLowThresholdPercent", f.image_gc_low_threshold_percent, 80);
-    if image_gc_low_threshold_percent > image_gc_high_threshold_percent {
+    if image_gc_low_threshold_percent >= image_gc_high_threshold_percent {
         c.err(
             "imageGCLowThresholdPercent",
             format!(
-                "{image_gc_low_threshold_percent} must not be greater than imageGCHighThresholdPercent \
+                "{image_gc_low_threshold_percent} must be less than imageGCHighThresholdPercent \
                  {image_gc_high_threshold_percent}"
+            ),
+        );
+    }
+    let image_minimum_gc_age = f.image_minimum_gc_age.unwrap_or(secs(120));
+    let image_maximum_gc_age = f.image_maximum_gc_age.unwrap_or_default();
+    if !image_maximum_gc_age.is_zero() && image_maximum_gc_age <= image_minimum_gc_age {
+        c.err(
+            "imageMaximumGCAge",
+            format!(
+                "{image_maximum_gc_age:?} must be greater than imageMinimumGCAge {image_minimum_gc_age:?}"
             ),
         );
     }
@@ -484,8 +494,8 @@ pub(crate) fn resolve(
         max_parallel_image_pulls,
         registry_pull_qps: c.non_negative("registryPullQPS", f.registry_pull_qps, 5),
         registry_burst: c.non_negative("registryBurst", f.registry_burst, 10),
-        image_minimum_gc_age: f.image_minimum_gc_age.unwrap_or(secs(120)),
-        image_maximum_gc_age: f.image_maximum_gc_age.unwrap_or_default(),
+        image_minimum_gc_age,
+        image_maximum_gc_age,
         image_gc_high_threshold_percent,
         image_gc_low_threshold_percent,
         container_log_max_size,

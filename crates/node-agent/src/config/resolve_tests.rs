@@ -120,6 +120,43 @@ fn every_bad_field_is_named() {
 }
 
 #[test]
+fn image_gc_settings_are_checked_as_the_kubelet_does() {
+    for (yaml, field) in [
+        (
+            "imageGCHighThresholdPercent: 80\nimageGCLowThresholdPercent: 80\n",
+            "imageGCLowThresholdPercent",
+        ),
+        (
+            "imageGCHighThresholdPercent: 101\n",
+            "imageGCHighThresholdPercent",
+        ),
+        (
+            "imageMinimumGCAge: 10m\nimageMaximumGCAge: 5m\n",
+            "imageMaximumGCAge",
+        ),
+    ] {
+        let e = from_yaml(yaml).unwrap_err();
+        assert_eq!(e.fields(), vec![field], "{yaml}: {e}");
+    }
+    let c = from_yaml(
+        "imageGCHighThresholdPercent: 1\nimageGCLowThresholdPercent: 0\nimageMinimumGCAge: 1s\n\
+         imageMaximumGCAge: 1h\n",
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.image_gc_high_threshold_percent,
+            c.image_gc_low_threshold_percent
+        ),
+        (1, 0)
+    );
+    assert_eq!(
+        (c.image_minimum_gc_age, c.image_maximum_gc_age),
+        (Duration::from_secs(1), Duration::from_secs(3600))
+    );
+}
+
+#[test]
 fn thresholds_parse() {
     assert_eq!(parse_threshold("10%"), Ok(Threshold::Percentage(0.1)));
     assert!(parse_threshold("101%").is_err());

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 
 use crate::agent::AgentContext;
 use crate::node::Pressure;
-use crate::pods::control::{ActivePod, EvictOrder, PodControl};
+use crate::pods::control::{ActivePod, EvictOrder, ManagerControl};
 use crate::stats::PodUsage;
 
 use self::signals::{Observations, State, ThresholdSpec};
@@ -45,6 +45,21 @@ const CLEANUP_WAIT: Duration = Duration::from_secs(30);
 pub trait NodeReclaim: Send + Sync {
     /// Removes what can go (dead containers, unused images); errors are logged by the implementation.
     async fn reclaim(&self);
+}
+
+#[async_trait::async_trait]
+impl NodeReclaim for crate::gc::GarbageCollectors {
+    /// The kubelet's node-level reclaim for disk: every unused container (those of terminated pods too),
+    /// then every unused image.
+    async fn reclaim(&self) {
+        if let Err(error) = self.containers.delete_all_unused().await {
+            tracing::warn!(%error, "eviction manager: removing unused containers failed");
+        }
+        match self.images.delete_unused_images().await {
+            Ok(freed) => tracing::info!(freed, "eviction manager: unused images removed"),
+            Err(error) => tracing::warn!(%error, "eviction manager: removing unused images failed"),
+        }
+    }
 }
 
 /// Pod admission under pressure, as the kubelet's eviction admit handler: with no pressure, or for a
@@ -79,7 +94,7 @@ pub fn admit(
 /// The eviction manager of one agent.
 pub struct EvictionManager {
     ctx: AgentContext,
-    control: mpsc::UnboundedSender<PodControl>,
+    control: mpsc::UnboundedSender<ManagerControl>,
     thresholds: Vec<ThresholdSpec>,
     state: State,
     reclaim: Option<Arc<dyn NodeReclaim>>,
@@ -97,15 +112,17 @@ fn pod_reference(p: &ActivePod) -> ObjectReference {
 }
 
 impl EvictionManager {
-    /// The eviction manager of the agent behind `ctx`; it asks the pod manager over `control`.
-    pub fn new(ctx: AgentContext, control: mpsc::UnboundedSender<PodControl>) -> Self {
+    /// The eviction manager of the agent behind `ctx`; it asks the pod manager over `control` and reclaims
+    /// disk with the agent's garbage collectors.
+    pub fn new(ctx: AgentContext, control: mpsc::UnboundedSender<ManagerControl>) -> Self {
         let thresholds = signals::thresholds(&ctx.config.kubelet);
+        let reclaim: Arc<dyn NodeReclaim> = Arc::new(ctx.gc.clone());
         Self {
             ctx,
             control,
             thresholds,
             state: State::default(),
-            reclaim: None,
+            reclaim: Some(reclaim),
         }
     }
 
@@ -212,7 +229,7 @@ impl EvictionManager {
             }
         }
         let (answer, active) = oneshot::channel();
-        self.control.send(PodControl::ActivePods(answer)).ok()?;
+        self.control.send(ManagerControl::ActivePods(answer)).ok()?;
         let mut pods = active.await.ok()?;
         if pods.is_empty() {
             tracing::warn!(node = %self.ctx.node_name(), "eviction manager: thresholds met but no pod is running");
@@ -246,7 +263,7 @@ impl EvictionManager {
                 message,
                 done,
             };
-            self.control.send(PodControl::Evict(Box::new(order))).ok()?;
+            self.control.send(ManagerControl::Evict(Box::new(order))).ok()?;
             return Some(stopped);
         }
         tracing::warn!(node = %self.ctx.node_name(), "eviction manager: unable to evict any pod");

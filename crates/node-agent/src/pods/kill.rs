@@ -4,7 +4,8 @@
 //! is left of it (never less than 2 s). A pod: app containers in parallel with the pod's grace period, then
 //! sidecars one by one in reverse order with the remainder, then anything else still running, then
 //! `StopPodSandbox`. Removal (`RemoveContainer`, `RemovePodSandbox`) is separate: it happens only once the pod
-//! object is going away.
+//! object is going away. Dead instances of a running pod's containers are left to the container garbage
+//! collector ([`crate::gc`]), which follows the node's policy.
 
 use std::time::Duration;
 
@@ -183,19 +184,6 @@ pub(crate) async fn remove_pod(ctx: &AgentCtx, view: &RuntimeView) -> Result<(),
             ctx.rt("remove_podsandbox", ctx.runtime.remove_pod_sandbox(req))
                 .await,
         )?;
-    }
-    Ok(())
-}
-
-/// Removes exited instances of `name` older than the newest exited one (the kubelet keeps one dead container
-/// per container name for `lastState` and logs).
-pub(crate) async fn prune_dead(ctx: &AgentCtx, view: &RuntimeView, name: &str) -> Result<(), RuntimeError> {
-    let dead = view
-        .containers
-        .iter()
-        .filter(|c| c.name == name && c.state == CState::Exited);
-    for c in dead.skip(1) {
-        remove_container(ctx, &c.id).await?;
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use super::admission::{self, Committed, Rejection};
 use super::context::AgentCtx;
-use super::control::{ActivePod, EvictOrder, KillCause, PodControl};
+use super::control::{ActivePod, EvictOrder, KillCause, KnownPods, ManagerControl};
 use super::events::EventType;
 use super::kill;
 use super::labels;
@@ -37,6 +37,8 @@ struct Entry {
     pod: Arc<DesiredPod>,
     /// Counted in `committed`.
     admitted: bool,
+    /// The worker reported the pod stopped for good (terminal, or terminated awaiting deletion).
+    stopped: bool,
 }
 
 pub(crate) struct PodManager {
@@ -149,7 +151,7 @@ impl PodManager {
         mut source: mpsc::Receiver<PodEvent>,
         mut statics: mpsc::Receiver<StaticUpdate>,
         mut pleg: mpsc::UnboundedReceiver<PlegEvent>,
-        mut control: mpsc::UnboundedReceiver<PodControl>,
+        mut control: mpsc::UnboundedReceiver<ManagerControl>,
     ) {
         let mut node = self.ctx.node.clone();
         let mut statics_open = true;
@@ -240,7 +242,7 @@ impl PodManager {
 
     /// Takes a shutdown request queued beside a pod event before that event, so that a pod arriving with
     /// (or after) the request is refused, whichever channel the select happened to poll first.
-    fn shutdown_first(&mut self, control: &mut mpsc::UnboundedReceiver<PodControl>, open: &mut bool) {
+    fn shutdown_first(&mut self, control: &mut mpsc::UnboundedReceiver<ManagerControl>, open: &mut bool) {
         if !*open {
             return;
         }
@@ -251,13 +253,16 @@ impl PodManager {
         }
     }
 
-    fn on_control(&mut self, request: PodControl) {
+    fn on_control(&mut self, request: ManagerControl) {
         match request {
-            PodControl::Shutdown(request) => self.on_shutdown(request),
-            PodControl::ActivePods(answer) => {
+            ManagerControl::Shutdown(request) => self.on_shutdown(request),
+            ManagerControl::ActivePods(answer) => {
                 let _ = answer.send(self.active_pods());
             }
-            PodControl::Evict(order) => self.on_evict(*order),
+            ManagerControl::Evict(order) => self.on_evict(*order),
+            ManagerControl::KnownPods(answer) => {
+                let _ = answer.send(self.known_pods());
+            }
         }
     }
 
@@ -322,6 +327,22 @@ impl PodManager {
         self.tracker.spawn(async move {
             let _ = done.send(wait.await.is_ok());
         });
+    }
+
+    /// The pods of this node: those with a worker and those waiting for the node view — once every source
+    /// has been seen (as orphan cleanup waits for).
+    fn known_pods(&self) -> Option<KnownPods> {
+        if self.statics.unseen > 0 || self.statics.api_live.is_none() {
+            return None;
+        }
+        let mut known = KnownPods::default();
+        for (uid, e) in &self.workers {
+            known.insert(uid, e.stopped);
+        }
+        for uid in self.pending.iter().filter_map(|p| p.metadata.uid.as_deref()) {
+            known.insert(uid, false);
+        }
+        Some(known)
     }
 
     /// Graceful node shutdown: refuse new pods, stop the running ones group by group, then let the status
@@ -424,11 +445,12 @@ impl PodManager {
             Finished::Stopped { uid } => (uid, false, false),
             Finished::Gone { uid, in_api } => (uid, true, in_api),
         };
-        if let Some(e) = self.workers.get_mut(&uid)
-            && e.admitted
-        {
-            e.admitted = false;
-            self.committed.remove(&e.pod);
+        if let Some(e) = self.workers.get_mut(&uid) {
+            e.stopped = true;
+            if e.admitted {
+                e.admitted = false;
+                self.committed.remove(&e.pod);
+            }
         }
         if gone {
             self.workers.remove(&uid);
@@ -555,6 +577,7 @@ impl PodManager {
                 tx,
                 pod: desired,
                 admitted,
+                stopped: false,
             },
         );
     }

@@ -13,6 +13,9 @@
 //! | PLEG | `pleg` | runtime events (or a 1 s relist) to workers |
 //! | status manager | `status` | PATCH `pods/status` on change; final DELETE |
 //!
+//! From outside, [`control`] carries graceful shutdown requests and the garbage collector's question which
+//! pods the node still has.
+//!
 //! Events go through a [`PodEventSink`] ([`events`]): the agent's own recorder when run by an
 //! [`Agent`](crate::Agent) (see [`PodLifecycle::for_agent`] and [`PodOptions`]), else an event writer of
 //! its own. API writes go through the agent's rate limit ([`ApiCalls`]).
@@ -73,6 +76,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use admission::NodeView;
+pub use control::{KnownPods, ManagerControl, PodsQuery};
 pub use events::{MemoryEvents, NoEvents, PodEvent as PodEventRecord, PodEventSink};
 pub use labels::RuntimeLayout;
 pub use metrics::{PodMetrics, Stage, StageReport};
@@ -144,8 +148,8 @@ pub struct PodLifecycle {
     events: Option<Arc<dyn PodEventSink>>,
     api: ApiCalls,
     source: PodSource,
-    /// Requests from other managers (graceful node shutdown, eviction).
-    control: Option<mpsc::UnboundedReceiver<control::PodControl>>,
+    /// Graceful node shutdown requests, questions about the node's pods, evictions.
+    control: Option<mpsc::UnboundedReceiver<ManagerControl>>,
     /// Extra tasks to run alongside (e.g. the node view bridge of [`PodLifecycle::for_agent`]).
     companions: Vec<Companion>,
 }
@@ -188,9 +192,9 @@ impl PodLifecycle {
         }
     }
 
-    /// Takes requests (graceful node shutdown, see [`shutdown`]; active pods and evictions, see [`control`])
-    /// from `control`.
-    pub fn with_control(mut self, control: mpsc::UnboundedReceiver<control::PodControl>) -> Self {
+    /// Takes graceful node shutdown requests (see [`shutdown`]) questions about the node's pods and evictions (see
+    /// [`control`]) from `control`.
+    pub fn with_control(mut self, control: mpsc::UnboundedReceiver<ManagerControl>) -> Self {
         self.control = Some(control);
         self
     }

@@ -301,7 +301,6 @@ impl PodWorker {
         ctx.metrics
             .container_started(if s.init { "init_container" } else { "container" });
         self.waiting.remove(&s.name);
-        kill::prune_dead(&ctx, &self.view, &s.name).await?;
         if let Some(hook) = &c.post_start {
             let at = Where {
                 pod: &pod,

@@ -226,11 +226,11 @@ impl PodLifecycle {
 }
 
 /// Runs the pod lifecycle of the agent behind `ctx` until the agent's token fires (errors are logged).
-/// Requests of other managers (graceful node shutdown, eviction) arrive on `control`.
+/// Graceful node shutdown requests, questions about the node's pods and evictions arrive on `control`.
 pub async fn run_for_agent(
     ctx: AgentContext,
     options: PodOptions,
-    control: tokio::sync::mpsc::UnboundedReceiver<super::control::PodControl>,
+    control: tokio::sync::mpsc::UnboundedReceiver<super::ManagerControl>,
 ) {
     let token = ctx.token.clone();
     let lifecycle = PodLifecycle::for_agent(&ctx, options).with_control(control);

@@ -6,11 +6,11 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::*;
-use crate::pods::control::{EvictOrder, PodControl};
+use crate::pods::control::{EvictOrder, ManagerControl};
 
 async fn active(h: &Harness) -> Vec<crate::pods::control::ActivePod> {
     let (answer, wait) = tokio::sync::oneshot::channel();
-    h.control.send(PodControl::ActivePods(answer)).unwrap();
+    h.control.send(ManagerControl::ActivePods(answer)).unwrap();
     let mut pods = wait.await.unwrap();
     pods.sort_by(|a, b| a.name.cmp(&b.name));
     pods
@@ -51,7 +51,7 @@ async fn an_evicted_pod_stops_within_the_override_and_fails_with_the_message() {
     let (done, stopped) = tokio::sync::oneshot::channel();
     let start = h.t0.elapsed();
     h.control
-        .send(PodControl::Evict(Box::new(EvictOrder {
+        .send(ManagerControl::Evict(Box::new(EvictOrder {
             uid: "uid-hog".into(),
             grace_secs: 1,
             reason: "Evicted".into(),
@@ -86,7 +86,7 @@ async fn an_evicted_pod_stops_within_the_override_and_fails_with_the_message() {
     // no such pod: answered false at once
     let (done, answer) = tokio::sync::oneshot::channel();
     h.control
-        .send(PodControl::Evict(Box::new(EvictOrder {
+        .send(ManagerControl::Evict(Box::new(EvictOrder {
             uid: "uid-nope".into(),
             grace_secs: 1,
             reason: "Evicted".into(),

@@ -2,6 +2,7 @@
 //! in-memory fake runtime, with the status manager replaced by a recorder of what it would write.
 
 mod evict;
+mod gc;
 mod probes;
 mod scenarios;
 mod shutdown;
@@ -80,8 +81,8 @@ pub(super) struct Harness {
     pub desired: watch::Receiver<Desired>,
     /// Mirror pods the manager passed on instead of running them.
     pub mirror_rx: mpsc::UnboundedReceiver<MirrorMsg>,
-    /// Graceful node shutdown requests.
-    pub control: mpsc::UnboundedSender<crate::pods::control::PodControl>,
+    /// Graceful node shutdown requests and pod queries.
+    pub control: mpsc::UnboundedSender<crate::pods::ManagerControl>,
     pub statuses: HashMap<String, PodStatus>,
     /// How many statuses were reported (any pod).
     pub sets: usize,

@@ -157,9 +157,10 @@ async fn crash_loop_restarts_with_doubling_back_off() {
             .iter()
             .any(|(r, m)| *r == "BackOff" && m.starts_with("Back-off restarting failed container app"))
     );
-    // dead instances are pruned when the next one starts: the one waiting for restart and its predecessor stay
+    // the pod worker removes no dead instance of a running pod: that is the container garbage collector's
+    // job (see tests/gc.rs), so every instance is still there
     let exited = h.containers().await.iter().filter(|c| c.2 == 2).count();
-    assert!(exited <= 2, "{:?}", h.containers().await);
+    assert!(exited >= 5, "{:?}", h.containers().await);
     println!("crash loop restart times (s): {at:?}");
     h.stop().await;
 }

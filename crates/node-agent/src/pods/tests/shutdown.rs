@@ -6,7 +6,6 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::*;
-use crate::pods::control::PodControl;
 use crate::pods::shutdown::{self, MESSAGE, ShutdownRequest};
 use crate::pods::spec::SYSTEM_CRITICAL_PRIORITY;
 
@@ -43,9 +42,7 @@ async fn regular_pods_stop_first_then_critical_ones_within_their_periods() {
 
     let (done, mut wait) = tokio::sync::oneshot::channel();
     let groups = shutdown::groups(Duration::from_secs(10), Duration::from_secs(4), &[]);
-    h.control
-        .send(PodControl::Shutdown(ShutdownRequest { groups, done }))
-        .unwrap();
+    h.control.send(ShutdownRequest { groups, done }.into()).unwrap();
     let start = h.t0.elapsed();
     // a pod arriving during the shutdown is refused
     h.send(PodEvent::Apply(Box::new(app("late", 0, "0s")))).await;
