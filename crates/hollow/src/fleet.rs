@@ -107,6 +107,8 @@ pub struct FleetSpec {
     pub register_qps: f64,
     /// Base kubelet settings (each profile adjusts max pods and taints).
     pub kubelet: KubeletConfig,
+    /// Garbage collection settings of every node (the kubelet's flags; default: the kubelet's defaults).
+    pub gc: node_agent::config::GcSettings,
     /// Node profiles and which node gets which.
     pub profiles: Vec<Profile>,
     /// One entry per node.
@@ -141,6 +143,7 @@ impl FleetSpec {
             kubelet_api: None,
             register_qps: 100.0,
             kubelet: KubeletConfig::default(),
+            gc: Default::default(),
             profiles,
             assignments,
             runtime_profile: Arc::default(),
@@ -322,6 +325,7 @@ impl NodeFactory {
         machine.ephemeral_storage_bytes = t.ephemeral_storage_bytes;
         machine.extended_resources = t.extended_resources.clone();
         let mut config = AgentConfig::new(name.clone(), spec.node_ip, t.kubelet.clone(), machine);
+        config.gc = spec.gc.clone();
         if self.kubelet_server.is_some() {
             config.kubelet_port = u16::try_from(index)
                 .ok()

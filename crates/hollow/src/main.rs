@@ -334,6 +334,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         kubelet_api: None,
         register_qps: args.register_qps,
         kubelet,
+        gc: Default::default(),
         profiles: profile_list,
         assignments,
         runtime_profile: Arc::new(runtime_profile(args.runtime_profile.as_ref())?),

@@ -52,14 +52,15 @@ fn has_image(n: &Node, name: &str) -> bool {
     n.status
         .as_ref()
         .and_then(|s| s.images.as_ref())
-        .is_some_and(|images| {
-            images
-                .iter()
-                .any(|i| i.names.iter().flatten().any(|n| n == name))
-        })
+        .is_some_and(|images| images.iter().any(|i| i.names.iter().flatten().any(|n| n == name)))
 }
 
-async fn events(client: &kube::Client, ns: Option<&str>, object: &str, reason: &str) -> anyhow::Result<Vec<String>> {
+async fn events(
+    client: &kube::Client,
+    ns: Option<&str>,
+    object: &str,
+    reason: &str,
+) -> anyhow::Result<Vec<String>> {
     let api: Api<Event> = match ns {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -94,6 +95,8 @@ async fn image_gc_relieves_disk_pressure_first_then_the_largest_writer_is_evicte
     .into();
     spec.kubelet.eviction_pressure_transition_period = Duration::from_secs(5);
     spec.kubelet.image_minimum_gc_age = Duration::from_secs(1);
+    // image GC passes every 2 s: they learn the images (first seen, last used) that reclaim may remove
+    spec.gc.image_gc_period = Duration::from_secs(2);
     let fleet = Fleet::start(
         &spec,
         &pool,
@@ -144,17 +147,24 @@ async fn image_gc_relieves_disk_pressure_first_then_the_largest_writer_is_evicte
         Ok((phase(&pods.get("keep").await?) == "Running").then_some(()))
     })
     .await?;
-    let reclaim = wait_for("EvictionThresholdMet on the node", Duration::from_secs(60), || async {
-        Ok(events(&admin, None, NODE, "EvictionThresholdMet")
-            .await?
-            .into_iter()
-            .next())
-    })
+    let reclaim = wait_for(
+        "EvictionThresholdMet on the node",
+        Duration::from_secs(60),
+        || async {
+            Ok(events(&admin, None, NODE, "EvictionThresholdMet")
+                .await?
+                .into_iter()
+                .next())
+        },
+    )
     .await?;
     assert_eq!(reclaim, "Attempting to reclaim ephemeral-storage");
     wait_for("the unused image removed", Duration::from_secs(60), || async {
         let n = nodes.get(NODE).await?;
-        Ok((!has_image(&n, "registry.test/big-old:1") && has_image(&n, "registry.test/big-keep:1")).then_some(()))
+        Ok(
+            (!has_image(&n, "registry.test/big-old:1") && has_image(&n, "registry.test/big-keep:1"))
+                .then_some(()),
+        )
     })
     .await?;
     wait_for("DiskPressure False", Duration::from_secs(60), || async {
@@ -180,7 +190,9 @@ async fn image_gc_relieves_disk_pressure_first_then_the_largest_writer_is_evicte
     assert_eq!(status.reason.as_deref(), Some("Evicted"));
     let message = status.message.unwrap_or_default();
     assert!(
-        message.starts_with("The node was low on resource: ephemeral-storage. Threshold quantity: 3Gi, available: "),
+        message.starts_with(
+            "The node was low on resource: ephemeral-storage. Threshold quantity: 3Gi, available: "
+        ),
         "{message}"
     );
     assert!(message.contains("Container filler was using "), "{message}");

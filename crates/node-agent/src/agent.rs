@@ -31,9 +31,7 @@ use tokio_util::task::TaskTracker;
 use crate::api::ApiCalls;
 use crate::config::{AgentConfig, ConfigError};
 use crate::events::{EventRecorder, EventSink, node_reference};
-use crate::gc::{
-    ContainerGc, GarbageCollectors, ImageFsSource, ImageGc, ImagePolicy,
-};
+use crate::gc::{ContainerGc, GarbageCollectors, ImageFsSource, ImageGc, ImagePolicy};
 use crate::metrics::Metrics;
 use crate::node::status::{StatusChannels, cordon_for_shutdown};
 use crate::node::{
