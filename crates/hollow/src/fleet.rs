@@ -325,7 +325,7 @@ impl NodeFactory {
         machine.ephemeral_storage_bytes = t.ephemeral_storage_bytes;
         machine.extended_resources = t.extended_resources.clone();
         let mut config = AgentConfig::new(name.clone(), spec.node_ip, t.kubelet.clone(), machine);
-        config.gc = spec.gc.clone();
+        config.gc = spec.gc;
         if self.kubelet_server.is_some() {
             config.kubelet_port = u16::try_from(index)
                 .ok()
