@@ -305,8 +305,8 @@ impl StatsProvider {
         Ok(pods)
     }
 
-    /// The runtime's image filesystem: where it is (`ImageFsInfo`) and what it holds.
-    pub async fn image_fs(&self) -> Result<FsStats, StatsError> {
+    /// What the runtime's images use (`ImageFsInfo`) and where they are.
+    async fn image_fs_info(&self) -> Result<(u64, String), StatsError> {
         let info = self
             .runtime
             .image_fs_info(cri::ImageFsInfoRequest {})
@@ -319,30 +319,49 @@ impl StatsProvider {
         let used = fs.map_or(0, |f| v(f.used_bytes.as_ref()));
         let mountpoint = fs
             .and_then(|f| f.fs_id.as_ref())
-            .map(|id| id.mountpoint.as_str())
+            .map(|id| id.mountpoint.clone())
             .unwrap_or_default();
-        if let Some(real) = (!mountpoint.is_empty())
-            .then(|| self.host.fs_at(mountpoint))
-            .flatten()
-        {
-            return Ok(real);
-        }
-        // one synthetic filesystem: images and writable layers share the node's ephemeral storage
-        let layers: u64 = match self.pods().await {
-            Ok(pods) => pods.iter().map(PodUsage::rootfs_bytes).sum(),
-            Err(_) => 0,
-        };
-        Ok(self.synthetic_fs(used + layers))
+        Ok((used, mountpoint))
     }
 
-    fn synthetic_fs(&self, used: u64) -> FsStats {
-        let capacity = self.config.machine.ephemeral_storage_bytes;
-        FsStats {
-            capacity_bytes: capacity,
-            available_bytes: capacity.saturating_sub(used),
-            inodes: None,
-            inodes_free: None,
+    /// The node filesystem and the image filesystem: the host's (the image filesystem is the node's when the
+    /// runtime's mountpoint cannot be measured), or one synthetic filesystem of the node's ephemeral-storage
+    /// capacity holding the images and the writable layers (`layers` asks for their size only then).
+    async fn filesystems<F>(&self, images_used: u64, mountpoint: &str, layers: F) -> (FsStats, FsStats)
+    where
+        F: std::future::Future<Output = u64>,
+    {
+        match self.host.node_fs() {
+            Some(nodefs) => {
+                let imagefs = (!mountpoint.is_empty())
+                    .then(|| self.host.fs_at(mountpoint))
+                    .flatten()
+                    .unwrap_or(nodefs);
+                (nodefs, imagefs)
+            }
+            None => {
+                let capacity = self.config.machine.ephemeral_storage_bytes;
+                let fs = FsStats {
+                    capacity_bytes: capacity,
+                    available_bytes: capacity.saturating_sub(images_used + layers.await),
+                    inodes: None,
+                    inodes_free: None,
+                };
+                (fs, fs)
+            }
         }
+    }
+
+    /// The runtime's image filesystem now.
+    pub async fn image_fs(&self) -> Result<FsStats, StatsError> {
+        let (used, mountpoint) = self.image_fs_info().await?;
+        let layers = async {
+            match self.pods().await {
+                Ok(pods) => pods.iter().map(PodUsage::rootfs_bytes).sum(),
+                Err(_) => 0,
+            }
+        };
+        Ok(self.filesystems(used, &mountpoint, layers).await.1)
     }
 
     /// The node and its pods now.
@@ -350,33 +369,10 @@ impl StatsProvider {
         let pods = self.pods().await?;
         let pods_ws: u64 = pods.iter().map(|p| p.working_set).sum();
         let layers: u64 = pods.iter().map(PodUsage::rootfs_bytes).sum();
-        let info = self
-            .runtime
-            .image_fs_info(cri::ImageFsInfoRequest {})
-            .await
-            .map_err(|source| StatsError {
-                call: "ImageFsInfo",
-                source,
-            })?;
-        let fs = info.image_filesystems.first();
-        let images_used = fs.map_or(0, |f| v(f.used_bytes.as_ref()));
-        let mountpoint = fs
-            .and_then(|f| f.fs_id.as_ref())
-            .map(|id| id.mountpoint.clone())
-            .unwrap_or_default();
-        let (nodefs, imagefs) = match self.host.node_fs() {
-            Some(nodefs) => {
-                let imagefs = (!mountpoint.is_empty())
-                    .then(|| self.host.fs_at(&mountpoint))
-                    .flatten()
-                    .unwrap_or(nodefs);
-                (nodefs, imagefs)
-            }
-            None => {
-                let fs = self.synthetic_fs(images_used + layers);
-                (fs, fs)
-            }
-        };
+        let (images_used, mountpoint) = self.image_fs_info().await?;
+        let (nodefs, imagefs) = self
+            .filesystems(images_used, &mountpoint, std::future::ready(layers))
+            .await;
         let time_ns = pods.iter().map(|p| p.time_ns).max().unwrap_or_else(now_ns);
         Ok(Summary {
             node: NodeUsage {
