@@ -150,7 +150,11 @@ impl EvictionManager {
             let wait = async {
                 match evicted {
                     Some(done) => {
-                        let _ = tokio::time::timeout(CLEANUP_WAIT, done).await;
+                        let stopped = tokio::time::timeout(CLEANUP_WAIT, done).await;
+                        // a pod that could not be evicted (gone meanwhile) does not make the next pass come early
+                        if !matches!(stopped, Ok(Ok(true))) {
+                            tokio::time::sleep(MONITORING_INTERVAL).await;
+                        }
                     }
                     None => tokio::time::sleep(MONITORING_INTERVAL).await,
                 }
