@@ -11,6 +11,8 @@
 //! server with an audit log of every request made by a node identity, so write volume is measured by the API
 //! server itself as well as by the agent's own counters.
 
+#[path = "node_lifecycle/certificates.rs"]
+mod certificates;
 #[path = "node_lifecycle/process.rs"]
 mod process;
 #[path = "node_lifecycle/recovery.rs"]

@@ -296,6 +296,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(path) => node_agent::config::resolve_kubelet_config(&node_agent::config::load_file(path)?)?,
         None => KubeletConfig::default(),
     };
+    for (set, field) in [
+        (kubelet.server_tls_bootstrap, "serverTLSBootstrap"),
+        (kubelet.rotate_certificates, "rotateCertificates"),
+    ] {
+        anyhow::ensure!(
+            !set,
+            "{field}: not supported by hollow fleets (their nodes' client credentials come from \
+             --node-credentials, and one self-signed certificate serves every node's kubelet API)"
+        );
+    }
     let (profile_list, file_chaos) = match &args.profiles {
         Some(path) => profiles::load_with_chaos(path)?,
         None => (profiles::default_profiles(), ChaosSpec::default()),

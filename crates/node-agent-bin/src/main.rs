@@ -6,13 +6,14 @@
 //! gracefully. Configuration errors are reported naming the field, with exit code 1, before anything else
 //! happens.
 
+mod credentials;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
 use cri_fake::{FakeConfig, FakeRuntime};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use node_agent::config::RuntimeKind;
 use node_agent::pods::cgroups::QosCgroups;
 use node_agent::pods::{NetTarget, PodOptions, ScriptedProbes};
@@ -97,16 +98,19 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     };
     let config = flags.agent_config(kubelet.clone(), machine, &hostname)?;
 
-    let kubeconfig_path = flags
-        .kubeconfig
+    let cert_dir = flags
+        .cert_dir
         .clone()
-        .context("--kubeconfig is required (the node's credentials)")?;
-    let kubeconfig = Kubeconfig::read_from(&kubeconfig_path)
-        .with_context(|| format!("reading kubeconfig {}", kubeconfig_path.display()))?;
-    let client_config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .with_context(|| format!("loading kubeconfig {}", kubeconfig_path.display()))?;
-    let client = kube::Client::try_from(client_config).context("building the API client")?;
+        .unwrap_or_else(|| flags.root_dir.join("pki"));
+    let mut node_client = credentials::connect(
+        flags.kubeconfig.clone(),
+        flags.bootstrap_kubeconfig.clone(),
+        cert_dir,
+        &kubelet,
+        &node_name,
+    )
+    .await?;
+    let client = node_client.client.clone();
 
     let (runtime, pods, logs): (Arc<dyn Runtime>, PodOptions, Arc<dyn LogSource>) = match flags.runtime {
         RuntimeKind::Fake => {
@@ -149,6 +153,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::register(&mut registry));
     let token = CancellationToken::new();
     let node = config.node_name.clone();
+    let (serving_host, serving_ip) = (config.hostname.clone(), config.node_ip);
     let mut builder = Agent::builder(config, client, runtime)
         .token(token.clone())
         .metrics(metrics)
@@ -158,8 +163,12 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     }
     let agent = builder.build()?.start();
     tracing::info!(%node, "node agent started");
+    node_client.start_rotation(&node, token.clone());
+    let serving = node_client
+        .serving(&kubelet, &node, &serving_host, serving_ip, token.clone())
+        .map(|s| s as Arc<dyn rustls::server::ResolvesServerCert>);
     let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);
-    serve_agent(endpoint, Some(Arc::new(registry)))
+    serve_agent(endpoint, Some(Arc::new(registry)), serving)
         .await
         .context("starting the kubelet API")?;
 

@@ -38,6 +38,7 @@
 pub mod agent;
 pub mod api;
 pub mod backoff;
+pub mod certs;
 pub mod config;
 mod cri_log;
 pub mod events;

@@ -17,15 +17,21 @@ use super::support::{
     GRACE, audit_dir, condition, control_plane, event_reasons, poll, ready_status, taint_keys, wait_node,
 };
 
-struct AgentProcess {
+/// A `node-agent` binary (`--runtime fake`) run by a test; killed when dropped.
+pub struct AgentProcess {
     child: Child,
     log: PathBuf,
     /// Its plain-HTTP healthz port.
-    healthz: u16,
+    pub healthz: u16,
 }
 
 impl AgentProcess {
     fn start(cp: &testenv::ControlPlane, name: &str, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start_as(&cp.node_kubeconfig(name)?, name, extra)
+    }
+
+    /// The agent of node `name` with `--kubeconfig kubeconfig` (which may not exist yet, for TLS bootstrap).
+    pub fn start_as(kubeconfig: &std::path::Path, name: &str, extra: &[&str]) -> anyhow::Result<Self> {
         let bin = e2e::node_agent_binary()?;
         let log = audit_dir().join(format!(
             "{name}-{}.log",
@@ -51,7 +57,7 @@ impl AgentProcess {
                 &healthz,
             ])
             .arg("--kubeconfig")
-            .arg(cp.node_kubeconfig(name)?)
+            .arg(kubeconfig)
             .args([
                 "--hostname-override",
                 name,
@@ -73,7 +79,8 @@ impl AgentProcess {
         })
     }
 
-    fn log_tail(&self) -> String {
+    /// The last lines of its log.
+    pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")

@@ -17,6 +17,9 @@ use tokio::time::Instant;
 /// The controller-manager's `--node-monitor-grace-period` in this binary's control plane.
 pub const GRACE: Duration = Duration::from_secs(20);
 
+/// The controller-manager's `--cluster-signing-duration` in this binary's control plane.
+pub const SIGNING_DURATION: Duration = Duration::from_secs(180);
+
 pub fn audit_dir() -> PathBuf {
     std::env::temp_dir().join(format!("node-lifecycle-audit-{}", std::process::id()))
 }
@@ -41,7 +44,15 @@ pub async fn control_plane() -> anyhow::Result<&'static testenv::ControlPlane> {
             format!("--audit-policy-file={}", policy.display()),
             format!("--audit-log-path={}", audit_log().display()),
             "--audit-log-maxsize=0".into(),
+            // node certificates by TLS bootstrap (node_lifecycle/certificates.rs)
+            "--enable-bootstrap-token-auth".into(),
         ],
+        // certificates issued through the CSR API live 3 minutes (8 with the signer's 5-minute backdating),
+        // so rotation happens within a test
+        controller_manager_args: vec![format!(
+            "--cluster-signing-duration={}s",
+            SIGNING_DURATION.as_secs()
+        )],
         ..Default::default()
     })
     .await

@@ -50,6 +50,20 @@ pub struct Flags {
     #[arg(long, value_name = "FILE", env = "NODE_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
+    /// kubeconfig used to obtain the node's client certificate (TLS bootstrap) when `--kubeconfig` does not exist
+    /// or its certificate is no longer valid; the new kubeconfig is written at the `--kubeconfig` path.
+    #[arg(long, value_name = "FILE", env = "NODE_AGENT_BOOTSTRAP_KUBECONFIG")]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+
+    /// Directory of the node's certificates (TLS bootstrap, rotation, serverTLSBootstrap); default
+    /// `<root-dir>/pki`.
+    #[arg(long, value_name = "DIR")]
+    pub cert_dir: Option<PathBuf>,
+
+    /// Renew the client certificate before it expires (rotateCertificates).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub rotate_certificates: Option<bool>,
+
     /// Node name and hostname to use instead of the machine's hostname.
     #[arg(long, value_name = "NAME", env = "NODE_AGENT_HOSTNAME_OVERRIDE")]
     pub hostname_override: Option<String>,
@@ -278,6 +292,12 @@ impl Flags {
             register_node,
             "registerNode",
             "--register-node"
+        );
+        set!(
+            self.rotate_certificates,
+            rotate_certificates,
+            "rotateCertificates",
+            "--rotate-certificates"
         );
         set!(self.max_pods, max_pods, "maxPods", "--max-pods");
         set!(self.pod_cidr, pod_cidr, "podCIDR", "--pod-cidr");

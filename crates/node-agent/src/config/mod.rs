@@ -186,6 +186,11 @@ pub struct KubeletConfig {
     pub tls_cert_file: Option<PathBuf>,
     /// Serving key of the kubelet API.
     pub tls_private_key_file: Option<PathBuf>,
+    /// Obtain the serving certificate from the cluster's `kubernetes.io/kubelet-serving` signer and renew it
+    /// (serverTLSBootstrap, default false).
+    pub server_tls_bootstrap: bool,
+    /// Renew the client certificate from the cluster before it expires (rotateCertificates, default false).
+    pub rotate_certificates: bool,
     /// Kubelet API authentication.
     pub authentication: Authentication,
     /// Kubelet API authorization.

@@ -421,6 +421,8 @@ pub(crate) fn resolve(
         healthz_bind_address: c.ip("healthzBindAddress", f.healthz_bind_address.as_deref(), localhost),
         tls_cert_file: Check::path(f.tls_cert_file.as_ref()),
         tls_private_key_file: Check::path(f.tls_private_key_file.as_ref()),
+        server_tls_bootstrap: f.server_tls_bootstrap.unwrap_or(false),
+        rotate_certificates: f.rotate_certificates.unwrap_or(false),
         authentication: Authentication {
             client_ca_file: Check::path(authn.x509.as_ref().and_then(|x| x.client_ca_file.as_ref())),
             webhook_enabled: authn.webhook.as_ref().and_then(|w| w.enabled).unwrap_or(true),

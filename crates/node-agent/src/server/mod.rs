@@ -122,7 +122,19 @@ impl KubeletServer {
         registry: Option<Arc<Registry>>,
         token: CancellationToken,
     ) -> Result<Self, ServerError> {
-        let tls = tls::server_config(&kubelet, identity)?;
+        Self::with_serving(kubelet, identity, None, registry, token)
+    }
+
+    /// As [`KubeletServer::new`], presenting the certificates `serving` resolves (serverTLSBootstrap) when
+    /// given.
+    pub fn with_serving(
+        kubelet: Arc<KubeletConfig>,
+        identity: &ServingIdentity,
+        serving: Option<Arc<dyn rustls::server::ResolvesServerCert>>,
+        registry: Option<Arc<Registry>>,
+        token: CancellationToken,
+    ) -> Result<Self, ServerError> {
+        let tls = tls::server_config(&kubelet, identity, serving)?;
         let auth = Arc::new(Auth::new(&kubelet));
         let shared = Arc::new(Shared { kubelet, registry });
         Ok(Self {
@@ -332,6 +344,7 @@ pub struct Bound {
 pub async fn serve_agent(
     node: NodeEndpoint,
     registry: Option<Arc<Registry>>,
+    serving: Option<Arc<dyn rustls::server::ResolvesServerCert>>,
 ) -> Result<Option<Bound>, ServerError> {
     let ctx = &node.ctx;
     let kubelet = ctx.config.kubelet.clone();
@@ -342,7 +355,8 @@ pub async fn serve_agent(
         hostnames: vec![ctx.config.hostname.clone()],
         ips: vec![ctx.config.node_ip],
     };
-    let server = KubeletServer::new(kubelet.clone(), &identity, registry, ctx.token.clone())?;
+    let server =
+        KubeletServer::with_serving(kubelet.clone(), &identity, serving, registry, ctx.token.clone())?;
     let secure = server.serve_node(
         SocketAddr::new(kubelet.address, ctx.config.kubelet_port),
         node.clone(),

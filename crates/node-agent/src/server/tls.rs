@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
+use rustls::server::{ResolvesServerCert, WebPkiClientVerifier};
 
 use super::ServerError;
 use crate::config::KubeletConfig;
@@ -73,14 +73,36 @@ pub fn self_signed(identity: &ServingIdentity) -> Result<(String, String), Serve
     Ok((cert.pem(), key.serialize_pem()))
 }
 
-/// The rustls server configuration for the kubelet API: the configured serving certificate, or a self-signed
-/// one for `identity`; client certificates verified against `clientCAFile` when set (optional: a request without
+/// The rustls server configuration for the kubelet API: the certificates `serving` resolves (serverTLSBootstrap),
+/// else the configured serving certificate, or a self-signed one for `identity`; client certificates verified against `clientCAFile` when set (optional: a request without
 /// one is authenticated by its bearer token, or is anonymous).
 pub fn server_config(
     kubelet: &KubeletConfig,
     identity: &ServingIdentity,
+    serving: Option<Arc<dyn ResolvesServerCert>>,
 ) -> Result<Arc<rustls::ServerConfig>, ServerError> {
-    let (chain, key) = match (&kubelet.tls_cert_file, &kubelet.tls_private_key_file) {
+    let builder = client_auth(kubelet)?;
+    let mut config = match serving {
+        Some(resolver) => builder.with_cert_resolver(resolver),
+        None => {
+            let (chain, key) = serving_pair(kubelet, identity)?;
+            builder
+                .with_single_cert(chain, key)
+                .map_err(|e| ServerError::Tls {
+                    field: "tlsCertFile".into(),
+                    message: e.to_string(),
+                })?
+        }
+    };
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+type ServingPair = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+/// The configured serving certificate and key, or a self-signed pair for `identity`.
+fn serving_pair(kubelet: &KubeletConfig, identity: &ServingIdentity) -> Result<ServingPair, ServerError> {
+    Ok(match (&kubelet.tls_cert_file, &kubelet.tls_private_key_file) {
         (Some(cert), Some(key)) => {
             let chain = read_certs(cert, "tlsCertFile")?;
             let key = PrivateKeyDer::from_pem_file(key).map_err(|e| ServerError::Tls {
@@ -109,14 +131,21 @@ pub fn server_config(
                 message: "both or neither must be set".into(),
             });
         }
-    };
+    })
+}
+
+/// The TLS server builder up to the serving certificate: client certificates verified against `clientCAFile`
+/// when set.
+fn client_auth(
+    kubelet: &KubeletConfig,
+) -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>, ServerError> {
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| ServerError::Tls {
             field: "tlsMinVersion".into(),
             message: e.to_string(),
         })?;
-    let builder = match &kubelet.authentication.client_ca_file {
+    Ok(match &kubelet.authentication.client_ca_file {
         Some(path) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in read_certs(path, "authentication.x509.clientCAFile")? {
@@ -135,15 +164,7 @@ pub fn server_config(
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
-    };
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .map_err(|e| ServerError::Tls {
-            field: "tlsCertFile".into(),
-            message: e.to_string(),
-        })?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    })
 }
 
 /// The user a verified client certificate names: common name and organizations (groups), as Kubernetes reads
