@@ -158,6 +158,17 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     }
     let agent = builder.build()?.start();
     tracing::info!(%node, "node agent started");
+    if flags.runtime == RuntimeKind::Remote {
+        // the kubelet's pod-resources API, always served by a real node (a unix socket under the root directory)
+        let path = node_agent::pod_resources::socket_path(&flags.root_dir);
+        let server = node_agent::pod_resources::PodResourcesServer::bind(&path, agent.pods_query())?;
+        let token = token.clone();
+        agent.spawn(async move {
+            if let Err(error) = server.run(token).await {
+                tracing::error!(%error, "the pod-resources API stopped");
+            }
+        });
+    }
     let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);
     serve_agent(endpoint, Some(Arc::new(registry)))
         .await
