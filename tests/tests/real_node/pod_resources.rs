@@ -3,7 +3,9 @@
 //! agent — with the containers containerd runs for them (sidecars and app containers; not the finished init
 //! container) — but not a pod that has finished; `Get` answers for one pod and refuses unknown and finished
 //! ones as the kubelet does; `GetAllocatableResources` answers what a kubelet with the CPU and memory manager
-//! policy `none` and no device plugins answers: nothing.
+//! policy `none` and no device plugins answers: nothing. The same answers reach a client built from the
+//! upstream definition (`tests/podresources-client`, Go, on the published `k8s.io/kubelet` client): the wire
+//! format is the kubelet's.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::FileTypeExt;
@@ -233,6 +235,8 @@ async fn a_local_client_lists_the_running_pods_and_their_containers_over_the_soc
         "{allocatable:?}"
     );
 
+    upstream_client_sees_the_same(&socket, &list).await?;
+
     // deleted: gone from the list once its containers have stopped
     pods.delete("solo", &DeleteParams::default()).await?;
     wait_for("solo gone from the API", Duration::from_secs(60), || async {
@@ -248,5 +252,91 @@ async fn a_local_client_lists_the_running_pods_and_their_containers_over_the_soc
     for name in ["web", "done"] {
         pods.delete(name, &DeleteParams::default()).await?;
     }
+    Ok(())
+}
+
+/// Runs the Go client built on the published `k8s.io/kubelet` pod-resources client (built by
+/// `hack/build-podresources-client.sh`) with `args`: its JSON answer, or the gRPC error's `code` and `message`.
+async fn upstream_client(socket: &std::path::Path, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-podresources-client.sh");
+    let (socket, args) = (
+        socket.to_owned(),
+        args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>(),
+    );
+    let out = tokio::task::spawn_blocking(move || -> anyhow::Result<std::process::Output> {
+        let built = std::process::Command::new("bash").arg(&script).output()?;
+        anyhow::ensure!(
+            built.status.success(),
+            "building the Go pod-resources client: {}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        let bin = String::from_utf8(built.stdout)?.trim().to_owned();
+        Ok(std::process::Command::new(bin)
+            .arg(&socket)
+            .args(&args)
+            .output()?)
+    })
+    .await??;
+    anyhow::ensure!(
+        matches!(out.status.code(), Some(0 | 3)),
+        "podresources-client {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The upstream (Go) client's answers match what node-agent's own client got.
+async fn upstream_client_sees_the_same(
+    socket: &std::path::Path,
+    list: &v1::ListPodResourcesResponse,
+) -> anyhow::Result<()> {
+    let answer = upstream_client(socket, &["list"]).await?;
+    let listed: Vec<(String, Vec<String>)> = answer["pod_resources"]
+        .as_array()
+        .context("pod_resources")?
+        .iter()
+        .filter(|p| p["namespace"] == NS)
+        .map(|p| {
+            let containers = p["containers"].as_array().map(Vec::as_slice).unwrap_or_default();
+            (
+                p["name"].as_str().unwrap_or_default().to_owned(),
+                containers
+                    .iter()
+                    .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+                    .collect(),
+            )
+        })
+        .collect();
+    println!("[real_node] the Go client on k8s.io/kubelet lists ours as {listed:?}");
+    assert_eq!(listed, ours(list), "the upstream client's List");
+
+    let web = upstream_client(socket, &["get", NS, "web"]).await?;
+    assert_eq!(web["pod_resources"]["name"], "web", "{web}");
+    assert_eq!(web["pod_resources"]["namespace"], NS, "{web}");
+    let names: Vec<&str> = web["pod_resources"]["containers"]
+        .as_array()
+        .context("containers")?
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["proxy", "app", "metrics"]);
+    assert_eq!(
+        web["pod_resources"]["containers"][0]["cpu_ids"],
+        serde_json::json!([]),
+        "{web}"
+    );
+
+    let missing = upstream_client(socket, &["get", NS, "nope"]).await?;
+    assert_eq!(
+        missing,
+        serde_json::json!({"code": "Unknown", "message": format!("pod nope in namespace {NS} not found")})
+    );
+    let allocatable = upstream_client(socket, &["allocatable"]).await?;
+    assert_eq!(
+        allocatable,
+        serde_json::json!({"devices": [], "cpu_ids": [], "memory": []})
+    );
     Ok(())
 }
