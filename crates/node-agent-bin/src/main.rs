@@ -167,6 +167,17 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let serving = node_client
         .serving(&kubelet, &node, &serving_host, serving_ip, token.clone())
         .map(|s| s as Arc<dyn rustls::server::ResolvesServerCert>);
+    if flags.runtime == RuntimeKind::Remote {
+        // the kubelet's pod-resources API, always served by a real node (a unix socket under the root directory)
+        let path = node_agent::pod_resources::socket_path(&flags.root_dir);
+        let server = node_agent::pod_resources::PodResourcesServer::bind(&path, agent.pods_query())?;
+        let token = token.clone();
+        agent.spawn(async move {
+            if let Err(error) = server.run(token).await {
+                tracing::error!(%error, "the pod-resources API stopped");
+            }
+        });
+    }
     let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);
     serve_agent(endpoint, Some(Arc::new(registry)), serving)
         .await

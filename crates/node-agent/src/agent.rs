@@ -455,6 +455,12 @@ impl RunningAgent {
         &self.ctx
     }
 
+    /// Asks this agent's pod manager which pods it has (e.g. for the
+    /// [`pod_resources`](crate::pod_resources) API).
+    pub fn pods_query(&self) -> crate::pods::PodsQuery {
+        crate::pods::PodsQuery::new(self.shutdown_tx.clone())
+    }
+
     /// Runs one more manager as part of this agent (stopped and awaited with the others).
     pub fn spawn<F>(&self, task: F)
     where

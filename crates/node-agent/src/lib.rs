@@ -34,6 +34,7 @@
 //! * [`stats`] — node and pod usage (CRI stats, the machine or the synthetic node's capacity).
 //! * [`eviction`] — node-pressure eviction: thresholds, pressure conditions, ranking, one eviction per pass.
 //! * [`gc`] — container and image garbage collection.
+//! * [`pod_resources`] — the pod-resources gRPC API on `<root-dir>/pod-resources/kubelet.sock`.
 
 pub mod agent;
 pub mod api;
@@ -47,6 +48,7 @@ pub mod gc;
 pub mod machine;
 pub mod metrics;
 pub mod node;
+pub mod pod_resources;
 pub mod pods;
 pub mod quantity;
 pub mod runtime_health;

@@ -1,18 +1,21 @@
 //! Requests to a running pod manager from outside the pod lifecycle: graceful node shutdown; the question
 //! the garbage collector asks before it removes anything of a pod — which pods does this node still have?; the
-//! eviction manager's list of running pods and its order to evict one (the kubelet's `killPod`).
+//! eviction manager's list of running pods and its order to evict one (the kubelet's `killPod`); the
+//! pod-resources API's list of the pods that hold the node's resources.
 //!
 //! All travel over one unbounded channel the manager reads besides its pod sources, so a question is answered
 //! in order with the pod events the manager has already taken: a pod it has admitted (or parked until the node
 //! view arrives) is in the answer, one whose worker has removed everything and exited is not.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::{mpsc, oneshot};
 
 use super::shutdown::ShutdownRequest;
+use super::spec::DesiredPod;
 
 /// A request to the pod manager.
 #[derive(Debug)]
@@ -26,6 +29,10 @@ pub enum ManagerControl {
     ActivePods(oneshot::Sender<Vec<ActivePod>>),
     /// Evict one pod.
     Evict(Box<EvictOrder>),
+    /// Answer the pods that hold the node's resources: admitted and not yet stopped for good — a pod being
+    /// deleted stays in until its worker has stopped it (the kubelet's "active pods"); refused pods, pods
+    /// that finished and pods still waiting for admission are not in.
+    AdmittedPods(oneshot::Sender<Vec<Arc<DesiredPod>>>),
 }
 
 impl From<ShutdownRequest> for ManagerControl {
@@ -93,6 +100,14 @@ impl PodsQuery {
         let (answer, wait) = oneshot::channel();
         self.tx.send(ManagerControl::KnownPods(answer)).ok()?;
         wait.await.ok().flatten()
+    }
+
+    /// The pods holding the node's resources (see [`ManagerControl::AdmittedPods`]), or `None` when the
+    /// manager is not running.
+    pub async fn admitted_pods(&self) -> Option<Vec<Arc<DesiredPod>>> {
+        let (answer, wait) = oneshot::channel();
+        self.tx.send(ManagerControl::AdmittedPods(answer)).ok()?;
+        wait.await.ok()
     }
 }
 

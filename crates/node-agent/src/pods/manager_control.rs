@@ -1,5 +1,6 @@
 //! The pod manager's answers to other managers (see [`control`](crate::pods::control)): which pods the node
-//! has (garbage collection), which run (eviction ranking), and evicting one.
+//! has (garbage collection), which run (eviction ranking), evicting one, and which hold the node's resources
+//! (the pod-resources API).
 
 use super::PodManager;
 use crate::pods::control::{ActivePod, EvictOrder, KillCause, KnownPods, ManagerControl};
@@ -15,6 +16,15 @@ impl PodManager {
             ManagerControl::Evict(order) => self.on_evict(*order),
             ManagerControl::KnownPods(answer) => {
                 let _ = answer.send(self.known_pods());
+            }
+            ManagerControl::AdmittedPods(answer) => {
+                // `admitted` is cleared when the worker reports the pod stopped for good
+                let pods = self
+                    .workers
+                    .values()
+                    .filter(|e| e.admitted)
+                    .map(|e| e.pod.clone());
+                let _ = answer.send(pods.collect());
             }
         }
     }

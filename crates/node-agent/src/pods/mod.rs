@@ -13,8 +13,8 @@
 //! | PLEG | `pleg` | runtime events (or a 1 s relist) to workers |
 //! | status manager | `status` | PATCH `pods/status` on change; final DELETE |
 //!
-//! From outside, [`control`] carries graceful shutdown requests and the garbage collector's question which
-//! pods the node still has.
+//! From outside, [`control`] carries graceful shutdown requests, the garbage collector's question which
+//! pods the node still has, the eviction manager's and the pod-resources API's questions which pods run.
 //!
 //! Events go through a [`PodEventSink`] ([`events`]): the agent's own recorder when run by an
 //! [`Agent`](crate::Agent) (see [`PodLifecycle::for_agent`] and [`PodOptions`]), else an event writer of

@@ -1,6 +1,7 @@
 //! Lifecycle tests under paused tokio time: the real pod manager, workers, prober and PLEG against the
 //! in-memory fake runtime, with the status manager replaced by a recorder of what it would write.
 
+mod admitted;
 mod evict;
 mod gc;
 mod probes;

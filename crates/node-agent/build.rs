@@ -1,0 +1,18 @@
+//! Compiles the APIs the agent serves from the project's own `.proto` files (`proto/` at the workspace root):
+//! the pod-resources API v1. The descriptor set is built in Rust (`protox`), so no `protoc` is needed here.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
+    let file = root.join("podresources/v1/api.proto");
+    println!("cargo:rerun-if-changed={}", file.display());
+    let descriptors = protox::compile([&file], [&root])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        // the client connects over a unix socket of the caller's making: no `connect(url)` helper
+        .build_transport(false)
+        .compile_fds(descriptors)?;
+    Ok(())
+}
