@@ -28,7 +28,6 @@
 
 use std::time::Duration;
 
-use base64::Engine;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -53,22 +52,10 @@ pub enum PoolError {
     Credentials(#[from] CredentialsError),
 }
 
-/// `config` with its identity replaced by `credential`'s client certificate: every other credential of the
-/// original (token, token file, basic auth, exec or auth-provider plugin, impersonation, an `Authorization`
-/// or `Impersonate-*` extra header) is dropped; the server, its CA and the timeouts are kept.
+/// `config` with its identity replaced by `credential`'s client certificate (every other credential of the
+/// original dropped; the server, its CA and the timeouts kept).
 pub fn with_node_identity(config: &kube::Config, credential: &NodeCredential) -> kube::Config {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let mut config = config.clone();
-    config.auth_info = kube::config::AuthInfo {
-        client_certificate_data: Some(b64.encode(&credential.cert_pem)),
-        client_key_data: Some(b64.encode(&credential.key_pem).into()),
-        ..Default::default()
-    };
-    config.headers.retain(|(name, _)| {
-        let name = name.as_str();
-        name != "authorization" && !name.starts_with("impersonate-")
-    });
-    config
+    node_agent::certs::client::with_identity(config, &credential.cert_pem, &credential.key_pem)
 }
 
 /// One `kube::Client` speaking HTTP/2 only over a single connection pool.
@@ -186,12 +173,22 @@ impl ClientPool {
     /// requests and its pod watch share its one connection. [`ClientPool::fleet_client`] keeps the
     /// identity of `config` itself.
     pub fn per_node(config: &kube::Config, names: &[String], ca: &NodeCa) -> Result<Self, PoolError> {
-        if names.is_empty() {
+        let credentials = names
+            .iter()
+            .map(|name| ca.issue(name))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::per_node_with(config, &credentials)
+    }
+
+    /// As [`ClientPool::per_node`], with certificates obtained elsewhere (TLS bootstrap): agent `i` is
+    /// `credentials[i]`'s node.
+    pub fn per_node_with(config: &kube::Config, credentials: &[NodeCredential]) -> Result<Self, PoolError> {
+        if credentials.is_empty() {
             return Err(PoolError::Empty);
         }
-        let clients = names
+        let clients = credentials
             .iter()
-            .map(|name| http2_client(&with_node_identity(config, &ca.issue(name)?)))
+            .map(|credential| http2_client(&with_node_identity(config, credential)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             watches: clients.clone(),

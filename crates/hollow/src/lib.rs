@@ -6,6 +6,7 @@
 //! * [`client_pool`] — a few HTTP/2 API connections the agents are sharded over (or one per node, with
 //!   per-node credentials).
 //! * [`credentials`] — per-node client certificates (`system:node:<name>`) minted from the cluster's client CA.
+//! * [`bootstrap`] — per-node client certificates requested from the cluster (TLS bootstrap).
 //! * [`fleet`] — building, starting (rate-limited) and stopping the agents.
 //! * [`chaos`] — runtime outages, flapping heartbeats and node churn on a running fleet.
 //! * [`cidrs`] — per-node pod CIDRs from a fleet-wide range, for clusters that allocate none.
@@ -14,6 +15,7 @@
 //! * [`server`] — the one HTTP endpoint: `/healthz`, `/metrics`, `/histograms`.
 //! * [`slo`] — `hollow slo`: load, pod start-up measurement, the fleet's merged stages, the SLO report.
 
+pub mod bootstrap;
 pub mod chaos;
 pub mod cidrs;
 pub mod client_pool;

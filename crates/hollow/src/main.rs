@@ -54,6 +54,16 @@ enum CredentialsArg {
     /// Every node its own client certificate (system:node:<name>), minted in memory from --node-ca-cert and
     /// --node-ca-key, on a connection of its own.
     PerNode,
+    /// Every node its own client certificate requested from the cluster by TLS bootstrap with
+    /// --bootstrap-kubeconfig's identity (e.g. a bootstrap token), on a connection of its own; no CA key needed.
+    Bootstrap,
+}
+
+/// Where per-node identities come from.
+enum NodeIdentities {
+    Shared,
+    Minted(NodeCa),
+    Bootstrap(PathBuf),
 }
 
 /// How agents watch their pods.
@@ -130,6 +140,15 @@ struct RunArgs {
         required_if_eq("node_credentials", "per-node")
     )]
     node_ca_key: Option<PathBuf>,
+    /// With --node-credentials bootstrap: the kubeconfig whose identity files every node's certificate signing
+    /// request (it needs to create CertificateSigningRequests, and the cluster's approver must approve node
+    /// client requests from it — the standard bootstrap-token RBAC bindings do both).
+    #[arg(
+        long,
+        env = "HOLLOW_BOOTSTRAP_KUBECONFIG",
+        required_if_eq("node_credentials", "bootstrap")
+    )]
+    bootstrap_kubeconfig: Option<PathBuf>,
     /// Node registrations started per second.
     #[arg(long, default_value_t = 100.0)]
     register_qps: f64,
@@ -263,28 +282,38 @@ fn runtime_profile(path: Option<&PathBuf>) -> anyhow::Result<cri_fake::Profile> 
     cri_fake::Profile::from_pairs(pairs).with_context(|| format!("{}", path.display()))
 }
 
-/// The CA that mints node certificates, with per-node credentials (checked before anything connects).
-fn node_ca(args: &RunArgs) -> anyhow::Result<Option<NodeCa>> {
+/// Where the nodes' identities come from (checked before anything connects).
+fn node_identities(args: &RunArgs) -> anyhow::Result<NodeIdentities> {
     if args.node_credentials == CredentialsArg::Shared {
-        return Ok(None);
+        return Ok(NodeIdentities::Shared);
     }
+    let flag = match args.node_credentials {
+        CredentialsArg::Bootstrap => "bootstrap",
+        _ => "per-node",
+    };
     if args.watch_mode == WatchArg::Shared {
         anyhow::bail!(
-            "--watch-mode shared does not work with --node-credentials per-node: the shared watch lists and \
+            "--watch-mode shared does not work with --node-credentials {flag}: the shared watch lists and \
              watches every pod in the cluster, and the Node authorizer lets a node identity see only the pods \
              bound to it; use --watch-mode per-node"
         );
     }
+    if args.node_credentials == CredentialsArg::Bootstrap {
+        let Some(path) = &args.bootstrap_kubeconfig else {
+            anyhow::bail!("--node-credentials bootstrap needs --bootstrap-kubeconfig");
+        };
+        return Ok(NodeIdentities::Bootstrap(path.clone()));
+    }
     let (Some(cert), Some(key)) = (&args.node_ca_cert, &args.node_ca_key) else {
         anyhow::bail!("--node-credentials per-node needs --node-ca-cert and --node-ca-key");
     };
-    Ok(Some(NodeCa::from_files(cert, key)?))
+    Ok(NodeIdentities::Minted(NodeCa::from_files(cert, key)?))
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     #[cfg(feature = "dhat-heap")]
     let heap_profile = dhat::Profiler::new_heap();
-    let node_ca = node_ca(&args)?;
+    let identities = node_identities(&args)?;
     let kube_config = match &args.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)?;
@@ -312,10 +341,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let chaos = args.chaos.over(file_chaos);
     chaos.validate().context("chaos flags")?;
-    if node_ca.is_some() && chaos.churn.is_some() {
+    if !matches!(identities, NodeIdentities::Shared) && chaos.churn.is_some() {
         anyhow::bail!(
-            "node churn does not work with --node-credentials per-node: churned nodes take fresh names, and \
-             certificates are minted for the --nodes names only"
+            "node churn does not work with per-node credentials: churned nodes take fresh names, and \
+             certificates are obtained for the --nodes names only"
         );
     }
     let pod_cidrs = args
@@ -390,8 +419,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             "the API server allows 100 concurrent streams per connection by default; watches beyond its figure wait and their nodes get no pods"
         );
     }
-    let pool = match &node_ca {
-        None => {
+    let pool = match &identities {
+        NodeIdentities::Shared => {
             let pool = ClientPool::new(&kube_config, size)?;
             tracing::info!(
                 request_connections = size.request_connections,
@@ -401,9 +430,36 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             );
             pool
         }
-        Some(ca) => {
+        NodeIdentities::Minted(ca) => {
             let names: Vec<String> = (0..args.nodes).map(|i| spec.node_name(i)).collect();
             let pool = ClientPool::per_node(&kube_config, &names, ca)?;
+            tracing::info!(
+                connections = args.nodes,
+                nodes = args.nodes,
+                "API client pool: per-node credentials, one connection per node"
+            );
+            pool
+        }
+        NodeIdentities::Bootstrap(path) => {
+            let names: Vec<String> = (0..args.nodes).map(|i| spec.node_name(i)).collect();
+            let boot = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("--bootstrap-kubeconfig {}", path.display()))?;
+            let boot =
+                kube::Config::from_custom_kubeconfig(boot, &kube::config::KubeConfigOptions::default())
+                    .await
+                    .with_context(|| format!("--bootstrap-kubeconfig {}", path.display()))?;
+            let boot = kube::Client::try_from(boot).context("the bootstrap API client")?;
+            let started = tokio::time::Instant::now();
+            let credentials = tokio::select! {
+                issued = hollow::bootstrap::issue_all(&boot, &names) => issued?,
+                _ = shutdown_signal() => { token.cancel(); return Ok(()); }
+            };
+            tracing::info!(
+                nodes = args.nodes,
+                took = ?started.elapsed(),
+                "node client certificates issued by TLS bootstrap"
+            );
+            let pool = ClientPool::per_node_with(&kube_config, &credentials)?;
             tracing::info!(
                 connections = args.nodes,
                 nodes = args.nodes,

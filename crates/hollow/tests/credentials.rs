@@ -192,6 +192,149 @@ async fn per_node_credentials_make_every_hollow_node_its_own_kubelet() -> anyhow
     Ok(())
 }
 
+/// TLS bootstrap: every hollow node files its own certificate signing request with a bootstrap token; the real
+/// controller-manager approves (the bootstrap group holds the standard `nodeclient` binding) and signs them;
+/// each node then is `system:node:<name>` to the API server and runs its pods. No CA key is involved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_credentials_come_from_the_csr_api() -> anyhow::Result<()> {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+
+    init_logging();
+    let cp = testenv::shared().await?;
+    let config = cp.admin_config().await?;
+    let admin = cp.admin_client().await?;
+    let (id, secret) = ("hollow", "0123456789abcdef");
+    let token: Secret = serde_json::from_value(json!({
+        "metadata": {"name": format!("bootstrap-token-{id}"), "namespace": "kube-system"},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {"token-id": id, "token-secret": secret, "usage-bootstrap-authentication": "true"},
+    }))?;
+    let created = Api::<Secret>::namespaced(admin.clone(), "kube-system")
+        .create(&PostParams::default(), &token)
+        .await;
+    assert!(created.is_ok() || code(&created) == 409, "{}", message(&created));
+    for (name, role) in [
+        ("hollow-bootstrappers", "system:node-bootstrapper"),
+        (
+            "hollow-bootstrap-approve",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+        ),
+    ] {
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:bootstrappers"}],
+        }))?;
+        let created = Api::<ClusterRoleBinding>::all(admin.clone())
+            .create(&PostParams::default(), &binding)
+            .await;
+        assert!(created.is_ok() || code(&created) == 409, "{}", message(&created));
+    }
+    let mut boot = config.clone();
+    boot.auth_info = kube::config::AuthInfo {
+        token: Some(format!("{id}.{secret}").into()),
+        ..Default::default()
+    };
+    let boot = kube::Client::try_from(boot)?;
+
+    let spec = spec("boot", NODES)?;
+    let names: Vec<String> = (0..NODES).map(|i| spec.node_name(i)).collect();
+    let started = std::time::Instant::now();
+    let credentials = hollow::bootstrap::issue_all(&boot, &names).await?;
+    println!(
+        "{NODES} node certificates by TLS bootstrap in {:?}",
+        started.elapsed()
+    );
+    let csrs = Api::<CertificateSigningRequest>::all(admin.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let ours: Vec<_> = csrs
+        .iter()
+        .filter(|c| c.spec.username.as_deref() == Some(&format!("system:bootstrap:{id}")))
+        .collect();
+    assert_eq!(ours.len(), NODES, "one request per node");
+    for csr in &ours {
+        let approved = csr
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .find(|c| c.type_ == "Approved");
+        assert_eq!(
+            approved.and_then(|c| c.reason.as_deref()),
+            Some("AutoApproved"),
+            "{csr:?}"
+        );
+        assert_eq!(
+            csr.spec.signer_name,
+            "kubernetes.io/kube-apiserver-client-kubelet"
+        );
+    }
+
+    let pool = ClientPool::per_node_with(&config, &credentials)?;
+    let fleet = Fleet::start(
+        &spec,
+        &pool,
+        Arc::new(Metrics::unregistered()),
+        Arc::new(PodMetrics::new()),
+        CancellationToken::new(),
+    )
+    .await?;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_for(
+        "every bootstrapped node Ready",
+        Duration::from_secs(60),
+        || async {
+            let mut ready = 0;
+            for name in &names {
+                if nodes.get_opt(name).await?.as_ref().is_some_and(node_is_ready) {
+                    ready += 1;
+                }
+            }
+            Ok((ready == NODES).then_some(()))
+        },
+    )
+    .await?;
+    for (i, name) in names.iter().enumerate() {
+        let review = Api::<SelfSubjectReview>::all(pool.for_agent(i))
+            .create(&PostParams::default(), &SelfSubjectReview::default())
+            .await?;
+        let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
+        assert_eq!(
+            user.username.as_deref(),
+            Some(format!("system:node:{name}").as_str())
+        );
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "boot-pod"},
+        "spec": {"nodeName": names[1], "containers": [{"name": "c", "image": "registry.test/boot:1"}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    wait_for(
+        "the pod on a bootstrapped node Running",
+        Duration::from_secs(60),
+        || async {
+            let phase = pods.get("boot-pod").await?.status.and_then(|s| s.phase);
+            Ok((phase.as_deref() == Some("Running")).then_some(()))
+        },
+    )
+    .await?;
+    println!(
+        "{NODES} bootstrapped nodes Ready, each its own kubelet; a pod on {} Running",
+        names[1]
+    );
+    fleet.stop(Duration::from_secs(10)).await;
+    for name in &names {
+        let _ = nodes.delete(name, &DeleteParams::default()).await;
+    }
+    pods.delete("boot-pod", &DeleteParams::default().grace_period(0))
+        .await?;
+    Ok(())
+}
+
 /// Runs the binary with `args`; returns (success, stderr).
 fn hollow(args: &[&str]) -> anyhow::Result<(bool, String)> {
     let out = Command::new(env!("CARGO_BIN_EXE_hollow"))
@@ -202,6 +345,7 @@ fn hollow(args: &[&str]) -> anyhow::Result<(bool, String)> {
         .env_remove("HOLLOW_NODE_CREDENTIALS")
         .env_remove("HOLLOW_NODE_CA_CERT")
         .env_remove("HOLLOW_NODE_CA_KEY")
+        .env_remove("HOLLOW_BOOTSTRAP_KUBECONFIG")
         .output()?;
     Ok((
         out.status.success(),
@@ -227,8 +371,20 @@ fn the_binary_refuses_what_per_node_credentials_cannot_do() -> anyhow::Result<()
         "--metrics-address",
         "127.0.0.1:0",
     ];
-    let cases: [(Vec<&str>, &str); 3] = [
+    let cases: [(Vec<&str>, &str); 5] = [
         (vec!["--node-credentials", "per-node"], "--node-ca-cert"),
+        (vec!["--node-credentials", "bootstrap"], "--bootstrap-kubeconfig"),
+        (
+            vec![
+                "--node-credentials",
+                "bootstrap",
+                "--bootstrap-kubeconfig",
+                "/nonexistent/boot",
+                "--watch-mode",
+                "shared",
+            ],
+            "--watch-mode shared does not work with --node-credentials bootstrap",
+        ),
         (
             [&per_node[..], &["--watch-mode", "shared"]].concat(),
             "--watch-mode shared does not work with --node-credentials per-node",

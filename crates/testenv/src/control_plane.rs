@@ -298,6 +298,8 @@ impl ControlPlane {
             // a node serves logs only with a certificate from `kubelet_serving_certificate`
             format!("--kubelet-certificate-authority={}", s(&ca_crt)),
             "--kubelet-preferred-address-types=InternalIP".into(),
+            // bootstrap tokens (kube-system/bootstrap-token-<id>) authenticate, for TLS bootstrap tests
+            "--enable-bootstrap-token-auth".into(),
             "--profiling=false".into(),
         ];
         apiserver_args.extend(opts.apiserver_args.iter().cloned());

@@ -44,8 +44,6 @@ pub async fn control_plane() -> anyhow::Result<&'static testenv::ControlPlane> {
             format!("--audit-policy-file={}", policy.display()),
             format!("--audit-log-path={}", audit_log().display()),
             "--audit-log-maxsize=0".into(),
-            // node certificates by TLS bootstrap (node_lifecycle/certificates.rs)
-            "--enable-bootstrap-token-auth".into(),
         ],
         // certificates issued through the CSR API live 3 minutes (8 with the signer's 5-minute backdating),
         // so rotation happens within a test
