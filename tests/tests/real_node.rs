@@ -23,6 +23,8 @@ mod running;
 mod security;
 #[path = "real_node/service_links.rs"]
 mod service_links;
+#[path = "real_node/static_pods.rs"]
+mod static_pods;
 #[path = "real_node/streaming.rs"]
 mod streaming;
 #[path = "real_node/termination.rs"]

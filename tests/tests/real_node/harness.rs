@@ -55,6 +55,8 @@ pub struct RealNode {
     pub agent_root: PathBuf,
     /// The agent's stderr.
     pub agent_log: PathBuf,
+    /// The agent's `staticPodPath` (empty unless a test writes a manifest there).
+    pub manifests: PathBuf,
     /// The agent's `cgroupRoot`: its pods' cgroups are under `<cgroupRoot>/kubepods`.
     pub cgroup_root: String,
     /// The agent (killed with this process, never before, unless [`RealNode::restart_agent`] replaces it).
@@ -230,6 +232,8 @@ impl RealNode {
         let pod_logs_dir = dir.join("pods");
         std::fs::create_dir_all(&agent_root)?;
         std::fs::create_dir_all(&pod_logs_dir)?;
+        let manifests = dir.join("manifests");
+        std::fs::create_dir_all(&manifests)?;
         let (cert, key) = cp.kubelet_serving_certificate(NODE)?;
         // the tests' disk thresholds unless the binary sets its own
         let extra_config = if options.extra_config.contains("evictionHard:") {
@@ -244,11 +248,12 @@ impl RealNode {
                 "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
                  tlsCertFile: {}\ntlsPrivateKeyFile: {}\nauthentication:\n  x509:\n    clientCAFile: {}\n\
                  podLogsDir: {}\nclusterDNS: [{CLUSTER_DNS}]\nclusterDomain: {CLUSTER_DOMAIN}\n\
-                 syncFrequency: {SYNC_FREQUENCY}\ncgroupRoot: /{cgroup}\n{}",
+                 syncFrequency: {SYNC_FREQUENCY}\ncgroupRoot: /{cgroup}\nstaticPodPath: {}\n{}",
                 cert.display(),
                 key.display(),
                 cp.client_ca_file().display(),
                 pod_logs_dir.display(),
+                manifests.display(),
                 extra_config,
             ),
         )?;
@@ -318,6 +323,7 @@ impl RealNode {
             pod_logs_dir,
             agent_root,
             agent_log,
+            manifests,
             cgroup_root: format!("/{cgroup}"),
             agent: Mutex::new(Some(agent)),
             agent_command: (bin, args),
