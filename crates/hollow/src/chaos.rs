@@ -10,6 +10,9 @@
 //!   them `unreachable`, then they come back.
 //! * **churn**: `nodes` extra nodes beyond the fleet, of which one leaves every `60 / per_minute` seconds
 //!   (agent stopped, Node object deleted) and a node with a fresh name joins, as under a cluster autoscaler.
+//!   With `shutdown`, a leaving node goes through graceful node shutdown first (the fleet's
+//!   `shutdownGracePeriod`): NotReady with the shutdown reason, new pods refused, its pods stopped by priority
+//!   and reported Failed (`Terminated`) — a node drained by shutdown.
 //!   Churn needs the fleet's shared credentials: a node identity cannot be minted for a name chosen later.
 //!
 //! A round picks its nodes at random among those not disrupted by the same kind. Everything is undone when
@@ -56,6 +59,9 @@ pub struct Churn {
     pub nodes: usize,
     /// Replacements per minute (one node leaves, one joins).
     pub per_minute: f64,
+    /// Leaving nodes shut down gracefully (needs `shutdownGracePeriod` in the fleet's configuration).
+    #[serde(default)]
+    pub shutdown: bool,
 }
 
 /// All chaos of one fleet.
@@ -369,8 +375,12 @@ async fn churn(c: Churn, factory: Arc<NodeFactory>, metrics: ChaosMetrics, token
         }
         if let Some(node) = live.pop_front() {
             let name = node.name.clone();
-            tracing::info!(node = %name, "churn: node leaves");
-            factory.stop_node(node, grace).await;
+            tracing::info!(node = %name, graceful = c.shutdown, "churn: node leaves");
+            if c.shutdown {
+                factory.shut_down_node(node, grace).await;
+            } else {
+                factory.stop_node(node, grace).await;
+            }
             delete_node(&nodes_api, &name).await;
             left.inc();
         }

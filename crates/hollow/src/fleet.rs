@@ -407,6 +407,17 @@ impl NodeFactory {
         }
     }
 
+    /// Shuts `node` down gracefully (the kubelet's graceful node shutdown with the fleet's
+    /// `shutdownGracePeriod` settings), then stops it (`grace` as in [`NodeFactory::stop_node`]).
+    pub async fn shut_down_node(&self, node: FleetNode, grace: Duration) {
+        if let Some(feed) = &self.feed {
+            feed.unsubscribe(&node.name);
+        }
+        if let Err(e) = node.agent.shutdown(grace).await {
+            tracing::warn!(node = %node.name, error = %e, "agent did not shut down cleanly");
+        }
+    }
+
     /// A client for fleet-level requests (not a node's).
     pub fn client(&self) -> kube::Client {
         self.pool.fleet_client()

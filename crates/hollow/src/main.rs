@@ -210,6 +210,10 @@ struct ChaosArgs {
     /// Churn replacements per minute.
     #[arg(long)]
     churn_per_minute: Option<f64>,
+    /// Leaving churn nodes go through graceful node shutdown (their pods stopped and reported Failed) before
+    /// their Node is deleted; needs shutdownGracePeriod in --config.
+    #[arg(long, requires = "churn_nodes")]
+    churn_shutdown: bool,
 }
 
 impl ChaosArgs {
@@ -230,7 +234,11 @@ impl ChaosArgs {
             });
         }
         if let (Some(nodes), Some(per_minute)) = (self.churn_nodes, self.churn_per_minute) {
-            spec.churn = Some(Churn { nodes, per_minute });
+            spec.churn = Some(Churn {
+                nodes,
+                per_minute,
+                shutdown: self.churn_shutdown,
+            });
         }
         spec
     }
@@ -341,6 +349,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let chaos = args.chaos.over(file_chaos);
     chaos.validate().context("chaos flags")?;
+    if chaos.churn.is_some_and(|c| c.shutdown) && kubelet.shutdown_grace_period.is_zero() {
+        anyhow::bail!(
+            "churn with shutdown needs shutdownGracePeriod in the fleet's --config (graceful node shutdown is off \
+             without it)"
+        );
+    }
     if !matches!(identities, NodeIdentities::Shared) && chaos.churn.is_some() {
         anyhow::bail!(
             "node churn does not work with per-node credentials: churned nodes take fresh names, and \

@@ -205,6 +205,7 @@ async fn churn_deletes_leaving_nodes_and_registers_new_ones() -> anyhow::Result<
             churn: Some(Churn {
                 nodes: 2,
                 per_minute: 12.0,
+                shutdown: false,
             }),
             ..ChaosSpec::default()
         },
@@ -279,5 +280,109 @@ async fn bad_chaos_flags_are_refused_before_any_node_starts() -> anyhow::Result<
         nodes_with_prefix(&api, "badchaos").await?.is_empty(),
         "no node started"
     );
+    Ok(())
+}
+
+/// Churn with graceful shutdown: a leaving node runs the kubelet's graceful node shutdown before its Node is
+/// deleted — the pod running on it ends Failed with the kubelet's `Terminated` reason and message and a
+/// `DisruptionTarget` condition, instead of vanishing with its node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_with_shutdown_drains_leaving_nodes_gracefully() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{DeleteParams, PostParams};
+
+    init_logging();
+    let cp = control_plane().await?;
+    let config = cp.admin_config().await?;
+    let admin = cp.admin_client().await?;
+    let api: Api<Node> = Api::all(admin.clone());
+    let prefix = "drain";
+    let spec = FleetSpec {
+        kubelet: node_agent::KubeletConfig {
+            shutdown_grace_period: Duration::from_secs(4),
+            shutdown_grace_period_critical_pods: Duration::from_secs(1),
+            ..Default::default()
+        },
+        ..spec(prefix)?
+    };
+    let pool = ClientPool::new(&config, PoolSize::for_fleet(NODES, true, PoolLimits::default()))?;
+    let token = CancellationToken::new();
+    let fleet = Fleet::start(
+        &spec,
+        &pool,
+        Arc::new(Metrics::unregistered()),
+        Arc::new(PodMetrics::new()),
+        token.clone(),
+    )
+    .await?;
+    let metrics = ChaosMetrics::default();
+    let chaos_token = token.child_token();
+    let chaos = tokio::spawn(chaos::run(
+        ChaosSpec {
+            churn: Some(Churn {
+                nodes: 1,
+                per_minute: 3.0,
+                shutdown: true,
+            }),
+            ..ChaosSpec::default()
+        },
+        fleet.chaos_targets(),
+        fleet.factory(),
+        metrics.clone(),
+        chaos_token.clone(),
+    ));
+    // the one churn node, drain-10, leaves 20 s after it joined; a pod runs on it before that
+    let leaving = format!("{prefix}-{NODES}");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "drain-pod"},
+        "spec": {"nodeName": leaving, "containers": [{"name": "c", "image": "registry.test/drain:1"}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    wait_for(
+        "the pod on the churn node Running",
+        Duration::from_secs(20),
+        || async {
+            let phase = pods.get("drain-pod").await?.status.and_then(|s| s.phase);
+            Ok((phase.as_deref() == Some("Running")).then_some(()))
+        },
+    )
+    .await?;
+    wait_for("the churn node left", Duration::from_secs(60), || async {
+        Ok((metrics.churned("left") >= 1).then_some(()))
+    })
+    .await?;
+    let status = pods.get("drain-pod").await?.status.unwrap_or_default();
+    println!(
+        "churn shutdown: {leaving} left; its pod is {:?} / {:?}: {:?}",
+        status.phase, status.reason, status.message
+    );
+    assert_eq!(status.phase.as_deref(), Some("Failed"));
+    assert_eq!(status.reason.as_deref(), Some("Terminated"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("Pod was terminated in response to imminent node shutdown.")
+    );
+    assert!(
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "DisruptionTarget" && c.status == "True"),
+        "{:?}",
+        status.conditions
+    );
+    assert!(
+        api.get_opt(&leaving).await?.is_none(),
+        "{leaving} deleted after its shutdown"
+    );
+    chaos_token.cancel();
+    chaos.await?;
+    fleet.stop(Duration::from_secs(10)).await;
+    for node in nodes_with_prefix(&api, prefix).await? {
+        let _ = api.delete(&name(&node), &DeleteParams::default()).await;
+    }
+    pods.delete("drain-pod", &DeleteParams::default().grace_period(0))
+        .await?;
     Ok(())
 }
