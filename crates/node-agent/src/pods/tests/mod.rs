@@ -5,6 +5,7 @@ mod evict;
 mod gc;
 mod probes;
 mod scenarios;
+mod security;
 mod shutdown;
 mod static_pods;
 
