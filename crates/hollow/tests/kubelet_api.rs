@@ -8,7 +8,8 @@
 //! allowed"), so node-scoped endpoints are called directly, as metrics-server does; logs go through the API
 //! server, which verifies the node's serving certificate against the cluster CA and presents its kubelet client
 //! certificate. `kubectl exec` goes through the API server too: the node serves the SPDY stream itself (the fake
-//! runtime has no streaming server) and runs the command with the pod's scripted exec rules.
+//! runtime has no streaming server) and runs the command with the pod's scripted exec rules. `/metrics/probes`
+//! counts each pod's scripted probe results under the kubelet's names and drops a pod's series when it goes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -413,6 +414,163 @@ async fn logs_stats_and_resource_metrics_of_hollow_nodes_with_the_kubelets_auth(
     assert_eq!(out.status.code(), Some(1), "{out:?}");
 
     pods.delete("kapi-logs", &Default::default()).await?;
+    fleet.stop(Duration::from_secs(10)).await;
+    token.cancel();
+    Ok(())
+}
+
+/// The value of the `prober_probe_total` sample of `pod`'s `probe_type` probe with `result`, if there is one.
+fn probe_count(text: &str, pod: &Pod, probe_type: &str, result: &str) -> Option<u64> {
+    let name = pod.metadata.name.as_deref()?;
+    let uid = pod.metadata.uid.as_deref()?;
+    let series = format!(
+        "prober_probe_total{{container=\"app\",namespace=\"{NS}\",pod=\"{name}\",pod_uid=\"{uid}\",\
+         probe_type=\"{probe_type}\",result=\"{result}\"}}"
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_metrics_of_a_hollow_node_count_scripted_probes() -> anyhow::Result<()> {
+    init_logging();
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    let base = free_port_range(1)?;
+    let (cert, key) = cp.kubelet_serving_certificate("hollow-kprobe")?;
+    let defaults = KubeletConfig::default();
+    let kubelet = KubeletConfig {
+        tls_cert_file: Some(cert),
+        tls_private_key_file: Some(key),
+        authentication: node_agent::config::Authentication {
+            client_ca_file: Some(cp.client_ca_file()),
+            ..defaults.authentication.clone()
+        },
+        ..defaults
+    };
+    let spec = FleetSpec {
+        register_qps: 200.0,
+        kubelet_port: base,
+        kubelet,
+        kubelet_api: Some(KubeletApi { registry: None }),
+        ..FleetSpec::new(1, "kprobe-{index}", profiles::default_profiles())?
+    };
+    let pool = ClientPool::new(
+        &cp.admin_config().await?,
+        PoolSize::for_fleet(1, true, PoolLimits::default()),
+    )?;
+    let token = CancellationToken::new();
+    let fleet = Fleet::start(
+        &spec,
+        &pool,
+        Arc::new(Metrics::unregistered()),
+        Arc::new(PodMetrics::new()),
+        token.clone(),
+    )
+    .await?;
+
+    // a pod whose readiness probe passes, one whose liveness probe fails
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let probed = |name: &str, probe: serde_json::Value, script: &str| -> anyhow::Result<Pod> {
+        let mut container = json!({"name": "app", "image": "registry.k8s.io/pause:3.10"});
+        let (field, value) = probe
+            .as_object()
+            .and_then(|o| o.iter().next())
+            .expect("one probe");
+        container[field] = value.clone();
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": {"cri-fake.node-agent.io/probe": script}},
+            "spec": {"nodeName": "kprobe-0", "containers": [container], "terminationGracePeriodSeconds": 0},
+        }))?)
+    };
+    let ready = probed(
+        "kprobe-ready",
+        json!({"readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1}}),
+        "http:8080/ready=ok",
+    )?;
+    let live = probed(
+        "kprobe-live",
+        json!({"livenessProbe": {"tcpSocket": {"port": 9000}, "periodSeconds": 1, "failureThreshold": 3}}),
+        "tcp:9000=fail",
+    )?;
+    let ready = pods.create(&PostParams::default(), &ready).await?;
+    let live = pods.create(&PostParams::default(), &live).await?;
+
+    let anonymous = https(cp, None)?;
+    let (status, body) = get(&anonymous, base, "/metrics/probes", None).await?;
+    assert_eq!((status, body.as_str()), (401, "Unauthorized"), "anonymous");
+    let nobody = service_account_token(&admin, "kprobe-nobody").await?;
+    let (status, body) = get(&anonymous, base, "/metrics/probes", Some(&nobody)).await?;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("subresource(s)=[metrics]"), "{body}");
+    let scraper = https(
+        cp,
+        Some(&cp.client_certificate("kprobe-scraper", &["system:masters"])?),
+    )?;
+    let scrape = || async {
+        let (status, text) = get(&scraper, base, "/metrics/probes", None).await?;
+        anyhow::ensure!(status == 200, "/metrics/probes: {status} {text}");
+        Ok(text)
+    };
+
+    // the readiness probe's successes rise; the liveness probe's failures are counted
+    let first = wait_for("readiness successes counted", Duration::from_secs(60), || async {
+        let text = scrape().await?;
+        Ok(probe_count(&text, &ready, "Readiness", "successful").map(|n| (n, text)))
+    })
+    .await;
+    let (first, text) = first?;
+    println!("[kubelet_api] /metrics/probes:\n{text}");
+    assert!(text.contains("# TYPE prober_probe_total counter"), "{text}");
+    assert!(
+        text.contains(
+            "prober_probe_duration_seconds_count{container=\"app\",namespace=\"default\",pod=\"kprobe-ready\",\
+             probe_type=\"Readiness\"}"
+        ),
+        "{text}"
+    );
+    wait_for("readiness successes rising", Duration::from_secs(30), || async {
+        let text = scrape().await?;
+        let now = probe_count(&text, &ready, "Readiness", "successful").unwrap_or(0);
+        Ok((now > first).then_some(()))
+    })
+    .await?;
+    let failed = wait_for("liveness failures counted", Duration::from_secs(60), || async {
+        let text = scrape().await?;
+        Ok(probe_count(&text, &live, "Liveness", "failed").filter(|&n| n >= 3))
+    })
+    .await?;
+    println!("[kubelet_api] kprobe-live liveness failures: {failed}");
+    let text = scrape().await?;
+    assert_eq!(
+        probe_count(&text, &live, "Liveness", "successful"),
+        None,
+        "a probe that never passed has no successful series: {text}"
+    );
+    // the pod is Ready: the agent acted on the same results
+    let readied = pods.get("kprobe-ready").await?;
+    let conditions = readied.status.and_then(|s| s.conditions).unwrap_or_default();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "{conditions:?}"
+    );
+
+    // the pods go, and so do their series
+    for name in ["kprobe-ready", "kprobe-live"] {
+        pods.delete(name, &Default::default()).await?;
+    }
+    wait_for(
+        "series of deleted pods dropped",
+        Duration::from_secs(60),
+        || async {
+            let text = scrape().await?;
+            Ok((!text.contains("pod=\"kprobe-")).then_some(()))
+        },
+    )
+    .await?;
     fleet.stop(Duration::from_secs(10)).await;
     token.cancel();
     Ok(())

@@ -89,6 +89,8 @@ pub struct AgentContext {
     pub heartbeats: crate::node::Heartbeats,
     /// The container and image garbage collectors (the eviction manager reclaims through them).
     pub gc: GarbageCollectors,
+    /// This node's per-probe series, served at `/metrics/probes`.
+    pub probe_metrics: Arc<crate::pods::ProbeMetrics>,
 }
 
 impl std::fmt::Debug for AgentContext {
@@ -255,6 +257,7 @@ impl AgentBuilder {
             token,
             heartbeats: crate::node::Heartbeats::default(),
             gc,
+            probe_metrics: Arc::default(),
         };
         Ok(Agent {
             ctx,

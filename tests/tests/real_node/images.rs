@@ -68,6 +68,48 @@ fn push(rootfs: &Path, reference: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Builds the node's busybox as `reference` with the image config's `User` set to `user`, and imports it into
+/// the node's containerd (namespace `k8s.io`), as setup.sh imports the base images.
+pub(super) fn import_with_user(node: &RealNode, reference: &str, user: &str) -> anyhow::Result<()> {
+    let rootfs = node.containerd_dir.join("images/busybox-rootfs");
+    let tar = node
+        .containerd_dir
+        .join("images")
+        .join(format!("{}.tar", reference.replace(['/', ':'], "_")));
+    let out = Command::new("python3")
+        .arg(scripts().join("oci_image.py"))
+        .args(["--rootfs", &rootfs.display().to_string(), "--ref", reference])
+        .args(["--cmd", r#"["sh"]"#, "--user", user])
+        .args(["--out", &tar.display().to_string()])
+        .output()
+        .context("oci_image.py --out")?;
+    if !out.status.success() {
+        bail!(
+            "building {reference} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = Command::new("ctr")
+        .args([
+            "--address",
+            &node.socket.display().to_string(),
+            "-n",
+            "k8s.io",
+            "images",
+            "import",
+        ])
+        .arg(&tar)
+        .output()
+        .context("ctr images import")?;
+    if !out.status.success() {
+        bail!(
+            "importing {reference} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
 impl Drop for Registry {
     fn drop(&mut self) {
         let _ = Command::new("bash")

@@ -1,7 +1,8 @@
 //! Probes, the pod network and memory limits on the real node: an httpGet readiness probe flips the pod Ready
 //! when its server starts listening, and a second pod reaches that server over the pod network; a failing exec
 //! liveness probe restarts its container (`Unhealthy`, then `Killing`, restart count 1); a container allocating
-//! past its memory limit is OOMKilled with exit code 137.
+//! past its memory limit is OOMKilled with exit code 137. The node's `/metrics/probes` counts both probes' runs
+//! by result under the kubelet's names.
 
 use std::time::{Duration, Instant};
 
@@ -155,6 +156,39 @@ async fn readiness_liveness_pod_network_and_oom() -> anyhow::Result<()> {
         "{killing:?}"
     );
     println!("[real_node] liveness restarted (count {restarted}) after its probe failed");
+
+    // /metrics/probes: web's readiness failed until its server listened, then passed; liveness failed
+    let series = |pod: &str, uid: &str, kind: &str, result: &str| {
+        format!(
+            "prober_probe_total{{container=\"main\",namespace=\"{NS}\",pod=\"{pod}\",pod_uid=\"{uid}\",\
+             probe_type=\"{kind}\",result=\"{result}\"}} "
+        )
+    };
+    let (status, text) = node.kubelet_get("/metrics/probes").await?;
+    assert_eq!(status, 200, "{text}");
+    let count = |pod: &Pod, kind: &str, result: &str| -> Option<u64> {
+        let name = pod.metadata.name.as_deref()?;
+        let prefix = series(name, pod.metadata.uid.as_deref()?, kind, result);
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+    };
+    let (web, live) = (pods.get("web").await?, pods.get("liveness").await?);
+    println!(
+        "[real_node] /metrics/probes: web readiness {:?} successful, {:?} failed; liveness {:?} failed",
+        count(&web, "Readiness", "successful"),
+        count(&web, "Readiness", "failed"),
+        count(&live, "Liveness", "failed"),
+    );
+    assert!(count(&web, "Readiness", "successful") >= Some(1), "{text}");
+    assert!(count(&web, "Readiness", "failed") >= Some(1), "{text}");
+    assert!(count(&live, "Liveness", "failed") >= Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "prober_probe_duration_seconds_count{{container=\"main\",namespace=\"{NS}\",pod=\"web\",\
+             probe_type=\"Readiness\"}}"
+        )),
+        "{text}"
+    );
 
     // OOM: terminated by the kernel at its memory limit
     let terminated = wait_for("oom terminated", Duration::from_secs(60), || async {

@@ -12,7 +12,7 @@ use super::admission::NodeView;
 use super::events::Recorder;
 use super::metrics::PodMetrics;
 use super::objects::PodObjects;
-use super::probes::ProbeTransport;
+use super::probes::{ProbeMetrics, ProbeTransport};
 use super::status::StatusHandle;
 
 pub(crate) struct AgentCtx {
@@ -23,6 +23,8 @@ pub(crate) struct AgentCtx {
     pub probes: Arc<dyn ProbeTransport>,
     pub events: Recorder,
     pub metrics: Arc<PodMetrics>,
+    /// This node's per-probe series (`/metrics/probes`).
+    pub probe_metrics: Arc<ProbeMetrics>,
     pub status: StatusHandle,
     pub node: watch::Receiver<Option<NodeView>>,
     /// ConfigMaps, Secrets and tokens that pods' volumes and environment name.

@@ -80,7 +80,9 @@ pub use control::{KnownPods, ManagerControl, PodsQuery};
 pub use events::{MemoryEvents, NoEvents, PodEvent as PodEventRecord, PodEventSink};
 pub use labels::RuntimeLayout;
 pub use metrics::{PodMetrics, Stage, StageReport};
-pub use probes::{NetTarget, NetworkProbes, ProbeOutcome, ProbeTarget, ProbeTransport, ScriptedProbes};
+pub use probes::{
+    NetTarget, NetworkProbes, ProbeMetrics, ProbeOutcome, ProbeTarget, ProbeTransport, ScriptedProbes,
+};
 pub use source::{PodEvent, PodSource, SharedPodFeed};
 pub use static_pods::StaticPodConfig;
 pub use wiring::{PodOptions, run_for_agent};
@@ -145,6 +147,7 @@ pub struct PodLifecycle {
     probes: Arc<dyn ProbeTransport>,
     node: watch::Receiver<Option<NodeView>>,
     metrics: Arc<PodMetrics>,
+    probe_metrics: Arc<ProbeMetrics>,
     events: Option<Arc<dyn PodEventSink>>,
     api: ApiCalls,
     source: PodSource,
@@ -184,6 +187,7 @@ impl PodLifecycle {
             probes,
             node,
             metrics: Arc::new(PodMetrics::new()),
+            probe_metrics: Arc::default(),
             events: None,
             api: ApiCalls::new(Arc::new(Metrics::unregistered()), 0, 0),
             source: PodSource::Watch,
@@ -202,6 +206,12 @@ impl PodLifecycle {
     /// Records into `metrics` (share one across a fleet).
     pub fn with_metrics(mut self, metrics: Arc<PodMetrics>) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// Keeps this node's per-probe series (`/metrics/probes`) in `probe_metrics`.
+    pub fn with_probe_metrics(mut self, probe_metrics: Arc<ProbeMetrics>) -> Self {
+        self.probe_metrics = probe_metrics;
         self
     }
 
@@ -320,6 +330,7 @@ impl PodLifecycle {
             probes: self.probes,
             events: events::Recorder::new(events),
             metrics: self.metrics.clone(),
+            probe_metrics: self.probe_metrics,
             status,
             node: self.node,
         });
@@ -371,6 +382,7 @@ pub(crate) fn per_pod_sizes() -> Vec<(&'static str, usize)> {
         ("DesiredPod", size_of::<spec::DesiredPod>()),
         ("RuntimeView", size_of::<observed::RuntimeView>()),
         ("Timeline", size_of::<metrics::Timeline>()),
+        ("Prober", size_of::<probes::prober::Prober>()),
         (
             "k8s Pod (for comparison)",
             size_of::<k8s_openapi::api::core::v1::Pod>(),

@@ -2,7 +2,8 @@
 //! over the pod's (run as user / group, read-only root filesystem, privileged, capabilities, privilege
 //! escalation, seccomp, the proc mount's masked and read-only paths), supplemental groups (`fsGroup` first),
 //! namespace sharing (`hostNetwork`, `hostPID`, `hostIPC`, `shareProcessNamespace`) and sysctls for the sandbox.
-//! `runAsNonRoot` with `runAsUser: 0` fails the container with the kubelet's message.
+//! `runAsNonRoot` with `runAsUser: 0` fails the container with the kubelet's message; without `runAsUser` the
+//! image's user (from `ImageStatus`: a uid, a user name, or neither — root) is checked ([`verify_image_user`]).
 
 use std::collections::HashMap;
 
@@ -42,6 +43,8 @@ pub struct PodSecurity {
     pub run_as_non_root: Option<bool>,
     /// `fsGroup` followed by `supplementalGroups`.
     pub supplemental_groups: Vec<i64>,
+    /// `fsGroup`: the group of the volumes the node provides (see `volumes::ownership`).
+    pub fs_group: Option<i64>,
     /// `sysctls`.
     pub sysctls: Vec<(String, String)>,
     /// `seccompProfile`.
@@ -70,6 +73,7 @@ impl PodSecurity {
                         .chain(s.supplemental_groups.iter().flatten().copied())
                 })
                 .collect(),
+            fs_group: sc.and_then(|s| s.fs_group),
             sysctls: sc
                 .into_iter()
                 .flat_map(|s| s.sysctls.iter().flatten())
@@ -278,6 +282,44 @@ pub fn container(
     })
 }
 
+/// Whether `c` runs with `runAsNonRoot` and no `runAsUser`, so its image's user must be checked.
+pub fn needs_image_user(pod: &DesiredPod, c: &super::spec::ContainerSpec) -> bool {
+    let p = pod.security.as_deref();
+    let own = c.security.as_deref();
+    let non_root = own
+        .and_then(|s| s.run_as_non_root)
+        .or(p.and_then(|p| p.run_as_non_root));
+    let user = own.and_then(|s| s.run_as_user).or(p.and_then(|p| p.run_as_user));
+    non_root == Some(true) && user.is_none()
+}
+
+/// Checks `runAsNonRoot` (see [`needs_image_user`]) against the image's user as `ImageStatus` reports it: its
+/// `uid`, else its `username`; an image naming neither runs as root. The kubelet's messages.
+pub fn verify_image_user(
+    pod: &DesiredPod,
+    c: &super::spec::ContainerSpec,
+    uid: Option<i64>,
+    username: &str,
+) -> Result<(), String> {
+    let whose = format!("(pod: {:?}, container: {})", pod.display(), c.name);
+    match uid {
+        None if !username.is_empty() => Err(format!(
+            "container has runAsNonRoot and image has non-numeric user ({username}), cannot verify user is \
+             non-root {whose}"
+        )),
+        None | Some(0) => Err(format!(
+            "container has runAsNonRoot and image will run as root {whose}"
+        )),
+        Some(uid) if !(0..=i64::from(i32::MAX)).contains(&uid) => Err(format!(
+            "container has runAsNonRoot and image has an invalid user id ({uid}). (Must be 1-({})): must be \
+             between 0 and {}, inclusive {whose}",
+            i32::MAX,
+            i32::MAX
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,6 +395,43 @@ mod tests {
         let err = container(&root, &root.containers[0], "/r").unwrap_err();
         assert!(err.contains("runAsUser breaks non-root policy"), "{err}");
         let shared = pod(json!({"shareProcessNamespace": true, "containers": [{"name": "a", "image": "i"}]}));
+        assert!(!needs_image_user(&shared, &shared.containers[0]));
         assert_eq!(namespaces(&shared).pid, cri::NamespaceMode::Pod as i32);
+    }
+
+    #[test]
+    fn non_root_without_a_user_checks_the_images_user() {
+        let p = pod(json!({"securityContext": {"runAsNonRoot": true}, "containers": [
+            {"name": "a", "image": "i"},
+            {"name": "b", "image": "i", "securityContext": {"runAsUser": 1000}},
+            {"name": "c", "image": "i", "securityContext": {"runAsNonRoot": false}},
+        ]}));
+        assert!(needs_image_user(&p, &p.containers[0]));
+        assert!(!needs_image_user(&p, &p.containers[1]), "runAsUser decides");
+        assert!(
+            !needs_image_user(&p, &p.containers[2]),
+            "the container's own setting wins"
+        );
+        let a = &p.containers[0];
+        assert_eq!(verify_image_user(&p, a, Some(1000), ""), Ok(()));
+        assert_eq!(
+            verify_image_user(&p, a, Some(0), "").unwrap_err(),
+            "container has runAsNonRoot and image will run as root (pod: \"p_ns(u)\", container: a)"
+        );
+        assert_eq!(
+            verify_image_user(&p, a, None, "").unwrap_err(),
+            "container has runAsNonRoot and image will run as root (pod: \"p_ns(u)\", container: a)",
+            "an image without a user runs as root"
+        );
+        assert_eq!(
+            verify_image_user(&p, a, None, "nginx").unwrap_err(),
+            "container has runAsNonRoot and image has non-numeric user (nginx), cannot verify user is non-root \
+             (pod: \"p_ns(u)\", container: a)"
+        );
+        let err = verify_image_user(&p, a, Some(-5), "").unwrap_err();
+        assert!(
+            err.starts_with("container has runAsNonRoot and image has an invalid user id (-5)"),
+            "{err}"
+        );
     }
 }

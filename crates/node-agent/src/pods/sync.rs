@@ -254,6 +254,11 @@ impl PodWorker {
             Ok(r) => r,
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
         };
+        if security::needs_image_user(&pod, c)
+            && let Err(message) = image_user_allowed(&ctx, &pod, c).await
+        {
+            return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message));
+        }
         let mut mounts = volumes::mounts(&ctx, &pod, c);
         mounts.extend(termination::mount(ctx.config.layout.pods_dir.as_deref(), &pod, c).await);
         match volumes::etc_hosts(&ctx, &pod, c, &pod_ip).await {
@@ -425,4 +430,27 @@ impl PodWorker {
             timeline,
         });
     }
+}
+
+/// `runAsNonRoot` without `runAsUser`: the image's user, from `ImageStatus`, must not be root.
+async fn image_user_allowed(
+    ctx: &super::context::AgentCtx,
+    pod: &super::spec::DesiredPod,
+    c: &super::spec::ContainerSpec,
+) -> Result<(), String> {
+    let spec = cri::ImageSpec {
+        image: c.image.clone(),
+        user_specified_image: c.image.clone(),
+        ..Default::default()
+    };
+    let request = cri::ImageStatusRequest {
+        image: Some(spec),
+        verbose: false,
+    };
+    let status = ctx
+        .rt("image_status", ctx.runtime.image_status(request))
+        .await
+        .map_err(|e| format!("Failed to inspect image {:?}: {e}", c.image))?;
+    let image = status.image.unwrap_or_default();
+    security::verify_image_user(pod, c, image.uid.map(|u| u.value), &image.username)
 }

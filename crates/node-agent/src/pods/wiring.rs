@@ -215,6 +215,7 @@ impl PodLifecycle {
             rx,
         )
         .with_metrics(options.metrics)
+        .with_probe_metrics(ctx.probe_metrics.clone())
         .with_events(Arc::new(ctx.events.clone()))
         .with_api(ctx.api.clone())
         .with_source(options.source);

@@ -328,6 +328,7 @@ mod tests {
         assert_eq!(subresources("/stats"), ["stats"]);
         assert_eq!(subresources("/metrics"), ["metrics"]);
         assert_eq!(subresources("/metrics/resource"), ["metrics"]);
+        assert_eq!(subresources("/metrics/probes"), ["metrics"]);
         assert_eq!(subresources("/metricsx"), ["proxy"]);
         assert_eq!(subresources("/pods"), ["pods", "proxy"]);
         assert_eq!(subresources("/healthz"), ["healthz", "proxy"]);

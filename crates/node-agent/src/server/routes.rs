@@ -1,6 +1,6 @@
 //! The kubelet API's routes: which path is answered by which handler, on the secure port (every path) and on the
 //! read-only port (no logs, no configuration). Also the small node-scoped handlers: `/healthz`, `/pods`,
-//! `/metrics`, `/configz`. Streams (`/exec`, `/attach`, `/portForward`, `/run`) are in [`super::streaming`].
+//! `/metrics`, `/metrics/probes`, `/configz`. Streams (`/exec`, `/attach`, `/portForward`, `/run`) are in [`super::streaming`].
 
 use std::sync::Arc;
 
@@ -23,6 +23,7 @@ fn read_only_routes() -> Router<Arc<Shared>> {
         .route("/pods", get(pods))
         .route("/metrics", get(metrics))
         .route("/metrics/resource", get(super::stats::resource_metrics))
+        .route("/metrics/probes", get(probe_metrics))
         .route("/stats/summary", get(super::stats::summary))
         .fallback(|| async { (StatusCode::NOT_FOUND, "404 page not found\n") })
 }
@@ -200,6 +201,16 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             .into_response(),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// `/metrics/probes`: the node's per-probe series (`prober_probe_total`, `prober_probe_duration_seconds`).
+async fn probe_metrics(Extension(node): Extension<NodeEndpoint>) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        node.ctx.probe_metrics.encode(),
+    )
+        .into_response()
 }
 
 /// `/configz`: the running configuration under `kubeletconfig`, with the file's field names.

@@ -6,7 +6,9 @@
 //!   the network. Exec probes always go through the runtime's `ExecSync`.
 //! * `prober` runs one task per pod with probes: one timer per probe, startup gating the other
 //!   two, thresholds, `Unhealthy` events, results to the pod worker on change.
+//! * `metrics` keeps one node's per-probe series for `/metrics/probes` ([`ProbeMetrics`]).
 
+mod metrics;
 mod network;
 pub(crate) mod prober;
 mod scripted;
@@ -15,6 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use metrics::ProbeMetrics;
 pub use network::NetworkProbes;
 pub use scripted::{NetTarget, ScriptedProbes};
 

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::PodProbeMetrics;
 use super::{ProbeKind, ProbeOutcome};
 use crate::pods::actions::{self, Where};
 use crate::pods::context::AgentCtx;
@@ -83,6 +84,8 @@ pub(crate) struct Prober {
     seeds: Seeds,
     entries: Vec<Entry>,
     pod_ip: String,
+    /// The pod's `/metrics/probes` series, registered on the first probe run.
+    series: Option<PodProbeMetrics>,
 }
 
 fn spec_of<'a>(pod: &'a DesiredPod, container: &str, kind: ProbeKind) -> Option<&'a ProbeSpec> {
@@ -110,6 +113,7 @@ impl Prober {
             seeds,
             entries: Vec::new(),
             pod_ip: String::new(),
+            series: None,
         }
     }
 
@@ -203,12 +207,25 @@ impl Prober {
                 pod_ip: &self.pod_ip,
             };
             let ctx = &self.ctx;
-            Some(async move { (i, actions::run(ctx, at, &spec.action, spec.timeout).await) })
+            Some(async move {
+                let began = Instant::now();
+                let outcome = actions::run(ctx, at, &spec.action, spec.timeout).await;
+                (i, outcome, began.elapsed())
+            })
         });
         let outcomes = join_all(runs).await;
-        for (i, outcome) in outcomes {
+        for (i, outcome, took) in outcomes {
+            self.record(i, &outcome, took);
             self.apply(i, outcome, now);
         }
+    }
+
+    fn record(&mut self, i: usize, outcome: &ProbeOutcome, took: std::time::Duration) {
+        let e = &self.entries[i];
+        let series = self
+            .series
+            .get_or_insert_with(|| self.ctx.probe_metrics.pod(self.pod.clone()));
+        series.record(&e.container, e.kind, outcome, took);
     }
 
     fn apply(&mut self, i: usize, outcome: ProbeOutcome, started: Instant) {

@@ -6,6 +6,7 @@ mod evict;
 mod gc;
 mod probes;
 mod scenarios;
+mod security;
 mod shutdown;
 mod static_pods;
 
@@ -89,6 +90,8 @@ pub(super) struct Harness {
     pub sets: usize,
     pub deleted: Vec<String>,
     pub events: Arc<MemoryEvents>,
+    /// The node's `/metrics/probes` series.
+    pub probe_metrics: Arc<crate::pods::ProbeMetrics>,
     status_rx: mpsc::UnboundedReceiver<StatusMsg>,
     cancel: CancellationToken,
     tracker: TaskTracker,
@@ -115,6 +118,7 @@ impl Harness {
     pub(super) fn start_on(runtime: FakeRuntime, cri: Arc<dyn Runtime>) -> Self {
         let events = Arc::new(MemoryEvents::default());
         let metrics = Arc::new(PodMetrics::new());
+        let probe_metrics = Arc::new(crate::pods::ProbeMetrics::default());
         let (status, status_rx) = StatusHandle::channel();
         let (node_tx, node_rx) = watch::channel(Some(node_view()));
         let ctx = Arc::new(AgentCtx {
@@ -124,6 +128,7 @@ impl Harness {
             probes: Arc::new(fake_probes(runtime.clone())),
             events: Recorder::new(events.clone()),
             metrics: metrics.clone(),
+            probe_metrics: probe_metrics.clone(),
             status,
             node: node_rx,
             objects: Arc::new(super::objects::NoObjects),
@@ -153,6 +158,7 @@ impl Harness {
             sets: 0,
             deleted: Vec::new(),
             events,
+            probe_metrics,
             status_rx,
             cancel,
             tracker,

@@ -74,6 +74,42 @@ async fn liveness_failure_restarts_the_container() {
             .count(),
         3
     );
+    // /metrics/probes: the runs in the first 5 s passed (and the new container's first), three failed; the
+    // series outlive the container's restart
+    let series = |result: &str| {
+        format!(
+            "prober_probe_total{{container=\"app\",namespace=\"default\",pod=\"live\",pod_uid=\"uid-live\",\
+             probe_type=\"Liveness\",result=\"{result}\"}}"
+        )
+    };
+    let count = |text: &str, result: &str| -> u64 {
+        let prefix = series(result);
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    let text = h.probe_metrics.encode();
+    assert_eq!(count(&text, "failed"), 3, "{text}");
+    assert!(count(&text, "successful") >= 5, "{text}");
+    assert!(
+        text.contains(
+            "prober_probe_duration_seconds_count{container=\"app\",namespace=\"default\",pod=\"live\",\
+             probe_type=\"Liveness\"}"
+        ),
+        "{text}"
+    );
+    // the pod goes: so do its series
+    let gone = pod(
+        "live",
+        json!({"containers": [{"name": "app", "image": "nginx:1.27"}]}),
+        json!({}),
+    );
+    h.send(PodEvent::Delete(Box::new(gone))).await;
+    h.until("series removed", Duration::from_secs(60), |h| {
+        h.probe_metrics.pods() == 0
+    })
+    .await;
+    assert!(!h.probe_metrics.encode().contains("pod=\"live\""));
     h.stop().await;
 }
 

@@ -8,7 +8,8 @@
 //! under `<pods_dir>/<uid>/volumes/kubernetes.io~<plugin>/<name>` — atomically, so updates reach running
 //! containers as one switch ([`disk`]) — and mounts tmpfs for secrets, projected and memory-backed volumes. The
 //! containers get the directories as CRI mounts ([`mounts`]). Every sync calls [`PodVolumes::setup`] again:
-//! changed content is rewritten and tokens are renewed at 80 % of their life (at most 24 h).
+//! changed content is rewritten and tokens are renewed at 80 % of their life (at most 24 h). With the pod's
+//! `fsGroup`, a real node gives every volume but hostPath that group ([`ownership`]) after each write.
 //!
 //! Persistent and network volumes (persistentVolumeClaim, csi, nfs, ...) are not provided: on a real node the
 //! pod fails to start with a `FailedMount` event naming the kind; a hollow node has no disk to mount and lets
@@ -16,6 +17,7 @@
 
 pub mod content;
 pub mod disk;
+pub mod ownership;
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -123,6 +125,16 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
+/// The pod's `fsGroup` as a group id.
+fn fs_group(pod: &DesiredPod) -> Result<Option<u32>, String> {
+    let Some(group) = pod.security.as_deref().and_then(|s| s.fs_group) else {
+        return Ok(None);
+    };
+    u32::try_from(group)
+        .map(Some)
+        .map_err(|_| format!("fsGroup {group} is not a valid group id"))
+}
+
 impl PodVolumes {
     /// Sets up (or refreshes) every volume of `pod`; the first failure stops it.
     pub async fn setup(&mut self, ctx: &AgentCtx, pod: &DesiredPod) -> Result<(), MountError> {
@@ -137,11 +149,20 @@ impl PodVolumes {
             };
             let dir = host_path(ctx, pod, v);
             let on_disk = ctx.config.layout.pods_dir.is_some();
+            let fs_group = fs_group(pod).map_err(err)?;
             let files = match &v.source {
                 VolumeSource::EmptyDir { memory, size_limit } => {
                     if self.set_up[i].is_none() && on_disk {
                         let (tmpfs, size) = (*memory, *size_limit);
-                        blocking(move || disk::make_dir(&dir, tmpfs, size)).await.map_err(err)?;
+                        blocking(move || {
+                            disk::make_dir(&dir, tmpfs, size)?;
+                            match fs_group {
+                                Some(gid) => ownership::set(&dir, gid, false),
+                                None => Ok(()),
+                            }
+                        })
+                        .await
+                        .map_err(err)?;
                     }
                     self.set_up[i] = Some(0);
                     continue;
@@ -221,11 +242,13 @@ impl PodVolumes {
                                     // a hollow node keeps no token: nothing would be written anyway
                                     None
                                 };
+                                // with fsGroup the token is private to its owner and the group (0640 below)
+                                let mode = if fs_group.is_some() { 0o600 } else { v.default_mode };
                                 Ok(token
                                     .map(|data| File {
                                         path: path.clone(),
                                         data,
-                                        mode: v.default_mode,
+                                        mode,
                                     })
                                     .into_iter()
                                     .collect())
@@ -249,7 +272,11 @@ impl PodVolumes {
                 let memory = matches!(v.source, VolumeSource::Secret(_) | VolumeSource::Projected(_));
                 blocking(move || {
                     disk::make_dir(&dir, memory, None)?;
-                    disk::write_atomic(&dir, &files)
+                    disk::write_atomic(&dir, &files)?;
+                    match fs_group {
+                        Some(gid) => ownership::set(&dir, gid, true),
+                        None => Ok(()),
+                    }
                 })
                 .await
                 .map_err(err)?;
