@@ -62,7 +62,7 @@ enum CredentialsArg {
 /// Where per-node identities come from.
 enum NodeIdentities {
     Shared,
-    Minted(NodeCa),
+    Minted(Box<NodeCa>),
     Bootstrap(PathBuf),
 }
 
@@ -315,7 +315,7 @@ fn node_identities(args: &RunArgs) -> anyhow::Result<NodeIdentities> {
     let (Some(cert), Some(key)) = (&args.node_ca_cert, &args.node_ca_key) else {
         anyhow::bail!("--node-credentials per-node needs --node-ca-cert and --node-ca-key");
     };
-    Ok(NodeIdentities::Minted(NodeCa::from_files(cert, key)?))
+    Ok(NodeIdentities::Minted(Box::new(NodeCa::from_files(cert, key)?)))
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
