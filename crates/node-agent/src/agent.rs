@@ -507,8 +507,8 @@ impl RunningAgent {
         let (done, wait) = tokio::sync::oneshot::channel();
         let request = crate::pods::shutdown::ShutdownRequest { groups, done };
         if self.shutdown_tx.send(request.into()).is_ok() {
-            // the groups' periods, then at most 5 s for the statuses to be written
-            let bound = total + Duration::from_secs(6);
+            // the groups' periods, the slack for pods still stopping, then at most 5 s for the statuses
+            let bound = total + crate::pods::shutdown::STOP_SLACK + Duration::from_secs(6);
             if tokio::time::timeout(bound, wait).await.is_err() {
                 tracing::warn!(node = %self.ctx.config.node_name, "pods not all stopped within the shutdown period");
             }

@@ -348,6 +348,17 @@ impl RealNode {
         Ok(())
     }
 
+    /// Sends the agent SIGTERM and waits up to `grace` for it to exit (with `shutdownGracePeriod` set: the
+    /// graceful node shutdown). The agent is not started again.
+    #[allow(dead_code)] // real_node_shutdown.rs only
+    pub async fn stop_agent(&self, grace: Duration) -> anyhow::Result<()> {
+        let agent = self.agent.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match agent {
+            Some(agent) => agent.stop(grace).await,
+            None => Ok(()),
+        }
+    }
+
     /// A CRI client of the node's containerd (a fresh connection: each test runs its own async runtime).
     pub async fn cri(&self) -> anyhow::Result<cri_real::RemoteRuntime> {
         let endpoint = format!("unix://{}", self.socket.display());

@@ -24,6 +24,11 @@ pub const NOT_ADMITTED_REASON: &str = "NodeShutdown";
 /// Admission message for pods arriving during a shutdown.
 pub const NOT_ADMITTED_MESSAGE: &str = "Pod was rejected as the node is shutting down.";
 
+/// How long after the last group's period the pods still stopping are waited for (a runtime's stop returns a
+/// little after the grace period it was given: the kill and the reaping), so their Failed status is reported
+/// before the agent exits.
+pub const STOP_SLACK: Duration = Duration::from_secs(2);
+
 /// Pods with at least `priority` (and below the next group's) get `grace`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShutdownGroup {
@@ -72,12 +77,14 @@ pub struct ShutdownRequest {
     pub done: oneshot::Sender<()>,
 }
 
-/// Stops `pods` (worker, priority) group by group; returns when the last group is done.
+/// Stops `pods` (worker, priority) group by group; returns when the last group is done and the pods still
+/// stopping then have stopped (or [`STOP_SLACK`] has passed).
 pub(crate) async fn run(groups: Vec<ShutdownGroup>, pods: Vec<(mpsc::UnboundedSender<WorkerMsg>, i32)>) {
     let mut by_group: Vec<Vec<mpsc::UnboundedSender<WorkerMsg>>> = vec![Vec::new(); groups.len()];
     for (tx, priority) in pods {
         by_group[group_of(&groups, priority)].push(tx);
     }
+    let mut late = Vec::new();
     for (group, workers) in groups.iter().zip(by_group) {
         if workers.is_empty() {
             continue;
@@ -96,13 +103,23 @@ pub(crate) async fn run(groups: Vec<ShutdownGroup>, pods: Vec<(mpsc::UnboundedSe
             }
         }
         tracing::info!(priority = group.priority, pods = waits.len(), grace = ?group.grace, "shutting down pods");
-        let all = futures::future::join_all(waits);
-        if tokio::time::timeout(group.grace, all).await.is_err() {
+        let mut all = futures::future::join_all(waits);
+        if tokio::time::timeout(group.grace, &mut all).await.is_err() {
             tracing::warn!(
                 priority = group.priority,
                 "pods still stopping when their shutdown period ended"
             );
+            late.push(all);
         }
+    }
+    if !late.is_empty()
+        && tokio::time::timeout(STOP_SLACK, futures::future::join_all(late))
+            .await
+            .is_err()
+    {
+        tracing::warn!(
+            "pods still stopping after the shutdown period; their final status may not be written"
+        );
     }
 }
 
