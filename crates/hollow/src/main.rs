@@ -62,7 +62,7 @@ enum CredentialsArg {
 /// Where per-node identities come from.
 enum NodeIdentities {
     Shared,
-    Minted(NodeCa),
+    Minted(Box<NodeCa>),
     Bootstrap(PathBuf),
 }
 
@@ -243,6 +243,15 @@ impl ChaosArgs {
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
+/// KubeletConfiguration fields only a real node acts on (the runtime connection and the host's cgroups): a hollow
+/// node's runtime is in memory, so `--config` giving them is warned about.
+const REAL_NODE_ONLY: &[&str] = &[
+    "containerRuntimeEndpoint",
+    "cgroupsPerQOS",
+    "cgroupRoot",
+    "podPidsLimit",
+];
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -307,7 +316,7 @@ fn node_identities(args: &RunArgs) -> anyhow::Result<NodeIdentities> {
     let (Some(cert), Some(key)) = (&args.node_ca_cert, &args.node_ca_key) else {
         anyhow::bail!("--node-credentials per-node needs --node-ca-cert and --node-ca-key");
     };
-    Ok(NodeIdentities::Minted(NodeCa::from_files(cert, key)?))
+    Ok(NodeIdentities::Minted(Box::new(NodeCa::from_files(cert, key)?)))
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -322,7 +331,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => kube::Config::infer().await?,
     };
     let kubelet = match &args.config {
-        Some(path) => node_agent::config::resolve_kubelet_config(&node_agent::config::load_file(path)?)?,
+        Some(path) => {
+            let loaded = node_agent::config::load_file(path)?;
+            let kubelet = node_agent::config::resolve_kubelet_config(&loaded)?;
+            // no silent settings: what node-agent does not act on, and what only a real node acts on
+            let mut unacted = loaded.unacted(&kubelet);
+            for field in REAL_NODE_ONLY {
+                if loaded.gives(field) {
+                    unacted.no_effect.push((*field).to_owned());
+                }
+            }
+            unacted.warn("hollow");
+            kubelet
+        }
         None => KubeletConfig::default(),
     };
     for (set, field) in [
