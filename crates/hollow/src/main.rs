@@ -243,13 +243,21 @@ impl ChaosArgs {
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
-/// KubeletConfiguration fields only a real node acts on (the runtime connection and the host's cgroups): a hollow
-/// node's runtime is in memory, so `--config` giving them is warned about.
+/// KubeletConfiguration fields only a real node acts on, so `--config` giving them is warned about: the runtime
+/// connection, the host's cgroups and log directories (a hollow node's runtime is in memory), and the per-node
+/// servers (the fleet serves the kubelet API itself, on `--node-ip` and `--kubelet-port` + index, with
+/// `--serve-kubelet-api`, and `/healthz` on `--metrics-address`).
 const REAL_NODE_ONLY: &[&str] = &[
     "containerRuntimeEndpoint",
     "cgroupsPerQOS",
     "cgroupRoot",
     "podPidsLimit",
+    "podLogsDir",
+    "enableServer",
+    "address",
+    "port",
+    "healthzPort",
+    "healthzBindAddress",
 ];
 
 #[tokio::main]
