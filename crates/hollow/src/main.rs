@@ -251,6 +251,23 @@ impl ChaosArgs {
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
+/// KubeletConfiguration fields only a real node acts on, so `--config` giving them is warned about: the runtime
+/// connection, the host's cgroups and log directories (a hollow node's runtime is in memory), and the per-node
+/// servers (the fleet serves the kubelet API itself, on `--node-ip` and `--kubelet-port` + index, with
+/// `--serve-kubelet-api`, and `/healthz` on `--metrics-address`).
+const REAL_NODE_ONLY: &[&str] = &[
+    "containerRuntimeEndpoint",
+    "cgroupsPerQOS",
+    "cgroupRoot",
+    "podPidsLimit",
+    "podLogsDir",
+    "enableServer",
+    "address",
+    "port",
+    "healthzPort",
+    "healthzBindAddress",
+];
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -330,7 +347,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => kube::Config::infer().await?,
     };
     let kubelet = match &args.config {
-        Some(path) => node_agent::config::resolve_kubelet_config(&node_agent::config::load_file(path)?)?,
+        Some(path) => {
+            let loaded = node_agent::config::load_file(path)?;
+            let kubelet = node_agent::config::resolve_kubelet_config(&loaded)?;
+            // no silent settings: what node-agent does not act on, and what only a real node acts on
+            let mut unacted = loaded.unacted(&kubelet);
+            for field in REAL_NODE_ONLY {
+                if loaded.gives(field) {
+                    unacted.no_effect.push((*field).to_owned());
+                }
+            }
+            unacted.warn("hollow");
+            kubelet
+        }
         None => KubeletConfig::default(),
     };
     for (set, field) in [

@@ -78,13 +78,12 @@ fn fake_mode(config: FakeConfig) -> (FakeRuntime, PodOptions) {
 
 async fn run(flags: Flags) -> anyhow::Result<()> {
     // Configuration first: a bad file or flag fails before any connection is attempted.
-    let (kubelet, ignored) = flags.kubelet_config().with_context(|| match &flags.config {
+    let (kubelet, unacted) = flags.kubelet_config().with_context(|| match &flags.config {
         Some(path) => format!("configuration {}", path.display()),
         None => "configuration".to_owned(),
     })?;
-    if !ignored.is_empty() {
-        tracing::warn!(fields = ?ignored, "configuration fields accepted but not acted on by node-agent");
-    }
+    // no silent settings: every field given that does not (fully) act is named (docs/configuration.md)
+    unacted.warn("node-agent");
     let kubelet = Arc::new(kubelet);
     let hostname = machine_hostname();
     let node_name = flags

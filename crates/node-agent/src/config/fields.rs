@@ -1,5 +1,49 @@
-//! The field names of the KubeletConfiguration file: those this agent reads, and those the upstream kubelet
-//! knows that are accepted without effect.
+//! The field names of the KubeletConfiguration file: those this agent reads, those the upstream kubelet knows that
+//! are accepted without effect, and which of the read ones act only in part or not yet at all.
+//!
+//! `docs/configuration.md` documents every field here with its status; `docs_tests.rs` keeps the two equal.
+
+use super::KubeletConfig;
+
+/// Fields this agent reads and validates (a bad value is refused by name, as by the kubelet) but does not act on
+/// yet. Warned about at start when given a value.
+pub(crate) const READ_WITHOUT_EFFECT: &[&str] = &[
+    "containerLogMaxFiles",
+    "containerLogMaxSize",
+    "contentType",
+    "failSwapOn",
+    "featureGates",
+    "hairpinMode",
+    "imageServiceEndpoint",
+    "streamingConnectionIdleTimeout",
+    "volumeStatsAggPeriod",
+];
+
+/// A field this agent acts on only in part.
+pub(crate) struct Partial {
+    /// The field, as named in the file.
+    pub field: &'static str,
+    /// What of the kubelet's behaviour is missing.
+    pub missing: &'static str,
+    /// Whether the resolved value asks for the missing behaviour (given, or by default): then it is warned about.
+    pub on: fn(&KubeletConfig) -> bool,
+}
+
+/// Fields read and acted on only in part. Warned about at start when [`Partial::on`] says the resolved value asks
+/// for the missing part.
+pub(crate) const PARTIAL: &[Partial] = &[
+    Partial {
+        field: "enableControllerAttachDetach",
+        missing: "only the node annotation is set; with false, node-agent does not attach or detach volumes itself",
+        on: |k| !k.enable_controller_attach_detach,
+    },
+    Partial {
+        field: "localStorageCapacityIsolation",
+        missing: "ephemeral-storage capacity, allocatable and admission act, but a pod over its ephemeral-storage \
+                  limit or an emptyDir over its sizeLimit is not evicted",
+        on: |k| k.local_storage_capacity_isolation,
+    },
+];
 
 /// Fields the upstream kubelet reads that this agent accepts without acting on them (a host-level or cgroup
 /// concern that a CRI-driving node agent does not own, or a feature not built). Their values are not checked.
@@ -30,14 +74,13 @@ pub(crate) const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
     "makeIPTablesUtilChains",
     "maxOpenFiles",
     "memoryManagerPolicy",
+    "memoryReservationPolicy",
     "memorySwap",
     "memoryThrottlingFactor",
     "oomScoreAdj",
-    "podHousekeepingPeriod",
-    "preconfiguredImages",
+    "preloadedImagesVerificationAllowlist",
     "protectKernelDefaults",
     "qosReserved",
-    "registerNodeWithTaints",
     "reservedMemory",
     "reservedSystemCPUs",
     "runOnce",
@@ -47,6 +90,7 @@ pub(crate) const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
     "systemCgroups",
     "systemReservedCgroup",
     "tlsCipherSuites",
+    "tlsCurvePreferences",
     "tlsMinVersion",
     "topologyManagerPolicy",
     "topologyManagerPolicyOptions",

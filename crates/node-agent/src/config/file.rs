@@ -290,6 +290,8 @@ pub(crate) struct FileConfig {
 pub(crate) struct ParsedFile {
     pub config: FileConfig,
     pub ignored: Vec<String>,
+    /// The fields this agent reads that the document gives (top-level names).
+    pub present: Vec<String>,
 }
 
 /// Parses a KubeletConfiguration document. `source` names the file in errors.
@@ -310,6 +312,7 @@ pub(crate) fn parse(text: &str, source: &str) -> Result<ParsedFile, ConfigError>
     };
 
     let mut ignored = Vec::new();
+    let mut present = Vec::new();
     let mut keys = Vec::new();
     for key in map.keys() {
         match key.as_str() {
@@ -324,6 +327,7 @@ pub(crate) fn parse(text: &str, source: &str) -> Result<ParsedFile, ConfigError>
     }
     for key in keys {
         if KNOWN_FIELDS.contains(&key.as_str()) {
+            present.push(key);
             continue;
         }
         if ACCEPTED_WITHOUT_EFFECT.contains(&key.as_str()) {
@@ -370,7 +374,11 @@ pub(crate) fn parse(text: &str, source: &str) -> Result<ParsedFile, ConfigError>
             });
         }
     }
-    Ok(ParsedFile { config, ignored })
+    Ok(ParsedFile {
+        config,
+        ignored,
+        present,
+    })
 }
 
 /// The known field closest to `name` (case-insensitive match first, then edit distance <= 3).

@@ -12,7 +12,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 use super::file::{FileConfig, FileTaint};
-use super::{AgentConfig, ConfigError, FieldError, KubeletConfig, load_file, resolve};
+use super::{AgentConfig, ConfigError, FieldError, KubeletConfig, Unacted, load_file, resolve};
 use crate::machine::MachineInfo;
 
 /// Which container runtime the binary drives.
@@ -376,8 +376,8 @@ impl Flags {
     }
 
     /// Reads `--config` (if given), lays the flags over it and resolves the result with the kubelet's defaults.
-    /// Also returns the file fields accepted without effect, for a warning.
-    pub fn kubelet_config(&self) -> Result<(KubeletConfig, Vec<String>), ConfigError> {
+    /// Also returns the settings given (in the file or by flags) that do not take effect, for a warning.
+    pub fn kubelet_config(&self) -> Result<(KubeletConfig, Unacted), ConfigError> {
         let loaded = match &self.config {
             Some(path) => load_file(path)?,
             None => Default::default(),
@@ -386,7 +386,13 @@ impl Flags {
         let mut origins = BTreeMap::new();
         self.overlay(&mut file, &mut origins);
         let config = resolve::resolve(&file, &origins)?;
-        Ok((config, loaded.ignored_fields))
+        let set = loaded
+            .present_fields
+            .iter()
+            .map(String::as_str)
+            .chain(origins.keys().copied());
+        let unacted = super::effect::unacted(&loaded.ignored_fields, set, &config);
+        Ok((config, unacted))
     }
 
     /// The per-node config: the node name is `--hostname-override` or `machine_hostname`, lowercased.
@@ -463,8 +469,8 @@ mod tests {
             "--kube-reserved=cpu=100m,memory=1Gi",
             "--register-node=false",
         ]);
-        let (c, ignored) = f.kubelet_config().unwrap();
-        assert!(ignored.is_empty());
+        let (c, unacted) = f.kubelet_config().unwrap();
+        assert!(unacted.no_effect.is_empty(), "{unacted:?}");
         assert_eq!(c.max_pods, 30, "flag wins");
         assert_eq!(c.port, 11000, "file kept where no flag");
         assert_eq!(c.node_status_update_frequency, Duration::from_secs(20));

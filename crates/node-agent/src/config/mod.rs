@@ -7,6 +7,8 @@
 //! * [`flags`] is the command line ([`Flags`], clap derive) — flags override the file, field by field.
 //! * [`resolve`] applies the upstream kubelet's defaults and validates, collecting every bad field into one
 //!   [`ConfigError`] that names each field (and the flag it came from).
+//! * [`effect`] says which of the given settings take no effect, or only part of it, for the start-up warning
+//!   ([`Unacted`]); `docs/configuration.md` lists every accepted setting with its status.
 //! * [`KubeletConfig`] is the resolved, typed subset shared by every agent of a process (`Arc`), and
 //!   [`AgentConfig`] adds what is per node: name, address, labels, machine facts.
 //!
@@ -14,7 +16,10 @@
 //! values and hands them in.
 
 mod check;
+#[cfg(test)]
+mod docs_tests;
 pub mod duration;
+mod effect;
 mod fields;
 pub(crate) mod file;
 pub mod flags;
@@ -30,6 +35,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Taint;
 
+pub use effect::Unacted;
 pub use flags::{Flags, RuntimeKind};
 pub use resolve::{LoadedConfig, load_file, resolve_kubelet_config};
 pub use validate::{validate_label_key, validate_node_labels, validate_node_name};

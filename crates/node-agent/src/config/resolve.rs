@@ -12,7 +12,9 @@ use std::time::Duration;
 use super::check::{Check, taint};
 use super::file::{self, FileConfig};
 use super::validate::{self, EVICTION_SIGNALS};
-use super::{Authentication, Authorization, AuthorizationMode, ConfigError, KubeletConfig, Threshold};
+use super::{
+    Authentication, Authorization, AuthorizationMode, ConfigError, KubeletConfig, Threshold, Unacted,
+};
 use crate::quantity::Quantity;
 
 /// A configuration file read from disk (or text), before flags and defaults.
@@ -21,6 +23,8 @@ pub struct LoadedConfig {
     pub(crate) file: FileConfig,
     /// Upstream fields present in the file that this agent accepts without acting on them.
     pub ignored_fields: Vec<String>,
+    /// The fields this agent reads that the file gives a value.
+    pub(crate) present_fields: Vec<String>,
 }
 
 impl LoadedConfig {
@@ -30,7 +34,23 @@ impl LoadedConfig {
         Ok(Self {
             file: parsed.config,
             ignored_fields: parsed.ignored,
+            present_fields: parsed.present,
         })
+    }
+
+    /// Whether the file gives `field` (a field this agent reads, named as in the file) a value.
+    pub fn gives(&self, field: &str) -> bool {
+        self.present_fields.iter().any(|f| f == field)
+    }
+
+    /// The settings of this file (with no flags laid over it) that do not take effect, given the configuration
+    /// resolved from it — what a program loading a file alone warns about at start.
+    pub fn unacted(&self, config: &KubeletConfig) -> Unacted {
+        super::effect::unacted(
+            &self.ignored_fields,
+            self.present_fields.iter().map(String::as_str),
+            config,
+        )
     }
 }
 
