@@ -45,6 +45,31 @@ fn message<T>(res: &Result<T, kube::Error>) -> String {
     }
 }
 
+/// Waits until every node in `names` is Ready.
+async fn all_ready(nodes: &Api<Node>, names: &[String]) -> anyhow::Result<()> {
+    wait_for("every node Ready", Duration::from_secs(60), || async {
+        let mut ready = 0;
+        for name in names {
+            if nodes.get_opt(name).await?.as_ref().is_some_and(node_is_ready) {
+                ready += 1;
+            }
+        }
+        Ok((ready == names.len()).then_some(()))
+    })
+    .await
+}
+
+/// Who agent `i`'s client is to the API server.
+async fn whoami(
+    pool: &ClientPool,
+    i: usize,
+) -> anyhow::Result<k8s_openapi::api::authentication::v1::UserInfo> {
+    let review = Api::<SelfSubjectReview>::all(pool.for_agent(i))
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await?;
+    Ok(review.status.and_then(|s| s.user_info).unwrap_or_default())
+}
+
 fn label(key: &str) -> Patch<serde_json::Value> {
     Patch::Merge(json!({"metadata": {"labels": {key: "yes"}}}))
 }
@@ -79,28 +104,12 @@ async fn per_node_credentials_make_every_hollow_node_its_own_kubelet() -> anyhow
     )
     .await?;
     let nodes: Api<Node> = Api::all(admin.clone());
-    wait_for(
-        "every per-node-credential node Ready",
-        Duration::from_secs(60),
-        || async {
-            let mut ready = 0;
-            for name in &names {
-                if nodes.get_opt(name).await?.as_ref().is_some_and(node_is_ready) {
-                    ready += 1;
-                }
-            }
-            Ok((ready == NODES).then_some(()))
-        },
-    )
-    .await?;
+    all_ready(&nodes, &names).await?;
     println!("{NODES} nodes Ready with per-node credentials");
 
     // who each node is, as the API server sees it
     for (i, name) in names.iter().enumerate() {
-        let review = Api::<SelfSubjectReview>::all(pool.for_agent(i))
-            .create(&PostParams::default(), &SelfSubjectReview::default())
-            .await?;
-        let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
+        let user = whoami(&pool, i).await?;
         let groups = user.groups.unwrap_or_default();
         println!(
             "node {i}: SelfSubjectReview says {} in {groups:?}",
@@ -283,25 +292,9 @@ async fn bootstrap_credentials_come_from_the_csr_api() -> anyhow::Result<()> {
     )
     .await?;
     let nodes: Api<Node> = Api::all(admin.clone());
-    wait_for(
-        "every bootstrapped node Ready",
-        Duration::from_secs(60),
-        || async {
-            let mut ready = 0;
-            for name in &names {
-                if nodes.get_opt(name).await?.as_ref().is_some_and(node_is_ready) {
-                    ready += 1;
-                }
-            }
-            Ok((ready == NODES).then_some(()))
-        },
-    )
-    .await?;
+    all_ready(&nodes, &names).await?;
     for (i, name) in names.iter().enumerate() {
-        let review = Api::<SelfSubjectReview>::all(pool.for_agent(i))
-            .create(&PostParams::default(), &SelfSubjectReview::default())
-            .await?;
-        let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
+        let user = whoami(&pool, i).await?;
         assert_eq!(
             user.username.as_deref(),
             Some(format!("system:node:{name}").as_str())

@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use base64::Engine;
+use hyper_timeout::TimeoutConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -23,7 +24,7 @@ use tower::ServiceBuilder;
 use super::{CertError, CertPair};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type Pool = HyperClient<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
+type Pool = HyperClient<TimeoutConnector<hyper_rustls::HttpsConnector<HttpConnector>>, Body>;
 
 /// Which HTTP the client speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +75,12 @@ fn pool(config: &kube::Config, protocol: Protocol) -> Result<Pool, kube::Error> 
             builder.enable_http2().wrap_connector(http)
         }
     };
-    Ok(client.build(https))
+    // kube's own client has these: a connection that goes silent under a watch is noticed
+    let mut timed = TimeoutConnector::new(https);
+    timed.set_connect_timeout(config.connect_timeout);
+    timed.set_read_timeout(config.read_timeout);
+    timed.set_write_timeout(config.write_timeout);
+    Ok(client.build(timed))
 }
 
 /// Replaces the identity of the client it was made with (see the module documentation).
