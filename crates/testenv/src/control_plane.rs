@@ -9,8 +9,11 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::{Api, Config};
 use serde::{Deserialize, Serialize};
+
+#[path = "control_plane_credentials.rs"]
+mod credentials;
 
 use crate::assets::{self, Binaries};
 use crate::kubeconfig;
@@ -513,96 +516,6 @@ impl ControlPlane {
     /// `https://127.0.0.1:<port>`.
     pub fn server(&self) -> &str {
         &self.info.server
-    }
-
-    /// The admin kubeconfig (`system:masters`).
-    pub fn admin_kubeconfig(&self) -> PathBuf {
-        self.dir.join("admin.kubeconfig")
-    }
-
-    /// A kube client config for the admin.
-    pub async fn admin_config(&self) -> anyhow::Result<Config> {
-        config_from_file(&self.admin_kubeconfig()).await
-    }
-
-    /// A client for the admin. Build clients inside the runtime that uses them.
-    pub async fn admin_client(&self) -> anyhow::Result<Client> {
-        Ok(Client::try_from(self.admin_config().await?)?)
-    }
-
-    /// Mints a client certificate for `system:node:<node>` (group `system:nodes`) and writes a kubeconfig for
-    /// it; returns its path. Idempotent per node name.
-    pub fn node_kubeconfig(&self, node: &str) -> anyhow::Result<PathBuf> {
-        let pki = self.dir.join("pki");
-        let ca = Ca::from_pem(Pem {
-            cert: std::fs::read_to_string(pki.join("ca.crt"))?,
-            key: std::fs::read_to_string(pki.join("ca.key"))?,
-        });
-        let nodes = self.dir.join("nodes");
-        std::fs::create_dir_all(&nodes)?;
-        let (crt, key) = write_pem(&nodes, node, &ca.issue(&CertSpec::node(node))?)?;
-        let path = nodes.join(format!("{node}.kubeconfig"));
-        kubeconfig::write(
-            &path,
-            &self.info.server,
-            &pki.join("ca.crt"),
-            &crt,
-            &key,
-            &format!("system:node:{node}"),
-        )?;
-        Ok(path)
-    }
-
-    /// The cluster CA's certificate: what a kubelet's `authentication.x509.clientCAFile` names so that the
-    /// API server's kubelet client certificate (`kube-apiserver-kubelet-client`, in `system:masters`) is
-    /// accepted.
-    pub fn client_ca_file(&self) -> PathBuf {
-        self.dir.join("pki").join("ca.crt")
-    }
-
-    /// Mints a kubelet serving certificate for 127.0.0.1 and `localhost` signed by the cluster CA (which the
-    /// API server checks kubelets against, `--kubelet-certificate-authority`), writes it under `serving/`;
-    /// returns the certificate and key paths (`tlsCertFile`, `tlsPrivateKeyFile`).
-    pub fn kubelet_serving_certificate(&self, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
-        let pki = self.dir.join("pki");
-        let ca = Ca::from_pem(Pem {
-            cert: std::fs::read_to_string(pki.join("ca.crt"))?,
-            key: std::fs::read_to_string(pki.join("ca.key"))?,
-        });
-        let dir = self.dir.join("serving");
-        std::fs::create_dir_all(&dir)?;
-        let pem = ca.issue(&CertSpec {
-            common_name: format!("{name}@kubelet-serving"),
-            ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
-            dns: vec!["localhost".into()],
-            server: true,
-            ..CertSpec::default()
-        })?;
-        write_pem(&dir, name, &pem)
-    }
-
-    /// A client certificate for `user` in `groups`, signed by the cluster CA (as any client of the API
-    /// server or of a kubelet with `clientCAFile` presents); returns the certificate and key PEM.
-    pub fn client_certificate(&self, user: &str, groups: &[&str]) -> anyhow::Result<Pem> {
-        let pki = self.dir.join("pki");
-        let ca = Ca::from_pem(Pem {
-            cert: std::fs::read_to_string(pki.join("ca.crt"))?,
-            key: std::fs::read_to_string(pki.join("ca.key"))?,
-        });
-        ca.issue(&CertSpec::client(user, groups))
-    }
-
-    /// A client authenticated as the kubelet of `node`.
-    pub async fn node_client(&self, node: &str) -> anyhow::Result<Client> {
-        let path = self.node_kubeconfig(node)?;
-        Ok(Client::try_from(config_from_file(&path).await?)?)
-    }
-
-    /// `kubectl --kubeconfig <admin>`.
-    pub fn kubectl(&self) -> std::process::Command {
-        let mut cmd = std::process::Command::new(&self.info.binaries.kubectl);
-        cmd.arg("--kubeconfig").arg(self.admin_kubeconfig());
-        cmd
     }
 
     /// PIDs of the processes this handle started (empty when attached).
