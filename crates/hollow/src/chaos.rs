@@ -37,6 +37,67 @@ use tokio_util::task::TaskTracker;
 
 use crate::fleet::{FleetNode, NodeFactory};
 
+/// Chaos flags; each kind overrides the `chaos` section of the profiles file.
+#[derive(clap::Args, Debug, Default)]
+pub struct ChaosArgs {
+    /// Share of nodes (0–1) whose runtime goes down per round (RuntimeReady=false, node NotReady).
+    #[arg(long, requires = "runtime_down_for")]
+    pub runtime_down_fraction: Option<f64>,
+    /// How long the runtime stays down (e.g. 30s, 2m).
+    #[arg(long, value_parser = parse_duration)]
+    pub runtime_down_for: Option<Duration>,
+    /// Time between the starts of two rounds (default: one round).
+    #[arg(long, value_parser = parse_duration)]
+    pub runtime_down_every: Option<Duration>,
+    /// Share of nodes (0–1) whose lease and status heartbeats stop per round.
+    #[arg(long, requires = "flap_for")]
+    pub flap_fraction: Option<f64>,
+    /// How long heartbeats stay stopped (past the controller-manager's grace period the node goes Unknown).
+    #[arg(long, value_parser = parse_duration)]
+    pub flap_for: Option<Duration>,
+    /// Time between the starts of two flapping rounds (default: one round).
+    #[arg(long, value_parser = parse_duration)]
+    pub flap_every: Option<Duration>,
+    /// Extra nodes, beyond --nodes, that leave and join over time (Node deleted, a fresh name joins).
+    #[arg(long, requires = "churn_per_minute")]
+    pub churn_nodes: Option<usize>,
+    /// Churn replacements per minute.
+    #[arg(long)]
+    pub churn_per_minute: Option<f64>,
+    /// Leaving churn nodes go through graceful node shutdown (their pods stopped and reported Failed) before
+    /// their Node is deleted; needs shutdownGracePeriod in --config.
+    #[arg(long, requires = "churn_nodes")]
+    pub churn_shutdown: bool,
+}
+
+impl ChaosArgs {
+    /// The profile file's chaos with these flags applied over it.
+    pub fn over(&self, mut spec: ChaosSpec) -> ChaosSpec {
+        if let (Some(fraction), Some(duration)) = (self.runtime_down_fraction, self.runtime_down_for) {
+            spec.runtime_down = Some(Disruption {
+                fraction,
+                duration,
+                every: self.runtime_down_every.unwrap_or_default(),
+            });
+        }
+        if let (Some(fraction), Some(duration)) = (self.flap_fraction, self.flap_for) {
+            spec.flapping = Some(Disruption {
+                fraction,
+                duration,
+                every: self.flap_every.unwrap_or_default(),
+            });
+        }
+        if let (Some(nodes), Some(per_minute)) = (self.churn_nodes, self.churn_per_minute) {
+            spec.churn = Some(Churn {
+                nodes,
+                per_minute,
+                shutdown: self.churn_shutdown,
+            });
+        }
+        spec
+    }
+}
+
 /// A recurring disruption of a fraction of the nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

@@ -14,6 +14,8 @@
 //! * [`progress`] — the start-up progress bar (or log lines off a terminal).
 //! * [`server`] — the one HTTP endpoint: `/healthz`, `/metrics`, `/histograms`.
 //! * [`slo`] — `hollow slo`: load, pod start-up measurement, the fleet's merged stages, the SLO report.
+//! * [`statefulset`] — running as a StatefulSet's pods (the Helm chart): client configuration with an explicit
+//!   server URL, per-process ports on a shared host network, the in-container health check, stopping the fleet.
 
 pub mod bootstrap;
 pub mod chaos;
@@ -26,3 +28,4 @@ pub mod profiles;
 pub mod progress;
 pub mod server;
 pub mod slo;
+pub mod statefulset;

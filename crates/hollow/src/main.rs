@@ -16,13 +16,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use hollow::chaos::{ChaosMetrics, ChaosSpec, Churn, Disruption};
+use hollow::chaos::{ChaosArgs, ChaosMetrics, ChaosSpec};
 use hollow::cidrs::NodeCidrs;
 use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
 use hollow::credentials::NodeCa;
 use hollow::fleet::{Fleet, FleetSpec, KubeletApi, WatchMode};
 use hollow::profiles;
 use hollow::server::{self, FleetGauges};
+use hollow::statefulset::{self, ProcessPorts};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams};
 use node_agent::pods::PodMetrics;
@@ -44,6 +45,41 @@ enum Command {
     /// Create pods at a pace, measure their start-up (cluster side and the fleet's stages) and report the
     /// pod start-up SLO verdict; exits 3 when the SLO is not met.
     Slo(hollow::slo::cli::SloArgs),
+    /// Exit 0 when a fleet process's /healthz answers 200 (the chart's readiness check on a host network,
+    /// where the port differs per process).
+    Healthz(HealthzArgs),
+    /// Scale a fleet's StatefulSet to zero and wait until its pods are gone, so each process deletes its
+    /// nodes (the chart's pre-delete hook).
+    StopFleet(StopFleetArgs),
+}
+
+#[derive(clap::Args)]
+struct HealthzArgs {
+    /// The fleet process's --metrics-address.
+    #[arg(long, env = "HOLLOW_METRICS_ADDRESS", default_value = "127.0.0.1:10260")]
+    metrics_address: SocketAddr,
+    /// The fleet process's --process-index (added to the port).
+    #[arg(long, env = "HOLLOW_PROCESS_INDEX", default_value_t = 0)]
+    process_index: u32,
+}
+
+#[derive(clap::Args)]
+struct StopFleetArgs {
+    /// The fleet's StatefulSet.
+    #[arg(long)]
+    statefulset: String,
+    /// Its namespace (default: the pod's own, or the kubeconfig's).
+    #[arg(long, env = "POD_NAMESPACE")]
+    namespace: Option<String>,
+    /// kubeconfig for the API server (in-cluster config or $KUBECONFIG when absent).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The API server URL, replacing the configuration's (see `hollow run --server`).
+    #[arg(long, env = "HOLLOW_SERVER")]
+    server: Option<String>,
+    /// How long to wait for the pods to go.
+    #[arg(long, value_parser = hollow::chaos::parse_duration, default_value = "5m")]
+    timeout: Duration,
 }
 
 /// Whose identity the nodes use towards the API server.
@@ -83,6 +119,16 @@ struct RunArgs {
     /// kubeconfig for the API server (in-cluster config or $KUBECONFIG when absent).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
+    /// The API server URL, replacing the kubeconfig's or the in-cluster one (identity and CA are kept): for a
+    /// fleet pod that reaches the API server at another address than the cluster's Service, e.g.
+    /// https://127.0.0.1:6443 from the host network of a loopback-only machine.
+    #[arg(long, env = "HOLLOW_SERVER")]
+    server: Option<String>,
+    /// This process's number among fleet processes sharing one network namespace (the StatefulSet ordinal on a
+    /// host network): the metrics port is --metrics-address's + N and the nodes' kubelet ports start at
+    /// --kubelet-port + N × --nodes, so no two processes bind or publish the same port.
+    #[arg(long, env = "HOLLOW_PROCESS_INDEX", default_value_t = 0)]
+    process_index: u32,
     /// Node name template: {index} is the node number, {pod} the value of --pod-name.
     #[arg(long, default_value = "hollow-{index}")]
     name_template: String,
@@ -161,8 +207,8 @@ struct RunArgs {
     /// KubeletConfiguration YAML shared by every node.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Address of the /healthz and /metrics endpoint.
-    #[arg(long, default_value = "127.0.0.1:10260")]
+    /// Address of the /healthz and /metrics endpoint (with --process-index N: its port + N).
+    #[arg(long, env = "HOLLOW_METRICS_ADDRESS", default_value = "127.0.0.1:10260")]
     metrics_address: SocketAddr,
     /// Delete the Node objects when stopping.
     #[arg(long)]
@@ -181,67 +227,6 @@ struct RunArgs {
     node_cidr_mask_size: u8,
     #[command(flatten)]
     chaos: ChaosArgs,
-}
-
-/// Chaos flags; each kind overrides the `chaos` section of the profiles file.
-#[derive(clap::Args, Debug, Default)]
-struct ChaosArgs {
-    /// Share of nodes (0–1) whose runtime goes down per round (RuntimeReady=false, node NotReady).
-    #[arg(long, requires = "runtime_down_for")]
-    runtime_down_fraction: Option<f64>,
-    /// How long the runtime stays down (e.g. 30s, 2m).
-    #[arg(long, value_parser = hollow::chaos::parse_duration)]
-    runtime_down_for: Option<Duration>,
-    /// Time between the starts of two rounds (default: one round).
-    #[arg(long, value_parser = hollow::chaos::parse_duration)]
-    runtime_down_every: Option<Duration>,
-    /// Share of nodes (0–1) whose lease and status heartbeats stop per round.
-    #[arg(long, requires = "flap_for")]
-    flap_fraction: Option<f64>,
-    /// How long heartbeats stay stopped (past the controller-manager's grace period the node goes Unknown).
-    #[arg(long, value_parser = hollow::chaos::parse_duration)]
-    flap_for: Option<Duration>,
-    /// Time between the starts of two flapping rounds (default: one round).
-    #[arg(long, value_parser = hollow::chaos::parse_duration)]
-    flap_every: Option<Duration>,
-    /// Extra nodes, beyond --nodes, that leave and join over time (Node deleted, a fresh name joins).
-    #[arg(long, requires = "churn_per_minute")]
-    churn_nodes: Option<usize>,
-    /// Churn replacements per minute.
-    #[arg(long)]
-    churn_per_minute: Option<f64>,
-    /// Leaving churn nodes go through graceful node shutdown (their pods stopped and reported Failed) before
-    /// their Node is deleted; needs shutdownGracePeriod in --config.
-    #[arg(long, requires = "churn_nodes")]
-    churn_shutdown: bool,
-}
-
-impl ChaosArgs {
-    /// The profile file's chaos with these flags applied over it.
-    fn over(&self, mut spec: ChaosSpec) -> ChaosSpec {
-        if let (Some(fraction), Some(duration)) = (self.runtime_down_fraction, self.runtime_down_for) {
-            spec.runtime_down = Some(Disruption {
-                fraction,
-                duration,
-                every: self.runtime_down_every.unwrap_or_default(),
-            });
-        }
-        if let (Some(fraction), Some(duration)) = (self.flap_fraction, self.flap_for) {
-            spec.flapping = Some(Disruption {
-                fraction,
-                duration,
-                every: self.flap_every.unwrap_or_default(),
-            });
-        }
-        if let (Some(nodes), Some(per_minute)) = (self.churn_nodes, self.churn_per_minute) {
-            spec.churn = Some(Churn {
-                nodes,
-                per_minute,
-                shutdown: self.churn_shutdown,
-            });
-        }
-        spec
-    }
 }
 
 /// With the `dhat-heap` feature every allocation is recorded (slow: for profiling only); the profile of what is
@@ -283,6 +268,17 @@ async fn main() -> anyhow::Result<()> {
                 std::process::exit(3);
             }
             Ok(())
+        }
+        Command::Healthz(args) => {
+            let ports = ProcessPorts::of(args.process_index, args.metrics_address, 0, 0)?;
+            Ok(statefulset::healthz(ports.metrics, Duration::from_secs(5))?)
+        }
+        Command::StopFleet(args) => {
+            let config =
+                statefulset::client_config(args.kubeconfig.as_deref(), args.server.as_deref()).await?;
+            let namespace = args.namespace.unwrap_or_else(|| config.default_namespace.clone());
+            let client = kube::Client::try_from(config)?;
+            Ok(statefulset::stop_statefulset(client, &namespace, &args.statefulset, args.timeout).await?)
         }
     }
 }
@@ -339,13 +335,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     #[cfg(feature = "dhat-heap")]
     let heap_profile = dhat::Profiler::new_heap();
     let identities = node_identities(&args)?;
-    let kube_config = match &args.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?
-        }
-        None => kube::Config::infer().await?,
-    };
+    let kube_config = statefulset::client_config(args.kubeconfig.as_deref(), args.server.as_deref()).await?;
+    let ports = ProcessPorts::of(
+        args.process_index,
+        args.metrics_address,
+        args.kubelet_port,
+        args.nodes,
+    )?;
     let kubelet = match &args.config {
         Some(path) => {
             let loaded = node_agent::config::load_file(path)?;
@@ -412,7 +408,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         name_template: args.name_template.clone(),
         pod_name: args.pod_name.clone(),
         node_ip: args.node_ip,
-        kubelet_port: args.kubelet_port,
+        kubelet_port: ports.kubelet,
         kubelet_api: None,
         register_qps: args.register_qps,
         kubelet,
@@ -443,8 +439,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             registry: Some(registry.clone()),
         });
     }
-    let (bound, server) =
-        server::serve(args.metrics_address, registry, pod_metrics.clone(), token.clone()).await?;
+    let (bound, server) = server::serve(ports.metrics, registry, pod_metrics.clone(), token.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz and /metrics");
 
     let size = PoolSize::for_fleet(

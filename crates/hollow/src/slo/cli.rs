@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use k8s_openapi::api::core::v1::Toleration;
 
 use super::load::{LoadSpec, Pace};
 use super::run::{self, SloOptions};
@@ -50,6 +51,10 @@ pub struct SloArgs {
     /// Adds KEY=VALUE to the pods' nodeSelector (repeatable), e.g. to aim at one fleet's nodes.
     #[arg(long, value_parser = parse_pair)]
     pub node_selector: Vec<(String, String)>,
+    /// Adds a toleration to the pods (repeatable): KEY=VALUE:EFFECT, KEY:EFFECT (any value) or KEY (any value
+    /// and effect) — e.g. hollow.node-agent.io/node=true:NoSchedule for the taint the Helm chart's nodes carry.
+    #[arg(long = "toleration", value_parser = parse_toleration)]
+    pub tolerations: Vec<Toleration>,
     /// After creating, churn for this long: delete the oldest object and create a new one, at the same pace.
     #[arg(long, value_parser = parse_duration)]
     pub churn: Option<Duration>,
@@ -83,6 +88,35 @@ fn parse_pair(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))
 }
 
+/// `KEY[=VALUE][:EFFECT]` as a toleration: `Equal` with a value, `Exists` without.
+fn parse_toleration(s: &str) -> Result<Toleration, String> {
+    let (rest, effect) = match s.rsplit_once(':') {
+        Some((rest, effect)) => {
+            if !["NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&effect) {
+                return Err(format!(
+                    "{s:?}: effect {effect:?} is not NoSchedule, PreferNoSchedule or NoExecute"
+                ));
+            }
+            (rest, Some(effect.to_owned()))
+        }
+        None => (s, None),
+    };
+    let (key, value) = match rest.split_once('=') {
+        Some((key, value)) => (key, Some(value.to_owned())),
+        None => (rest, None),
+    };
+    if key.is_empty() {
+        return Err(format!("{s:?}: expected KEY[=VALUE][:EFFECT]"));
+    }
+    Ok(Toleration {
+        key: Some(key.to_owned()),
+        operator: Some(if value.is_some() { "Equal" } else { "Exists" }.to_owned()),
+        value,
+        effect,
+        ..Toleration::default()
+    })
+}
+
 impl SloArgs {
     /// The run's options (template read, pace and load checked), with a fresh run id.
     pub fn options(&self) -> anyhow::Result<SloOptions> {
@@ -103,6 +137,12 @@ impl SloArgs {
             let spec = template.spec.get_or_insert_with(Default::default);
             let sel = spec.node_selector.get_or_insert_with(Default::default);
             sel.extend(self.node_selector.iter().cloned());
+        }
+        if !self.tolerations.is_empty() {
+            let spec = template.spec.get_or_insert_with(Default::default);
+            spec.tolerations
+                .get_or_insert_with(Default::default)
+                .extend(self.tolerations.iter().cloned());
         }
         let load = LoadSpec {
             kind: self.kind,
@@ -161,4 +201,34 @@ pub async fn main(args: SloArgs) -> anyhow::Result<bool> {
     print!("{}", super::report::table(&result));
     println!("Report: {}/index.html", written.dir.display());
     Ok(result.pass())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tolerations_parse_as_kubectl_taints_are_written() {
+        let t = parse_toleration("hollow.node-agent.io/node=true:NoSchedule").expect("full");
+        assert_eq!(
+            (
+                t.key.as_deref(),
+                t.operator.as_deref(),
+                t.value.as_deref(),
+                t.effect.as_deref()
+            ),
+            (
+                Some("hollow.node-agent.io/node"),
+                Some("Equal"),
+                Some("true"),
+                Some("NoSchedule")
+            )
+        );
+        let t = parse_toleration("gpu:NoExecute").expect("no value");
+        assert_eq!((t.operator.as_deref(), t.value), (Some("Exists"), None));
+        let t = parse_toleration("gpu").expect("key only");
+        assert_eq!((t.operator.as_deref(), t.effect), (Some("Exists"), None));
+        let err = parse_toleration("gpu=1:Sometimes").expect_err("bad effect");
+        assert!(err.contains("\"Sometimes\" is not NoSchedule"), "{err}");
+    }
 }
