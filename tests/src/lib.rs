@@ -1,5 +1,7 @@
-//! Shared helpers for the integration tests in `tests/tests/`: logging, polling, the `node-agent` binary, and the scripted probe
-//! transport of agents on the fake runtime.
+//! Shared helpers for the integration tests in `tests/tests/`: logging, polling, the `node-agent` and `hollow`
+//! binaries, the Helm chart ([`chart`]), and the scripted probe transport of agents on the fake runtime.
+
+pub mod chart;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -95,31 +97,43 @@ pub async fn nodes_with_prefix(
 /// test of this package), or the one `NODE_AGENT_BIN` names.
 pub fn node_agent_binary() -> anyhow::Result<PathBuf> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("NODE_AGENT_BIN") {
-            return Ok(PathBuf::from(bin));
-        }
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .ok_or("no target dir")?
-            .to_path_buf();
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.current_dir(&workspace)
-            // the workspace's feature set: the artefacts `cargo test --workspace` has just built
-            .args(["build", "-q", "--workspace", "--bin", "node-agent"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().map_err(|e| format!("running cargo build: {e}"))?;
-        if !status.success() {
-            return Err(format!("cargo build --bin node-agent failed: {status}"));
-        }
-        Ok(profile_dir.join("node-agent"))
-    })
-    .clone()
-    .map_err(anyhow::Error::msg)
+    BIN.get_or_init(|| workspace_binary("node-agent", "NODE_AGENT_BIN"))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+/// The `hollow` binary of this build (built on demand), or the one `HOLLOW_BIN` names.
+pub fn hollow_binary() -> anyhow::Result<PathBuf> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| workspace_binary("hollow", "HOLLOW_BIN"))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+/// `cargo build --bin <name>` in this test's profile, or the binary the environment variable `overridden_by`
+/// names.
+fn workspace_binary(name: &str, overridden_by: &str) -> Result<PathBuf, String> {
+    if let Some(bin) = std::env::var_os(overridden_by) {
+        return Ok(PathBuf::from(bin));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("no target dir")?
+        .to_path_buf();
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&workspace)
+        // the workspace's feature set: the artefacts `cargo test --workspace` has just built
+        .args(["build", "-q", "--workspace", "--bin", name]);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().map_err(|e| format!("running cargo build: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo build --bin {name} failed: {status}"));
+    }
+    Ok(profile_dir.join(name))
 }

@@ -20,7 +20,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use runtime_api::{Runtime, cri};
 
-use super::harness::{NODE, NodeOptions, RealNode, scripts};
+use super::harness::{LoopbackRegistry, NODE, NodeOptions, RealNode, scripts};
 
 const NS: &str = "rn-gc";
 
@@ -40,31 +40,12 @@ pub fn options() -> NodeOptions {
 }
 
 /// An anonymous registry on loopback holding the node's busybox under several tags, each a distinct image (its
-/// own config, shared layer); stopped on drop (each test holds its own: a static would never be dropped).
-struct Registry {
-    dir: std::path::PathBuf,
-    addr: String,
-}
+/// own config, shared layer); stopped on drop.
+struct Registry(LoopbackRegistry);
 
 impl Registry {
     fn start(node: &RealNode, name: &str, tags: &[&str]) -> anyhow::Result<Self> {
-        let dir = node.containerd_dir.with_file_name(format!("registry-{name}"));
-        let out = Command::new("bash")
-            .arg(scripts().join("registry.sh"))
-            .args(["start", &dir.display().to_string()])
-            .env("NA_CRI_DIR", &node.containerd_dir)
-            .output()
-            .context("tests/containerd/registry.sh start")?;
-        if !out.status.success() {
-            bail!(
-                "registry.sh start failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let registry = Self {
-            dir,
-            addr: String::from_utf8(out.stdout)?.trim().to_owned(),
-        };
+        let registry = Self(LoopbackRegistry::start(node, name, None)?);
         let rootfs = node.containerd_dir.join("images/busybox-rootfs");
         for tag in tags {
             registry.push(&rootfs, tag)?;
@@ -73,7 +54,7 @@ impl Registry {
     }
 
     fn image(&self, tag: &str) -> String {
-        format!("{}/gc/busybox:{tag}", self.addr)
+        format!("{}/gc/busybox:{tag}", self.0.addr)
     }
 
     fn push(&self, rootfs: &Path, tag: &str) -> anyhow::Result<()> {
@@ -88,15 +69,6 @@ impl Registry {
             bail!("pushing {tag} failed: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(())
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(scripts().join("registry.sh"))
-            .args(["stop", &self.dir.display().to_string()])
-            .status();
     }
 }
 

@@ -448,3 +448,45 @@ impl RealNode {
         .await
     }
 }
+
+/// A CNCF distribution registry on loopback (`tests/containerd/registry.sh`) that the node's containerd pulls
+/// from over plain HTTP; anonymous, or with basic authentication for `USER:PASSWORD`. Stopped on drop (each test
+/// holds its own: a static would never be dropped).
+pub struct LoopbackRegistry {
+    dir: PathBuf,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+}
+
+impl LoopbackRegistry {
+    /// Starts one with its state in `registry-<name>` beside the node's containerd directory.
+    pub fn start(node: &RealNode, name: &str, auth: Option<&str>) -> anyhow::Result<Self> {
+        let dir = node.containerd_dir.with_file_name(format!("registry-{name}"));
+        let out = Command::new("bash")
+            .arg(scripts().join("registry.sh"))
+            .args(["start", &dir.display().to_string()])
+            .args(auth)
+            .env("NA_CRI_DIR", &node.containerd_dir)
+            .output()
+            .context("tests/containerd/registry.sh start")?;
+        if !out.status.success() {
+            bail!(
+                "registry.sh start failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(Self {
+            dir,
+            addr: String::from_utf8(out.stdout)?.trim().to_owned(),
+        })
+    }
+}
+
+impl Drop for LoopbackRegistry {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(scripts().join("registry.sh"))
+            .args(["stop", &self.dir.display().to_string()])
+            .status();
+    }
+}

@@ -12,37 +12,16 @@ use k8s_openapi::api::core::v1::{Event, Pod, Secret};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 
-use super::harness::{RealNode, scripts};
+use super::harness::{LoopbackRegistry, RealNode, scripts};
 
 const NS: &str = "rn-images";
 
 /// A registry with `alice:secret` basic auth holding the node's busybox as `private/busybox:1`; stopped on drop.
-struct Registry {
-    dir: std::path::PathBuf,
-    addr: String,
-}
-
-impl Registry {
-    fn start(node: &RealNode) -> anyhow::Result<Self> {
-        let dir = node.containerd_dir.with_file_name("registry");
-        let out = Command::new("bash")
-            .arg(scripts().join("registry.sh"))
-            .args(["start", &dir.display().to_string(), "alice:secret"])
-            .env("NA_CRI_DIR", &node.containerd_dir)
-            .output()
-            .context("tests/containerd/registry.sh start")?;
-        if !out.status.success() {
-            bail!(
-                "registry.sh start failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let addr = String::from_utf8(out.stdout)?.trim().to_owned();
-        let registry = Self { dir, addr };
-        let rootfs = node.containerd_dir.join("images/busybox-rootfs");
-        push(&rootfs, &format!("{}/private/busybox:1", registry.addr))?;
-        Ok(registry)
-    }
+fn registry(node: &RealNode) -> anyhow::Result<LoopbackRegistry> {
+    let registry = LoopbackRegistry::start(node, "images", Some("alice:secret"))?;
+    let rootfs = node.containerd_dir.join("images/busybox-rootfs");
+    push(&rootfs, &format!("{}/private/busybox:1", registry.addr))?;
+    Ok(registry)
 }
 
 fn push(rootfs: &Path, reference: &str) -> anyhow::Result<()> {
@@ -110,15 +89,6 @@ pub(super) fn import_with_user(node: &RealNode, reference: &str, user: &str) -> 
     Ok(())
 }
 
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(scripts().join("registry.sh"))
-            .args(["stop", &self.dir.display().to_string()])
-            .status();
-    }
-}
-
 fn pod(name: &str, image: &str, secret: bool) -> anyhow::Result<Pod> {
     let mut spec = serde_json::json!({
         "automountServiceAccountToken": false,
@@ -161,7 +131,7 @@ async fn private_images_pull_only_with_their_secret_and_missing_tags_back_off() 
     let Some(node) = RealNode::get().await? else {
         return Ok(());
     };
-    let registry = Registry::start(node)?;
+    let registry = registry(node)?;
     let image = format!("{}/private/busybox:1", registry.addr);
     println!("[real_node] registry at {} with {image}", registry.addr);
     let pods = node.namespace(NS).await?;
