@@ -73,6 +73,15 @@ if [ ! -x "$bins/hollow" ] || [ ! -x "$bins/node-agent" ]; then
   # remapped, so the binaries do not depend on where the tree is checked out (the flags, which cargo hashes into
   # symbol names, stay the same for every checkout)
   cargo_home=${CARGO_HOME:-$HOME/.cargo}
+  # called from a test, the environment holds cargo's variables for that test (CARGO_MANIFEST_DIR,
+  # CARGO_PKG_NAME, ...), which build scripts such as ring's name in rerun-if-env-changed: drop them so a build
+  # from a test and one from a shell find the same dependencies fresh
+  for v in $(compgen -e); do
+    case "$v" in
+      CARGO_HOME|CARGO_TERM_*|CARGO_NET_*|CARGO_HTTP_*|CARGO_REGISTRIES_*|CARGO_BUILD_JOBS) ;;
+      CARGO_*|OUT_DIR|TARGET|HOST|PROFILE|OPT_LEVEL|DEBUG|NUM_JOBS|RUSTC_WORKSPACE_WRAPPER) unset "$v" ;;
+    esac
+  done
   (cd "$root" && \
     CARGO_TARGET_DIR="$image_target" CARGO_INCREMENTAL=0 \
     RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$cargo_home=/cargo --remap-path-prefix=$image_target=/target" \
