@@ -121,7 +121,13 @@ pub fn sandbox_config(pod: &DesiredPod, attempt: u32, layout: &RuntimeLayout) ->
             namespace: pod.namespace.clone(),
             attempt,
         }),
-        hostname: pod.hostname.clone(),
+        // as the kubelet: a pod on the host network shares the host's UTS namespace, and runc refuses to set a
+        // hostname there ("unable to set hostname without a private UTS namespace")
+        hostname: if pod.host_network {
+            String::new()
+        } else {
+            pod.hostname.clone()
+        },
         dns_config: Some(dns::pod_dns(pod, &layout.dns)),
         log_directory: format!(
             "{}/{}_{}_{}",
@@ -260,6 +266,10 @@ mod tests {
         assert_eq!(sb.annotations["cri-fake.node-agent.io/exit-after"], "5s");
         assert_eq!(sb.metadata.as_ref().unwrap().attempt, 1);
         assert_eq!(sb.log_directory, "/var/log/pods/ns_web_u1");
+        assert_eq!(sb.hostname, "web");
+        let mut host = (*d).clone();
+        host.host_network = true;
+        assert_eq!(sandbox_config(&host, 1, &RuntimeLayout::default()).hostname, "");
 
         let resolved = Resolved {
             env: vec![cri::KeyValue {
