@@ -131,3 +131,46 @@ fn per_node_and_per_pod_structures_stay_small() {
     }));
     check(&sizes);
 }
+
+#[test]
+fn channel_blocks_stay_small() {
+    // a tokio mpsc channel allocates its first block of 32 slots when it is made, so every channel an agent or
+    // pod keeps costs 32 × its message size even when idle
+    const SLOTS: usize = 32;
+    let sizes = [
+        (
+            "ManagerControl",
+            SLOTS * size_of::<crate::pods::ManagerControl>(),
+            1_024,
+        ),
+        (
+            "StatusMsg (boxed)",
+            SLOTS * size_of::<Box<crate::pods::status::StatusMsg>>(),
+            1_024,
+        ),
+        ("PodEvent", SLOTS * size_of::<crate::pods::PodEvent>(), 1_024),
+        (
+            "WorkerMsg",
+            SLOTS * size_of::<crate::pods::worker::WorkerMsg>(),
+            1_024,
+        ),
+        (
+            "Finished",
+            SLOTS * size_of::<crate::pods::worker::Finished>(),
+            2_048,
+        ),
+        (
+            "PlegEvent",
+            SLOTS * size_of::<crate::pods::pleg::PlegEvent>(),
+            1_024,
+        ),
+        // the mirror manager's input exists only where there are static or mirror pods
+        (
+            "MirrorMsg",
+            SLOTS * size_of::<crate::pods::static_pods::mirror::MirrorMsg>(),
+            1_024,
+        ),
+        // only on nodes with static pod sources: ("StaticUpdate", 1,536 bytes)
+    ];
+    check(&sizes);
+}

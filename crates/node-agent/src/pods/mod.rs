@@ -48,7 +48,7 @@ pub mod metrics;
 pub mod objects;
 mod observed;
 mod plan;
-mod pleg;
+pub(crate) mod pleg;
 pub mod probes;
 pub mod pull_gate;
 mod pull_secrets;
@@ -65,7 +65,7 @@ mod sync;
 mod termination;
 mod volumes;
 mod wiring;
-mod worker;
+pub(crate) mod worker;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -298,24 +298,30 @@ impl PodLifecycle {
             &tasks,
         );
         let (desired_tx, desired_rx) = watch::channel(Default::default());
-        let (mirror_tx, mirror_rx) = mpsc::unbounded_channel();
+        let start_mirrors: static_pods::mirror::StartMirrors = {
+            let (client, api, node_name, node) = (
+                self.client.clone(),
+                self.api.clone(),
+                self.config.node_name.clone(),
+                self.node.clone(),
+            );
+            let (mirrors, status, tracker, tasks) =
+                (mirrors.clone(), status.clone(), tracker.clone(), tasks.clone());
+            Box::new(move || {
+                let (mirror_tx, mirror_rx) = mpsc::unbounded_channel();
+                let manager = static_pods::mirror::MirrorManager::new(
+                    client, api, node_name, node, desired_rx, mirror_rx, mirrors, status,
+                );
+                tracker.spawn(manager.run(tasks));
+                mirror_tx
+            })
+        };
         let statics = manager::Statics::new(
             self.config.static_pods.sources(),
             mirrors.clone(),
             desired_tx,
-            mirror_tx,
+            static_pods::mirror::MirrorLink::new(start_mirrors, self.config.static_pods.sources() > 0),
         );
-        let mirror_manager = static_pods::mirror::MirrorManager::new(
-            self.client.clone(),
-            self.api.clone(),
-            self.config.node_name.clone(),
-            self.node.clone(),
-            desired_rx,
-            mirror_rx,
-            mirrors.clone(),
-            status.clone(),
-        );
-        tracker.spawn(mirror_manager.run(tasks.clone()));
         let objects = Arc::new(objects::ApiObjects::new(
             self.client.clone(),
             self.api.clone(),

@@ -48,17 +48,21 @@ pub(crate) enum StatusMsg {
 /// The pod workers' handle on the status manager.
 #[derive(Debug, Clone)]
 pub(crate) struct StatusHandle {
-    tx: mpsc::UnboundedSender<StatusMsg>,
+    tx: mpsc::UnboundedSender<Box<StatusMsg>>,
 }
 
+/// The status manager's end of the channel. Messages are boxed: a channel allocates a block of 32 slots when
+/// it is made, and an idle node keeps this one for its whole life.
+pub(crate) type StatusReceiver = mpsc::UnboundedReceiver<Box<StatusMsg>>;
+
 impl StatusHandle {
-    pub(crate) fn channel() -> (Self, mpsc::UnboundedReceiver<StatusMsg>) {
+    pub(crate) fn channel() -> (Self, StatusReceiver) {
         let (tx, rx) = mpsc::unbounded_channel();
         (Self { tx }, rx)
     }
 
     pub(crate) fn send(&self, msg: StatusMsg) {
         // the manager outlives the workers; a closed channel means shutdown
-        let _ = self.tx.send(msg);
+        let _ = self.tx.send(Box::new(msg));
     }
 }

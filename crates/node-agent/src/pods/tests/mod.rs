@@ -92,7 +92,7 @@ pub(super) struct Harness {
     pub events: Arc<MemoryEvents>,
     /// The node's `/metrics/probes` series.
     pub probe_metrics: Arc<crate::pods::ProbeMetrics>,
-    status_rx: mpsc::UnboundedReceiver<StatusMsg>,
+    status_rx: super::status::StatusReceiver,
     cancel: CancellationToken,
     tracker: TaskTracker,
     _node: watch::Sender<Option<NodeView>>,
@@ -141,11 +141,20 @@ impl Harness {
         let (statics, statics_rx) = mpsc::channel(4);
         let (desired_tx, desired) = watch::channel(Default::default());
         let (mirror_tx, mirror_rx) = mpsc::unbounded_channel();
-        let manager_statics = Statics::new(0, Mirrors::default(), desired_tx, mirror_tx);
+        let manager_statics = Statics::new(
+            0,
+            Mirrors::default(),
+            desired_tx,
+            crate::pods::static_pods::mirror::MirrorLink::Running(mirror_tx),
+        );
         let (control, control_rx) = mpsc::unbounded_channel();
         tracker.spawn(
-            PodManager::new(ctx, tracker.clone(), cancel.clone(), manager_statics)
-                .run(source, statics_rx, pleg_rx, control_rx),
+            PodManager::new(ctx, tracker.clone(), cancel.clone(), manager_statics).run(
+                source,
+                Some(statics_rx),
+                pleg_rx,
+                control_rx,
+            ),
         );
         Self {
             runtime,
@@ -181,7 +190,7 @@ impl Harness {
 
     pub(super) fn pump(&mut self) {
         while let Ok(msg) = self.status_rx.try_recv() {
-            match msg {
+            match *msg {
                 StatusMsg::Set { uid, status, .. } => {
                     self.sets += 1;
                     self.statuses.insert(uid, *status);
