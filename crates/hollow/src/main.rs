@@ -251,6 +251,14 @@ impl ChaosArgs {
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
+#[cfg(all(feature = "mimalloc", not(feature = "dhat-heap")))]
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[cfg(all(feature = "jemalloc", not(any(feature = "dhat-heap", feature = "mimalloc"))))]
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// KubeletConfiguration fields only a real node acts on, so `--config` giving them is warned about: the runtime
 /// connection, the host's cgroups and log directories (a hollow node's runtime is in memory), and the per-node
 /// servers (the fleet serves the kubelet API itself, on `--node-ip` and `--kubelet-port` + index, with

@@ -60,7 +60,13 @@ async fn the_agents_long_lived_futures_stay_small() {
         ),
         ("node status", size_of_val(&m.status.run()), 3_072),
         ("lease", size_of_val(&m.lease.run()), 3_072),
-        ("node informer", size_of_val(&m.informer.run()), 768),
+        (
+            "node informer",
+            size_of_val(&m.informer.run()),
+            // the lean watch in place (896 bytes in a debug build) and nothing on the heap while idle; a
+            // kube-runtime watcher was 416 bytes here plus its boxed state and an 8 KiB line buffer
+            1_024,
+        ),
         (
             "eviction manager",
             size_of_val(

@@ -35,6 +35,7 @@
 //! * [`eviction`] — node-pressure eviction: thresholds, pressure conditions, ranking, one eviction per pass.
 //! * [`gc`] — container and image garbage collection.
 //! * [`pod_resources`] — the pod-resources gRPC API on `<root-dir>/pod-resources/kubelet.sock`.
+//! * [`lean_watch`] — the list+watch every agent keeps for its pods and its Node, holding nothing between events.
 
 pub mod agent;
 pub mod api;
@@ -45,6 +46,7 @@ mod cri_log;
 pub mod events;
 pub mod eviction;
 pub mod gc;
+pub mod lean_watch;
 pub mod machine;
 pub mod metrics;
 pub mod node;

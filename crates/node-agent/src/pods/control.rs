@@ -20,8 +20,9 @@ use super::spec::DesiredPod;
 /// A request to the pod manager.
 #[derive(Debug)]
 pub enum ManagerControl {
-    /// Graceful node shutdown (see [`shutdown`](super::shutdown)).
-    Shutdown(ShutdownRequest),
+    /// Graceful node shutdown (see [`shutdown`](super::shutdown); boxed: an idle node keeps this channel's first
+    /// block of 32 messages for its whole life).
+    Shutdown(Box<ShutdownRequest>),
     /// Which pods the manager has; `None` until every pod source (the API server's list and each static
     /// source) has been seen once — before that an unknown pod may merely not have been read yet.
     KnownPods(oneshot::Sender<Option<KnownPods>>),
@@ -37,7 +38,7 @@ pub enum ManagerControl {
 
 impl From<ShutdownRequest> for ManagerControl {
     fn from(request: ShutdownRequest) -> Self {
-        Self::Shutdown(request)
+        Self::Shutdown(Box::new(request))
     }
 }
 
