@@ -251,11 +251,8 @@ impl ChaosArgs {
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
-#[cfg(all(feature = "mimalloc", not(feature = "dhat-heap")))]
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[cfg(all(feature = "jemalloc", not(any(feature = "dhat-heap", feature = "mimalloc"))))]
+/// jemalloc (the default `jemalloc` feature), see `Cargo.toml`.
+#[cfg(all(feature = "jemalloc", not(feature = "dhat-heap")))]
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -70,8 +70,7 @@ async fn the_agents_long_lived_futures_stay_small() {
         (
             "eviction manager",
             size_of_val(
-                &crate::eviction::EvictionManager::new(ctx.clone(), tokio::sync::mpsc::unbounded_channel().0)
-                    .run(),
+                &crate::eviction::EvictionManager::new(ctx.clone(), crate::chan::unbounded_channel().0).run(),
             ),
             // its own context clone, thresholds and state, one sleep or cleanup wait (a pass is boxed):
             // 1,056 bytes in a debug build
@@ -140,43 +139,13 @@ fn per_node_and_per_pod_structures_stay_small() {
 
 #[test]
 fn channel_blocks_stay_small() {
-    // a tokio mpsc channel allocates its first block of 32 slots when it is made, so every channel an agent or
-    // pod keeps costs 32 × its message size even when idle
+    // a tokio mpsc channel allocates a 512-byte core and its first block of 32 slots when it is made, so every
+    // such channel an agent keeps costs that much while idle; the rest of a node's and pod's channels are
+    // `crate::chan` ones (a linked queue, ~100 bytes idle)
     const SLOTS: usize = 32;
     let sizes = [
-        (
-            "ManagerControl",
-            SLOTS * size_of::<crate::pods::ManagerControl>(),
-            1_024,
-        ),
-        (
-            "StatusMsg (boxed)",
-            SLOTS * size_of::<Box<crate::pods::status::StatusMsg>>(),
-            1_024,
-        ),
+        // the pod source's bounded channel (events of the node's pod watch)
         ("PodEvent", SLOTS * size_of::<crate::pods::PodEvent>(), 1_024),
-        (
-            "WorkerMsg",
-            SLOTS * size_of::<crate::pods::worker::WorkerMsg>(),
-            1_024,
-        ),
-        (
-            "Finished",
-            SLOTS * size_of::<crate::pods::worker::Finished>(),
-            2_048,
-        ),
-        (
-            "PlegEvent",
-            SLOTS * size_of::<crate::pods::pleg::PlegEvent>(),
-            1_024,
-        ),
-        // the mirror manager's input exists only where there are static or mirror pods
-        (
-            "MirrorMsg",
-            SLOTS * size_of::<crate::pods::static_pods::mirror::MirrorMsg>(),
-            1_024,
-        ),
-        // only on nodes with static pod sources: ("StaticUpdate", 1,536 bytes)
     ];
     check(&sizes);
 }

@@ -26,6 +26,7 @@
 //! * [`events`] — the event recorder and its sink.
 //! * [`api`] — rate limit and request accounting for API calls.
 //! * [`metrics`] — Prometheus metrics registered into a caller's registry.
+//! * [`chan`] — the small unbounded channels every node and pod keeps.
 //! * [`backoff`] — jittered exponential backoff (registration, lease, CrashLoopBackOff) and jittered intervals.
 //! * [`quantity`] — exact resource quantity arithmetic.
 //! * [`machine`] — machine facts (host or synthetic).
@@ -41,6 +42,7 @@ pub mod agent;
 pub mod api;
 pub mod backoff;
 pub mod certs;
+pub mod chan;
 pub mod config;
 mod cri_log;
 pub mod events;

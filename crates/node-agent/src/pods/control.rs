@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::shutdown::ShutdownRequest;
 use super::spec::DesiredPod;
@@ -87,12 +87,12 @@ impl KnownPods {
 /// Asks a pod manager which pods it has. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct PodsQuery {
-    tx: mpsc::UnboundedSender<ManagerControl>,
+    tx: crate::chan::UnboundedSender<ManagerControl>,
 }
 
 impl PodsQuery {
     /// Asks the manager reading `tx`.
-    pub fn new(tx: mpsc::UnboundedSender<ManagerControl>) -> Self {
+    pub fn new(tx: crate::chan::UnboundedSender<ManagerControl>) -> Self {
         Self { tx }
     }
 

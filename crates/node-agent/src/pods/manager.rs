@@ -36,7 +36,7 @@ use super::worker::{Finished, PodWorker, WorkerInit, WorkerMsg};
 mod control;
 
 struct Entry {
-    tx: mpsc::UnboundedSender<WorkerMsg>,
+    tx: crate::chan::UnboundedSender<WorkerMsg>,
     pod: Arc<DesiredPod>,
     /// Counted in `committed`.
     admitted: bool,
@@ -50,8 +50,8 @@ pub(crate) struct PodManager {
     committed: Committed,
     /// Pods waiting for the node view before admission.
     pending: Vec<Pod>,
-    done_tx: mpsc::UnboundedSender<Finished>,
-    done_rx: mpsc::UnboundedReceiver<Finished>,
+    done_tx: crate::chan::UnboundedSender<Finished>,
+    done_rx: crate::chan::UnboundedReceiver<Finished>,
     tracker: TaskTracker,
     cancel: CancellationToken,
     statics: Statics,
@@ -132,7 +132,7 @@ impl PodManager {
         cancel: CancellationToken,
         statics: Statics,
     ) -> Self {
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let (done_tx, done_rx) = crate::chan::unbounded_channel();
         Self {
             ctx,
             workers: HashMap::new(),
@@ -153,8 +153,8 @@ impl PodManager {
         mut self,
         mut source: mpsc::Receiver<PodEvent>,
         mut statics: Option<mpsc::Receiver<StaticUpdate>>,
-        mut pleg: mpsc::UnboundedReceiver<PlegEvent>,
-        mut control: mpsc::UnboundedReceiver<ManagerControl>,
+        mut pleg: crate::chan::UnboundedReceiver<PlegEvent>,
+        mut control: crate::chan::UnboundedReceiver<ManagerControl>,
     ) {
         let mut node = self.ctx.node.clone();
         let mut statics_open = statics.is_some();
@@ -250,14 +250,18 @@ impl PodManager {
 
     /// Takes a shutdown request queued beside a pod event before that event, so that a pod arriving with
     /// (or after) the request is refused, whichever channel the select happened to poll first.
-    fn shutdown_first(&mut self, control: &mut mpsc::UnboundedReceiver<ManagerControl>, open: &mut bool) {
+    fn shutdown_first(
+        &mut self,
+        control: &mut crate::chan::UnboundedReceiver<ManagerControl>,
+        open: &mut bool,
+    ) {
         if !*open {
             return;
         }
         match control.try_recv() {
             Ok(request) => self.on_control(request),
-            Err(mpsc::error::TryRecvError::Disconnected) => *open = false,
-            Err(mpsc::error::TryRecvError::Empty) => {}
+            Err(crate::chan::TryRecvError::Disconnected) => *open = false,
+            Err(crate::chan::TryRecvError::Empty) => {}
         }
     }
 

@@ -152,7 +152,7 @@ pub struct PodLifecycle {
     api: ApiCalls,
     source: PodSource,
     /// Graceful node shutdown requests, questions about the node's pods, evictions.
-    control: Option<mpsc::UnboundedReceiver<ManagerControl>>,
+    control: Option<crate::chan::UnboundedReceiver<ManagerControl>>,
     /// Extra tasks to run alongside (e.g. the node view bridge of [`PodLifecycle::for_agent`]).
     companions: Vec<Companion>,
 }
@@ -198,7 +198,7 @@ impl PodLifecycle {
 
     /// Takes graceful node shutdown requests (see [`shutdown`]) questions about the node's pods and evictions (see
     /// [`control`]) from `control`.
-    pub fn with_control(mut self, control: mpsc::UnboundedReceiver<ManagerControl>) -> Self {
+    pub fn with_control(mut self, control: crate::chan::UnboundedReceiver<ManagerControl>) -> Self {
         self.control = Some(control);
         self
     }
@@ -308,7 +308,7 @@ impl PodLifecycle {
             let (mirrors, status, tracker, tasks) =
                 (mirrors.clone(), status.clone(), tracker.clone(), tasks.clone());
             Box::new(move || {
-                let (mirror_tx, mirror_rx) = mpsc::unbounded_channel();
+                let (mirror_tx, mirror_rx) = crate::chan::unbounded_channel();
                 let manager = static_pods::mirror::MirrorManager::new(
                     client, api, node_name, node, desired_rx, mirror_rx, mirrors, status,
                 );
@@ -348,7 +348,7 @@ impl PodLifecycle {
             mirrors,
         );
         tracker.spawn(status_manager.run(tasks.clone()));
-        let (pleg_tx, pleg_rx) = mpsc::unbounded_channel();
+        let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
         tracker.spawn(pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()));
         let watch_client = match self.source {
             PodSource::Feed(rx) => Err(rx),
@@ -365,9 +365,8 @@ impl PodLifecycle {
             }
         };
         let grace = ctx.config.shutdown_grace;
-        // without a control channel, one that never delivers
-        let (_keep, unused) = mpsc::unbounded_channel();
-        let control = self.control.unwrap_or(unused);
+        // without a control channel, one already closed (the manager stops listening to it)
+        let control = self.control.unwrap_or_else(|| crate::chan::unbounded_channel().1);
         manager::PodManager::new(ctx, tracker.clone(), tasks.clone(), statics)
             .run(source, statics_rx, pleg_rx, control)
             .await;

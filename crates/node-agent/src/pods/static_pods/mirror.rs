@@ -18,7 +18,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -113,7 +113,7 @@ pub(crate) struct MirrorManager {
     node_name: String,
     node: watch::Receiver<Option<NodeView>>,
     desired: watch::Receiver<Desired>,
-    rx: mpsc::UnboundedReceiver<MirrorMsg>,
+    rx: crate::chan::UnboundedReceiver<MirrorMsg>,
     observed: HashMap<Key, Observed>,
     listed: bool,
     mirrors: Mirrors,
@@ -134,7 +134,7 @@ impl MirrorManager {
         node_name: String,
         node: watch::Receiver<Option<NodeView>>,
         desired: watch::Receiver<Desired>,
-        rx: mpsc::UnboundedReceiver<MirrorMsg>,
+        rx: crate::chan::UnboundedReceiver<MirrorMsg>,
         mirrors: Mirrors,
         status: StatusHandle,
     ) -> Self {
@@ -322,37 +322,8 @@ impl MirrorManager {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pods::static_pods::manifest::{self, Origin};
-
-    #[test]
-    fn a_mirror_is_owned_by_the_node_and_names_the_hash() {
-        let pod = manifest::decode(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: c\n    image: i\n",
-            false,
-        )
-        .unwrap()
-        .remove(0);
-        let pod = manifest::prepare(pod, Origin::File("/m/web.yaml"), "n1").unwrap();
-        let m = mirror_of(&pod, "n1", "node-uid");
-        assert!(m.metadata.uid.is_none());
-        let ann = m.metadata.annotations.as_ref().unwrap();
-        assert_eq!(ann[MIRROR_ANNOTATION], ann[HASH_ANNOTATION]);
-        assert_eq!(ann[MIRROR_ANNOTATION], pod.metadata.uid.clone().unwrap());
-        let owner = &m.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!(
-            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
-            ("Node", "n1", "node-uid")
-        );
-        assert_eq!(owner.controller, Some(true));
-        assert!(manifest::is_mirror(&m));
-    }
-}
-
 /// Starts the mirror manager and returns its input.
-pub(crate) type StartMirrors = Box<dyn FnOnce() -> mpsc::UnboundedSender<MirrorMsg> + Send + Sync>;
+pub(crate) type StartMirrors = Box<dyn FnOnce() -> crate::chan::UnboundedSender<MirrorMsg> + Send + Sync>;
 
 /// The pod manager's way to the mirror manager, which runs only where there is work for it: a node with static
 /// pod sources starts it at once; any other node starts it when the first mirror pod bound to it shows up (a
@@ -360,7 +331,7 @@ pub(crate) type StartMirrors = Box<dyn FnOnce() -> mpsc::UnboundedSender<MirrorM
 /// keep no mirror task (its state is ~8 KiB per node).
 pub(crate) enum MirrorLink {
     /// The manager runs; its input.
-    Running(mpsc::UnboundedSender<MirrorMsg>),
+    Running(crate::chan::UnboundedSender<MirrorMsg>),
     /// Not started; how to start it, and whether a (mirror-free) snapshot went by unsent.
     Idle {
         start: Option<StartMirrors>,
@@ -381,7 +352,7 @@ impl MirrorLink {
         link
     }
 
-    fn start(&mut self) -> Option<&mpsc::UnboundedSender<MirrorMsg>> {
+    fn start(&mut self) -> Option<&crate::chan::UnboundedSender<MirrorMsg>> {
         if let Self::Idle { start, listed } = self {
             let listed = *listed;
             let tx = start.take()?();
@@ -408,5 +379,34 @@ impl MirrorLink {
         if let Some(tx) = self.start() {
             let _ = tx.send(msg);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pods::static_pods::manifest::{self, Origin};
+
+    #[test]
+    fn a_mirror_is_owned_by_the_node_and_names_the_hash() {
+        let pod = manifest::decode(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: c\n    image: i\n",
+            false,
+        )
+        .unwrap()
+        .remove(0);
+        let pod = manifest::prepare(pod, Origin::File("/m/web.yaml"), "n1").unwrap();
+        let m = mirror_of(&pod, "n1", "node-uid");
+        assert!(m.metadata.uid.is_none());
+        let ann = m.metadata.annotations.as_ref().unwrap();
+        assert_eq!(ann[MIRROR_ANNOTATION], ann[HASH_ANNOTATION]);
+        assert_eq!(ann[MIRROR_ANNOTATION], pod.metadata.uid.clone().unwrap());
+        let owner = &m.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("Node", "n1", "node-uid")
+        );
+        assert_eq!(owner.controller, Some(true));
+        assert!(manifest::is_mirror(&m));
     }
 }
