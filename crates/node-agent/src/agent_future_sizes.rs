@@ -112,7 +112,8 @@ async fn the_pod_sides_long_lived_futures_stay_small() {
             tx,
             token,
         )),
-        4_096,
+        // 992 bytes in a debug build; 3,408 while a decoded pod was kept across the delivery's await
+        1_280,
     )];
     check(&sizes);
 }

@@ -127,8 +127,8 @@ where
         }
         let Some(body) = self.body.as_mut() else {
             let version = self.resource_version.clone().unwrap_or_default();
-            let opened = open_watch(&self.client, &self.url_path, &self.selector, version);
-            self.body = Some(Box::pin(opened).await?);
+            self.body =
+                Some(Box::pin(open_watch(&self.client, &self.url_path, &self.selector, version)).await?);
             return Ok(None);
         };
         match body.frame().await {

@@ -169,7 +169,8 @@ impl PodManager {
                 event = source.recv() => match event {
                     Some(event) => {
                         self.shutdown_first(&mut control, &mut control_open);
-                        self.on_source(event).await
+                        // boxed: the idle manager keeps no room for an orphan clean-up in flight
+                        Box::pin(self.on_source(event)).await
                     }
                     None => break,
                 },
@@ -181,7 +182,7 @@ impl PodManager {
                 }, if statics_open => match update {
                     Some(update) => {
                         self.shutdown_first(&mut control, &mut control_open);
-                        self.on_static(update).await
+                        Box::pin(self.on_static(update)).await
                     }
                     None => statics_open = false,
                 },

@@ -77,18 +77,21 @@ where
 {
     let mut watch: LeanWatch<Pod> = LeanWatch::new(client, field_selector);
     loop {
-        let next = tokio::select! {
-            _ = cancel.cancelled() => return,
-            next = watch.next() => next,
-        };
-        let event = match next {
-            Err(error) => {
-                tracing::warn!(%field_selector, %error, "pod watch failed, retrying");
-                continue;
+        // in a block of its own: the decoded pod (kilobytes) is not kept across the delivery's await
+        let event = {
+            let next = tokio::select! {
+                _ = cancel.cancelled() => return,
+                next = watch.next() => next,
+            };
+            match next {
+                Err(error) => {
+                    tracing::warn!(%field_selector, %error, "pod watch failed, retrying");
+                    continue;
+                }
+                Ok(Change::Listed(pods)) => PodEvent::Snapshot(pods.into_iter().map(slim).collect()),
+                Ok(Change::Applied(p)) => PodEvent::Apply(Box::new(slim(p))),
+                Ok(Change::Deleted(p)) => PodEvent::Delete(Box::new(slim(p))),
             }
-            Ok(Change::Listed(pods)) => PodEvent::Snapshot(pods.into_iter().map(slim).collect()),
-            Ok(Change::Applied(p)) => PodEvent::Apply(Box::new(slim(p))),
-            Ok(Change::Deleted(p)) => PodEvent::Delete(Box::new(slim(p))),
         };
         if !deliver(event).await {
             return;
