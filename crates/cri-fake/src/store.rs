@@ -199,7 +199,9 @@ pub(crate) struct State {
     pub(crate) rng: Rng,
     pub(crate) deadlines: BinaryHeap<Reverse<(i64, u64)>>,
     pub(crate) timer: TimerState,
-    pub(crate) subscribers: Vec<UnboundedSender<cri::ContainerEventResponse>>,
+    /// Boxed events: a channel allocates a block of 32 slots up front, and an event is ~400 bytes, so
+    /// unboxed each node's idle event stream would hold ~13 KiB.
+    pub(crate) subscribers: Vec<UnboundedSender<Box<cri::ContainerEventResponse>>>,
     pub(crate) runtime_ready: bool,
     pub(crate) network_ready: bool,
     pub(crate) reachable: bool,
@@ -406,7 +408,7 @@ impl State {
             return;
         };
         let mut subscribers = std::mem::take(&mut self.subscribers);
-        subscribers.retain(|tx| tx.send(event.clone()).is_ok());
+        subscribers.retain(|tx| tx.send(Box::new(event.clone())).is_ok());
         self.events_sent += subscribers.len() as u64;
         self.subscribers = subscribers;
     }

@@ -13,6 +13,7 @@
 //! cargo bench -p hollow --bench density     # 1000,5000,10000 nodes, 120 s windows, 10 pods/node up to 1000
 //! DENSITY_NODES=1000 DENSITY_IDLE_SECS=60 DENSITY_PODS_PER_NODE=0 cargo bench -p hollow --bench density
 //! DENSITY_FLEETS=hollow cargo bench -p hollow --bench density   # without KWOK
+//! DENSITY_HOLLOW_BIN=/path/to/hollow cargo bench ...   # measure another build of the fleet binary
 //! ```
 
 #[path = "density/cluster.rs"]
@@ -127,7 +128,11 @@ async fn start_fleet(
     match fleet {
         Fleet::Hollow => {
             let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-            let child = Command::new(env!("CARGO_BIN_EXE_hollow"))
+            // DENSITY_HOLLOW_BIN: another build of the fleet (e.g. one with another allocator) to measure
+            let bin = std::env::var_os("DENSITY_HOLLOW_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_hollow")));
+            let child = Command::new(bin)
                 .args([
                     "run",
                     "--nodes",

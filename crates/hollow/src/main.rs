@@ -236,6 +236,11 @@ struct RunArgs {
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
+/// jemalloc (the default `jemalloc` feature), see `Cargo.toml`.
+#[cfg(all(feature = "jemalloc", not(feature = "dhat-heap")))]
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// KubeletConfiguration fields only a real node acts on, so `--config` giving them is warned about: the runtime
 /// connection, the host's cgroups and log directories (a hollow node's runtime is in memory), and the per-node
 /// servers (the fleet serves the kubelet API itself, on `--node-ip` and `--kubelet-port` + index, with

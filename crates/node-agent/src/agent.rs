@@ -220,7 +220,7 @@ impl AgentBuilder {
         let pods = self.pods.unwrap_or_default();
         // a real node keeps pod files under its root directory; an in-memory one writes nothing
         let real = pods.root_dir.is_some();
-        let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (control_tx, control_rx) = crate::chan::unbounded_channel();
         let image_fs = self
             .image_fs
             .unwrap_or_else(|| Arc::new(stats.clone()) as Arc<dyn ImageFsSource>);
@@ -290,8 +290,8 @@ pub struct Agent {
 
 /// The pod manager's control channel: shutdown requests and the garbage collector's questions.
 type PodControl = (
-    tokio::sync::mpsc::UnboundedSender<crate::pods::ManagerControl>,
-    tokio::sync::mpsc::UnboundedReceiver<crate::pods::ManagerControl>,
+    crate::chan::UnboundedSender<crate::pods::ManagerControl>,
+    crate::chan::UnboundedReceiver<crate::pods::ManagerControl>,
 );
 
 impl Agent {
@@ -447,7 +447,7 @@ pub(crate) struct Managers {
 pub struct RunningAgent {
     ctx: AgentContext,
     tracker: TaskTracker,
-    shutdown_tx: tokio::sync::mpsc::UnboundedSender<crate::pods::ManagerControl>,
+    shutdown_tx: crate::chan::UnboundedSender<crate::pods::ManagerControl>,
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
     resync: Arc<Notify>,
 }

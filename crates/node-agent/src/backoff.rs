@@ -142,6 +142,17 @@ impl BackoffPolicy {
         }
     }
 
+    /// A broken list or watch: 800 ms doubling to 30 s, 10 % jitter (kube-runtime's default watcher back-off).
+    pub fn watch_retry() -> Self {
+        Self {
+            initial: Duration::from_millis(800),
+            max: Duration::from_secs(30),
+            factor: 2.0,
+            jitter: 0.1,
+            reset_after: None,
+        }
+    }
+
     /// Generic API write retries: 100 ms doubling to 7 s, 10 % jitter.
     pub fn api_retry() -> Self {
         Self::registration()

@@ -26,6 +26,7 @@
 //! * [`events`] — the event recorder and its sink.
 //! * [`api`] — rate limit and request accounting for API calls.
 //! * [`metrics`] — Prometheus metrics registered into a caller's registry.
+//! * [`chan`] — the small unbounded channels every node and pod keeps.
 //! * [`backoff`] — jittered exponential backoff (registration, lease, CrashLoopBackOff) and jittered intervals.
 //! * [`quantity`] — exact resource quantity arithmetic.
 //! * [`machine`] — machine facts (host or synthetic).
@@ -35,16 +36,19 @@
 //! * [`eviction`] — node-pressure eviction: thresholds, pressure conditions, ranking, one eviction per pass.
 //! * [`gc`] — container and image garbage collection.
 //! * [`pod_resources`] — the pod-resources gRPC API on `<root-dir>/pod-resources/kubelet.sock`.
+//! * [`lean_watch`] — the list+watch every agent keeps for its pods and its Node, holding nothing between events.
 
 pub mod agent;
 pub mod api;
 pub mod backoff;
 pub mod certs;
+pub mod chan;
 pub mod config;
 mod cri_log;
 pub mod events;
 pub mod eviction;
 pub mod gc;
+pub mod lean_watch;
 pub mod machine;
 pub mod metrics;
 pub mod node;

@@ -193,7 +193,7 @@ impl Runtime for FakeRuntime {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.lock().subscribers.push(tx);
         let stream =
-            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) });
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(*e), rx)) });
         Ok(stream.boxed())
     }
 

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::agent::AgentContext;
@@ -94,7 +94,7 @@ pub fn admit(
 /// The eviction manager of one agent.
 pub struct EvictionManager {
     ctx: AgentContext,
-    control: mpsc::UnboundedSender<ManagerControl>,
+    control: crate::chan::UnboundedSender<ManagerControl>,
     thresholds: Vec<ThresholdSpec>,
     state: State,
     reclaim: Option<Arc<dyn NodeReclaim>>,
@@ -114,7 +114,7 @@ fn pod_reference(p: &ActivePod) -> ObjectReference {
 impl EvictionManager {
     /// The eviction manager of the agent behind `ctx`; it asks the pod manager over `control` and reclaims
     /// disk with the agent's garbage collectors.
-    pub fn new(ctx: AgentContext, control: mpsc::UnboundedSender<ManagerControl>) -> Self {
+    pub fn new(ctx: AgentContext, control: crate::chan::UnboundedSender<ManagerControl>) -> Self {
         let thresholds = signals::thresholds(&ctx.config.kubelet);
         let reclaim: Arc<dyn NodeReclaim> = Arc::new(ctx.gc.clone());
         Self {

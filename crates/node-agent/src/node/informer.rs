@@ -5,21 +5,18 @@
 //! status task, which learns `spec.podCIDR(s)` from it the moment the controller-manager assigns one and hands
 //! it to the runtime (`UpdateRuntimeConfig`). Nothing polls the Node for it.
 //!
-//! kube-runtime's `watcher` resumes from the last resourceVersion on reconnect and relists on 410 Gone; errors
-//! back off with its default backoff. A deleted Node leaves the last snapshot in place (the status task
+//! The [`LeanWatch`] resumes from the last resourceVersion on reconnect and relists on 410 Gone; errors back
+//! off. A deleted Node leaves the last snapshot in place (the status task
 //! re-registers when its write finds the Node gone, and the watch then sees the new object).
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::NodeSnapshot;
+use crate::lean_watch::{Change, LeanWatch};
 
 /// The watch of one node's Node object.
 pub struct NodeInformer {
@@ -47,22 +44,20 @@ impl NodeInformer {
 
     /// Follows the Node until the token fires.
     pub async fn run(self) {
-        let api: Api<Node> = Api::all(self.client.clone());
         let selector = format!("metadata.name={}", self.node_name);
-        let config = watcher::Config::default().fields(&selector);
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut watch: LeanWatch<Node> = LeanWatch::new(self.client.clone(), selector);
         loop {
             let next = tokio::select! {
                 () = self.token.cancelled() => return,
-                next = stream.next() => next,
+                next = watch.next() => next,
             };
             match next {
-                None => return,
-                Some(Err(error)) => {
+                Err(error) => {
                     tracing::warn!(node = %self.node_name, %error, "node watch failed, retrying");
                 }
-                Some(Ok(Event::InitApply(node) | Event::Apply(node))) => self.publish(&node),
-                Some(Ok(Event::Init | Event::InitDone | Event::Delete(_))) => {}
+                Ok(Change::Listed(nodes)) => nodes.iter().for_each(|n| self.publish(n)),
+                Ok(Change::Applied(node)) => self.publish(&node),
+                Ok(Change::Deleted(_)) => {}
             }
         }
     }

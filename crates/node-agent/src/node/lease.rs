@@ -156,7 +156,8 @@ pub struct ApiLease {
     calls: ApiCalls,
     node_name: String,
     duration_seconds: i32,
-    lease: Option<Lease>,
+    /// The Lease as last written or read (boxed: the idle lease task holds this for the node's whole life).
+    lease: Option<Box<Lease>>,
 }
 
 impl LeaseRenewer for ApiLease {
@@ -195,7 +196,7 @@ impl ApiLease {
 
     fn keep(&mut self, mut lease: Lease) {
         lease.metadata.managed_fields = None;
-        self.lease = Some(lease);
+        self.lease = Some(Box::new(lease));
     }
 
     /// Makes sure the lease exists and is renewed now.
@@ -236,7 +237,7 @@ impl ApiLease {
                 }
             }
         }
-        let Some(mut lease) = self.lease.clone() else {
+        let Some(mut lease) = self.lease.as_deref().cloned() else {
             return Ok(());
         };
         let spec = lease.spec.get_or_insert_with(Default::default);

@@ -71,8 +71,8 @@ pub struct NodeSnapshot {
     pub name: String,
     /// The Node's UID.
     pub uid: String,
-    /// `metadata.labels`.
-    pub labels: std::collections::BTreeMap<String, String>,
+    /// `metadata.labels` (shared with the pod side's [`NodeView`](crate::pods::NodeView)).
+    pub labels: Arc<std::collections::BTreeMap<String, String>>,
     /// `spec.taints`.
     pub taints: Vec<k8s_openapi::api::core::v1::Taint>,
     /// `spec.unschedulable`.
@@ -95,7 +95,7 @@ impl NodeSnapshot {
         Self {
             name: node.metadata.name.clone().unwrap_or_default(),
             uid: node.metadata.uid.clone().unwrap_or_default(),
-            labels: node.metadata.labels.clone().unwrap_or_default(),
+            labels: Arc::new(node.metadata.labels.clone().unwrap_or_default()),
             taints: spec.and_then(|s| s.taints.clone()).unwrap_or_default(),
             unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
             pod_cidrs,

@@ -32,8 +32,8 @@ pub struct NodeView {
     pub ephemeral: i64,
     /// Allocatable pods.
     pub pods: i64,
-    /// Node labels.
-    pub labels: BTreeMap<String, String>,
+    /// Node labels (shared with the node informer's snapshot).
+    pub labels: std::sync::Arc<BTreeMap<String, String>>,
     /// `NoExecute` taints as `(key, value)`.
     pub no_execute_taints: Vec<(String, String)>,
     /// Host IPs for `status.hostIP(s)`: InternalIP addresses first.
@@ -69,7 +69,7 @@ impl NodeView {
             memory: get("memory", false),
             ephemeral: get("ephemeral-storage", false),
             pods: get("pods", false),
-            labels: node.metadata.labels.clone().unwrap_or_default(),
+            labels: std::sync::Arc::new(node.metadata.labels.clone().unwrap_or_default()),
             no_execute_taints: node
                 .spec
                 .as_ref()

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::shutdown::ShutdownRequest;
 use super::spec::DesiredPod;
@@ -20,8 +20,9 @@ use super::spec::DesiredPod;
 /// A request to the pod manager.
 #[derive(Debug)]
 pub enum ManagerControl {
-    /// Graceful node shutdown (see [`shutdown`](super::shutdown)).
-    Shutdown(ShutdownRequest),
+    /// Graceful node shutdown (see [`shutdown`](super::shutdown); boxed: an idle node keeps this channel's first
+    /// block of 32 messages for its whole life).
+    Shutdown(Box<ShutdownRequest>),
     /// Which pods the manager has; `None` until every pod source (the API server's list and each static
     /// source) has been seen once — before that an unknown pod may merely not have been read yet.
     KnownPods(oneshot::Sender<Option<KnownPods>>),
@@ -37,7 +38,7 @@ pub enum ManagerControl {
 
 impl From<ShutdownRequest> for ManagerControl {
     fn from(request: ShutdownRequest) -> Self {
-        Self::Shutdown(request)
+        Self::Shutdown(Box::new(request))
     }
 }
 
@@ -86,12 +87,12 @@ impl KnownPods {
 /// Asks a pod manager which pods it has. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct PodsQuery {
-    tx: mpsc::UnboundedSender<ManagerControl>,
+    tx: crate::chan::UnboundedSender<ManagerControl>,
 }
 
 impl PodsQuery {
     /// Asks the manager reading `tx`.
-    pub fn new(tx: mpsc::UnboundedSender<ManagerControl>) -> Self {
+    pub fn new(tx: crate::chan::UnboundedSender<ManagerControl>) -> Self {
         Self { tx }
     }
 

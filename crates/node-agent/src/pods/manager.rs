@@ -28,7 +28,7 @@ use super::pleg::PlegEvent;
 use super::shutdown::{self, ShutdownRequest};
 use super::source::PodEvent;
 use super::spec::DesiredPod;
-use super::static_pods::mirror::{Desired, MirrorMsg};
+use super::static_pods::mirror::{Desired, MirrorLink, MirrorMsg};
 use super::static_pods::{Mirrors, StaticUpdate, manifest};
 use super::worker::{Finished, PodWorker, WorkerInit, WorkerMsg};
 
@@ -36,7 +36,7 @@ use super::worker::{Finished, PodWorker, WorkerInit, WorkerMsg};
 mod control;
 
 struct Entry {
-    tx: mpsc::UnboundedSender<WorkerMsg>,
+    tx: crate::chan::UnboundedSender<WorkerMsg>,
     pod: Arc<DesiredPod>,
     /// Counted in `committed`.
     admitted: bool,
@@ -50,8 +50,8 @@ pub(crate) struct PodManager {
     committed: Committed,
     /// Pods waiting for the node view before admission.
     pending: Vec<Pod>,
-    done_tx: mpsc::UnboundedSender<Finished>,
-    done_rx: mpsc::UnboundedReceiver<Finished>,
+    done_tx: crate::chan::UnboundedSender<Finished>,
+    done_rx: crate::chan::UnboundedReceiver<Finished>,
     tracker: TaskTracker,
     cancel: CancellationToken,
     statics: Statics,
@@ -71,7 +71,7 @@ pub(crate) struct Statics {
     unseen: usize,
     pub(crate) mirrors: Mirrors,
     desired: tokio::sync::watch::Sender<Desired>,
-    to_mirror: mpsc::UnboundedSender<MirrorMsg>,
+    to_mirror: MirrorLink,
     /// The UIDs of the API server's pods as of the last list (orphan cleanup waits for every source).
     api_live: Option<HashSet<String>>,
 }
@@ -81,7 +81,7 @@ impl Statics {
         sources: usize,
         mirrors: Mirrors,
         desired: tokio::sync::watch::Sender<Desired>,
-        to_mirror: mpsc::UnboundedSender<MirrorMsg>,
+        to_mirror: MirrorLink,
     ) -> Self {
         Self {
             by_source: HashMap::new(),
@@ -132,7 +132,7 @@ impl PodManager {
         cancel: CancellationToken,
         statics: Statics,
     ) -> Self {
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let (done_tx, done_rx) = crate::chan::unbounded_channel();
         Self {
             ctx,
             workers: HashMap::new(),
@@ -152,12 +152,12 @@ impl PodManager {
     pub(crate) async fn run(
         mut self,
         mut source: mpsc::Receiver<PodEvent>,
-        mut statics: mpsc::Receiver<StaticUpdate>,
-        mut pleg: mpsc::UnboundedReceiver<PlegEvent>,
-        mut control: mpsc::UnboundedReceiver<ManagerControl>,
+        mut statics: Option<mpsc::Receiver<StaticUpdate>>,
+        mut pleg: crate::chan::UnboundedReceiver<PlegEvent>,
+        mut control: crate::chan::UnboundedReceiver<ManagerControl>,
     ) {
         let mut node = self.ctx.node.clone();
-        let mut statics_open = true;
+        let mut statics_open = statics.is_some();
         let mut control_open = true;
         loop {
             tokio::select! {
@@ -169,14 +169,20 @@ impl PodManager {
                 event = source.recv() => match event {
                     Some(event) => {
                         self.shutdown_first(&mut control, &mut control_open);
-                        self.on_source(event).await
+                        // boxed: the idle manager keeps no room for an orphan clean-up in flight
+                        Box::pin(self.on_source(event)).await
                     }
                     None => break,
                 },
-                update = statics.recv(), if statics_open => match update {
+                update = async {
+                    match statics.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => None,
+                    }
+                }, if statics_open => match update {
                     Some(update) => {
                         self.shutdown_first(&mut control, &mut control_open);
-                        self.on_static(update).await
+                        Box::pin(self.on_static(update)).await
                     }
                     None => statics_open = false,
                 },
@@ -198,10 +204,10 @@ impl PodManager {
     async fn on_source(&mut self, event: PodEvent) {
         match event {
             PodEvent::Apply(pod) if manifest::is_mirror(&pod) => {
-                let _ = self.statics.to_mirror.send(MirrorMsg::Apply(pod));
+                self.statics.to_mirror.send(MirrorMsg::Apply(pod));
             }
             PodEvent::Delete(pod) if manifest::is_mirror(&pod) => {
-                let _ = self.statics.to_mirror.send(MirrorMsg::Delete(pod));
+                self.statics.to_mirror.send(MirrorMsg::Delete(pod));
             }
             PodEvent::Apply(pod) => self.apply(*pod),
             PodEvent::Delete(pod) => {
@@ -218,7 +224,7 @@ impl PodManager {
             PodEvent::Snapshot(pods) => {
                 let (mirrors, mut pods): (Vec<Pod>, Vec<Pod>) =
                     pods.into_iter().partition(manifest::is_mirror);
-                let _ = self.statics.to_mirror.send(MirrorMsg::Snapshot(mirrors));
+                self.statics.to_mirror.send(MirrorMsg::Snapshot(mirrors));
                 let api_live: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
                 let mut live = api_live.clone();
                 live.extend(self.statics.uids().cloned());
@@ -245,14 +251,18 @@ impl PodManager {
 
     /// Takes a shutdown request queued beside a pod event before that event, so that a pod arriving with
     /// (or after) the request is refused, whichever channel the select happened to poll first.
-    fn shutdown_first(&mut self, control: &mut mpsc::UnboundedReceiver<ManagerControl>, open: &mut bool) {
+    fn shutdown_first(
+        &mut self,
+        control: &mut crate::chan::UnboundedReceiver<ManagerControl>,
+        open: &mut bool,
+    ) {
         if !*open {
             return;
         }
         match control.try_recv() {
             Ok(request) => self.on_control(request),
-            Err(mpsc::error::TryRecvError::Disconnected) => *open = false,
-            Err(mpsc::error::TryRecvError::Empty) => {}
+            Err(crate::chan::TryRecvError::Disconnected) => *open = false,
+            Err(crate::chan::TryRecvError::Empty) => {}
         }
     }
 

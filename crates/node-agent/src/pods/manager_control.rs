@@ -9,7 +9,7 @@ use crate::pods::worker::{KillOrder, WorkerMsg};
 impl PodManager {
     pub(super) fn on_control(&mut self, request: ManagerControl) {
         match request {
-            ManagerControl::Shutdown(request) => self.on_shutdown(request),
+            ManagerControl::Shutdown(request) => self.on_shutdown(*request),
             ManagerControl::ActivePods(answer) => {
                 let _ = answer.send(self.active_pods());
             }

@@ -48,7 +48,7 @@ pub mod metrics;
 pub mod objects;
 mod observed;
 mod plan;
-mod pleg;
+pub(crate) mod pleg;
 pub mod probes;
 pub mod pull_gate;
 mod pull_secrets;
@@ -65,7 +65,7 @@ mod sync;
 mod termination;
 mod volumes;
 mod wiring;
-mod worker;
+pub(crate) mod worker;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -152,7 +152,7 @@ pub struct PodLifecycle {
     api: ApiCalls,
     source: PodSource,
     /// Graceful node shutdown requests, questions about the node's pods, evictions.
-    control: Option<mpsc::UnboundedReceiver<ManagerControl>>,
+    control: Option<crate::chan::UnboundedReceiver<ManagerControl>>,
     /// Extra tasks to run alongside (e.g. the node view bridge of [`PodLifecycle::for_agent`]).
     companions: Vec<Companion>,
 }
@@ -198,7 +198,7 @@ impl PodLifecycle {
 
     /// Takes graceful node shutdown requests (see [`shutdown`]) questions about the node's pods and evictions (see
     /// [`control`]) from `control`.
-    pub fn with_control(mut self, control: mpsc::UnboundedReceiver<ManagerControl>) -> Self {
+    pub fn with_control(mut self, control: crate::chan::UnboundedReceiver<ManagerControl>) -> Self {
         self.control = Some(control);
         self
     }
@@ -298,24 +298,30 @@ impl PodLifecycle {
             &tasks,
         );
         let (desired_tx, desired_rx) = watch::channel(Default::default());
-        let (mirror_tx, mirror_rx) = mpsc::unbounded_channel();
+        let start_mirrors: static_pods::mirror::StartMirrors = {
+            let (client, api, node_name, node) = (
+                self.client.clone(),
+                self.api.clone(),
+                self.config.node_name.clone(),
+                self.node.clone(),
+            );
+            let (mirrors, status, tracker, tasks) =
+                (mirrors.clone(), status.clone(), tracker.clone(), tasks.clone());
+            Box::new(move || {
+                let (mirror_tx, mirror_rx) = crate::chan::unbounded_channel();
+                let manager = static_pods::mirror::MirrorManager::new(
+                    client, api, node_name, node, desired_rx, mirror_rx, mirrors, status,
+                );
+                tracker.spawn(manager.run(tasks));
+                mirror_tx
+            })
+        };
         let statics = manager::Statics::new(
             self.config.static_pods.sources(),
             mirrors.clone(),
             desired_tx,
-            mirror_tx,
+            static_pods::mirror::MirrorLink::new(start_mirrors, self.config.static_pods.sources() > 0),
         );
-        let mirror_manager = static_pods::mirror::MirrorManager::new(
-            self.client.clone(),
-            self.api.clone(),
-            self.config.node_name.clone(),
-            self.node.clone(),
-            desired_rx,
-            mirror_rx,
-            mirrors.clone(),
-            status.clone(),
-        );
-        tracker.spawn(mirror_manager.run(tasks.clone()));
         let objects = Arc::new(objects::ApiObjects::new(
             self.client.clone(),
             self.api.clone(),
@@ -342,7 +348,7 @@ impl PodLifecycle {
             mirrors,
         );
         tracker.spawn(status_manager.run(tasks.clone()));
-        let (pleg_tx, pleg_rx) = mpsc::unbounded_channel();
+        let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
         tracker.spawn(pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()));
         let watch_client = match self.source {
             PodSource::Feed(rx) => Err(rx),
@@ -359,9 +365,8 @@ impl PodLifecycle {
             }
         };
         let grace = ctx.config.shutdown_grace;
-        // without a control channel, one that never delivers
-        let (_keep, unused) = mpsc::unbounded_channel();
-        let control = self.control.unwrap_or(unused);
+        // without a control channel, one already closed (the manager stops listening to it)
+        let control = self.control.unwrap_or_else(|| crate::chan::unbounded_channel().1);
         manager::PodManager::new(ctx, tracker.clone(), tasks.clone(), statics)
             .run(source, statics_rx, pleg_rx, control)
             .await;

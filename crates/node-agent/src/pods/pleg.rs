@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use runtime_api::{Code, cri};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::context::AgentCtx;
@@ -23,7 +22,7 @@ pub(crate) type PlegEvent = Option<String>;
 
 pub(crate) struct Pleg {
     ctx: Arc<AgentCtx>,
-    tx: mpsc::UnboundedSender<PlegEvent>,
+    tx: crate::chan::UnboundedSender<PlegEvent>,
 }
 
 fn event_uid(e: &cri::ContainerEventResponse) -> Option<String> {
@@ -41,7 +40,7 @@ fn event_uid(e: &cri::ContainerEventResponse) -> Option<String> {
 }
 
 impl Pleg {
-    pub(crate) fn new(ctx: Arc<AgentCtx>, tx: mpsc::UnboundedSender<PlegEvent>) -> Self {
+    pub(crate) fn new(ctx: Arc<AgentCtx>, tx: crate::chan::UnboundedSender<PlegEvent>) -> Self {
         Self { ctx, tx }
     }
 

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::control::KillCause;
 use super::spec::SYSTEM_CRITICAL_PRIORITY;
@@ -79,8 +79,11 @@ pub struct ShutdownRequest {
 
 /// Stops `pods` (worker, priority) group by group; returns when the last group is done and the pods still
 /// stopping then have stopped (or [`STOP_SLACK`] has passed).
-pub(crate) async fn run(groups: Vec<ShutdownGroup>, pods: Vec<(mpsc::UnboundedSender<WorkerMsg>, i32)>) {
-    let mut by_group: Vec<Vec<mpsc::UnboundedSender<WorkerMsg>>> = vec![Vec::new(); groups.len()];
+pub(crate) async fn run(
+    groups: Vec<ShutdownGroup>,
+    pods: Vec<(crate::chan::UnboundedSender<WorkerMsg>, i32)>,
+) {
+    let mut by_group: Vec<Vec<crate::chan::UnboundedSender<WorkerMsg>>> = vec![Vec::new(); groups.len()];
     for (tx, priority) in pods {
         by_group[group_of(&groups, priority)].push(tx);
     }

@@ -4,8 +4,8 @@
 //! (re)list, then [`PodEvent::Apply`] / [`PodEvent::Delete`]. Two producers exist:
 //!
 //! * [`watch_node_pods`] — the kubelet's own watch: list+watch `pods` with `fieldSelector=spec.nodeName=<node>`
-//!   through kube-runtime's `watcher`, which resumes from the last resourceVersion on reconnect and relists on
-//!   410 Gone (each relist arrives here as a new snapshot); errors back off with kube-runtime's default backoff.
+//!   through a [`LeanWatch`], which resumes from the last resourceVersion on reconnect and relists on 410 Gone
+//!   (each relist arrives here as a new snapshot); errors back off.
 //! * [`SharedPodFeed`] — one process-wide watch for a hollow fleet, dispatching each pod to the agent named by
 //!   its `spec.nodeName`; subscribers get the same event sequence as from their own watch.
 //!
@@ -15,12 +15,10 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
+
+use crate::lean_watch::{Change, LeanWatch};
 use tokio_util::sync::CancellationToken;
 
 /// One change of the pods bound to a node.
@@ -70,29 +68,6 @@ fn slim(mut pod: Pod) -> Pod {
     pod
 }
 
-/// Buffers a watcher's `Init…InitDone` sequence into snapshots.
-#[derive(Debug, Default)]
-struct Relist(Option<Vec<Pod>>);
-
-impl Relist {
-    /// Feeds one watcher event; returns what to pass on.
-    fn step(&mut self, event: Event<Pod>) -> Option<PodEvent> {
-        match event {
-            Event::Init => {
-                self.0 = Some(Vec::new());
-                None
-            }
-            Event::InitApply(p) => {
-                self.0.get_or_insert_with(Vec::new).push(slim(p));
-                None
-            }
-            Event::InitDone => Some(PodEvent::Snapshot(self.0.take().unwrap_or_default())),
-            Event::Apply(p) => Some(PodEvent::Apply(Box::new(slim(p)))),
-            Event::Delete(p) => Some(PodEvent::Delete(Box::new(slim(p)))),
-        }
-    }
-}
-
 /// Follows a list+watch of pods matching `field_selector`, handing every resulting event to `deliver` until
 /// `cancel` fires, the watch ends, or `deliver` returns false.
 async fn follow<F, Fut>(client: kube::Client, field_selector: &str, cancel: CancellationToken, mut deliver: F)
@@ -100,25 +75,26 @@ where
     F: FnMut(PodEvent) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let api: Api<Pod> = Api::all(client);
-    let config = watcher::Config::default().fields(field_selector);
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    let mut relist = Relist::default();
+    let mut watch: LeanWatch<Pod> = LeanWatch::new(client, field_selector);
     loop {
-        let next = tokio::select! {
-            _ = cancel.cancelled() => return,
-            next = stream.next() => next,
-        };
-        match next {
-            None => return,
-            Some(Err(error)) => tracing::warn!(%field_selector, %error, "pod watch failed, retrying"),
-            Some(Ok(event)) => {
-                if let Some(e) = relist.step(event)
-                    && !deliver(e).await
-                {
-                    return;
+        // in a block of its own: the decoded pod (kilobytes) is not kept across the delivery's await
+        let event = {
+            let next = tokio::select! {
+                _ = cancel.cancelled() => return,
+                next = watch.next() => next,
+            };
+            match next {
+                Err(error) => {
+                    tracing::warn!(%field_selector, %error, "pod watch failed, retrying");
+                    continue;
                 }
+                Ok(Change::Listed(pods)) => PodEvent::Snapshot(pods.into_iter().map(slim).collect()),
+                Ok(Change::Applied(p)) => PodEvent::Apply(Box::new(slim(p))),
+                Ok(Change::Deleted(p)) => PodEvent::Delete(Box::new(slim(p))),
             }
+        };
+        if !deliver(event).await {
+            return;
         }
     }
 }
@@ -227,25 +203,6 @@ mod tests {
             json!({"metadata": {"name": name, "uid": name}, "spec": {"nodeName": node, "containers": []}}),
         )
         .unwrap()
-    }
-
-    #[test]
-    fn relist_buffers_init_into_one_snapshot() {
-        let mut r = Relist::default();
-        assert!(r.step(Event::Init).is_none());
-        assert!(r.step(Event::InitApply(pod("a", "n1"))).is_none());
-        assert!(r.step(Event::InitApply(pod("b", "n1"))).is_none());
-        match r.step(Event::InitDone) {
-            Some(PodEvent::Snapshot(pods)) => assert_eq!(pods.len(), 2),
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(
-            r.step(Event::Apply(pod("c", "n1"))),
-            Some(PodEvent::Apply(_))
-        ));
-        // a relist after 410 Gone starts over
-        assert!(r.step(Event::Init).is_none());
-        assert!(matches!(r.step(Event::InitDone), Some(PodEvent::Snapshot(p)) if p.is_empty()));
     }
 
     #[tokio::test]

@@ -231,7 +231,7 @@ impl PodLifecycle {
 pub async fn run_for_agent(
     ctx: AgentContext,
     options: PodOptions,
-    control: tokio::sync::mpsc::UnboundedReceiver<super::ManagerControl>,
+    control: crate::chan::UnboundedReceiver<super::ManagerControl>,
 ) {
     let token = ctx.token.clone();
     let lifecycle = PodLifecycle::for_agent(&ctx, options).with_control(control);

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PodStatus;
 use k8s_openapi::jiff::Timestamp;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -95,9 +95,9 @@ pub(crate) struct WorkerInit {
 pub(crate) struct PodWorker {
     pub(super) ctx: Arc<AgentCtx>,
     pub(super) pod: Arc<DesiredPod>,
-    pub(super) rx: mpsc::UnboundedReceiver<WorkerMsg>,
-    pub(super) tx: mpsc::UnboundedSender<WorkerMsg>,
-    pub(super) done: mpsc::UnboundedSender<Finished>,
+    pub(super) rx: crate::chan::UnboundedReceiver<WorkerMsg>,
+    pub(super) tx: crate::chan::UnboundedSender<WorkerMsg>,
+    pub(super) done: crate::chan::UnboundedSender<Finished>,
     pub(super) state: State,
     pub(super) removed: bool,
     pub(super) rejected: Option<Rejection>,
@@ -127,9 +127,9 @@ impl PodWorker {
     pub(crate) fn new(
         ctx: Arc<AgentCtx>,
         init: WorkerInit,
-        done: mpsc::UnboundedSender<Finished>,
-    ) -> (Self, mpsc::UnboundedSender<WorkerMsg>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+        done: crate::chan::UnboundedSender<Finished>,
+    ) -> (Self, crate::chan::UnboundedSender<WorkerMsg>) {
+        let (tx, rx) = crate::chan::unbounded_channel();
         let api_phase = init
             .api_status
             .as_ref()

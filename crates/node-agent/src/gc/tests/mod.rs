@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use cri_fake::{ANNOTATION_PREFIX, FakeConfig, FakeRuntime};
 use runtime_api::{Runtime, cri};
-use tokio::sync::mpsc;
 
 use super::*;
 use crate::config::GcSettings;
@@ -21,7 +20,7 @@ pub(super) const MI: u64 = 1 << 20;
 
 /// A stand-in pod manager answering with whatever `known` holds at the time of the question.
 pub(super) fn pods_answering(known: Arc<Mutex<Option<KnownPods>>>) -> PodsQuery {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = crate::chan::unbounded_channel();
     tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
             if let ManagerControl::KnownPods(answer) = msg {

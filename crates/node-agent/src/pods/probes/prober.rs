@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::PodStatus;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -80,7 +80,7 @@ pub(crate) struct Prober {
     ctx: Arc<AgentCtx>,
     pod: Arc<DesiredPod>,
     targets: watch::Receiver<Targets>,
-    to_worker: mpsc::UnboundedSender<WorkerMsg>,
+    to_worker: crate::chan::UnboundedSender<WorkerMsg>,
     seeds: Seeds,
     entries: Vec<Entry>,
     pod_ip: String,
@@ -102,7 +102,7 @@ impl Prober {
         ctx: Arc<AgentCtx>,
         pod: Arc<DesiredPod>,
         targets: watch::Receiver<Targets>,
-        to_worker: mpsc::UnboundedSender<WorkerMsg>,
+        to_worker: crate::chan::UnboundedSender<WorkerMsg>,
         seeds: Seeds,
     ) -> Self {
         Self {

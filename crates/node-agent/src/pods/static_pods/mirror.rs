@@ -18,7 +18,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -113,7 +113,7 @@ pub(crate) struct MirrorManager {
     node_name: String,
     node: watch::Receiver<Option<NodeView>>,
     desired: watch::Receiver<Desired>,
-    rx: mpsc::UnboundedReceiver<MirrorMsg>,
+    rx: crate::chan::UnboundedReceiver<MirrorMsg>,
     observed: HashMap<Key, Observed>,
     listed: bool,
     mirrors: Mirrors,
@@ -134,7 +134,7 @@ impl MirrorManager {
         node_name: String,
         node: watch::Receiver<Option<NodeView>>,
         desired: watch::Receiver<Desired>,
-        rx: mpsc::UnboundedReceiver<MirrorMsg>,
+        rx: crate::chan::UnboundedReceiver<MirrorMsg>,
         mirrors: Mirrors,
         status: StatusHandle,
     ) -> Self {
@@ -318,6 +318,66 @@ impl MirrorManager {
             } else {
                 self.retry_at = Some(Instant::now() + self.backoff.next_delay());
             }
+        }
+    }
+}
+
+/// Starts the mirror manager and returns its input.
+pub(crate) type StartMirrors = Box<dyn FnOnce() -> crate::chan::UnboundedSender<MirrorMsg> + Send + Sync>;
+
+/// The pod manager's way to the mirror manager, which runs only where there is work for it: a node with static
+/// pod sources starts it at once; any other node starts it when the first mirror pod bound to it shows up (a
+/// mirror left by an earlier configuration, to be deleted). A hollow fleet's nodes without static pods thus
+/// keep no mirror task (its state is ~8 KiB per node).
+pub(crate) enum MirrorLink {
+    /// The manager runs; its input.
+    Running(crate::chan::UnboundedSender<MirrorMsg>),
+    /// Not started; how to start it, and whether a (mirror-free) snapshot went by unsent.
+    Idle {
+        start: Option<StartMirrors>,
+        listed: bool,
+    },
+}
+
+impl MirrorLink {
+    /// Starts the manager now when `eager`, else on the first mirror pod.
+    pub(crate) fn new(start: StartMirrors, eager: bool) -> Self {
+        let mut link = Self::Idle {
+            start: Some(start),
+            listed: false,
+        };
+        if eager {
+            link.start();
+        }
+        link
+    }
+
+    fn start(&mut self) -> Option<&crate::chan::UnboundedSender<MirrorMsg>> {
+        if let Self::Idle { start, listed } = self {
+            let listed = *listed;
+            let tx = start.take()?();
+            if listed {
+                // the manager acts only after a full list; the one that went by had no mirror pods
+                let _ = tx.send(MirrorMsg::Snapshot(Vec::new()));
+            }
+            *self = Self::Running(tx);
+        }
+        match self {
+            Self::Running(tx) => Some(tx),
+            Self::Idle { .. } => None,
+        }
+    }
+
+    /// Passes `msg` on, starting the manager if the message names a mirror pod.
+    pub(crate) fn send(&mut self, msg: MirrorMsg) {
+        if let Self::Idle { listed, .. } = self
+            && matches!(&msg, MirrorMsg::Snapshot(pods) if pods.is_empty())
+        {
+            *listed = true;
+            return;
+        }
+        if let Some(tx) = self.start() {
+            let _ = tx.send(msg);
         }
     }
 }

@@ -169,7 +169,11 @@ pub(crate) fn spawn_sources(
     problems: &Problems,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
-) -> mpsc::Receiver<StaticUpdate> {
+) -> Option<mpsc::Receiver<StaticUpdate>> {
+    if config.sources() == 0 {
+        // no channel at all: a node without static pods (most of a hollow fleet) keeps none
+        return None;
+    }
     let (tx, rx) = mpsc::channel(8);
     if let Some(path) = &config.path {
         tracker.spawn(file::run(
@@ -206,5 +210,5 @@ pub(crate) fn spawn_sources(
             pods: Some(pods),
         });
     }
-    rx
+    Some(rx)
 }

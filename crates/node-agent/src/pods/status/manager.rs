@@ -11,7 +11,6 @@ use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -59,7 +58,7 @@ enum Outcome {
 pub(crate) struct StatusManager {
     client: kube::Client,
     api: ApiCalls,
-    rx: mpsc::UnboundedReceiver<StatusMsg>,
+    rx: super::StatusReceiver,
     metrics: Arc<PodMetrics>,
     entries: HashMap<String, Entry>,
     dirty: VecDeque<String>,
@@ -157,7 +156,7 @@ impl StatusManager {
     pub(crate) fn new(
         client: kube::Client,
         api: ApiCalls,
-        rx: mpsc::UnboundedReceiver<StatusMsg>,
+        rx: super::StatusReceiver,
         metrics: Arc<PodMetrics>,
         mirrors: Mirrors,
     ) -> Self {
@@ -363,7 +362,7 @@ impl StatusManager {
         let mut writes = FuturesUnordered::new();
         loop {
             while let Ok(msg) = self.rx.try_recv() {
-                self.apply(msg);
+                self.apply(*msg);
             }
             while writes.len() < IN_FLIGHT
                 && let Some(w) = self.start_next()
@@ -379,7 +378,7 @@ impl StatusManager {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 msg = self.rx.recv() => match msg {
-                    Some(msg) => self.apply(msg),
+                    Some(msg) => self.apply(*msg),
                     None => return,
                 },
                 Some((uid, outcome)) = writes.next(), if !writes.is_empty() => self.finish(uid, outcome),

@@ -11,7 +11,6 @@ pub(crate) mod generate;
 mod manager;
 
 use k8s_openapi::api::core::v1::PodStatus;
-use tokio::sync::mpsc;
 
 pub use generate::Phase;
 pub(crate) use manager::StatusManager;
@@ -48,17 +47,21 @@ pub(crate) enum StatusMsg {
 /// The pod workers' handle on the status manager.
 #[derive(Debug, Clone)]
 pub(crate) struct StatusHandle {
-    tx: mpsc::UnboundedSender<StatusMsg>,
+    tx: crate::chan::UnboundedSender<Box<StatusMsg>>,
 }
 
+/// The status manager's end of the channel. Messages are boxed: a channel allocates a block of 32 slots when
+/// it is made, and an idle node keeps this one for its whole life.
+pub(crate) type StatusReceiver = crate::chan::UnboundedReceiver<Box<StatusMsg>>;
+
 impl StatusHandle {
-    pub(crate) fn channel() -> (Self, mpsc::UnboundedReceiver<StatusMsg>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+    pub(crate) fn channel() -> (Self, StatusReceiver) {
+        let (tx, rx) = crate::chan::unbounded_channel();
         (Self { tx }, rx)
     }
 
     pub(crate) fn send(&self, msg: StatusMsg) {
         // the manager outlives the workers; a closed channel means shutdown
-        let _ = self.tx.send(msg);
+        let _ = self.tx.send(Box::new(msg));
     }
 }

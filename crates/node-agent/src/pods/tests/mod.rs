@@ -82,9 +82,9 @@ pub(super) struct Harness {
     /// The static pods that should have mirror pods.
     pub desired: watch::Receiver<Desired>,
     /// Mirror pods the manager passed on instead of running them.
-    pub mirror_rx: mpsc::UnboundedReceiver<MirrorMsg>,
+    pub mirror_rx: crate::chan::UnboundedReceiver<MirrorMsg>,
     /// Graceful node shutdown requests and pod queries.
-    pub control: mpsc::UnboundedSender<crate::pods::ManagerControl>,
+    pub control: crate::chan::UnboundedSender<crate::pods::ManagerControl>,
     pub statuses: HashMap<String, PodStatus>,
     /// How many statuses were reported (any pod).
     pub sets: usize,
@@ -92,7 +92,7 @@ pub(super) struct Harness {
     pub events: Arc<MemoryEvents>,
     /// The node's `/metrics/probes` series.
     pub probe_metrics: Arc<crate::pods::ProbeMetrics>,
-    status_rx: mpsc::UnboundedReceiver<StatusMsg>,
+    status_rx: super::status::StatusReceiver,
     cancel: CancellationToken,
     tracker: TaskTracker,
     _node: watch::Sender<Option<NodeView>>,
@@ -135,17 +135,26 @@ impl Harness {
         });
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let (pleg_tx, pleg_rx) = mpsc::unbounded_channel();
+        let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
         tracker.spawn(Pleg::new(ctx.clone(), pleg_tx).run(cancel.clone()));
         let (feed, source) = mpsc::channel(16);
         let (statics, statics_rx) = mpsc::channel(4);
         let (desired_tx, desired) = watch::channel(Default::default());
-        let (mirror_tx, mirror_rx) = mpsc::unbounded_channel();
-        let manager_statics = Statics::new(0, Mirrors::default(), desired_tx, mirror_tx);
-        let (control, control_rx) = mpsc::unbounded_channel();
+        let (mirror_tx, mirror_rx) = crate::chan::unbounded_channel();
+        let manager_statics = Statics::new(
+            0,
+            Mirrors::default(),
+            desired_tx,
+            crate::pods::static_pods::mirror::MirrorLink::Running(mirror_tx),
+        );
+        let (control, control_rx) = crate::chan::unbounded_channel();
         tracker.spawn(
-            PodManager::new(ctx, tracker.clone(), cancel.clone(), manager_statics)
-                .run(source, statics_rx, pleg_rx, control_rx),
+            PodManager::new(ctx, tracker.clone(), cancel.clone(), manager_statics).run(
+                source,
+                Some(statics_rx),
+                pleg_rx,
+                control_rx,
+            ),
         );
         Self {
             runtime,
@@ -181,7 +190,7 @@ impl Harness {
 
     pub(super) fn pump(&mut self) {
         while let Ok(msg) = self.status_rx.try_recv() {
-            match msg {
+            match *msg {
                 StatusMsg::Set { uid, status, .. } => {
                     self.sets += 1;
                     self.statuses.insert(uid, *status);

@@ -1,0 +1,272 @@
+//! A list+watch of one kind of object, as lean as a long-lived per-node watch must be.
+//!
+//! Every agent keeps two watches for its whole life (its pods, its own Node), ten thousand agents to a hollow
+//! process, so what an idle watch holds is per-node memory. kube-runtime's `watcher` reads the stream through a
+//! line codec whose buffer starts at 8 KiB and stays allocated while the watch idles, inside a boxed state
+//! machine. [`LeanWatch`] keeps the response body and only the bytes of a line not yet complete (nothing
+//! between events), and decodes each line as it completes.
+//!
+//! Semantics as the kubelet's reflector and kube-runtime's watcher: a list first (`resourceVersion=0`, served
+//! from the API server's watch cache), then a watch from the list's resourceVersion with bookmarks, resumed from
+//! the last resourceVersion seen when the server ends it (`timeoutSeconds` 290) or the connection breaks; a
+//! `410 Gone` (the version is too old) lists again. Errors are returned to the caller, who logs them; the next
+//! call waits out a back-off (800 ms doubling to 30 s) before trying again.
+
+use std::collections::VecDeque;
+
+use http_body_util::BodyExt;
+use kube::api::{ListParams, WatchParams};
+use kube::core::{ObjectList, Request, Status, WatchEvent};
+use serde::de::DeserializeOwned;
+
+use crate::backoff::{Backoff, BackoffPolicy};
+
+/// The server ends a watch after this long (the kubelet's reflector picks 5–10 minutes; kube-runtime 290 s).
+const WATCH_TIMEOUT_SECS: u32 = 290;
+
+/// What changed.
+#[derive(Debug)]
+pub enum Change<K> {
+    /// Every object matching now (after a list or relist); objects not in it are gone.
+    Listed(Vec<K>),
+    /// An object was added or changed.
+    Applied(K),
+    /// An object was deleted.
+    Deleted(K),
+}
+
+/// Why a step of the watch failed (the next call retries after a back-off).
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// The request could not be built or sent, or the body broke off.
+    #[error("watch request: {0}")]
+    Request(#[source] kube::Error),
+    /// The API server answered with an error status.
+    #[error("API server answered {code}: {message}")]
+    Api {
+        /// HTTP status code.
+        code: u16,
+        /// The server's message.
+        message: String,
+    },
+    /// A list or an event that does not decode.
+    #[error("decoding: {0}")]
+    Decode(#[source] serde_json::Error),
+}
+
+/// A list+watch of the objects of kind `K` matching a field selector.
+pub struct LeanWatch<K> {
+    client: kube::Client,
+    url_path: String,
+    selector: String,
+    /// Where to resume; `None`: list (first, or after 410 Gone).
+    resource_version: Option<String>,
+    body: Option<kube::client::Body>,
+    /// Bytes of the line being received.
+    partial: Vec<u8>,
+    /// Decoded changes not yet returned (a chunk may hold several lines).
+    ready: VecDeque<Change<K>>,
+    backoff: Backoff,
+    /// The last step failed: wait before the next.
+    failed: bool,
+}
+
+impl<K> LeanWatch<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned,
+{
+    /// A watch of every `K` (cluster-wide) matching `field_selector` (e.g. `spec.nodeName=n1`).
+    pub fn new(client: kube::Client, field_selector: impl Into<String>) -> Self {
+        Self {
+            client,
+            url_path: K::url_path(&(), None),
+            selector: field_selector.into(),
+            resource_version: None,
+            body: None,
+            partial: Vec::new(),
+            ready: VecDeque::new(),
+            backoff: Backoff::new(BackoffPolicy::watch_retry()),
+            failed: false,
+        }
+    }
+
+    /// The next change. An error leaves the watch usable: the next call retries after a back-off.
+    pub async fn next(&mut self) -> Result<Change<K>, WatchError> {
+        loop {
+            if let Some(change) = self.ready.pop_front() {
+                if self.ready.is_empty() {
+                    self.ready = VecDeque::new();
+                }
+                return Ok(change);
+            }
+            if self.failed {
+                self.backoff.wait().await;
+                self.failed = false;
+            }
+            match self.step().await {
+                Ok(Some(change)) => {
+                    self.backoff.reset();
+                    return Ok(change);
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    self.failed = true;
+                    self.body = None;
+                    self.partial = Vec::new();
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    /// One list, one watch request, or one chunk of the watch body.
+    async fn step(&mut self) -> Result<Option<Change<K>>, WatchError> {
+        if self.resource_version.is_none() {
+            // boxed, as the watch request: an idle watch keeps no room for a request in flight
+            return Box::pin(self.list()).await.map(Some);
+        }
+        let Some(body) = self.body.as_mut() else {
+            let version = self.resource_version.clone().unwrap_or_default();
+            self.body =
+                Some(Box::pin(open_watch(&self.client, &self.url_path, &self.selector, version)).await?);
+            return Ok(None);
+        };
+        match body.frame().await {
+            // the server ended the watch (timeout): resume from the last version
+            None => {
+                self.body = None;
+                self.partial = Vec::new();
+                Ok(None)
+            }
+            Some(Err(error)) => Err(WatchError::Request(error)),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    self.take_lines(&data)?;
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    async fn list(&mut self) -> Result<Change<K>, WatchError> {
+        let params = ListParams::default().fields(&self.selector).match_any();
+        let request = Request::new(&self.url_path)
+            .list(&params)
+            .map_err(|e| WatchError::Request(kube::Error::BuildRequest(e)))?;
+        let body = send(&self.client, request).await?;
+        let bytes = body.collect().await.map_err(WatchError::Request)?.to_bytes();
+        let list: ObjectList<K> = serde_json::from_slice(&bytes).map_err(WatchError::Decode)?;
+        self.resource_version = list.metadata.resource_version.clone();
+        Ok(Change::Listed(list.items))
+    }
+
+    /// Decodes every complete line of `data` (after what an earlier chunk left), keeping an incomplete tail.
+    fn take_lines(&mut self, mut data: &[u8]) -> Result<(), WatchError> {
+        while let Some(end) = data.iter().position(|b| *b == b'\n') {
+            let line = &data[..end];
+            data = &data[end + 1..];
+            if self.partial.is_empty() {
+                self.event(line)?;
+            } else {
+                self.partial.extend_from_slice(line);
+                let whole = std::mem::take(&mut self.partial);
+                self.event(&whole)?;
+            }
+            if self.resource_version.is_none() {
+                // 410 Gone: this stream is over, the rest of it is not read
+                return Ok(());
+            }
+        }
+        self.partial.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn event(&mut self, line: &[u8]) -> Result<(), WatchError> {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(());
+        }
+        let event: WatchEvent<K> = serde_json::from_slice(line).map_err(WatchError::Decode)?;
+        let (change, version) = match event {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                let v = o.meta().resource_version.clone();
+                (Some(Change::Applied(o)), v)
+            }
+            WatchEvent::Deleted(o) => {
+                let v = o.meta().resource_version.clone();
+                (Some(Change::Deleted(o)), v)
+            }
+            WatchEvent::Bookmark(b) => (None, Some(b.metadata.resource_version)),
+            WatchEvent::Error(status) if status.code == 410 => {
+                // too old a version: list again
+                self.resource_version = None;
+                self.body = None;
+                self.partial = Vec::new();
+                return Ok(());
+            }
+            WatchEvent::Error(status) => {
+                return Err(WatchError::Api {
+                    code: status.code,
+                    message: status.message,
+                });
+            }
+        };
+        if version.is_some() {
+            self.resource_version = version;
+        }
+        if let Some(change) = change {
+            self.ready.push_back(change);
+        }
+        Ok(())
+    }
+}
+
+/// A watch of `url_path` from `version`, matching `selector`.
+async fn open_watch(
+    client: &kube::Client,
+    url_path: &str,
+    selector: &str,
+    version: String,
+) -> Result<kube::client::Body, WatchError> {
+    let params = WatchParams::default()
+        .fields(selector)
+        .timeout(WATCH_TIMEOUT_SECS);
+    let request = Request::new(url_path)
+        .watch(&params, &version)
+        .map_err(|e| WatchError::Request(kube::Error::BuildRequest(e)))?;
+    send(client, request).await
+}
+
+/// Sends `request`, answering the body of a success or the error status.
+async fn send(
+    client: &kube::Client,
+    request: http::Request<Vec<u8>>,
+) -> Result<kube::client::Body, WatchError> {
+    let mut request = request.map(kube::client::Body::from);
+    // one JSON line per event; a compressed stream would not be read line by line
+    request.headers_mut().insert(
+        http::header::ACCEPT_ENCODING,
+        http::HeaderValue::from_static("identity"),
+    );
+    let response = client.send(request).await.map_err(WatchError::Request)?;
+    let code = response.status();
+    if code.is_success() {
+        return Ok(response.into_body());
+    }
+    let text = response
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+        .unwrap_or_default();
+    let message = serde_json::from_str::<Status>(&text)
+        .map(|s| s.message)
+        .unwrap_or(text);
+    Err(WatchError::Api {
+        code: code.as_u16(),
+        message,
+    })
+}
+
+#[cfg(test)]
+#[path = "lean_watch_tests.rs"]
+mod tests;

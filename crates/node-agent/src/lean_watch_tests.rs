@@ -1,0 +1,81 @@
+//! Decoding the watch stream: lines split across chunks, several lines in one chunk, bookmarks moving the
+//! resume point, 410 Gone turning the next step into a list, other error events surfacing.
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::{Change, LeanWatch, WatchError};
+
+/// A client whose requests never get an answer (these tests feed the decoder directly).
+fn client() -> kube::Client {
+    let service = tower::service_fn(|_req: http::Request<kube::client::Body>| {
+        std::future::pending::<Result<http::Response<kube::client::Body>, std::convert::Infallible>>()
+    });
+    kube::Client::new(service, "default")
+}
+
+fn watching() -> LeanWatch<Pod> {
+    let mut w = LeanWatch::new(client(), "spec.nodeName=n1");
+    w.resource_version = Some("100".into());
+    w
+}
+
+fn event(kind: &str, name: &str, rv: &str) -> String {
+    format!(
+        r#"{{"type":"{kind}","object":{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"default","resourceVersion":"{rv}"}}}}}}"#
+    ) + "\n"
+}
+
+fn names(w: &mut LeanWatch<Pod>) -> Vec<String> {
+    w.ready
+        .drain(..)
+        .map(|c| match c {
+            Change::Applied(p) => format!("+{}", p.metadata.name.unwrap_or_default()),
+            Change::Deleted(p) => format!("-{}", p.metadata.name.unwrap_or_default()),
+            Change::Listed(l) => format!("list of {}", l.len()),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn lines_split_across_chunks_decode_whole() {
+    let mut w = watching();
+    let stream = event("ADDED", "a", "101") + &event("MODIFIED", "a", "102") + &event("DELETED", "b", "103");
+    let bytes = stream.as_bytes();
+    // three uneven chunks cutting lines in the middle
+    for chunk in [&bytes[..50], &bytes[50..200], &bytes[200..]] {
+        w.take_lines(chunk).expect("decodes");
+    }
+    assert_eq!(names(&mut w), ["+a", "+a", "-b"]);
+    assert_eq!(w.resource_version.as_deref(), Some("103"));
+    assert!(w.partial.is_empty(), "nothing kept between events");
+}
+
+#[tokio::test]
+async fn a_bookmark_moves_the_resume_point_and_reports_nothing() {
+    let mut w = watching();
+    let line = r#"{"type":"BOOKMARK","object":{"apiVersion":"v1","kind":"Pod","metadata":{"resourceVersion":"250"}}}"#;
+    w.take_lines(format!("{line}\n").as_bytes()).expect("decodes");
+    assert!(names(&mut w).is_empty());
+    assert_eq!(w.resource_version.as_deref(), Some("250"));
+}
+
+#[tokio::test]
+async fn gone_lists_again_and_ignores_the_rest_of_the_stream() {
+    let mut w = watching();
+    let gone = r#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 1 (50)","reason":"Expired","code":410}}"#;
+    let stream = event("ADDED", "a", "101") + gone + "\n" + &event("ADDED", "late", "999");
+    w.take_lines(stream.as_bytes()).expect("a 410 is not an error");
+    assert_eq!(names(&mut w), ["+a"]);
+    assert_eq!(w.resource_version, None, "the next step lists");
+}
+
+#[tokio::test]
+async fn other_error_events_and_garbage_are_errors() {
+    let mut w = watching();
+    let forbidden = r#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"forbidden","reason":"Forbidden","code":403}}"#;
+    let err = w.take_lines(format!("{forbidden}\n").as_bytes()).unwrap_err();
+    assert!(matches!(err, WatchError::Api { code: 403, .. }), "{err}");
+    let mut w = watching();
+    let err = w.take_lines(b"not json\n").unwrap_err();
+    assert!(matches!(err, WatchError::Decode(_)), "{err}");
+}
