@@ -10,11 +10,6 @@ bash hack/setup.sh
 # Real-mode tests start their own private containerd (tests/containerd/setup.sh) and tear it down by PID.
 export NODE_AGENT_CONTAINERD_SETUP=1
 if [ $# -eq 0 ]; then
-  # the fleet image the chart test installs (hack/build-image.sh: a static release build, cached by source hash),
-  # built before the tests rather than inside the serial group of containerd tests
-  t0=$(date +%s)
-  bash hack/build-image.sh hollow >/dev/null
-  echo "test: fleet image ready after $(( $(date +%s) - t0 ))s"
   # every test binary, a few at once (hack/run-tests.py); all run even when one fails
   python3 hack/run-tests.py
 else

@@ -399,11 +399,15 @@ fn git(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<String> {
     )
 }
 
-/// Builds the hollow image from two fresh clones of this commit at different paths and compares the digests;
-/// reads the image layout: an index naming one manifest, a non-root user, the entrypoint, the OCI labels. The
-/// binaries are cached by source content, so the second build reuses the first's unless
-/// `NODE_AGENT_IMAGE_REBUILD=1`, which gives the second clone a cache of its own: a cold release build (many
-/// minutes), run by hand rather than in CI.
+/// Makes the hollow image from two fresh clones of this commit at different paths, into different layouts, and
+/// compares the digests; reads the image layout: an index naming one manifest, a non-root user, the entrypoint,
+/// the OCI labels.
+///
+/// By default each clone packs this build's `hollow` binary as the development image (`--binaries`, seconds):
+/// this shows the packing is reproducible — same binary and commit, same digest, wherever the script runs — not
+/// that two compilations give the same binary. `NODE_AGENT_IMAGE_RELEASE=1` makes each clone build the release
+/// image instead, the second with a binary cache and cargo target directory of its own: two cold release builds
+/// from two paths (over ten minutes each on two cores), run by hand, not in CI.
 #[tokio::test]
 async fn the_image_is_the_same_from_two_builds_of_one_commit() -> anyhow::Result<()> {
     init_logging();
@@ -411,7 +415,13 @@ async fn the_image_is_the_same_from_two_builds_of_one_commit() -> anyhow::Result
     let commit = git(&root, &["rev-parse", "HEAD"])?;
     let base = std::env::temp_dir().join(format!("hollow-image-repro-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
-    let rebuild = std::env::var("NODE_AGENT_IMAGE_REBUILD").as_deref() == Ok("1");
+    let release = std::env::var("NODE_AGENT_IMAGE_RELEASE").as_deref() == Ok("1");
+    let binaries = if release {
+        None
+    } else {
+        let bin = e2e::hollow_binary()?;
+        Some(bin.parent().context("the hollow binary's directory")?.to_path_buf())
+    };
     let mut digests = Vec::new();
     for (i, checkout) in ["first", "second/checkout"].into_iter().enumerate() {
         let dir = base.join(checkout);
@@ -423,17 +433,23 @@ async fn the_image_is_the_same_from_two_builds_of_one_commit() -> anyhow::Result
         git(&dir, &["checkout", "-q", "--detach", &commit])?;
         let out = base.join(format!("layout-{i}"));
         let mut cmd = std::process::Command::new("bash");
-        cmd.arg(dir.join("hack/build-image.sh"))
-            .arg("--out")
-            .arg(&out)
-            .arg("hollow");
-        if rebuild && i == 1 {
-            cmd.env("NODE_AGENT_CACHE", base.join("cache"));
+        cmd.arg(dir.join("hack/build-image.sh")).arg("--out").arg(&out);
+        match &binaries {
+            Some(bins) => {
+                cmd.arg("--binaries").arg(bins);
+            }
+            None if i == 1 => {
+                cmd.env("NODE_AGENT_CACHE", base.join("cache"))
+                    .env("NODE_AGENT_IMAGE_TARGET", base.join("target"));
+            }
+            None => {}
         }
+        cmd.arg("hollow");
         let t0 = std::time::Instant::now();
         let line = run(&mut cmd)?;
         println!(
-            "[chart] build {i} from {}: {} in {:?}",
+            "[chart] {} image {i} from {}: {} in {:?}",
+            if release { "release" } else { "development" },
             dir.display(),
             line.trim(),
             t0.elapsed()

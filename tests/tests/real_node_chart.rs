@@ -39,34 +39,45 @@ use runtime_api::{Runtime, cri};
 /// The taint every hollow node of the chart carries by default.
 const TAINT: &str = "hollow.node-agent.io/node";
 
-/// The fleet image as `hack/build-image.sh` pushed it: reference and manifest digest.
+/// The fleet image as `hack/build-image.sh` pushed it: repository, tag, reference and manifest digest.
 struct Image {
     /// `127.0.0.1:PORT/node-agent/hollow`.
     repository: String,
+    tag: String,
     reference: String,
     digest: String,
 }
 
-/// Builds (or takes from the cache) the hollow image and pushes it to the registry at `addr`.
-fn push_image(addr: &str) -> anyhow::Result<Image> {
+/// Packs this build's `hollow` binary as the development image (`hack/build-image.sh --binaries`: seconds, no
+/// release build) and pushes it to the registry at `addr`.
+fn push_image(addr: &str, out: &Path) -> anyhow::Result<Image> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-image.sh");
+    let bin = e2e::hollow_binary()?;
     let t0 = Instant::now();
-    let out =
-        run(Command::new("bash")
-            .arg(&script)
-            .args(["--push", &format!("{addr}/node-agent"), "hollow"]))?;
+    let out = run(Command::new("bash")
+        .arg(&script)
+        .arg("--binaries")
+        .arg(bin.parent().context("the hollow binary's directory")?)
+        .arg("--out")
+        .arg(out)
+        .args(["--push", &format!("{addr}/node-agent"), "hollow"]))?;
     let line = out.lines().last().context("build-image.sh printed nothing")?;
     let fields: Vec<&str> = line.split_whitespace().collect();
     let [name, reference, digest] = fields[..] else {
         bail!("build-image.sh: unexpected output {line:?}");
     };
     anyhow::ensure!(name == "hollow" && digest.starts_with("sha256:"), "{line:?}");
+    let repository = format!("{addr}/node-agent/hollow");
+    let tag = reference
+        .strip_prefix(&format!("{repository}:"))
+        .with_context(|| format!("{reference} is not in {repository}"))?;
     println!(
-        "[chart] image {reference} {digest} built and pushed in {:?}",
+        "[chart] image {reference} {digest} packed and pushed in {:?}",
         t0.elapsed()
     );
     Ok(Image {
-        repository: format!("{addr}/node-agent/hollow"),
+        tag: tag.to_owned(),
+        repository,
         reference: reference.to_owned(),
         digest: digest.to_owned(),
     })
@@ -197,12 +208,13 @@ async fn helm_install_runs_the_fleet_on_the_real_node() -> anyhow::Result<()> {
     let cp = node.cp;
     let client = cp.admin_client().await?;
     let registry = LoopbackRegistry::start(node, "chart", None)?;
-    let image = push_image(&registry.addr)?;
+    let image = push_image(&registry.addr, &node.containerd_dir.with_file_name("image-chart"))?;
 
     let (release, ns) = ("fleet", "hollow-fleet");
     let metrics_port = free_ports(2)?;
     let values = vec![
         format!("image.repository={}", image.repository),
+        format!("image.tag={}", image.tag),
         "replicas=2".into(),
         "fleet.nodesPerProcess=50".into(),
         "fleet.registerQps=100".into(),
@@ -383,9 +395,10 @@ async fn external_target_mode_registers_into_another_cluster() -> anyhow::Result
     let client = cp.admin_client().await?;
     let registry = LoopbackRegistry::start(node, "chart-ext", None)?;
     let addr = registry.addr.clone();
+    let out = node.containerd_dir.with_file_name("image-chart-ext");
     let (target, image) = tokio::join!(
         testenv::ControlPlane::start(testenv::Options::default()),
-        tokio::task::spawn_blocking(move || push_image(&addr))
+        tokio::task::spawn_blocking(move || push_image(&addr, &out))
     );
     let (target, image) = (target?, image??);
     let target_client = target.admin_client().await?;
@@ -436,6 +449,7 @@ async fn external_target_mode_registers_into_another_cluster() -> anyhow::Result
 
     let values = vec![
         format!("image.repository={}", image.repository),
+        format!("image.tag={}", image.tag),
         "target.mode=external".into(),
         "target.kubeconfigSecret=target-kubeconfig".into(),
         "fleet.nodeCredentials=per-node".into(),
