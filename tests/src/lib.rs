@@ -125,6 +125,26 @@ fn workspace_binary(name: &str, overridden_by: &str) -> Result<PathBuf, String> 
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
+    // the variables cargo set for this test (CARGO_MANIFEST_DIR, CARGO_PKG_NAME, ...) are ones build scripts
+    // such as ring's watch (rerun-if-env-changed): passed on, they would make this build rebuild ring and
+    // everything above it, and the next plain `cargo test` rebuild it back
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let set_by_cargo = name == "OUT_DIR"
+            || [
+                "CARGO_MANIFEST_",
+                "CARGO_PKG_",
+                "CARGO_BIN_",
+                "CARGO_CRATE_",
+                "CARGO_PRIMARY_",
+                "CARGO_TARGET_TMPDIR",
+            ]
+            .iter()
+            .any(|p| name.starts_with(p));
+        if set_by_cargo {
+            cmd.env_remove(name.as_ref());
+        }
+    }
     cmd.current_dir(&workspace)
         // the workspace's feature set: the artefacts `cargo test --workspace` has just built
         .args(["build", "-q", "--workspace", "--bin", name]);

@@ -420,7 +420,11 @@ async fn the_image_is_the_same_from_two_builds_of_one_commit() -> anyhow::Result
         None
     } else {
         let bin = e2e::hollow_binary()?;
-        Some(bin.parent().context("the hollow binary's directory")?.to_path_buf())
+        Some(
+            bin.parent()
+                .context("the hollow binary's directory")?
+                .to_path_buf(),
+        )
     };
     let mut digests = Vec::new();
     for (i, checkout) in ["first", "second/checkout"].into_iter().enumerate() {

@@ -154,9 +154,37 @@ fn helm_install(
         cmd.args(["--set", v]);
     }
     let t0 = Instant::now();
-    let out = run(&mut cmd)?;
+    let out = run(&mut cmd).inspect_err(|_| diagnose(cp, namespace))?;
     println!("[chart] helm install {release}: {:?}", t0.elapsed());
     Ok(out)
+}
+
+/// Prints what the release's pods, their events and their logs say (a failed install or wait).
+fn diagnose(cp: &testenv::ControlPlane, namespace: &str) {
+    for args in [
+        &["get", "pods,statefulsets,jobs", "-o", "wide"][..],
+        &["describe", "pods"],
+        &["get", "events", "--sort-by=.lastTimestamp"],
+        &[
+            "logs",
+            "--all-containers",
+            "--prefix",
+            "--tail=30",
+            "-l",
+            "app.kubernetes.io/name=hollow",
+        ],
+    ] {
+        let out = cp.kubectl().args(["-n", namespace]).args(args).output();
+        match out {
+            Ok(out) => println!(
+                "[chart] kubectl {}:\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => println!("[chart] kubectl {}: {e}", args.join(" ")),
+        }
+    }
 }
 
 /// The image as containerd on the node holds it: its repo digests.

@@ -264,3 +264,56 @@ while :; do echo "now=$(cat /etc/cfg/greeting.txt)"; sleep 1; done
     let _ = std::fs::remove_dir_all(&host_dir);
     Ok(())
 }
+
+/// A host-network pod's own IP is the node's, as the kubelet gives it: the runtime reports no sandbox IP for
+/// it, yet `status.podIP` in its environment (what the Helm chart's fleet passes as `--node-ip`) and in its
+/// status is the node's InternalIP.
+#[tokio::test]
+async fn a_host_network_pod_sees_the_nodes_ip_as_its_own() -> anyhow::Result<()> {
+    init_logging();
+    let Some(node) = RealNode::get().await? else {
+        return Ok(());
+    };
+    let pods = node.namespace(NS).await?;
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "hostnet"},
+        "spec": {
+            "hostNetwork": true,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": "localhost/busybox:local",
+                "command": ["sh", "-c", "echo pod_ip=$POD_IP; echo host_ip=$HOST_IP; echo arg=$0; sleep 3600",
+                            "$(POD_IP)"],
+                "env": [
+                    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+                ],
+            }],
+        },
+    }))?;
+    node.create_pod(&pods, &pod).await?;
+    let logs = wait_for(
+        "the host-network pod's report",
+        Duration::from_secs(60),
+        || async {
+            let logs = pods.logs("hostnet", &LogParams::default()).await.ok();
+            Ok(logs.filter(|l| l.contains("arg=")))
+        },
+    )
+    .await
+    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    let r = report(&logs);
+    assert_eq!(r.get("pod_ip").map(String::as_str), Some("127.0.0.1"), "{logs}");
+    assert_eq!(r.get("host_ip").map(String::as_str), Some("127.0.0.1"), "{logs}");
+    assert_eq!(
+        r.get("arg").map(String::as_str),
+        Some("127.0.0.1"),
+        "$(POD_IP) in the command: {logs}"
+    );
+    let status = pods.get("hostnet").await?.status.context("status")?;
+    assert_eq!(status.pod_ip.as_deref(), Some("127.0.0.1"));
+    pods.delete("hostnet", &DeleteParams::default()).await?;
+    Ok(())
+}

@@ -12,7 +12,9 @@ use super::admission::NodeView;
 use super::events::Recorder;
 use super::metrics::PodMetrics;
 use super::objects::PodObjects;
+use super::observed::SandboxRecord;
 use super::probes::{ProbeMetrics, ProbeTransport};
+use super::spec::DesiredPod;
 use super::status::StatusHandle;
 
 pub(crate) struct AgentCtx {
@@ -39,6 +41,16 @@ impl AgentCtx {
         fut: impl Future<Output = Result<T, RuntimeError>>,
     ) -> Result<T, RuntimeError> {
         self.metrics.runtime_op(op, fut).await
+    }
+
+    /// The pod's primary IP as its containers' environment, probes and hooks see it: for a host-network pod
+    /// the node's (the runtime reports no sandbox IP there; the kubelet takes the host's as the pod's), the
+    /// sandbox's otherwise.
+    pub fn pod_ip(&self, pod: &DesiredPod, sandbox: Option<&SandboxRecord>) -> String {
+        if pod.host_network {
+            return self.host_ips().into_iter().next().unwrap_or_default();
+        }
+        sandbox.and_then(|s| s.ips.first().cloned()).unwrap_or_default()
     }
 
     /// The node's host IPs (InternalIP first).

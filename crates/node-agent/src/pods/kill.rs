@@ -136,10 +136,7 @@ pub(crate) async fn kill_pod(
     grace: Duration,
 ) -> Result<(), RuntimeError> {
     let deadline = Instant::now() + grace;
-    let pod_ip = view
-        .sandbox()
-        .and_then(|s| s.ips.first().cloned())
-        .unwrap_or_default();
+    let pod_ip = ctx.pod_ip(pod, view.sandbox());
     let is_sidecar = |name: &str| pod.init_containers.iter().any(|c| c.sidecar && c.name == name);
     let first: Vec<&ContainerRecord> = view
         .containers

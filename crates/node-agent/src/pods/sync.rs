@@ -30,10 +30,7 @@ impl PodWorker {
     }
 
     fn pod_ip(&self) -> String {
-        self.view
-            .sandbox()
-            .and_then(|s| s.ips.first().cloned())
-            .unwrap_or_default()
+        self.ctx.pod_ip(&self.pod, self.view.sandbox())
     }
 
     pub(super) async fn sync_running(&mut self) -> Result<(), RuntimeError> {
@@ -242,7 +239,7 @@ impl PodWorker {
         {
             t.mark(Stage::ImagesReady);
         }
-        let pod_ip = sandbox.ips.first().cloned().unwrap_or_default();
+        let pod_ip = ctx.pod_ip(&pod, Some(&sandbox));
         let host_ip = ctx.host_ips().into_iter().next().unwrap_or_default();
         let resolved = env::resolve(&ctx, &pod, c, &pod_ip, &host_ip)
             .await

@@ -386,11 +386,7 @@ impl PodWorker {
             return;
         }
         let targets = Targets {
-            pod_ip: self
-                .view
-                .sandbox()
-                .and_then(|s| s.ips.first().cloned())
-                .unwrap_or_default(),
+            pod_ip: self.ctx.pod_ip(&self.pod, self.view.sandbox()),
             running: self
                 .view
                 .containers
