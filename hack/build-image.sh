@@ -26,10 +26,11 @@
 #   linked), stripped of its debug info and build id, with the shared libraries `ldd` names and the dynamic
 #   loader at the paths it names. Seconds to pack (about 4 s for hollow), since CI has built the binary already;
 #   not for production (less optimised code, the build machine's glibc and its other libraries).
-# Reproducible: the release binaries are built with no absolute source path in them; the layer has sorted
-# entries, owner root and mtime 0; the config's `created` is the commit's time — the same commit gives the same
-# digest wherever it is checked out and built (tests/containerd/oci_image.py does the packing; a development
-# image is the same for the same binary and libraries).
+# Deterministic packing: the layer has sorted entries, owner root and mtime 0; the config's `created` is the
+# commit's time — the same binaries and commit give the same digest wherever the script runs
+# (tests/containerd/oci_image.py does the packing; tests/tests/chart.rs shows it with the development image).
+# The release binaries are built with no absolute source path in them, so that two checkouts of one commit
+# build the same bytes; checked only by hand (NODE_AGENT_IMAGE_RELEASE=1 in that test: two cold release builds).
 #
 # Release binaries are cached by a hash of the sources (crates/, proto/, Cargo.toml, Cargo.lock, this script and
 # the compiler's version) under ${NODE_AGENT_CACHE:-~/.cache/node-agent}/image-bin/<hash>; the release build
