@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt, symlink};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt, lchown, symlink};
 use std::path::{Component, Path, PathBuf};
 
 use super::content::File;
@@ -53,6 +53,9 @@ pub fn write_atomic(dir: &Path, files: &[File]) -> io::Result<()> {
         }
         fs::write(&target, &f.data)?;
         fs::set_permissions(&target, fs::Permissions::from_mode(f.mode & 0o7777))?;
+        if f.owner.is_some() {
+            lchown(&target, f.owner, None)?;
+        }
         if let Some(Component::Normal(first)) = rel.components().next() {
             top.insert(first.to_string_lossy().into_owned());
         }
@@ -66,6 +69,13 @@ pub fn write_atomic(dir: &Path, files: &[File]) -> io::Result<()> {
         let link = dir.join(t);
         if fs::symlink_metadata(&link).is_err() {
             symlink(Path::new(DATA).join(t), &link)?;
+        }
+    }
+    // an owned file's visible link (its top-level name) belongs to its owner too, as the kubelet's atomic
+    // writer makes it
+    for f in files.iter().filter(|f| f.owner.is_some()) {
+        if let Some(Component::Normal(first)) = Path::new(&f.path).components().next() {
+            lchown(dir.join(first), f.owner, None)?;
         }
     }
     // names of the old content that the new one lacks, and the old content itself
@@ -278,7 +288,10 @@ pub fn remove_volumes(pod_dir: &Path) -> io::Result<()> {
     let mounts = mounts_below(&volumes)?;
     let base = fs::canonicalize(&volumes).unwrap_or_else(|_| volumes.clone());
     let ours = |(point, fstype): &(PathBuf, String)| {
-        fstype == "tmpfs" && point.strip_prefix(&base).is_ok_and(|rel| rel.components().count() == 2)
+        fstype == "tmpfs"
+            && point
+                .strip_prefix(&base)
+                .is_ok_and(|rel| rel.components().count() == 2)
     };
     let foreign: Vec<(PathBuf, String)> = mounts.iter().filter(|m| !ours(m)).cloned().collect();
     if !foreign.is_empty() {
@@ -307,6 +320,7 @@ mod tests {
             path: path.into(),
             data: data.as_bytes().to_vec(),
             mode: 0o644,
+            owner: None,
         }
     }
 
@@ -343,6 +357,33 @@ mod tests {
             4,
             "a, c, ..data and one content directory: {entries:?}"
         );
+    }
+
+    /// A file with an owner (a service account token of a pod with one `runAsUser`) belongs to that user, and
+    /// so does its visible link; the rest stays root's. Giving files away needs root (CI runs as root).
+    #[test]
+    fn an_owned_file_and_its_link_belong_to_the_owner() {
+        if !is_root() {
+            println!("skipped: chown to another user needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("vol");
+        let token = File {
+            owner: Some(1000),
+            mode: 0o600,
+            ..file("token", "t")
+        };
+        write_atomic(&dir, &[token, file("ca.crt", "c")]).unwrap();
+        let owner = |p: &str| fs::symlink_metadata(dir.join(p)).unwrap().uid();
+        assert_eq!(owner("token"), 1000, "the visible link");
+        assert_eq!(owner("..data/token"), 1000, "the file");
+        assert_eq!(
+            fs::metadata(dir.join("token")).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(owner("ca.crt"), 0);
+        assert_eq!(owner("..data/ca.crt"), 0);
     }
 
     #[test]
@@ -410,11 +451,17 @@ mod tests {
         let err = remove_pod_dir(&pod).unwrap_err().to_string();
         assert!(err.contains("still mounted below it"), "{err}");
         assert_eq!(fs::read_to_string(foreign.join("keep")).unwrap(), "data");
-        assert!(nested.exists(), "a mount deeper than a volume's own directory is not ours: kept");
+        assert!(
+            nested.exists(),
+            "a mount deeper than a volume's own directory is not ours: kept"
+        );
         nix::mount::umount2(&nested, nix::mount::MntFlags::MNT_DETACH).unwrap();
         let err = remove_pod_dir(&pod).unwrap_err().to_string();
         assert!(err.contains("containers/main"), "{err}");
-        assert!(!pod.join("volumes").exists(), "the volumes went once nothing foreign was left in them");
+        assert!(
+            !pod.join("volumes").exists(),
+            "the volumes went once nothing foreign was left in them"
+        );
         nix::mount::umount2(&foreign, nix::mount::MntFlags::MNT_DETACH).unwrap();
         remove_pod_dir(&pod).unwrap();
         assert!(!pod.exists());
