@@ -342,15 +342,28 @@ impl RealNode {
                 old.stop(Duration::from_secs(20)).await?;
             }
         }
+        self.start_agent()
+    }
+
+    /// Starts the agent again with the same arguments after [`RealNode::stop_agent`]; returns when the process
+    /// runs (not when it is ready). An error if it runs already.
+    #[allow(dead_code)] // real_node_restart.rs only
+    pub fn start_agent(&self) -> anyhow::Result<()> {
+        let mut slot = self.agent.lock().unwrap_or_else(|p| p.into_inner());
+        anyhow::ensure!(slot.is_none(), "node-agent is running already");
         let (bin, args) = &self.agent_command;
-        let agent = testenv::process::Proc::start("node-agent", bin, args, &self.agent_log)?;
-        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(agent);
+        *slot = Some(testenv::process::Proc::start(
+            "node-agent",
+            bin,
+            args,
+            &self.agent_log,
+        )?);
         Ok(())
     }
 
     /// Sends the agent SIGTERM and waits up to `grace` for it to exit (with `shutdownGracePeriod` set: the
-    /// graceful node shutdown). The agent is not started again.
-    #[allow(dead_code)] // real_node_shutdown.rs only
+    /// graceful node shutdown). The agent is not started again (until [`RealNode::start_agent`]).
+    #[allow(dead_code)] // real_node_shutdown.rs and real_node_restart.rs only
     pub async fn stop_agent(&self, grace: Duration) -> anyhow::Result<()> {
         let agent = self.agent.lock().unwrap_or_else(|p| p.into_inner()).take();
         match agent {
