@@ -1,5 +1,7 @@
 //! Shared helpers for the integration tests in `tests/tests/`: logging, polling, the `node-agent` binary, and the scripted probe
-//! transport of agents on the fake runtime.
+//! transport of agents on the fake runtime; a private containerd ([`containerd`]) for real-mode tests and benchmarks.
+
+pub mod containerd;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
