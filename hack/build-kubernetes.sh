@@ -2,14 +2,19 @@
 # Builds kube-apiserver, kube-scheduler, kube-controller-manager and kubectl at the version named in
 # KUBERNETES_VERSION from the official Go module k8s.io/kubernetes (through the Go module proxy), into
 #   ${NODE_AGENT_CACHE:-$HOME/.cache/node-agent}/kubernetes/<version>/bin
-# Idempotent: does nothing when all four binaries are already there. Prints the bin directory on stdout.
+# With arguments, builds those commands of k8s.io/kubernetes/cmd instead, into the same directory, e.g.
+# `hack/build-kubernetes.sh kubelet` for the kubelet benchmark (built on that benchmark's first run, not by setup).
+# Idempotent: does nothing when all the binaries asked for are already there. Prints the bin directory on stdout.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 version=$(tr -d '[:space:]' < "$root/KUBERNETES_VERSION")
 cache=${NODE_AGENT_CACHE:-$HOME/.cache/node-agent}
 out="$cache/kubernetes/$version"
 bin="$out/bin"
-cmds=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
+if [ $# -gt 0 ]; then cmds=("$@"); else cmds=(kube-apiserver kube-scheduler kube-controller-manager kubectl); fi
+for c in "${cmds[@]}"; do
+  case "$c" in *[!a-z0-9-]*|"") echo "build-kubernetes: $c is not a command name of k8s.io/kubernetes/cmd" >&2; exit 1 ;; esac
+done
 
 have_all() { for c in "${cmds[@]}"; do [ -x "$bin/$c" ] || return 1; done; }
 if have_all; then echo "$bin"; exit 0; fi
@@ -19,7 +24,9 @@ minor=${version#v1.}; minor=${minor%%.*}
 patch=${version##*.}
 staging_version="v0.$minor.$patch"
 
+# a source directory per set of commands, so a build of other commands never removes this one's
 src="$out/src"
+[ $# -gt 0 ] && src="$out/src-$(IFS=-; echo "${cmds[*]}")"
 rm -rf "$src"; mkdir -p "$src" "$bin"
 cd "$src"
 echo "build-kubernetes: resolving k8s.io/kubernetes@$version" >&2

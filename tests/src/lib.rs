@@ -1,7 +1,9 @@
 //! Shared helpers for the integration tests in `tests/tests/`: logging, polling, the `node-agent` and `hollow`
-//! binaries, the Helm chart ([`chart`]), and the scripted probe transport of agents on the fake runtime.
+//! binaries, the Helm chart ([`chart`]), and the scripted probe transport of agents on the fake runtime; a private
+//! containerd ([`containerd`]) for real-mode tests and benchmarks.
 
 pub mod chart;
+pub mod containerd;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -1,8 +1,11 @@
-//! Restart adoption on the real node: node-agent stopped (SIGTERM, then SIGKILL) with pods running on containerd
-//! and started again takes the running sandboxes and containers back by their labels — the same container IDs,
-//! restart counts kept, no second sandbox or container, statuses unchanged — and is demonstrably back: its
-//! lease renews after the restart and a pod created afterwards runs. A binary of its own (its own node), since
-//! it stops the agent that every test of the node shares. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1`.
+//! Disruptions of the real node, each a test that holds the node alone (they run one after another): restart
+//! adoption ([`adoption`]: node-agent stopped with SIGTERM and SIGKILL takes its running pods back), pods
+//! deleted while the agent was down ([`orphans`]: what they left — runtime objects, directory, mounts, cgroup —
+//! is swept at the next start, nothing else touched), and static pods through an API server outage
+//! ([`api_outage`]: a pod from `staticPodURL`, served by this binary on 127.0.0.1, and one from
+//! `staticPodPath` keep running while the API server is stopped, and are mirrored again when it returns).
+//! A binary of its own (its own node and control plane), since it stops the agent and the API server that every
+//! test of a node would share. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1`.
 
 /// The containerd the node runs on (Debian's 1.6).
 const CONTAINERD: &str = "1.6";
@@ -11,17 +14,79 @@ const CONTAINERD: &str = "1.6";
 #[path = "real_node/harness.rs"]
 mod harness;
 
-use std::time::Duration;
+#[path = "real_node_restart/adoption.rs"]
+mod adoption;
+#[path = "real_node_restart/api_outage.rs"]
+mod api_outage;
+#[path = "real_node_restart/orphans.rs"]
+mod orphans;
 
-use anyhow::Context;
-use e2e::{init_logging, wait_for};
-use harness::{NODE, RealNode};
+use std::io::{Read, Write};
+use std::sync::{Mutex, OnceLock};
+
+use harness::{NODE, NodeOptions, RealNode};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::Api;
 use runtime_api::{Runtime, cri};
 
-const NS: &str = "rn-restart";
+/// Held by each test for its whole run: every test here disrupts the node the others use.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// What the node's `staticPodURL` serves now (empty: no pods).
+static URL_BODY: Mutex<String> = Mutex::new(String::new());
+
+/// Serves [`URL_BODY`] over HTTP on 127.0.0.1 from a thread of this process (one connection at a time, each
+/// answered and closed); returns the URL. Started once, before the node, since the node's configuration
+/// names it.
+fn static_pod_url() -> anyhow::Result<&'static str> {
+    static URL: OnceLock<String> = OnceLock::new();
+    if let Some(url) = URL.get() {
+        return Ok(url);
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let url = format!("http://{}/pods.yaml", listener.local_addr()?);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            // the request: read until its head ends (a GET has no body)
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let body = URL_BODY.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/yaml\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(reply.as_bytes());
+        }
+    });
+    Ok(URL.get_or_init(|| url))
+}
+
+/// Sets what the node's `staticPodURL` serves.
+fn serve_static_pods(body: &str) {
+    *URL_BODY.lock().unwrap_or_else(|p| p.into_inner()) = body.to_owned();
+}
+
+/// The node (started by the first test that asks, with a `staticPodURL` served by [`static_pod_url`]) and the
+/// lock that gives the calling test the node alone; `None` when the real-node tests are not enabled.
+async fn node() -> anyhow::Result<Option<(&'static RealNode, tokio::sync::MutexGuard<'static, ()>)>> {
+    let serial = SERIAL.lock().await;
+    let options = NodeOptions {
+        extra_config: format!(
+            "staticPodURL: {}\nhttpCheckFrequency: 5s\nfileCheckFrequency: 5s\n",
+            static_pod_url()?
+        ),
+        ..Default::default()
+    };
+    Ok(RealNode::get_with(&options).await?.map(|n| (n, serial)))
+}
 
 fn pod(name: &str, script: &str) -> anyhow::Result<Pod> {
     Ok(serde_json::from_value(serde_json::json!({
@@ -74,91 +139,4 @@ async fn renew_time(leases: &Api<Lease>) -> anyhow::Result<Option<k8s_openapi::j
         .spec
         .and_then(|s| s.renew_time)
         .map(|t| t.0))
-}
-
-#[tokio::test]
-async fn a_restarted_agent_adopts_running_pods_without_duplicates() -> anyhow::Result<()> {
-    init_logging();
-    let Some(node) = RealNode::get().await? else {
-        return Ok(());
-    };
-    let pods = node.namespace(NS).await?;
-    let leases: Api<Lease> = Api::namespaced(node.cp.admin_client().await?, "kube-node-lease");
-    node.create_pod(&pods, &pod("steady", "while :; do sleep 1; done")?)
-        .await?;
-    node.create_pod(&pods, &pod("crashy", "sleep 1; exit 3")?).await?;
-    let steady = wait_for("steady Running", Duration::from_secs(60), || async {
-        let p = pods.get("steady").await?;
-        Ok(container(&p).filter(|c| c.ready).map(|c| (p, c)))
-    })
-    .await
-    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
-    let (steady_pod, steady_before) = steady;
-    let steady_uid = steady_pod.metadata.uid.clone().context("uid")?;
-    let crashy_before = wait_for("crashy restarted once", Duration::from_secs(60), || async {
-        let p = pods.get("crashy").await?;
-        Ok(container(&p).filter(|c| c.restart_count >= 1))
-    })
-    .await?;
-    assert_eq!(in_runtime(node, &steady_uid).await?, (1, 1));
-
-    for kill in [false, true] {
-        let how = if kill { "SIGKILL" } else { "SIGTERM" };
-        let stopped_at = k8s_openapi::jiff::Timestamp::now();
-        node.restart_agent(kill).await?;
-        // back: the lease renews after the restart
-        wait_for(
-            &format!("a lease renewal after the {how} restart"),
-            Duration::from_secs(60),
-            || async { Ok(renew_time(&leases).await?.filter(|t| *t > stopped_at).map(|_| ())) },
-        )
-        .await
-        .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
-        // give the agent a few syncs to act on what it found (a wrong agent would restart or duplicate now)
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let p = pods.get("steady").await?;
-        let now = container(&p).context("steady's status")?;
-        assert_eq!(
-            now.container_id, steady_before.container_id,
-            "same container after {how}"
-        );
-        assert_eq!(now.restart_count, 0, "not restarted by the {how} restart");
-        assert!(
-            now.ready && now.state.as_ref().and_then(|s| s.running.as_ref()).is_some(),
-            "{now:?}"
-        );
-        assert_eq!(
-            in_runtime(node, &steady_uid).await?,
-            (1, 1),
-            "one sandbox and one running container after {how}"
-        );
-        let crashy = container(&pods.get("crashy").await?).context("crashy's status")?;
-        assert!(
-            crashy.restart_count >= crashy_before.restart_count,
-            "restart count kept after {how}: {} then {}",
-            crashy_before.restart_count,
-            crashy.restart_count
-        );
-        println!(
-            "[real_node] after {how}: steady kept {}, crashy restart count {} -> {}",
-            now.container_id.as_deref().unwrap_or_default(),
-            crashy_before.restart_count,
-            crashy.restart_count
-        );
-    }
-
-    // and it takes new work
-    node.create_pod(&pods, &pod("after", "while :; do sleep 1; done")?)
-        .await?;
-    wait_for(
-        "a pod created after the restarts Running",
-        Duration::from_secs(60),
-        || async {
-            let p = pods.get("after").await?;
-            Ok(container(&p).filter(|c| c.ready).map(|_| ()))
-        },
-    )
-    .await
-    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
-    Ok(())
 }

@@ -1,8 +1,10 @@
-//! Graceful node shutdown on the real node: with `shutdownGracePeriod: 8s` and
+//! Graceful node shutdown on the real node: with `shutdownGracePeriod: 10s` and
 //! `shutdownGracePeriodCriticalPods: 3s`, SIGTERM to node-agent stops the node's pods on containerd — regular
-//! pods first, within 5 s, then the critical ones within 3 s — reports each Failed with the kubelet's
+//! pods first, within 7 s, then the critical ones within 3 s — reports each Failed with the kubelet's
 //! `Terminated` reason and message, marks the Node NotReady (`node is shutting down`) with a `NodeShutdown`
-//! event, and only then exits. A binary of its own (its own node), since it stops the agent that every test of
+//! event, and only then exits. The order is read from the containers themselves: the regular pod takes 2 s to
+//! leave after its SIGTERM and writes the time it leaves as its termination message; the critical pod writes
+//! the time its SIGTERM reaches it (the machine's uptime, one clock for both), which must come after. A binary of its own (its own node), since it stops the agent that every test of
 //! the node shares. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1`.
 
 /// The containerd the node runs on (Debian's 1.6).
@@ -14,6 +16,7 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use e2e::{init_logging, wait_for};
 use harness::{NODE, NodeOptions, RealNode};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
@@ -59,7 +62,7 @@ async fn running(node: &RealNode, uid: &str) -> anyhow::Result<usize> {
 async fn sigterm_shuts_the_node_down_gracefully() -> anyhow::Result<()> {
     init_logging();
     let options = NodeOptions {
-        extra_config: "shutdownGracePeriod: 8s\nshutdownGracePeriodCriticalPods: 3s\n".into(),
+        extra_config: "shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 3s\n".into(),
         ..Default::default()
     };
     let Some(node) = RealNode::get_with(&options).await? else {
@@ -68,17 +71,28 @@ async fn sigterm_shuts_the_node_down_gracefully() -> anyhow::Result<()> {
     };
     let apps = node.namespace(NS).await?;
     let system = node.namespace("kube-system").await?;
-    // the regular pod leaves at once on SIGTERM; the critical one ignores it and is killed after its 3 s
+    // the regular pod leaves 2 s after its SIGTERM, noting when; the critical one notes when its SIGTERM comes,
+    // keeps running and is killed after its 3 s
     let app = node
         .create_pod(
             &apps,
-            &pod("app", "trap 'exit 0' TERM; while true; do sleep 1; done", false)?,
+            &pod(
+                "app",
+                "trap 'sleep 2; read up _ </proc/uptime; echo \"$up\" >/dev/termination-log; exit 0' TERM; \
+                 while true; do sleep 1 & wait $!; done",
+                false,
+            )?,
         )
         .await?;
     let crit = node
         .create_pod(
             &system,
-            &pod("crit", "trap '' TERM; while true; do sleep 1; done", true)?,
+            &pod(
+                "crit",
+                "trap 'read up _ </proc/uptime; echo \"$up\" >/dev/termination-log' TERM; \
+                 while true; do sleep 1 & wait $!; done",
+                true,
+            )?,
         )
         .await?;
     let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
@@ -98,8 +112,29 @@ async fn sigterm_shuts_the_node_down_gracefully() -> anyhow::Result<()> {
     println!("[real_node_shutdown] node-agent exited {took:?} after SIGTERM");
     println!("[real_node_shutdown] agent log:\n{}", node.agent_log_tail());
 
+    let mut noted = Vec::new();
     for (api, name, pod) in [(&apps, "app", &app), (&system, "crit", &crit)] {
         let status = api.get(name).await?.status.unwrap_or_default();
+        let terminated = status
+            .container_statuses
+            .iter()
+            .flatten()
+            .find_map(|c| c.state.as_ref()?.terminated.clone())
+            .with_context(|| format!("{name}: no terminated container in {status:?}"))?;
+        println!(
+            "[real_node_shutdown] {name}: exit {} at {:?}, noted uptime {:?}",
+            terminated.exit_code,
+            terminated.finished_at.as_ref().map(|t| t.0),
+            terminated.message
+        );
+        let at: f64 = terminated
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .trim()
+            .parse()
+            .with_context(|| format!("{name}'s termination message {:?}", terminated.message))?;
+        noted.push((at, terminated.finished_at.map(|t| t.0)));
         println!(
             "[real_node_shutdown] {name}: {:?} {:?} {:?}",
             status.phase, status.reason, status.message
@@ -113,6 +148,22 @@ async fn sigterm_shuts_the_node_down_gracefully() -> anyhow::Result<()> {
         );
         assert_eq!(running(node, &uid(pod)).await?, 0, "{name} stopped in containerd");
     }
+    // regular pods first: the critical pod was asked to stop only after the regular one had left
+    let ((app_left, app_finished), (crit_asked, crit_finished)) = (noted[0], noted[1]);
+    println!(
+        "[real_node_shutdown] the critical pod got SIGTERM {:.2} s after the regular pod left",
+        crit_asked - app_left
+    );
+    assert!(
+        crit_asked >= app_left,
+        "the critical pod was stopped before the regular one had finished: SIGTERM at uptime {crit_asked}, \
+         regular pod left at {app_left}"
+    );
+    assert!(
+        crit_finished >= app_finished,
+        "finishedAt: critical {crit_finished:?} before regular {app_finished:?}"
+    );
+
     let admin = node.cp.admin_client().await?;
     let n = Api::<Node>::all(admin.clone()).get(NODE).await?;
     let ready = n

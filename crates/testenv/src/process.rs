@@ -4,7 +4,8 @@
 //! spawned it dies. Test harnesses run each test on its own short-lived thread, so spawning happens on one
 //! dedicated thread that lives as long as the process: when a test binary exits — even by a panic or a
 //! signal — its control plane goes with it. [`Proc::stop`] stops a component by PID: SIGTERM, then SIGKILL
-//! after a grace period.
+//! after a grace period. [`cpu_seconds`] and [`rss_bytes`] read a process's CPU time and resident memory (the
+//! benchmarks' figures).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -141,4 +142,27 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// utime+stime of a process, in seconds (from `/proc/<pid>/stat`, in clock ticks of 1/100 s).
+pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map(|(_, r)| r).context("stat format")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // after the command name: state is field 3 (index 0); utime is field 14, stime 15
+    let utime: f64 = fields.get(11).context("utime")?.parse()?;
+    let stime: f64 = fields.get(12).context("stime")?.parse()?;
+    Ok((utime + stime) / 100.0)
+}
+
+/// VmRSS of a process, in bytes.
+pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .context("VmRSS")?
+        .parse()?;
+    Ok(kb * 1024)
 }

@@ -7,12 +7,12 @@
 //! binary's [`NodeOptions`] set `evictionHard`.
 //!
 //! Started by the first test that asks ([`RealNode::get`]); torn down when the test binary exits, however it
-//! exits (see [`start_reaper`]): the agent is killed, `tests/containerd/teardown.sh` kills the containers and
-//! stops containerd by PID. Without `NODE_AGENT_CONTAINERD_SETUP=1` every test prints why and passes without
-//! running (CI sets it; it needs root).
+//! exits (see `e2e::containerd::start_reaper`): the agent is killed, `tests/containerd/teardown.sh` kills the
+//! containers and stops containerd by PID. Without `NODE_AGENT_CONTAINERD_SETUP=1` every test prints why and
+//! passes without running (CI sets it; it needs root).
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -78,13 +78,11 @@ pub struct NodeOptions {
 }
 
 static NODE_STATE: OnceCell<Option<RealNode>> = OnceCell::const_new();
-/// The process that tears the node down when this test binary exits ([`start_reaper`]).
+/// The process that tears the node down when this test binary exits (`e2e::containerd::start_reaper`).
 static REAPER: Mutex<Option<testenv::process::Proc>> = Mutex::new(None);
 
 /// The project's containerd test scripts (`tests/containerd`).
-pub fn scripts() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("containerd")
-}
+pub use e2e::containerd::scripts;
 
 pub fn parse_cidr(text: &str) -> anyhow::Result<(Ipv4Addr, u8)> {
     let (addr, bits) = text
@@ -103,43 +101,6 @@ pub fn contains(cidr: (Ipv4Addr, u8), ip: Ipv4Addr) -> bool {
         u32::MAX << (32 - u32::from(cidr.1))
     };
     u32::from(ip) & mask == u32::from(cidr.0) & mask
-}
-
-/// Starts the process that tears the node down when this test binary exits (however it exits): a shell that
-/// the kernel sends SIGTERM when its parent goes (`setpriv --pdeathsig`) and that then runs
-/// `tests/containerd/teardown.sh` (containers killed, containerd and its shims stopped by PID, mounts, bridge and
-/// state directory removed), after unmounting whatever the agent left mounted below the directory (tmpfs volumes
-/// of pods a failed test did not delete), and then removes the agent's cgroups (`cgroup` below every mounted
-/// hierarchy, deepest first). The agent itself is killed with the test binary, as every `testenv` process.
-fn start_reaper(dir: &Path, bridge: &str, cgroup: &str) -> anyhow::Result<testenv::process::Proc> {
-    // after a clean teardown the whole directory goes too (agent root, pod logs), unless NA_CRI_KEEP=1
-    let script = r#"trap 'kill $! 2>/dev/null
-grep -F " $1/" /proc/mounts | cut -d" " -f2 | sort -r | xargs -r -n1 umount -l
-NA_CRI_DIR="$1/containerd" NA_CRI_BRIDGE="$2" bash "$3" >>"$1/teardown.log" 2>&1
-ok=$?
-for d in /sys/fs/cgroup/*/"$4"; do [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>>"$1/teardown.log"; done
-[ $ok = 0 ] && [ "${NA_CRI_KEEP:-0}" != 1 ] && rm -rf "$1"
-exit' TERM
-while :; do sleep 3600 & wait $!; done"#;
-    let args: Vec<String> = vec![
-        "--pdeathsig".into(),
-        "TERM".into(),
-        "--".into(),
-        "bash".into(),
-        "-c".into(),
-        script.into(),
-        "real-node-reaper".into(),
-        dir.display().to_string(),
-        bridge.into(),
-        scripts().join("teardown.sh").display().to_string(),
-        cgroup.into(),
-    ];
-    testenv::process::Proc::start(
-        "real-node-reaper",
-        Path::new("setpriv"),
-        &args,
-        &dir.join("reaper.log"),
-    )
 }
 
 impl RealNode {
@@ -190,38 +151,25 @@ impl RealNode {
         let cgroup = format!("na-real-node-{pid}");
         // from here on whatever setup.sh manages to start is torn down when this process exits — also when
         // the start fails half-way: the reaper is kept for the life of the process, never dropped (killed)
-        let reaper = start_reaper(&dir, &bridge, &cgroup)?;
+        let reaper = e2e::containerd::start_reaper(&dir, &bridge, std::slice::from_ref(&cgroup))?;
         REAPER.lock().unwrap_or_else(|p| p.into_inner()).replace(reaper);
         // the control plane and containerd start side by side
         let t0 = std::time::Instant::now();
         let setup = {
             let (containerd_dir, bridge, subnet_text) =
                 (containerd_dir.clone(), bridge.clone(), subnet_text.clone());
+            // which containerd: the including test binary's `CONTAINERD` (1.6 or 2)
             tokio::task::spawn_blocking(move || {
-                Command::new("bash")
-                    .arg(scripts().join("setup.sh"))
-                    .env("NA_CRI_DIR", &containerd_dir)
-                    .env("NA_CRI_BRIDGE", &bridge)
-                    .env("NA_CRI_SUBNET", &subnet_text)
-                    .env("NA_CRI_POD_CIDR_FROM_NODE", "1")
-                    // which containerd: the including test binary's `CONTAINERD` (1.6 or 2)
-                    .env("NA_CRI_CONTAINERD", crate::CONTAINERD)
-                    .stdout(std::process::Stdio::null())
-                    .status()
+                e2e::containerd::setup(&containerd_dir, &bridge, &subnet_text, crate::CONTAINERD)
             })
         };
         let cp = testenv::shared_with(testenv::Options {
             controller_manager_args: vec![format!("--cluster-cidr={subnet_text}")],
             ..Default::default()
         });
-        let (status, cp) = tokio::join!(setup, cp);
-        let (status, cp) = (status?.context("running tests/containerd/setup.sh")?, cp?);
-        if !status.success() {
-            bail!(
-                "tests/containerd/setup.sh failed ({status}); logs in {} (kept with NA_CRI_KEEP=1)",
-                containerd_dir.join("logs").display()
-            );
-        }
+        let (setup, cp) = tokio::join!(setup, cp);
+        let cp = cp?;
+        setup??;
         println!(
             "[real_node] control plane and containerd up in {:?}",
             t0.elapsed()
@@ -342,15 +290,28 @@ impl RealNode {
                 old.stop(Duration::from_secs(20)).await?;
             }
         }
+        self.start_agent()
+    }
+
+    /// Starts the agent again with the same arguments after [`RealNode::stop_agent`]; returns when the process
+    /// runs (not when it is ready). An error if it runs already.
+    #[allow(dead_code)] // real_node_restart.rs only
+    pub fn start_agent(&self) -> anyhow::Result<()> {
+        let mut slot = self.agent.lock().unwrap_or_else(|p| p.into_inner());
+        anyhow::ensure!(slot.is_none(), "node-agent is running already");
         let (bin, args) = &self.agent_command;
-        let agent = testenv::process::Proc::start("node-agent", bin, args, &self.agent_log)?;
-        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(agent);
+        *slot = Some(testenv::process::Proc::start(
+            "node-agent",
+            bin,
+            args,
+            &self.agent_log,
+        )?);
         Ok(())
     }
 
     /// Sends the agent SIGTERM and waits up to `grace` for it to exit (with `shutdownGracePeriod` set: the
-    /// graceful node shutdown). The agent is not started again.
-    #[allow(dead_code)] // real_node_shutdown.rs only
+    /// graceful node shutdown). The agent is not started again (until [`RealNode::start_agent`]).
+    #[allow(dead_code)] // real_node_shutdown.rs and real_node_restart.rs only
     pub async fn stop_agent(&self, grace: Duration) -> anyhow::Result<()> {
         let agent = self.agent.lock().unwrap_or_else(|p| p.into_inner()).take();
         match agent {

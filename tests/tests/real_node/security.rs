@@ -3,7 +3,8 @@
 //! set for the sandbox; and `runAsNonRoot` with `runAsUser: 0` refused with the kubelet's reason. `fsGroup`
 //! owns the emptyDir and secret volumes (group, setgid directories, a 0400 secret key readable by the group), and
 //! `runAsNonRoot` without `runAsUser` is checked against the image's user: a root image and a named user are
-//! refused with the kubelet's messages, a numeric non-root user runs.
+//! refused with the kubelet's messages, a numeric non-root user runs. The service account token belongs to the
+//! pods' one `runAsUser` (0600, 0640 with `fsGroup`), so a non-root container reads it.
 
 use std::time::Duration;
 
@@ -187,6 +188,93 @@ while :; do sleep 1; done
         report(&logs, "read"),
         "s3cret",
         "user 1000 reads it through the group"
+    );
+    Ok(())
+}
+
+/// The service account token of the API server's `kube-api-access-*` volume (defaultMode 0644): a pod whose
+/// containers all run as user 1000 gets it as that user's, 0600 (0640 and group 2000 with `fsGroup`), and reads
+/// it; a pod whose containers run as different users gets it root's, 0644 — as the kubelet writes it.
+#[tokio::test]
+async fn tokens_belong_to_the_pods_run_as_user() -> anyhow::Result<()> {
+    init_logging();
+    let Some(node) = RealNode::get().await? else {
+        return Ok(());
+    };
+    let pods = node.namespace(NS).await?;
+    let script = r#"
+t=/var/run/secrets/kubernetes.io/serviceaccount/token
+echo "token=$(id -u) $(stat -L -c '%u %g %a' $t) $(wc -c <$t 2>/dev/null || echo unreadable)"
+while :; do sleep 1; done
+"#;
+    let container = |name: &str, user: Option<i64>| {
+        let mut c = serde_json::json!({"name": name, "image": "localhost/busybox:local", "command": ["sh", "-c", script]});
+        if let Some(u) = user {
+            c["securityContext"] = serde_json::json!({"runAsUser": u});
+        }
+        c
+    };
+    let cases = [
+        (
+            "token-user",
+            serde_json::json!({"runAsUser": 1000}),
+            vec![container("main", None)],
+        ),
+        (
+            "token-group",
+            serde_json::json!({"runAsUser": 1000, "fsGroup": 2000}),
+            vec![container("main", None)],
+        ),
+        (
+            "token-mixed",
+            serde_json::json!({"runAsUser": 1000}),
+            vec![container("main", None), container("other", Some(2000))],
+        ),
+    ];
+    for (name, security, containers) in &cases {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"terminationGracePeriodSeconds": 1, "securityContext": security, "containers": containers},
+        }))?;
+        node.create_pod(&pods, &pod).await?;
+    }
+    let mut seen = Vec::new();
+    for (name, _, _) in &cases {
+        let logs = wait_for(&format!("{name}'s report"), Duration::from_secs(90), || async {
+            let params = LogParams {
+                container: Some("main".into()),
+                ..Default::default()
+            };
+            let logs = pods.logs(name, &params).await.unwrap_or_default();
+            Ok(logs.contains("token=").then_some(logs))
+        })
+        .await
+        .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+        let line = report(&logs, "token");
+        println!("[real_node] {name}: uid, token owner, group, mode, bytes read = {line}");
+        seen.push(line);
+    }
+    let (user, rest) = seen[0].split_once(' ').unwrap_or_default();
+    assert_eq!(user, "1000");
+    let fields: Vec<&str> = rest.split(' ').collect();
+    assert_eq!(
+        fields[..3],
+        ["1000", "0", "600"],
+        "{rest}: the token is user 1000's, 0600"
+    );
+    assert!(
+        fields[3].parse::<usize>().is_ok_and(|n| n > 100),
+        "user 1000 reads its token: {rest}"
+    );
+    let fields: Vec<&str> = seen[1].split(' ').skip(1).collect();
+    assert_eq!(fields[..3], ["1000", "2000", "640"], "with fsGroup: {}", seen[1]);
+    assert!(fields[3].parse::<usize>().is_ok_and(|n| n > 100), "{}", seen[1]);
+    let fields: Vec<&str> = seen[2].split(' ').skip(1).collect();
+    assert_eq!(
+        fields[..3],
+        ["0", "0", "644"],
+        "two users: root's, defaultMode: {}",
+        seen[2]
     );
     Ok(())
 }

@@ -4,30 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::Context;
-
-/// utime+stime of a process, in seconds.
-pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map(|(_, r)| r).context("stat format")?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // after the command name: state is field 3 (index 0); utime is field 14, stime 15
-    let utime: f64 = fields.get(11).context("utime")?.parse()?;
-    let stime: f64 = fields.get(12).context("stime")?.parse()?;
-    Ok((utime + stime) / 100.0)
-}
-
-/// VmRSS of a process.
-pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .context("VmRSS")?
-        .parse()?;
-    Ok(kb * 1024)
-}
+pub use testenv::process::{cpu_seconds, rss_bytes};
 
 /// A fleet process's figures over one window.
 pub struct Window {

@@ -10,7 +10,9 @@
 //! its summed limits, plus `pids.max` from `podPidsLimit`. The burstable cgroup's `cpu.shares` follows the sum
 //! of the Burstable pods' cpu requests. The sandbox config names the pod cgroup as its `cgroup_parent`
 //! ([`QosCgroups::pod_path`]), so the runtime puts the pod's containers inside it. When the pod is removed its
-//! cgroup goes ([`QosCgroups::remove`]).
+//! cgroup goes ([`QosCgroups::remove`]) — also the one the runtime made in the v2 hierarchy of a hybrid host
+//! (`/sys/fs/cgroup/unified`), where node-agent makes nothing itself. Pod cgroups of pods the node no longer
+//! has are found and removed by the orphan sweep ([`QosCgroups::pod_uids`], [`QosCgroups::remove_orphan`]).
 //!
 //! A hollow node has no `QosCgroups`: nothing of the machine's cgroups is touched. Node allocatable
 //! enforcement on `kubepods` (`enforceNodeAllocatable`), `qosReserved` and cgroup v2 are not provided.
@@ -106,6 +108,16 @@ pub struct Hierarchy {
     pub controllers: Vec<String>,
 }
 
+/// The cgroup v2 hierarchy mounted beside the v1 ones on a hybrid host (`/sys/fs/cgroup/unified`), in a
+/// `/proc/self/mountinfo` text. The runtime (runc) makes every container's cgroup path there too.
+pub fn unified_hierarchy(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        (right.split(' ').next() == Some("cgroup2"))
+            .then(|| PathBuf::from(left.split(' ').nth(4).unwrap_or("/")))
+    })
+}
+
 /// The v1 hierarchies in a `/proc/self/mountinfo` text.
 pub fn v1_hierarchies(mountinfo: &str) -> Vec<Hierarchy> {
     let mut out: Vec<Hierarchy> = Vec::new();
@@ -146,6 +158,9 @@ pub fn v1_hierarchies(mountinfo: &str) -> Vec<Hierarchy> {
 #[derive(Debug)]
 pub struct QosCgroups {
     hierarchies: Vec<Hierarchy>,
+    /// The v2 hierarchy of a hybrid host: nothing is made there, but a pod's cgroup the runtime made there goes
+    /// with the pod.
+    unified: Option<PathBuf>,
     /// `<cgroupRoot>/kubepods`, as the runtime names cgroups (absolute, `/`-separated).
     kubepods: String,
     pids_limit: i64,
@@ -158,7 +173,13 @@ impl QosCgroups {
     pub fn start(cgroup_root: &str, pods_pids_limit: i64) -> Result<Arc<Self>, CgroupError> {
         let mountinfo = "/proc/self/mountinfo";
         let text = std::fs::read_to_string(mountinfo).map_err(io(Path::new(mountinfo)))?;
-        Self::start_on(v1_hierarchies(&text), cgroup_root, pods_pids_limit)
+        Self::build(
+            v1_hierarchies(&text),
+            unified_hierarchy(&text),
+            cgroup_root,
+            pods_pids_limit,
+        )
+        .map(Arc::new)
     }
 
     /// [`QosCgroups::start`] on the given hierarchies.
@@ -167,6 +188,15 @@ impl QosCgroups {
         cgroup_root: &str,
         pods_pids_limit: i64,
     ) -> Result<Arc<Self>, CgroupError> {
+        Self::build(hierarchies, None, cgroup_root, pods_pids_limit).map(Arc::new)
+    }
+
+    fn build(
+        hierarchies: Vec<Hierarchy>,
+        unified: Option<PathBuf>,
+        cgroup_root: &str,
+        pods_pids_limit: i64,
+    ) -> Result<Self, CgroupError> {
         if hierarchies.is_empty() {
             return Err(CgroupError::NoV1);
         }
@@ -176,6 +206,7 @@ impl QosCgroups {
         let kubepods = format!("{}/kubepods", cgroup_root.trim_end_matches('/'));
         let cg = Self {
             hierarchies,
+            unified,
             kubepods,
             pids_limit: pods_pids_limit,
             burstable: Mutex::new(HashMap::new()),
@@ -189,7 +220,7 @@ impl QosCgroups {
             &MIN_SHARES.to_string(),
         )?;
         cg.update_burstable()?;
-        Ok(Arc::new(cg))
+        Ok(cg)
     }
 
     /// `<cgroupRoot>/kubepods`.
@@ -291,12 +322,7 @@ impl QosCgroups {
         let path = self.pod_path(pod.qos, &pod.uid);
         let this = self.clone();
         let result = blocking(move || {
-            for h in &this.hierarchies {
-                let dir = this.dir(h, &path);
-                if dir.is_dir() {
-                    remove_tree(&dir)?;
-                }
-            }
+            this.remove_everywhere(&path)?;
             if changed {
                 this.update_burstable()?;
             }
@@ -306,6 +332,67 @@ impl QosCgroups {
         if let Err(error) = result {
             tracing::warn!(pod = %pod.display(), %error, "cannot remove the pod's cgroup");
         }
+    }
+}
+
+impl QosCgroups {
+    /// `cgroup`'s directory in every hierarchy: the v1 ones, and the v2 one of a hybrid host.
+    fn everywhere(&self, cgroup: &str) -> Vec<PathBuf> {
+        let rel = cgroup.trim_start_matches('/');
+        self.hierarchies
+            .iter()
+            .map(|h| h.dir.as_path())
+            .chain(self.unified.as_deref())
+            .map(|mount| mount.join(rel))
+            .collect()
+    }
+
+    /// Removes `cgroup` (and the cgroups below it) wherever it exists.
+    fn remove_everywhere(&self, cgroup: &str) -> Result<(), CgroupError> {
+        for dir in self.everywhere(cgroup) {
+            if dir.is_dir() {
+                remove_tree(&dir)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The UIDs of the pods that have a cgroup under `kubepods` (in any QoS class, in any hierarchy), as the
+    /// kubelet finds them for its orphan cleanup. Blocking.
+    pub fn pod_uids(&self) -> Vec<String> {
+        let mut uids = std::collections::BTreeSet::new();
+        for class in ["", "/burstable", "/besteffort"] {
+            for dir in self.everywhere(&format!("{}{class}", self.kubepods)) {
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                for entry in entries.flatten() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if let Some(uid) = name.strip_prefix("pod")
+                        && entry.file_type().is_ok_and(|t| t.is_dir())
+                    {
+                        uids.insert(uid.to_owned());
+                    }
+                }
+            }
+        }
+        uids.into_iter().collect()
+    }
+
+    /// Removes the cgroup of pod `uid`, whatever its QoS class, from every hierarchy: for a pod the node no
+    /// longer knows (deleted while the agent was down). A cgroup that still holds processes stays (the error
+    /// says so; the next housekeeping tries again). Blocking.
+    pub fn remove_orphan(&self, uid: &str) -> Result<(), CgroupError> {
+        if let Ok(mut m) = self.burstable.lock()
+            && m.remove(uid).is_some()
+        {
+            drop(m);
+            self.update_burstable()?;
+        }
+        for qos in [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort] {
+            self.remove_everywhere(&self.pod_path(qos, uid))?;
+        }
+        Ok(())
     }
 }
 
@@ -369,144 +456,5 @@ fn remove_tree(dir: &Path) -> Result<(), CgroupError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn desired(spec: serde_json::Value) -> Arc<DesiredPod> {
-        let pod =
-            serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u1"}, "spec": spec})).unwrap();
-        DesiredPod::from_pod(&pod).unwrap()
-    }
-
-    const MOUNTINFO: &str = "\
-31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
-35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
-39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
-40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
-41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
-";
-
-    #[test]
-    fn v1_hierarchies_come_from_mountinfo() {
-        let h = v1_hierarchies(MOUNTINFO);
-        let names: Vec<(&str, Vec<&str>)> = h
-            .iter()
-            .map(|h| {
-                (
-                    h.dir.to_str().unwrap(),
-                    h.controllers.iter().map(String::as_str).collect(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            names,
-            [
-                ("/sys/fs/cgroup/cpu,cpuacct", vec!["cpu", "cpuacct"]),
-                ("/sys/fs/cgroup/memory", vec!["memory"]),
-                ("/sys/fs/cgroup/pids", vec!["pids"]),
-                ("/sys/fs/cgroup/systemd", vec!["name=systemd"]),
-            ]
-        );
-        assert!(v1_hierarchies("41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n").is_empty());
-    }
-
-    #[test]
-    fn pod_settings_follow_the_qos_class() {
-        let g = desired(json!({"containers": [
-            {"name": "a", "image": "i", "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}}}
-        ]}));
-        assert_eq!(
-            pod_settings(&g, 0),
-            [
-                ("cpu.shares", "512".to_owned()),
-                ("cpu.cfs_period_us", "100000".to_owned()),
-                ("cpu.cfs_quota_us", "50000".to_owned()),
-                ("memory.limit_in_bytes", (64u64 << 20).to_string()),
-            ]
-        );
-        let b = desired(json!({"containers": [
-            {"name": "a", "image": "i", "resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "32Mi"}}},
-            {"name": "b", "image": "i", "resources": {"limits": {"memory": "32Mi"}}}
-        ]}));
-        assert_eq!(
-            pod_settings(&b, 1024),
-            [
-                ("cpu.shares", "102".to_owned()),
-                ("memory.limit_in_bytes", (64u64 << 20).to_string()),
-                ("pids.max", "1024".to_owned()),
-            ],
-            "no cpu quota: not every container has a cpu limit"
-        );
-        let be = desired(json!({"containers": [{"name": "a", "image": "i"}]}));
-        assert_eq!(pod_settings(&be, -1), [("cpu.shares", "2".to_owned())]);
-        assert_eq!(shares(1), 2);
-        assert_eq!(shares(10_000_000), MAX_SHARES);
-        assert_eq!(quota(5), MIN_QUOTA_US);
-    }
-
-    fn hierarchies(root: &Path) -> Vec<Hierarchy> {
-        ["cpu", "memory", "cpuset"]
-            .iter()
-            .map(|c| {
-                let dir = root.join(c);
-                std::fs::create_dir_all(&dir).unwrap();
-                Hierarchy {
-                    dir,
-                    controllers: vec![(*c).to_owned()],
-                }
-            })
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn qos_and_pod_cgroups_are_created_with_their_limits_and_removed() {
-        let root = tempfile::tempdir().unwrap();
-        let hierarchies = hierarchies(root.path());
-        std::fs::write(root.path().join("cpuset/cpuset.cpus"), "0-1\n").unwrap();
-        std::fs::write(root.path().join("cpuset/cpuset.mems"), "0\n").unwrap();
-        let cg = QosCgroups::start_on(hierarchies, "/", 0).unwrap();
-        let read = |p: &str| std::fs::read_to_string(root.path().join(p)).unwrap_or_default();
-        assert_eq!(read("cpu/kubepods/besteffort/cpu.shares"), "2");
-        assert_eq!(read("cpu/kubepods/burstable/cpu.shares"), "2");
-        assert_eq!(
-            read("cpuset/kubepods/burstable/cpuset.cpus"),
-            "0-1",
-            "cpuset filled down"
-        );
-
-        let b = desired(json!({"containers": [
-            {"name": "a", "image": "i", "resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "32Mi"}}}
-        ]}));
-        assert_eq!(cg.pod_path(b.qos, &b.uid), "/kubepods/burstable/podu1");
-        cg.ensure(&b).await.unwrap();
-        assert_eq!(read("cpu/kubepods/burstable/podu1/cpu.shares"), "256");
-        assert_eq!(
-            read("memory/kubepods/burstable/podu1/memory.limit_in_bytes"),
-            (32u64 << 20).to_string()
-        );
-        assert_eq!(
-            read("cpu/kubepods/burstable/cpu.shares"),
-            "256",
-            "the burstable sum"
-        );
-        assert_eq!(read("cpuset/kubepods/burstable/podu1/cpuset.mems"), "0");
-
-        cg.remove(&b).await;
-        assert!(!root.path().join("cpu/kubepods/burstable/podu1").exists());
-        assert!(!root.path().join("memory/kubepods/burstable/podu1").exists());
-        assert_eq!(read("cpu/kubepods/burstable/cpu.shares"), "2");
-    }
-
-    #[test]
-    fn a_host_without_v1_or_a_relative_root_is_refused() {
-        assert!(matches!(
-            QosCgroups::start_on(Vec::new(), "/", 0),
-            Err(CgroupError::NoV1)
-        ));
-        let root = tempfile::tempdir().unwrap();
-        let err = QosCgroups::start_on(hierarchies(root.path()), "kube", 0).unwrap_err();
-        assert_eq!(err.to_string(), "cgroupRoot \"kube\" must be an absolute path");
-    }
-}
+#[path = "cgroups_tests.rs"]
+mod tests;

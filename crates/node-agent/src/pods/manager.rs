@@ -4,13 +4,13 @@
 //! pods already hold), starts a worker for every pod — refused and already finished pods included, so their
 //! status is reported and their object deleted when asked — routes updates, deletions and runtime events to
 //! the right worker, and releases a pod's resources when its worker reports it stopped. After each full
-//! snapshot it removes runtime sandboxes of pods that no longer exist (deleted while the agent was down).
+//! snapshot (and on a real node every few seconds) it sweeps what pods that no longer exist left behind —
+//! deleted while the agent was down: runtime sandboxes, pod directories, pod cgroups ([`orphans`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use runtime_api::cri;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -20,10 +20,8 @@ use super::admission::{self, Committed, Rejection};
 use super::context::AgentCtx;
 use super::control::ManagerControl;
 use super::events::EventType;
-use super::kill;
-use super::labels;
 use super::metrics::{Stage, Timeline};
-use super::observed::RuntimeView;
+use super::orphans::{self, Orphans};
 use super::pleg::PlegEvent;
 use super::shutdown::{self, ShutdownRequest};
 use super::source::PodEvent;
@@ -61,6 +59,8 @@ pub(crate) struct PodManager {
     /// late watch event for one (its final status echoed back, before the DELETE lands) must not start a
     /// worker again. Dropped when the pod leaves the API server.
     finished: HashSet<String>,
+    /// What orphaned pods left behind, being removed.
+    orphans: Orphans,
 }
 
 /// The static pods side of the manager.
@@ -145,6 +145,7 @@ impl PodManager {
             statics,
             shutting_down: false,
             finished: HashSet::new(),
+            orphans: Orphans::default(),
         }
     }
 
@@ -159,6 +160,12 @@ impl PodManager {
         let mut node = self.ctx.node.clone();
         let mut statics_open = statics.is_some();
         let mut control_open = true;
+        let mut housekeeping = Orphans::periodic(&self.ctx).then(|| {
+            let mut every =
+                tokio::time::interval_at(tokio::time::Instant::now() + orphans::PERIOD, orphans::PERIOD);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every
+        });
         loop {
             tokio::select! {
                 _ = self.cancel.cancelled() => break,
@@ -188,6 +195,7 @@ impl PodManager {
                 },
                 Some(uid) = pleg.recv() => self.on_runtime(uid),
                 Some(done) = self.done_rx.recv() => self.on_finished(done),
+                () = tick(&mut housekeeping), if housekeeping.is_some() => self.housekeeping().await,
                 changed = node.changed() => {
                     if changed.is_err() {
                         break;
@@ -503,37 +511,37 @@ impl PodManager {
         );
     }
 
-    /// Stops and removes sandboxes and containers of pods that are not in `live`.
+    /// Sweeps what pods that are not in `live` — nor run by a worker, finished, or waiting — left behind
+    /// ([`orphans`]).
     async fn cleanup_orphans(&mut self, live: &HashSet<String>) {
-        let ctx = &self.ctx;
-        let sandboxes = match ctx
-            .rt(
-                "list_podsandbox",
-                ctx.runtime
-                    .list_pod_sandbox(cri::ListPodSandboxRequest::default()),
-            )
-            .await
-        {
-            Ok(r) => r.items,
-            Err(error) => {
-                tracing::warn!(%error, "cannot list sandboxes for orphan cleanup");
-                return;
-            }
-        };
-        let orphans: HashSet<String> = sandboxes
-            .iter()
-            .filter_map(|s| s.labels.get(labels::POD_UID))
-            .filter(|uid| !live.contains(*uid) && !self.workers.contains_key(*uid))
-            .cloned()
-            .collect();
-        for uid in orphans {
-            let ctx = self.ctx.clone();
-            self.tracker.spawn(async move {
-                if let Err(error) = remove_orphan(&ctx, &uid).await {
-                    tracing::warn!(%uid, %error, "orphan cleanup failed");
-                }
-            });
+        let mut keep = live.clone();
+        keep.extend(self.workers.keys().cloned());
+        keep.extend(self.finished.iter().cloned());
+        keep.extend(self.pending.iter().filter_map(|p| p.metadata.uid.clone()));
+        self.orphans.sweep(&self.ctx, &keep, &self.tracker).await;
+    }
+
+    /// The periodic sweep of a real node: once the API's pods were listed and every static source read.
+    async fn housekeeping(&mut self) {
+        if self.statics.unseen > 0 {
+            return;
         }
+        let Some(api_live) = &self.statics.api_live else {
+            return;
+        };
+        let mut live = api_live.clone();
+        live.extend(self.statics.uids().cloned());
+        self.cleanup_orphans(&live).await;
+    }
+}
+
+/// The next tick of an interval the node may not have.
+async fn tick(every: &mut Option<tokio::time::Interval>) {
+    match every {
+        Some(every) => {
+            every.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }
 
@@ -554,17 +562,4 @@ fn event_reason(reason: &str) -> &'static str {
         .into_iter()
         .find(|k| *k == reason)
         .unwrap_or("UnexpectedAdmissionError")
-}
-
-/// Stops and removes what the runtime holds of pod `uid`. Its object is gone, and with it the grace period
-/// (which ran out while nobody watched), so containers get the 2 s minimum and no preStop hook.
-async fn remove_orphan(ctx: &AgentCtx, uid: &str) -> Result<(), runtime_api::RuntimeError> {
-    let mut view = RuntimeView::default();
-    view.refresh(ctx, uid).await?;
-    for c in view.containers.iter().filter(|c| c.running()) {
-        kill::stop_container(ctx, &c.id, 2).await?;
-    }
-    kill::remove_pod(ctx, &view).await?;
-    tracing::info!(%uid, "removed the runtime objects of a pod that no longer exists");
-    Ok(())
 }

@@ -25,7 +25,8 @@
 //! (CrashLoopBackOff), `actions` (exec/http/tcp/grpc/sleep), [`metrics`] (per-stage hdrhistograms and the
 //! kubelet's Prometheus series), `gofmt` (Go-style durations in messages), `wiring` (running as a manager of
 //! an [`Agent`](crate::Agent)), `service_links` (Services as environment variables), `termination` (termination
-//! messages), [`cgroups`] (QoS and pod cgroups of a real node).
+//! messages), [`cgroups`] (QoS and pod cgroups of a real node), `orphans` (what pods deleted while the agent
+//! was down left behind).
 //!
 //! Shutdown (cancelling the token) stops every loop and leaves containers running: a restarted agent rebuilds
 //! its state from the runtime (labels and annotations written by `labels`) and the API server, starting nothing
@@ -47,6 +48,7 @@ mod manager;
 pub mod metrics;
 pub mod objects;
 mod observed;
+mod orphans;
 mod plan;
 pub(crate) mod pleg;
 pub mod probes;

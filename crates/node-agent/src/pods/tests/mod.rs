@@ -4,6 +4,7 @@
 mod admitted;
 mod evict;
 mod gc;
+mod orphans;
 mod probes;
 mod scenarios;
 mod security;
@@ -116,13 +117,18 @@ impl Harness {
 
     /// Starts on `cri` (the fake runtime itself, or a wrapper around it).
     pub(super) fn start_on(runtime: FakeRuntime, cri: Arc<dyn Runtime>) -> Self {
+        Self::start_configured(runtime, cri, PodConfig::new("n1"))
+    }
+
+    /// [`Harness::start_on`] with `config` (for node n1).
+    pub(super) fn start_configured(runtime: FakeRuntime, cri: Arc<dyn Runtime>, config: PodConfig) -> Self {
         let events = Arc::new(MemoryEvents::default());
         let metrics = Arc::new(PodMetrics::new());
         let probe_metrics = Arc::new(crate::pods::ProbeMetrics::default());
         let (status, status_rx) = StatusHandle::channel();
         let (node_tx, node_rx) = watch::channel(Some(node_view()));
         let ctx = Arc::new(AgentCtx {
-            config: PodConfig::new("n1"),
+            config,
             runtime: cri,
             runtime_type: "cri-fake".into(),
             probes: Arc::new(fake_probes(runtime.clone())),

@@ -9,7 +9,7 @@ use super::super::spec::{ContainerSpec, DesiredPod};
 use crate::pods::admission::NodeView;
 use crate::quantity::Quantity;
 
-/// One file of a volume: relative path, content, mode.
+/// One file of a volume: relative path, content, mode, and the user that owns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct File {
     /// Path relative to the volume's root.
@@ -18,6 +18,9 @@ pub struct File {
     pub data: Vec<u8>,
     /// Mode bits.
     pub mode: u32,
+    /// The user that owns the file (and its visible link); `None`: the node's (root). Only service account
+    /// tokens have one: the pod's single `runAsUser` (see `volumes::fs_user`).
+    pub owner: Option<u32>,
 }
 
 /// The files of one object-backed volume source: `items` when given (each key must exist unless the source is
@@ -43,6 +46,7 @@ pub fn object_files(
                 path: k.clone(),
                 data: d.clone(),
                 mode: default_mode,
+                owner: None,
             })
             .collect());
     }
@@ -53,6 +57,7 @@ pub fn object_files(
                 path: path.clone(),
                 data: d.clone(),
                 mode: mode.unwrap_or(default_mode),
+                owner: None,
             }),
             None if v.optional => {}
             None if kind == "Secret" => return Err(format!("references non-existent secret key: {key}")),
@@ -184,6 +189,7 @@ pub fn downward_files(
                 path: f.path.clone(),
                 data: data.into_bytes(),
                 mode: f.mode.unwrap_or(default_mode),
+                owner: None,
             })
         })
         .collect()

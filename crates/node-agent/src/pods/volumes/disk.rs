@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt, symlink};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt, lchown, symlink};
 use std::path::{Component, Path, PathBuf};
 
 use super::content::File;
@@ -53,6 +53,9 @@ pub fn write_atomic(dir: &Path, files: &[File]) -> io::Result<()> {
         }
         fs::write(&target, &f.data)?;
         fs::set_permissions(&target, fs::Permissions::from_mode(f.mode & 0o7777))?;
+        if f.owner.is_some() {
+            lchown(&target, f.owner, None)?;
+        }
         if let Some(Component::Normal(first)) = rel.components().next() {
             top.insert(first.to_string_lossy().into_owned());
         }
@@ -66,6 +69,13 @@ pub fn write_atomic(dir: &Path, files: &[File]) -> io::Result<()> {
         let link = dir.join(t);
         if fs::symlink_metadata(&link).is_err() {
             symlink(Path::new(DATA).join(t), &link)?;
+        }
+    }
+    // an owned file's visible link (its top-level name) belongs to its owner too, as the kubelet's atomic
+    // writer makes it
+    for f in files.iter().filter(|f| f.owner.is_some()) {
+        if let Some(Component::Normal(first)) = Path::new(&f.path).components().next() {
+            lchown(dir.join(first), f.owner, None)?;
         }
     }
     // names of the old content that the new one lacks, and the old content itself
@@ -192,32 +202,108 @@ pub fn check_host_path(path: &str, kind: HostPathType) -> Result<(), String> {
     }
 }
 
-/// Removes a pod's directory: every volume directory under `volumes/<plugin>/` is unmounted first if it is a
-/// mount point. hostPath volumes live outside it and are never touched.
+/// The mount points at or below `dir` (from `/proc/self/mountinfo`), with their filesystem type, deepest
+/// first. `dir` is resolved first (mountinfo names canonical paths); a missing `dir` has none.
+pub fn mounts_below(dir: &Path) -> io::Result<Vec<(PathBuf, String)>> {
+    let dir = match fs::canonicalize(dir) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let text = fs::read_to_string("/proc/self/mountinfo")?;
+    let mut found: Vec<(PathBuf, String)> = parse_mountinfo(&text)
+        .into_iter()
+        .filter(|(point, _)| point.starts_with(&dir))
+        .collect();
+    found.sort_by_key(|(point, _)| std::cmp::Reverse(point.components().count()));
+    Ok(found)
+}
+
+/// `(mount point, filesystem type)` of every line of a mountinfo text (octal escapes such as `\040` decoded).
+fn parse_mountinfo(text: &str) -> Vec<(PathBuf, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let point = left.split(' ').nth(4)?;
+            let fstype = right.split(' ').next()?;
+            Some((PathBuf::from(unescape(point)), fstype.to_owned()))
+        })
+        .collect()
+}
+
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)))
+            .and_then(|d| u8::try_from(d.iter().fold(0u32, |n, b| n * 8 + u32::from(b - b'0'))).ok());
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn still_mounted(what: &Path, mounts: &[(PathBuf, String)]) -> io::Error {
+    let points: Vec<String> = mounts.iter().map(|(p, _)| p.display().to_string()).collect();
+    io::Error::other(format!(
+        "{} not removed: still mounted below it: {}",
+        what.display(),
+        points.join(", ")
+    ))
+}
+
+/// Removes a pod's directory: its volumes first ([`remove_volumes`]), then the rest (termination-message
+/// files, `etc-hosts`) — never while anything is still mounted below it. hostPath volumes live outside it and
+/// are never touched.
 pub fn remove_pod_dir(pod_dir: &Path) -> io::Result<()> {
     remove_volumes(pod_dir)?;
+    let mounts = mounts_below(pod_dir)?;
+    if !mounts.is_empty() {
+        return Err(still_mounted(pod_dir, &mounts));
+    }
     match fs::remove_dir_all(pod_dir) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
 }
 
-/// Unmounts (tmpfs) and removes the pod's volumes (`<pod dir>/volumes`), leaving the rest of its directory.
+/// Unmounts and removes the pod's volumes (`<pod dir>/volumes`), leaving the rest of its directory. Only the
+/// mounts this node makes are unmounted — a tmpfs on a volume's own directory,
+/// `volumes/<plugin>/<name>` — and only when nothing else is mounted below `volumes`: then nothing is
+/// unmounted or removed, and the error names what is mounted (as the kubelet, which never deletes a pod
+/// directory with a volume still mounted in it).
 pub fn remove_volumes(pod_dir: &Path) -> io::Result<()> {
     let volumes = pod_dir.join("volumes");
-    if let Ok(plugins) = fs::read_dir(&volumes) {
-        for plugin in plugins.flatten() {
-            let Ok(dirs) = fs::read_dir(plugin.path()) else {
-                continue;
-            };
-            for dir in dirs.flatten() {
-                let path: PathBuf = dir.path();
-                if is_mount_point(&path) {
-                    nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH)
-                        .map_err(|e| io::Error::other(format!("unmounting {}: {e}", path.display())))?;
-                }
-            }
-        }
+    let mounts = mounts_below(&volumes)?;
+    let base = fs::canonicalize(&volumes).unwrap_or_else(|_| volumes.clone());
+    let ours = |(point, fstype): &(PathBuf, String)| {
+        fstype == "tmpfs"
+            && point
+                .strip_prefix(&base)
+                .is_ok_and(|rel| rel.components().count() == 2)
+    };
+    let foreign: Vec<(PathBuf, String)> = mounts.iter().filter(|m| !ours(m)).cloned().collect();
+    if !foreign.is_empty() {
+        return Err(still_mounted(&volumes, &foreign));
+    }
+    for (point, _) in &mounts {
+        nix::mount::umount2(point, nix::mount::MntFlags::MNT_DETACH)
+            .map_err(|e| io::Error::other(format!("unmounting {}: {e}", point.display())))?;
+    }
+    let left = mounts_below(&volumes)?;
+    if !left.is_empty() {
+        return Err(still_mounted(&volumes, &left));
     }
     match fs::remove_dir_all(&volumes) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -234,6 +320,7 @@ mod tests {
             path: path.into(),
             data: data.as_bytes().to_vec(),
             mode: 0o644,
+            owner: None,
         }
     }
 
@@ -272,12 +359,112 @@ mod tests {
         );
     }
 
+    /// A file with an owner (a service account token of a pod with one `runAsUser`) belongs to that user, and
+    /// so does its visible link; the rest stays root's. Giving files away needs root (CI runs as root).
+    #[test]
+    fn an_owned_file_and_its_link_belong_to_the_owner() {
+        if !is_root() {
+            println!("skipped: chown to another user needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("vol");
+        let token = File {
+            owner: Some(1000),
+            mode: 0o600,
+            ..file("token", "t")
+        };
+        write_atomic(&dir, &[token, file("ca.crt", "c")]).unwrap();
+        let owner = |p: &str| fs::symlink_metadata(dir.join(p)).unwrap().uid();
+        assert_eq!(owner("token"), 1000, "the visible link");
+        assert_eq!(owner("..data/token"), 1000, "the file");
+        assert_eq!(
+            fs::metadata(dir.join("token")).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(owner("ca.crt"), 0);
+        assert_eq!(owner("..data/ca.crt"), 0);
+    }
+
     #[test]
     fn paths_leaving_the_volume_are_refused() {
         let tmp = tempfile::tempdir().unwrap();
         for bad in ["../x", "/etc/passwd", "a/../../x", "..data"] {
             assert!(write_atomic(tmp.path(), &[file(bad, "x")]).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn mountinfo_lines_give_mount_points_and_types() {
+        let text = "36 35 98:0 / /mnt/a\\040b rw,noatime master:1 - tmpfs tmpfs rw\n\
+                    37 35 98:0 / /var/lib/x rw shared:2 - ext4 /dev/vda rw\n";
+        assert_eq!(
+            parse_mountinfo(text),
+            vec![
+                (PathBuf::from("/mnt/a b"), "tmpfs".to_owned()),
+                (PathBuf::from("/var/lib/x"), "ext4".to_owned())
+            ]
+        );
+    }
+
+    fn is_root() -> bool {
+        fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    }
+
+    /// A pod directory with a memory-backed volume (a tmpfs this node mounts) and a termination-message file:
+    /// the tmpfs is unmounted and everything goes. Mounting needs root (CI runs as root).
+    #[test]
+    fn a_pod_directory_goes_with_its_tmpfs_volumes_unmounted() {
+        if !is_root() {
+            println!("skipped: mounting a tmpfs needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let pod = tmp.path().join("uid-1");
+        let vol = pod.join("volumes/kubernetes.io~secret/creds");
+        make_dir(&vol, true, None).unwrap();
+        write_atomic(&vol, &[file("token", "s3cret")]).unwrap();
+        fs::create_dir_all(pod.join("containers/main")).unwrap();
+        fs::write(pod.join("containers/main/abc"), "bye").unwrap();
+        assert_eq!(mounts_below(&pod).unwrap().len(), 1);
+        remove_pod_dir(&pod).unwrap();
+        assert!(!pod.exists());
+        assert!(mounts_below(tmp.path()).unwrap().is_empty());
+    }
+
+    /// Something mounted in a pod directory that this node did not mount there (here a tmpfs in the
+    /// termination-message directory): nothing is removed — removing it would delete the mounted content —
+    /// until it is unmounted.
+    #[test]
+    fn a_pod_directory_with_a_foreign_mount_stays() {
+        if !is_root() {
+            println!("skipped: mounting a tmpfs needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let pod = tmp.path().join("uid-2");
+        let foreign = pod.join("containers/main");
+        make_dir(&foreign, true, None).unwrap();
+        fs::write(foreign.join("keep"), "data").unwrap();
+        let nested = pod.join("volumes/kubernetes.io~empty-dir/scratch/deeper");
+        make_dir(&nested, true, None).unwrap();
+        let err = remove_pod_dir(&pod).unwrap_err().to_string();
+        assert!(err.contains("still mounted below it"), "{err}");
+        assert_eq!(fs::read_to_string(foreign.join("keep")).unwrap(), "data");
+        assert!(
+            nested.exists(),
+            "a mount deeper than a volume's own directory is not ours: kept"
+        );
+        nix::mount::umount2(&nested, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        let err = remove_pod_dir(&pod).unwrap_err().to_string();
+        assert!(err.contains("containers/main"), "{err}");
+        assert!(
+            !pod.join("volumes").exists(),
+            "the volumes went once nothing foreign was left in them"
+        );
+        nix::mount::umount2(&foreign, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        remove_pod_dir(&pod).unwrap();
+        assert!(!pod.exists());
     }
 
     #[test]

@@ -112,6 +112,7 @@ impl Hash for File {
         self.path.hash(state);
         self.data.hash(state);
         self.mode.hash(state);
+        self.owner.hash(state);
     }
 }
 
@@ -133,6 +134,24 @@ fn fs_group(pod: &DesiredPod) -> Result<Option<u32>, String> {
     u32::try_from(group)
         .map(Some)
         .map_err(|_| format!("fsGroup {group} is not a valid group id"))
+}
+
+/// The user the pod's service account tokens belong to, as the kubelet's `FsUserFrom`: the effective
+/// `runAsUser` (the container's, else the pod's) when every init and app container has one and they are all the
+/// same; `None` otherwise (the token stays the node's, mode `defaultMode`).
+fn fs_user(pod: &DesiredPod) -> Option<u32> {
+    let pod_user = pod.security.as_deref().and_then(|s| s.run_as_user);
+    let mut users = pod
+        .init_containers
+        .iter()
+        .chain(&pod.containers)
+        .map(|c| c.security.as_deref().and_then(|s| s.run_as_user).or(pod_user));
+    let first = users.next()??;
+    if users.all(|u| u == Some(first)) {
+        u32::try_from(first).ok()
+    } else {
+        None
+    }
 }
 
 impl PodVolumes {
@@ -242,13 +261,20 @@ impl PodVolumes {
                                     // a hollow node keeps no token: nothing would be written anyway
                                     None
                                 };
-                                // with fsGroup the token is private to its owner and the group (0640 below)
-                                let mode = if fs_group.is_some() { 0o600 } else { v.default_mode };
+                                // with the pod's one runAsUser or an fsGroup the token is private to that
+                                // user (and the group: 0640 below), as the kubelet's projected volume
+                                let owner = fs_user(pod);
+                                let mode = if owner.is_some() || fs_group.is_some() {
+                                    0o600
+                                } else {
+                                    v.default_mode
+                                };
                                 Ok(token
                                     .map(|data| File {
                                         path: path.clone(),
                                         data,
                                         mode,
+                                        owner,
                                     })
                                     .into_iter()
                                     .collect())
@@ -431,5 +457,61 @@ pub async fn cleanup(ctx: &AgentCtx, uid: &str) {
     let dir = pod_dir(&pods_dir, uid);
     if let Err(error) = blocking(move || disk::remove_pod_dir(&dir)).await {
         tracing::warn!(%uid, %error, "cannot remove the pod's directory");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Arc<DesiredPod> {
+        let pod =
+            serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec})).unwrap();
+        DesiredPod::from_pod(&pod).unwrap()
+    }
+
+    fn container(name: &str, user: Option<i64>) -> serde_json::Value {
+        match user {
+            Some(u) => json!({"name": name, "image": "i", "securityContext": {"runAsUser": u}}),
+            None => json!({"name": name, "image": "i"}),
+        }
+    }
+
+    #[test]
+    fn tokens_belong_to_the_pods_one_run_as_user() {
+        let cases = [
+            // the pod's user for every container
+            (
+                json!({"securityContext": {"runAsUser": 1000}, "containers": [container("a", None)]}),
+                Some(1000),
+            ),
+            // each container's own, all the same (init containers count)
+            (
+                json!({"initContainers": [container("i", Some(7))], "containers": [container("a", Some(7))]}),
+                Some(7),
+            ),
+            // a container's own wins over the pod's
+            (
+                json!({"securityContext": {"runAsUser": 1000}, "containers": [container("a", Some(0))]}),
+                Some(0),
+            ),
+            // two users, or one container without any: nobody's
+            (
+                json!({"containers": [container("a", Some(1)), container("b", Some(2))]}),
+                None,
+            ),
+            (
+                json!({"containers": [container("a", Some(1)), container("b", None)]}),
+                None,
+            ),
+            (json!({"containers": [container("a", None)]}), None),
+        ];
+        for (spec, want) in cases {
+            assert_eq!(fs_user(&pod(spec.clone())), want, "{spec}");
+        }
     }
 }

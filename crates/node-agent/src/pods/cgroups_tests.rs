@@ -1,0 +1,178 @@
+//! Tests of the QoS and pod cgroups on fake hierarchies (plain directories).
+
+use super::*;
+use serde_json::json;
+
+fn desired(spec: serde_json::Value) -> Arc<DesiredPod> {
+    let pod = serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u1"}, "spec": spec})).unwrap();
+    DesiredPod::from_pod(&pod).unwrap()
+}
+
+const MOUNTINFO: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+#[test]
+fn v1_hierarchies_come_from_mountinfo() {
+    let h = v1_hierarchies(MOUNTINFO);
+    let names: Vec<(&str, Vec<&str>)> = h
+        .iter()
+        .map(|h| {
+            (
+                h.dir.to_str().unwrap(),
+                h.controllers.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("/sys/fs/cgroup/cpu,cpuacct", vec!["cpu", "cpuacct"]),
+            ("/sys/fs/cgroup/memory", vec!["memory"]),
+            ("/sys/fs/cgroup/pids", vec!["pids"]),
+            ("/sys/fs/cgroup/systemd", vec!["name=systemd"]),
+        ]
+    );
+    assert!(v1_hierarchies("41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n").is_empty());
+}
+
+#[test]
+fn pod_settings_follow_the_qos_class() {
+    let g = desired(json!({"containers": [
+        {"name": "a", "image": "i", "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}}}
+    ]}));
+    assert_eq!(
+        pod_settings(&g, 0),
+        [
+            ("cpu.shares", "512".to_owned()),
+            ("cpu.cfs_period_us", "100000".to_owned()),
+            ("cpu.cfs_quota_us", "50000".to_owned()),
+            ("memory.limit_in_bytes", (64u64 << 20).to_string()),
+        ]
+    );
+    let b = desired(json!({"containers": [
+        {"name": "a", "image": "i", "resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "32Mi"}}},
+        {"name": "b", "image": "i", "resources": {"limits": {"memory": "32Mi"}}}
+    ]}));
+    assert_eq!(
+        pod_settings(&b, 1024),
+        [
+            ("cpu.shares", "102".to_owned()),
+            ("memory.limit_in_bytes", (64u64 << 20).to_string()),
+            ("pids.max", "1024".to_owned()),
+        ],
+        "no cpu quota: not every container has a cpu limit"
+    );
+    let be = desired(json!({"containers": [{"name": "a", "image": "i"}]}));
+    assert_eq!(pod_settings(&be, -1), [("cpu.shares", "2".to_owned())]);
+    assert_eq!(shares(1), 2);
+    assert_eq!(shares(10_000_000), MAX_SHARES);
+    assert_eq!(quota(5), MIN_QUOTA_US);
+}
+
+fn hierarchies(root: &Path) -> Vec<Hierarchy> {
+    ["cpu", "memory", "cpuset"]
+        .iter()
+        .map(|c| {
+            let dir = root.join(c);
+            std::fs::create_dir_all(&dir).unwrap();
+            Hierarchy {
+                dir,
+                controllers: vec![(*c).to_owned()],
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn qos_and_pod_cgroups_are_created_with_their_limits_and_removed() {
+    let root = tempfile::tempdir().unwrap();
+    let hierarchies = hierarchies(root.path());
+    std::fs::write(root.path().join("cpuset/cpuset.cpus"), "0-1\n").unwrap();
+    std::fs::write(root.path().join("cpuset/cpuset.mems"), "0\n").unwrap();
+    let cg = QosCgroups::start_on(hierarchies, "/", 0).unwrap();
+    let read = |p: &str| std::fs::read_to_string(root.path().join(p)).unwrap_or_default();
+    assert_eq!(read("cpu/kubepods/besteffort/cpu.shares"), "2");
+    assert_eq!(read("cpu/kubepods/burstable/cpu.shares"), "2");
+    assert_eq!(
+        read("cpuset/kubepods/burstable/cpuset.cpus"),
+        "0-1",
+        "cpuset filled down"
+    );
+
+    let b = desired(json!({"containers": [
+        {"name": "a", "image": "i", "resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "32Mi"}}}
+    ]}));
+    assert_eq!(cg.pod_path(b.qos, &b.uid), "/kubepods/burstable/podu1");
+    cg.ensure(&b).await.unwrap();
+    assert_eq!(read("cpu/kubepods/burstable/podu1/cpu.shares"), "256");
+    assert_eq!(
+        read("memory/kubepods/burstable/podu1/memory.limit_in_bytes"),
+        (32u64 << 20).to_string()
+    );
+    assert_eq!(
+        read("cpu/kubepods/burstable/cpu.shares"),
+        "256",
+        "the burstable sum"
+    );
+    assert_eq!(read("cpuset/kubepods/burstable/podu1/cpuset.mems"), "0");
+
+    cg.remove(&b).await;
+    assert!(!root.path().join("cpu/kubepods/burstable/podu1").exists());
+    assert!(!root.path().join("memory/kubepods/burstable/podu1").exists());
+    assert_eq!(read("cpu/kubepods/burstable/cpu.shares"), "2");
+}
+
+#[test]
+fn a_host_without_v1_or_a_relative_root_is_refused() {
+    assert!(matches!(
+        QosCgroups::start_on(Vec::new(), "/", 0),
+        Err(CgroupError::NoV1)
+    ));
+    let root = tempfile::tempdir().unwrap();
+    let err = QosCgroups::start_on(hierarchies(root.path()), "kube", 0).unwrap_err();
+    assert_eq!(err.to_string(), "cgroupRoot \"kube\" must be an absolute path");
+}
+
+#[test]
+fn the_unified_hierarchy_of_a_hybrid_host_comes_from_mountinfo() {
+    assert_eq!(
+        unified_hierarchy(MOUNTINFO),
+        Some(PathBuf::from("/sys/fs/cgroup/unified"))
+    );
+    assert_eq!(
+        unified_hierarchy(&MOUNTINFO.replace("cgroup2 cgroup2", "tmpfs tmpfs")),
+        None
+    );
+}
+
+/// Pod cgroups of pods the node no longer has, whichever hierarchy holds them (one left only in the memory
+/// hierarchy, one the runtime made in the v2 hierarchy too), are found and removed; the others stay.
+#[tokio::test]
+async fn orphaned_pod_cgroups_are_found_anywhere_and_removed() {
+    let root = tempfile::tempdir().unwrap();
+    let unified = root.path().join("unified");
+    let cg = Arc::new(QosCgroups::build(hierarchies(root.path()), Some(unified.clone()), "/", 0).unwrap());
+    let kept = desired(json!({"containers": [{"name": "a", "image": "i"}]}));
+    cg.ensure(&kept).await.unwrap();
+    let dir = |p: &str| root.path().join(p);
+    std::fs::create_dir_all(dir("memory/kubepods/besteffort/podstray")).unwrap();
+    std::fs::create_dir_all(dir("cpu/kubepods/burstable/podgone")).unwrap();
+    std::fs::create_dir_all(dir("unified/kubepods/burstable/podgone/inner")).unwrap();
+    std::fs::create_dir_all(dir("unified/kubepods/besteffort/podu1")).unwrap();
+    assert_eq!(cg.pod_uids(), ["gone", "stray", "u1"]);
+    cg.remove_orphan("stray").unwrap();
+    cg.remove_orphan("gone").unwrap();
+    assert_eq!(cg.pod_uids(), ["u1"]);
+    assert!(!dir("unified/kubepods/burstable/podgone").exists());
+    assert!(dir("cpu/kubepods/besteffort/podu1").is_dir());
+    // a pod removed as usual leaves nothing in the v2 hierarchy either
+    cg.remove(&kept).await;
+    assert!(cg.pod_uids().is_empty());
+    assert!(!dir("unified/kubepods/besteffort/podu1").exists());
+}
