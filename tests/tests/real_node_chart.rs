@@ -1,5 +1,6 @@
 //! The Helm chart installed for real: a control plane whose worker is the real-mode node-agent on containerd
-//! (the harness's node), the fleet image built by `hack/build-image.sh` and pushed to a registry on loopback,
+//! (the harness's node), the fleet's development image (this build's `hollow` packed by
+//! `hack/build-image.sh --binaries`) pushed to a registry on loopback,
 //! `helm install` of `charts/hollow`, and the fleet's pods pulled and run by containerd on the real node with
 //! `hostNetwork` (this machine is loopback-only: the pods reach the API server on 127.0.0.1, named by
 //! `apiServer.url`).
