@@ -35,8 +35,9 @@
 # Release binaries are cached by a hash of the sources (crates/, proto/, Cargo.toml, Cargo.lock, this script and
 # the compiler's version) under ${NODE_AGENT_CACHE:-~/.cache/node-agent}/image-bin/<hash>; the release build
 # uses its own target directory (NODE_AGENT_IMAGE_TARGET, default ${NODE_AGENT_CACHE}/cargo-target-image) since
-# its flags differ from the test build's. Measured on a shared 2-core machine: cold 11m48s (9m54s CPU); after a change
-# to the project's crates ~7 min CPU (node-agent, hollow, cri-*; wall time grows with load); unchanged: ~7 s.
+# its flags differ from the test build's. Measured on a shared 2-core machine before the release profile gained fat LTO
+# and one codegen unit: cold 11m48s (9m54s CPU); after a change to the project's crates ~7 min CPU (node-agent,
+# hollow, cri-*; wall time grows with load); unchanged: ~7 s. LTO adds to both (its link is single-threaded).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${NODE_AGENT_CACHE:-$HOME/.cache/node-agent}
