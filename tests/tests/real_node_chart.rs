@@ -188,6 +188,20 @@ fn diagnose(cp: &testenv::ControlPlane, namespace: &str) {
     }
 }
 
+/// Prints `kubectl describe` of `objects` (a wait for one of them failed).
+fn describe(cp: &testenv::ControlPlane, namespace: &str, objects: &[&str]) {
+    for object in objects {
+        match cp.kubectl().args(["-n", namespace, "describe", object]).output() {
+            Ok(out) => println!(
+                "[chart] kubectl describe {object}:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => println!("[chart] kubectl describe {object}: {e}"),
+        }
+    }
+}
+
 /// The image as containerd on the node holds it: its repo digests.
 async fn pulled_digests(node: &RealNode, reference: &str) -> anyhow::Result<Vec<String>> {
     let status = node
@@ -353,13 +367,14 @@ async fn helm_install_runs_the_fleet_on_the_real_node() -> anyhow::Result<()> {
                                  "command": ["sh", "-c", "while :; do sleep 1; done"]}]},
     }))?;
     node.create_pod(&pods, &plain).await?;
-    let plain = wait_for("the plain pod Running", Duration::from_secs(60), || async {
+    let plain = wait_for("the plain pod Running", Duration::from_secs(120), || async {
         Ok(running_pods(&pods, "")
             .await?
             .into_iter()
             .find(|p| p.metadata.name.as_deref() == Some("plain")))
     })
-    .await?;
+    .await
+    .inspect_err(|_| describe(node.cp, ns, &["pod/plain", &format!("node/{NODE}")]))?;
     assert_eq!(
         node_name(&plain),
         NODE,
