@@ -196,8 +196,13 @@ async fn node_is_ready_within_five_seconds_with_every_field() -> anyhow::Result<
         ("InternalIP".to_string(), "127.0.0.1".to_string())
     );
 
+    // the lease is written beside the status, not before it: a Ready node may be a moment ahead of its lease
     let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
-    let lease = leases.get(name).await?;
+    let lease = poll("the node's lease", Duration::from_secs(10), || {
+        let leases = leases.clone();
+        async move { Ok(leases.get_opt(name).await?) }
+    })
+    .await?;
     let spec = lease.spec.context("lease spec")?;
     assert_eq!(spec.holder_identity.as_deref(), Some(name));
     assert_eq!(spec.lease_duration_seconds, Some(40));
