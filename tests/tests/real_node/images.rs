@@ -195,21 +195,37 @@ async fn private_images_pull_only_with_their_secret_and_missing_tags_back_off() 
         },
     )
     .await?;
-    let failed: Vec<String> = events
-        .list(&ListParams::default().fields("involvedObject.name=missing-tag"))
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("Failed"))
-        .filter_map(|e| e.message)
-        .collect();
-    assert!(
-        failed
-            .iter()
-            .any(|m| m.starts_with(&format!("Failed to pull image \"{missing}\""))),
-        "{failed:?}"
-    );
-    assert!(failed.iter().any(|m| m == "Error: ErrImagePull"), "{failed:?}");
+    // both Failed events: the pull's error and "Error: ErrImagePull" (events are written on their own limit,
+    // after the status that shows the back-off, so they may trail it)
+    let pull_error = format!("Failed to pull image \"{missing}\"");
+    let failed_events = || async {
+        Ok::<_, anyhow::Error>(
+            events
+                .list(&ListParams::default().fields("involvedObject.name=missing-tag"))
+                .await?
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("Failed"))
+                .filter_map(|e| e.message)
+                .collect::<Vec<String>>(),
+        )
+    };
+    let both = |failed: &[String]| {
+        failed.iter().any(|m| m.starts_with(&pull_error)) && failed.iter().any(|m| m == "Error: ErrImagePull")
+    };
+    let waited = wait_for(
+        "missing-tag's two Failed events",
+        Duration::from_secs(30),
+        || async {
+            let failed = failed_events().await?;
+            Ok(both(&failed).then_some(()))
+        },
+    )
+    .await;
+    if waited.is_err() {
+        let failed = failed_events().await?;
+        bail!("missing-tag's two Failed events not both written within 30 s: {failed:?}");
+    }
     Ok(())
 }
 
