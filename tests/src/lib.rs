@@ -43,6 +43,60 @@ where
     }
 }
 
+/// What a user would read in `kubectl describe pod` when a wait for a pod failed: phase, conditions, each
+/// container's state and the pod's events (errors reading them are part of the text).
+pub async fn pod_report(client: &kube::Client, namespace: &str, name: &str) -> String {
+    use k8s_openapi::api::core::v1::{Event, Pod};
+    let mut out = format!("pod {namespace}/{name}:");
+    match kube::Api::<Pod>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+    {
+        Ok(Some(pod)) => {
+            let spec_node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            let status = pod.status.unwrap_or_default();
+            out += &format!(
+                " node {spec_node:?}, phase {:?}",
+                status.phase.unwrap_or_default()
+            );
+            for c in status.conditions.unwrap_or_default() {
+                out += &format!(
+                    "\n  condition {}={} {}",
+                    c.type_,
+                    c.status,
+                    c.message.unwrap_or_default()
+                );
+            }
+            for c in status.container_statuses.unwrap_or_default() {
+                out += &format!("\n  container {}: {}", c.name, serde_json::json!(c.state));
+            }
+        }
+        Ok(None) => out += " not found",
+        Err(e) => out += &format!(" unreadable: {e}"),
+    }
+    let events = kube::Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await;
+    match events {
+        Ok(list) => {
+            for e in list.items {
+                out += &format!(
+                    "\n  event {} {}: {}",
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default()
+                );
+            }
+        }
+        Err(e) => out += &format!("\n  events unreadable: {e}"),
+    }
+    out
+}
+
 /// Pod options for an agent on `fake`: network probes (and HTTP hooks) answered by the fake runtime's script
 /// (`cri-fake.node-agent.io/probe`), never over the network — fake pods' addresses are not on this machine.
 pub fn fake_pod_options(fake: cri_fake::FakeRuntime) -> node_agent::pods::PodOptions {

@@ -230,11 +230,14 @@ async fn logs_stats_and_resource_metrics_of_hollow_nodes_with_the_kubelets_auth(
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     pods.create(&PostParams::default(), &scripted_pod("kapi-logs", "kapi-1")?)
         .await?;
-    wait_for("kapi-logs Running", Duration::from_secs(60), || async {
+    let running = wait_for("kapi-logs Running", Duration::from_secs(60), || async {
         let pod = pods.get("kapi-logs").await?;
         Ok((pod.status.and_then(|s| s.phase).as_deref() == Some("Running")).then_some(()))
     })
-    .await?;
+    .await;
+    if let Err(e) = running {
+        anyhow::bail!("{e:#}\n{}", e2e::pod_report(&admin, NS, "kapi-logs").await);
+    }
 
     // kubectl logs, through the API server
     let all = pods.logs("kapi-logs", &LogParams::default()).await?;
@@ -520,7 +523,10 @@ async fn probe_metrics_of_a_hollow_node_count_scripted_probes() -> anyhow::Resul
         Ok(probe_count(&text, &ready, "Readiness", "successful").map(|n| (n, text)))
     })
     .await;
-    let (first, text) = first?;
+    let (first, text) = match first {
+        Ok(found) => found,
+        Err(e) => anyhow::bail!("{e:#}\n{}", e2e::pod_report(&admin, NS, "kprobe-ready").await),
+    };
     println!("[kubelet_api] /metrics/probes:\n{text}");
     assert!(text.contains("# TYPE prober_probe_total counter"), "{text}");
     assert!(

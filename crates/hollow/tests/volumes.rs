@@ -146,6 +146,14 @@ async fn missing_objects_hold_pods_back_with_the_kubelets_reasons_until_they_exi
     })
     .await?;
 
+    // a missing object is not remembered as missing: each retry asks again, as a watch would see it appear
+    wait_for(
+        "the nodes asking again for the missing ConfigMap",
+        Duration::from_secs(60),
+        || async { Ok((metrics.request_count("get", "configmaps", 404) >= 3).then_some(())) },
+    )
+    .await?;
+
     // the ConfigMap appears: both pods that waited for it run, the one naming a missing key still waits
     let cm: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "app-config", "namespace": NS}, "data": {"greeting": "hello"}
@@ -153,12 +161,18 @@ async fn missing_objects_hold_pods_back_with_the_kubelets_reasons_until_they_exi
     Api::<ConfigMap>::namespaced(admin.clone(), NS)
         .create(&pp, &cm)
         .await?;
+    let appeared = std::time::Instant::now();
     for name in ["env-ref", "vol-ref"] {
         wait_for(&format!("{name} Running"), Duration::from_secs(120), || async {
             Ok((phase(&pods.get(name).await?) == "Running").then_some(()))
         })
         .await?;
     }
+    println!(
+        "[volumes] both pods Running {:.1} s after the ConfigMap appeared ({} reads answered 404 before)",
+        appeared.elapsed().as_secs_f64(),
+        metrics.request_count("get", "configmaps", 404)
+    );
     wait_for("bad-key names its key", Duration::from_secs(60), || async {
         let p = pods.get("bad-key").await?;
         let want = (

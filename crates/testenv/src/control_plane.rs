@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Config};
 use serde::{Deserialize, Serialize};
@@ -487,17 +487,23 @@ impl ControlPlane {
         }
     }
 
-    /// The controller-manager's service-account controller creates `default/default`: proof it runs.
+    /// The controller-manager runs: its service-account controller created `default/default` and its root CA
+    /// publisher `default/kube-root-ca.crt`.
     async fn wait_controller_manager(&self, deadline: tokio::time::Instant) -> anyhow::Result<()> {
         let client = self.admin_client().await?;
-        let sas: Api<ServiceAccount> = Api::namespaced(client, "default");
+        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+        // every pod's token volume names the root CA ConfigMap; its publisher runs apart from the accounts'
+        let maps: Api<ConfigMap> = Api::namespaced(client, "default");
         loop {
             self.check_processes()?;
-            if sas.get_opt("default").await?.is_some() {
+            if sas.get_opt("default").await?.is_some() && maps.get_opt("kube-root-ca.crt").await?.is_some() {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
-                bail!("kube-controller-manager did not create default/default in time");
+                bail!(
+                    "kube-controller-manager did not create the service account default/default and the \
+                     ConfigMap default/kube-root-ca.crt in time"
+                );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }

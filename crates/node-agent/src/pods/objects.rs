@@ -6,7 +6,8 @@
 //! implementation over the agent's client and rate limit. Reads are cached per agent for a time to live set by
 //! `configMapAndSecretChangeDetectionStrategy`: `Get` reads at every use, `Cache` and `Watch` keep a read for
 //! the sync period (the kubelet's `Watch` keeps a watch per object; changes reach pods at their next sync either
-//! way). One agent's reads of one object are serialised, so fifty pods starting at once read it once.
+//! way). One agent's reads of one object are serialised, so fifty pods starting at once read it once. An
+//! object found missing is not cached: each retry of a pod waiting for it reads again.
 //!
 //! Services are listed per namespace (the kubelet keeps a cluster-wide informer instead) and kept for
 //! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports.
@@ -167,8 +168,10 @@ type CacheKey = (ObjectKind, String, String);
 type ServiceKey = (String, Option<String>);
 /// When Services were read, and what was read.
 type ServiceEntry = (Instant, Arc<[ServiceLink]>);
-/// When an object was read, and what was read (`None`: it did not exist).
-type CacheEntry = (Instant, Option<Arc<ObjectData>>);
+/// When an object was read, and what was read. An object that did not exist is not kept: a pod waiting for it
+/// reads again at its next retry, so the object's creation reaches the pod as soon as the kubelet's watch
+/// would bring it (a kept absence would hold the pod back for the whole time to live).
+type CacheEntry = (Instant, Arc<ObjectData>);
 
 /// [`PodObjects`] over the API server, with a per-agent cache.
 pub struct ApiObjects {
@@ -302,7 +305,7 @@ impl PodObjects for ApiObjects {
             && !self.ttl.is_zero()
             && now.saturating_duration_since(*at) < self.ttl
         {
-            return Ok(data.clone());
+            return Ok(Some(data.clone()));
         }
         let data = self
             .fetch(kind, namespace, name)
@@ -312,8 +315,14 @@ impl PodObjects for ApiObjects {
         // forget entries nobody asked for within the time to live
         let ttl = self.ttl;
         cache.retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
-        if !ttl.is_zero() {
-            cache.insert(key, (now, data.clone()));
+        match &data {
+            Some(found) if !ttl.is_zero() => {
+                cache.insert(key, (now, found.clone()));
+            }
+            // gone (or never there): a stale copy must not outlive it
+            _ => {
+                cache.remove(&key);
+            }
         }
         Ok(data)
     }
