@@ -7,7 +7,8 @@ starving anything. The binaries are built first (`cargo test --no-run`), then ru
 directory as cargo would run them. The longest-running binaries (as measured by earlier runs, kept in the
 cache directory) start first. The binaries that start a private containerd with bridge networking
 (CONTAINERD_BINARIES) run one after another, never beside each other, each with its own pod subnet
-(NA_CRI_SUBNET, unless the environment sets one).
+(NA_CRI_SUBNET, unless the environment sets one). The `hollow` and `node-agent` programs the same build made are
+handed to the tests (HOLLOW_BIN, NODE_AGENT_BIN, unless the environment sets them).
 
 Environment: NODE_AGENT_TEST_JOBS (binaries at once, default 3), NODE_AGENT_TEST_THREADS (test threads per
 binary, default 8), NODE_AGENT_CACHE (where the timings are kept).
@@ -43,13 +44,19 @@ def package_name_of(package_id):
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
+# program binaries the tests start (tests/src/lib.rs builds them itself unless these variables name them)
+PROGRAMS = {"hollow": "HOLLOW_BIN", "node-agent": "NODE_AGENT_BIN"}
+
+
 def build(root):
-    """Builds the test binaries; returns [(package, target name, kind, executable, manifest dir)]."""
+    """Builds the test binaries; returns [(package, target name, kind, executable, manifest dir)] and the
+    program binaries the same build made ({environment variable: executable})."""
     cmd = ["cargo", "test", "--workspace", "--all-targets", "--no-run", "--message-format=json-render-diagnostics"]
     proc = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         sys.exit(f"test: building the tests failed ({' '.join(cmd)} exited {proc.returncode})")
     found = []
+    programs = {}
     for line in proc.stdout.splitlines():
         try:
             msg = json.loads(line)
@@ -58,6 +65,10 @@ def build(root):
         if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
             continue
         if not msg.get("profile", {}).get("test"):
+            # a program built for its package's tests, with the workspace's features: handed to every test, so
+            # none builds it again with its own package's features (a second build of the whole library)
+            if msg["target"]["kind"] == ["bin"] and msg["target"]["name"] in PROGRAMS:
+                programs[PROGRAMS[msg["target"]["name"]]] = msg["executable"]
             continue
         package = msg["package_id"]
         name = msg["target"]["name"]
@@ -65,7 +76,7 @@ def build(root):
         manifest_dir = str(Path(msg["manifest_path"]).parent)
         package_name = package_name_of(package)
         found.append((package_name, name, kind, msg["executable"], manifest_dir))
-    return found
+    return found, programs
 
 
 def main():
@@ -79,7 +90,11 @@ def main():
     except (OSError, ValueError):
         timings = {}
 
-    binaries = build(root)
+    binaries, programs = build(root)
+    for var, exe in sorted(programs.items()):
+        if var not in os.environ:
+            os.environ[var] = exe
+            print(f"test: {var}={exe}", flush=True)
     def label(b):
         return f"{b[0]}/{b[2]}/{b[1]}"
 
