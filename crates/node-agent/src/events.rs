@@ -182,24 +182,26 @@ impl EventSink {
     }
 
     /// Writes events until every recorder is dropped or the token fires; queued events get a short grace.
-    pub async fn run(mut self) {
-        loop {
-            tokio::select! {
-                ev = self.rx.recv() => match ev {
-                    // boxed: the idle task keeps no room for a request in flight
-                    Some(ev) => Box::pin(self.write(*ev)).await,
-                    None => return,
-                },
-                () = self.token.cancelled() => break,
+    pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            loop {
+                tokio::select! {
+                    ev = self.rx.recv() => match ev {
+                        // boxed: the idle task keeps no room for a request in flight
+                        Some(ev) => Box::pin(self.write(*ev)).await,
+                        None => return,
+                    },
+                    () = self.token.cancelled() => break,
+                }
             }
-        }
-        let deadline = Instant::now() + DRAIN;
-        while let Ok(ev) = self.rx.try_recv() {
-            if tokio::time::timeout_at(deadline, Box::pin(self.write(*ev)))
-                .await
-                .is_err()
-            {
-                break;
+            let deadline = Instant::now() + DRAIN;
+            while let Ok(ev) = self.rx.try_recv() {
+                if tokio::time::timeout_at(deadline, Box::pin(self.write(*ev)))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
             }
         }
     }

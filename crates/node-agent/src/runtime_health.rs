@@ -149,13 +149,15 @@ impl RuntimeHealthMonitor {
 
     /// Polls immediately, then every [`POLL_PERIOD`] (jittered) and whenever asked to recheck, until the token
     /// fires.
-    pub async fn run(self) {
-        let mut interval = JitteredInterval::immediate(POLL_PERIOD, 0.1);
-        loop {
-            tokio::select! {
-                _ = interval.tick() => self.poll().await,
-                () = self.recheck.notified() => self.poll().await,
-                () = self.token.cancelled() => return,
+    pub fn run(self) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let mut interval = JitteredInterval::immediate(POLL_PERIOD, 0.1);
+            loop {
+                tokio::select! {
+                    _ = interval.tick() => self.poll().await,
+                    () = self.recheck.notified() => self.poll().await,
+                    () = self.token.cancelled() => return,
+                }
             }
         }
     }

@@ -133,35 +133,37 @@ impl EvictionManager {
     }
 
     /// Runs until the agent's token fires. Without thresholds there is nothing to do.
-    pub async fn run(mut self) {
-        if self.thresholds.is_empty() {
-            return;
-        }
-        let token = self.ctx.token.clone();
-        // agents of a fleet start together: spread their passes over the interval
-        let offset = MONITORING_INTERVAL.mul_f64(rand::random::<f64>());
-        tokio::select! {
-            _ = token.cancelled() => return,
-            _ = tokio::time::sleep(offset) => {}
-        }
-        loop {
-            // boxed: a pass's state lives on the heap only while it runs (thousands of idle agents per fleet)
-            let evicted = Box::pin(self.synchronize(Instant::now())).await;
-            let wait = async {
-                match evicted {
-                    Some(done) => {
-                        let stopped = tokio::time::timeout(CLEANUP_WAIT, done).await;
-                        // a pod that could not be evicted (gone meanwhile) does not make the next pass come early
-                        if !matches!(stopped, Ok(Ok(true))) {
-                            tokio::time::sleep(MONITORING_INTERVAL).await;
-                        }
-                    }
-                    None => tokio::time::sleep(MONITORING_INTERVAL).await,
-                }
-            };
+    pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            if self.thresholds.is_empty() {
+                return;
+            }
+            let token = self.ctx.token.clone();
+            // agents of a fleet start together: spread their passes over the interval
+            let offset = MONITORING_INTERVAL.mul_f64(rand::random::<f64>());
             tokio::select! {
                 _ = token.cancelled() => return,
-                _ = wait => {}
+                _ = tokio::time::sleep(offset) => {}
+            }
+            loop {
+                // boxed: a pass's state lives on the heap only while it runs (thousands of idle agents per fleet)
+                let evicted = Box::pin(self.synchronize(Instant::now())).await;
+                let wait = async {
+                    match evicted {
+                        Some(done) => {
+                            let stopped = tokio::time::timeout(CLEANUP_WAIT, done).await;
+                            // a pod that could not be evicted (gone meanwhile) does not make the next pass come early
+                            if !matches!(stopped, Ok(Ok(true))) {
+                                tokio::time::sleep(MONITORING_INTERVAL).await;
+                            }
+                        }
+                        None => tokio::time::sleep(MONITORING_INTERVAL).await,
+                    }
+                };
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = wait => {}
+                }
             }
         }
     }

@@ -66,46 +66,48 @@ pub struct Periods {
 /// thousands). A failed container pass is logged and reported on the Node as `ContainerGCFailed`; a failed image
 /// pass is logged, and reported as `ImageGCFailed` when the one before failed too. Image collection is off when
 /// its policy says so.
-pub async fn run(
+pub fn run(
     gc: GarbageCollectors,
     events: EventRecorder,
     node: String,
     periods: Periods,
     token: CancellationToken,
-) {
-    let mut containers = JitteredInterval::new(periods.containers, 0.0);
-    let mut images = if gc.images.policy().disabled() {
-        tracing::info!(%node, "imageGCHighThresholdPercent is 100 and imageMaximumGCAge is 0: image garbage collection is off");
-        None
-    } else {
-        Some(JitteredInterval::new(periods.images, 0.0))
-    };
-    let (mut containers_failed, mut images_failed) = (false, false);
-    loop {
-        let image_tick = async {
-            match images.as_mut() {
-                Some(timer) => timer.tick().await,
-                None => std::future::pending().await,
-            }
-        };
-        let images_due = tokio::select! {
-            () = token.cancelled() => return,
-            _ = containers.tick() => false,
-            _ = image_tick => true,
-        };
-        // boxed: an idle loop holds its timers, not room for a pass
-        if images_due {
-            let pass = tokio::select! {
-                () = token.cancelled() => return,
-                r = Box::pin(gc.images.collect()) => r,
-            };
-            image_outcome(pass, &events, &node, &mut images_failed);
+) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        let mut containers = JitteredInterval::new(periods.containers, 0.0);
+        let mut images = if gc.images.policy().disabled() {
+            tracing::info!(%node, "imageGCHighThresholdPercent is 100 and imageMaximumGCAge is 0: image garbage collection is off");
+            None
         } else {
-            let pass = tokio::select! {
-                () = token.cancelled() => return,
-                r = Box::pin(gc.containers.collect()) => r,
+            Some(JitteredInterval::new(periods.images, 0.0))
+        };
+        let (mut containers_failed, mut images_failed) = (false, false);
+        loop {
+            let image_tick = async {
+                match images.as_mut() {
+                    Some(timer) => timer.tick().await,
+                    None => std::future::pending().await,
+                }
             };
-            container_outcome(pass, &events, &node, &mut containers_failed);
+            let images_due = tokio::select! {
+                () = token.cancelled() => return,
+                _ = containers.tick() => false,
+                _ = image_tick => true,
+            };
+            // boxed: an idle loop holds its timers, not room for a pass
+            if images_due {
+                let pass = tokio::select! {
+                    () = token.cancelled() => return,
+                    r = Box::pin(gc.images.collect()) => r,
+                };
+                image_outcome(pass, &events, &node, &mut images_failed);
+            } else {
+                let pass = tokio::select! {
+                    () = token.cancelled() => return,
+                    r = Box::pin(gc.containers.collect()) => r,
+                };
+                container_outcome(pass, &events, &node, &mut containers_failed);
+            }
         }
     }
 }

@@ -43,21 +43,23 @@ impl NodeInformer {
     }
 
     /// Follows the Node until the token fires.
-    pub async fn run(self) {
-        let selector = format!("metadata.name={}", self.node_name);
-        let mut watch: LeanWatch<Node> = LeanWatch::new(self.client.clone(), selector);
-        loop {
-            let next = tokio::select! {
-                () = self.token.cancelled() => return,
-                next = watch.next() => next,
-            };
-            match next {
-                Err(error) => {
-                    tracing::warn!(node = %self.node_name, %error, "node watch failed, retrying");
+    pub fn run(self) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let selector = format!("metadata.name={}", self.node_name);
+            let mut watch: LeanWatch<Node> = LeanWatch::new(self.client.clone(), selector);
+            loop {
+                let next = tokio::select! {
+                    () = self.token.cancelled() => return,
+                    next = watch.next() => next,
+                };
+                match next {
+                    Err(error) => {
+                        tracing::warn!(node = %self.node_name, %error, "node watch failed, retrying");
+                    }
+                    Ok(Change::Listed(nodes)) => nodes.iter().for_each(|n| self.publish(n)),
+                    Ok(Change::Applied(node)) => self.publish(&node),
+                    Ok(Change::Deleted(_)) => {}
                 }
-                Ok(Change::Listed(nodes)) => nodes.iter().for_each(|n| self.publish(n)),
-                Ok(Change::Applied(node)) => self.publish(&node),
-                Ok(Change::Deleted(_)) => {}
             }
         }
     }

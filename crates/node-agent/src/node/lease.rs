@@ -75,7 +75,7 @@ impl LeaseManager {
     }
 }
 
-impl<R: LeaseRenewer> LeaseManager<R> {
+impl<R: LeaseRenewer + 'static> LeaseManager<R> {
     /// A lease manager renewing through `renewer`.
     pub fn with_renewer(
         renewer: R,
@@ -105,45 +105,47 @@ impl<R: LeaseRenewer> LeaseManager<R> {
 
     /// Renews until the token fires: at once when the Node is known, then every renew interval (jittered 4 %);
     /// after a failure 200 ms doubling to 7 s (jittered 10 %).
-    pub async fn run(mut self) {
-        // Wait for the Node: the lease carries an owner reference to it.
-        let mut owner = loop {
-            if let Some(n) = self.registered.borrow_and_update().clone() {
-                break n;
-            }
-            tokio::select! {
-                changed = self.registered.changed() => if changed.is_err() { return },
-                () = self.token.cancelled() => return,
-            }
-        };
-        loop {
-            if !self.heartbeats.wait_running(&self.token).await {
-                return;
-            }
-            if self.registered.has_changed().unwrap_or(false)
-                && let Some(n) = self.registered.borrow_and_update().clone()
-            {
-                owner = n;
-            }
-            // boxed: the idle task keeps no room for a request in flight
-            let delay = match Box::pin(self.renewer.renew(&owner)).await {
-                Ok(()) => {
-                    if self.backoff.attempts() > 0 {
-                        tracing::info!(node = %self.node_name, failures = self.backoff.attempts(), "node lease renewed again");
-                        self.recovered.notify_one();
-                    }
-                    self.backoff.reset();
-                    jittered(self.renew_interval, RENEW_JITTER)
+    pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            // Wait for the Node: the lease carries an owner reference to it.
+            let mut owner = loop {
+                if let Some(n) = self.registered.borrow_and_update().clone() {
+                    break n;
                 }
-                Err(e) => {
-                    let d = self.backoff.next_delay();
-                    tracing::warn!(node = %self.node_name, error = %e, retry_in = ?d, "failed to renew node lease");
-                    d
+                tokio::select! {
+                    changed = self.registered.changed() => if changed.is_err() { return },
+                    () = self.token.cancelled() => return,
                 }
             };
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = self.token.cancelled() => return,
+            loop {
+                if !self.heartbeats.wait_running(&self.token).await {
+                    return;
+                }
+                if self.registered.has_changed().unwrap_or(false)
+                    && let Some(n) = self.registered.borrow_and_update().clone()
+                {
+                    owner = n;
+                }
+                // boxed: the idle task keeps no room for a request in flight
+                let delay = match Box::pin(self.renewer.renew(&owner)).await {
+                    Ok(()) => {
+                        if self.backoff.attempts() > 0 {
+                            tracing::info!(node = %self.node_name, failures = self.backoff.attempts(), "node lease renewed again");
+                            self.recovered.notify_one();
+                        }
+                        self.backoff.reset();
+                        jittered(self.renew_interval, RENEW_JITTER)
+                    }
+                    Err(e) => {
+                        let d = self.backoff.next_delay();
+                        tracing::warn!(node = %self.node_name, error = %e, retry_in = ?d, "failed to renew node lease");
+                        d
+                    }
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = self.token.cancelled() => return,
+                }
             }
         }
     }

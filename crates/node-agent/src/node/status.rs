@@ -137,62 +137,64 @@ impl NodeStatusManager {
     }
 
     /// Registers the Node, then keeps its status current until the token fires.
-    pub async fn run(mut self) {
-        // Give the runtime monitor a moment for its first answer, so the Node is created with real readiness.
-        if !wait_for_first_health(&self.channels.health, &self.token).await {
-            return;
-        }
-        // The calls below are boxed: between them the task holds only its state, not room for their requests.
-        if !Box::pin(self.register()).await {
-            return;
-        }
-        let mut triggers = StatusTriggers::new(
-            self.config.kubelet.node_status_update_frequency,
-            self.channels.health.clone(),
-            self.channels.pressure.clone(),
-            self.channels.resync.clone(),
-            self.channels.node.clone(),
-            self.token.clone(),
-        );
-        loop {
-            let force = match triggers.next().await {
-                Trigger::Tick => {
-                    if self.pod_cidr.is_none() {
-                        // a hand-over to the runtime that failed is tried again
-                        let seen = self.channels.node.borrow().clone();
+    pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            // Give the runtime monitor a moment for its first answer, so the Node is created with real readiness.
+            if !wait_for_first_health(&self.channels.health, &self.token).await {
+                return;
+            }
+            // The calls below are boxed: between them the task holds only its state, not room for their requests.
+            if !Box::pin(self.register()).await {
+                return;
+            }
+            let mut triggers = StatusTriggers::new(
+                self.config.kubelet.node_status_update_frequency,
+                self.channels.health.clone(),
+                self.channels.pressure.clone(),
+                self.channels.resync.clone(),
+                self.channels.node.clone(),
+                self.token.clone(),
+            );
+            loop {
+                let force = match triggers.next().await {
+                    Trigger::Tick => {
+                        if self.pod_cidr.is_none() {
+                            // a hand-over to the runtime that failed is tried again
+                            let seen = self.channels.node.borrow().clone();
+                            if let Some(snapshot) = seen {
+                                Box::pin(self.learn(&snapshot)).await;
+                            }
+                        }
+                        false
+                    }
+                    Trigger::InputsChanged => false,
+                    Trigger::Resync => {
+                        Box::pin(self.reread_node()).await;
+                        true
+                    }
+                    Trigger::NodeChanged => {
+                        let seen = self.channels.node.borrow_and_update().clone();
                         if let Some(snapshot) = seen {
                             Box::pin(self.learn(&snapshot)).await;
                         }
+                        continue;
                     }
-                    false
-                }
-                Trigger::InputsChanged => false,
-                Trigger::Resync => {
-                    Box::pin(self.reread_node()).await;
+                    Trigger::Stop => return,
+                };
+                let force = if self.heartbeats.is_paused() {
+                    if !self.heartbeats.wait_running(&self.token).await {
+                        return;
+                    }
                     true
-                }
-                Trigger::NodeChanged => {
-                    let seen = self.channels.node.borrow_and_update().clone();
-                    if let Some(snapshot) = seen {
-                        Box::pin(self.learn(&snapshot)).await;
+                } else {
+                    force
+                };
+                Box::pin(self.sync(force)).await;
+                if self.needs_registration {
+                    self.needs_registration = false;
+                    if !Box::pin(self.register()).await {
+                        return;
                     }
-                    continue;
-                }
-                Trigger::Stop => return,
-            };
-            let force = if self.heartbeats.is_paused() {
-                if !self.heartbeats.wait_running(&self.token).await {
-                    return;
-                }
-                true
-            } else {
-                force
-            };
-            Box::pin(self.sync(force)).await;
-            if self.needs_registration {
-                self.needs_registration = false;
-                if !Box::pin(self.register()).await {
-                    return;
                 }
             }
         }

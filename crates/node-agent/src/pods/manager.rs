@@ -150,59 +150,61 @@ impl PodManager {
     }
 
     /// Runs until `cancel` fires or the source ends.
-    pub(crate) async fn run(
+    pub(crate) fn run(
         mut self,
         mut source: mpsc::Receiver<PodEvent>,
         mut statics: Option<mpsc::Receiver<StaticUpdate>>,
         mut pleg: crate::chan::UnboundedReceiver<PlegEvent>,
         mut control: crate::chan::UnboundedReceiver<ManagerControl>,
-    ) {
-        let mut node = self.ctx.node.clone();
-        let mut statics_open = statics.is_some();
-        let mut control_open = true;
-        let mut housekeeping = Orphans::periodic(&self.ctx).then(|| {
-            let mut every =
-                tokio::time::interval_at(tokio::time::Instant::now() + orphans::PERIOD, orphans::PERIOD);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            every
-        });
-        loop {
-            tokio::select! {
-                _ = self.cancel.cancelled() => break,
-                request = control.recv(), if control_open => match request {
-                    Some(request) => self.on_control(request),
-                    None => control_open = false,
-                },
-                event = source.recv() => match event {
-                    Some(event) => {
-                        self.shutdown_first(&mut control, &mut control_open);
-                        // boxed: the idle manager keeps no room for an orphan clean-up in flight
-                        Box::pin(self.on_source(event)).await
-                    }
-                    None => break,
-                },
-                update = async {
-                    match statics.as_mut() {
-                        Some(rx) => rx.recv().await,
-                        None => None,
-                    }
-                }, if statics_open => match update {
-                    Some(update) => {
-                        self.shutdown_first(&mut control, &mut control_open);
-                        Box::pin(self.on_static(update)).await
-                    }
-                    None => statics_open = false,
-                },
-                Some(uid) = pleg.recv() => self.on_runtime(uid),
-                Some(done) = self.done_rx.recv() => self.on_finished(done),
-                () = tick(&mut housekeeping), if housekeeping.is_some() => self.housekeeping().await,
-                changed = node.changed() => {
-                    if changed.is_err() {
-                        break;
-                    }
-                    let pending = std::mem::take(&mut self.pending);
-                    for pod in pending {
-                        self.apply(pod);
+    ) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let mut node = self.ctx.node.clone();
+            let mut statics_open = statics.is_some();
+            let mut control_open = true;
+            let mut housekeeping = Orphans::periodic(&self.ctx).then(|| {
+                let mut every =
+                    tokio::time::interval_at(tokio::time::Instant::now() + orphans::PERIOD, orphans::PERIOD);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                every
+            });
+            loop {
+                tokio::select! {
+                    _ = self.cancel.cancelled() => break,
+                    request = control.recv(), if control_open => match request {
+                        Some(request) => self.on_control(request),
+                        None => control_open = false,
+                    },
+                    event = source.recv() => match event {
+                        Some(event) => {
+                            self.shutdown_first(&mut control, &mut control_open);
+                            // boxed: the idle manager keeps no room for an orphan clean-up in flight
+                            Box::pin(self.on_source(event)).await
+                        }
+                        None => break,
+                    },
+                    update = async {
+                        match statics.as_mut() {
+                            Some(rx) => rx.recv().await,
+                            None => None,
+                        }
+                    }, if statics_open => match update {
+                        Some(update) => {
+                            self.shutdown_first(&mut control, &mut control_open);
+                            Box::pin(self.on_static(update)).await
+                        }
+                        None => statics_open = false,
+                    },
+                    Some(uid) = pleg.recv() => self.on_runtime(uid),
+                    Some(done) = self.done_rx.recv() => self.on_finished(done),
+                    () = tick(&mut housekeeping), if housekeeping.is_some() => self.housekeeping().await,
+                    changed = node.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        let pending = std::mem::take(&mut self.pending);
+                        for pod in pending {
+                            self.apply(pod);
+                        }
                     }
                 }
             }

@@ -262,122 +262,127 @@ impl PodLifecycle {
     }
 
     /// Runs until `cancel` fires. Containers keep running after it returns.
-    pub async fn run(self, cancel: CancellationToken) -> Result<(), PodError> {
-        let runtime_type = match self.runtime_type(&cancel).await {
-            Ok(t) => t,
-            Err(_) if cancel.is_cancelled() => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let tracker = TaskTracker::new();
-        let tasks = cancel.child_token();
-        for companion in self.companions {
-            tracker.spawn(companion(tasks.clone()));
-        }
-        let events: Arc<dyn PodEventSink> = match self.events {
-            Some(sink) => sink,
-            None => {
-                // the kubelet's default eventRecordQPS / eventBurst
-                let (recorder, writer) = crate::events::EventSink::new(
-                    self.client.clone(),
-                    self.api.without_own_limit(),
-                    self.config.node_name.clone(),
-                    50,
-                    100,
-                    tasks.clone(),
-                );
-                tracker.spawn(writer.run());
-                Arc::new(recorder)
+    pub fn run(
+        self,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = Result<(), PodError>> + Send + 'static {
+        async move {
+            let runtime_type = match self.runtime_type(&cancel).await {
+                Ok(t) => t,
+                Err(_) if cancel.is_cancelled() => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            let tracker = TaskTracker::new();
+            let tasks = cancel.child_token();
+            for companion in self.companions {
+                tracker.spawn(companion(tasks.clone()));
             }
-        };
-        let (status, status_rx) = status::StatusHandle::channel();
-        let mirrors = static_pods::Mirrors::default();
-        let problems = static_pods::Problems::new(self.config.node_name.clone(), events.clone());
-        let statics_rx = static_pods::spawn_sources(
-            &self.config.static_pods,
-            &self.config.node_name,
-            &problems,
-            &tracker,
-            &tasks,
-        );
-        let (desired_tx, desired_rx) = watch::channel(Default::default());
-        let start_mirrors: static_pods::mirror::StartMirrors = {
-            let (client, api, node_name, node) = (
+            let events: Arc<dyn PodEventSink> = match self.events {
+                Some(sink) => sink,
+                None => {
+                    // the kubelet's default eventRecordQPS / eventBurst
+                    let (recorder, writer) = crate::events::EventSink::new(
+                        self.client.clone(),
+                        self.api.without_own_limit(),
+                        self.config.node_name.clone(),
+                        50,
+                        100,
+                        tasks.clone(),
+                    );
+                    tracker.spawn(writer.run());
+                    Arc::new(recorder)
+                }
+            };
+            let (status, status_rx) = status::StatusHandle::channel();
+            let mirrors = static_pods::Mirrors::default();
+            let problems = static_pods::Problems::new(self.config.node_name.clone(), events.clone());
+            let statics_rx = static_pods::spawn_sources(
+                &self.config.static_pods,
+                &self.config.node_name,
+                &problems,
+                &tracker,
+                &tasks,
+            );
+            let (desired_tx, desired_rx) = watch::channel(Default::default());
+            let start_mirrors: static_pods::mirror::StartMirrors = {
+                let (client, api, node_name, node) = (
+                    self.client.clone(),
+                    self.api.clone(),
+                    self.config.node_name.clone(),
+                    self.node.clone(),
+                );
+                let (mirrors, status, tracker, tasks) =
+                    (mirrors.clone(), status.clone(), tracker.clone(), tasks.clone());
+                Box::new(move || {
+                    let (mirror_tx, mirror_rx) = crate::chan::unbounded_channel();
+                    let manager = static_pods::mirror::MirrorManager::new(
+                        client, api, node_name, node, desired_rx, mirror_rx, mirrors, status,
+                    );
+                    tracker.spawn(manager.run(tasks));
+                    mirror_tx
+                })
+            };
+            let statics = manager::Statics::new(
+                self.config.static_pods.sources(),
+                mirrors.clone(),
+                desired_tx,
+                static_pods::mirror::MirrorLink::new(start_mirrors, self.config.static_pods.sources() > 0),
+            );
+            let objects = Arc::new(objects::ApiObjects::new(
                 self.client.clone(),
                 self.api.clone(),
-                self.config.node_name.clone(),
-                self.node.clone(),
+                self.config.object_ttl,
+                self.config.sync_frequency,
+            ));
+            let ctx = Arc::new(context::AgentCtx {
+                objects,
+                config: self.config,
+                runtime: self.runtime,
+                runtime_type,
+                probes: self.probes,
+                events: events::Recorder::new(events),
+                metrics: self.metrics.clone(),
+                probe_metrics: self.probe_metrics,
+                status,
+                node: self.node,
+            });
+            let status_manager = status::StatusManager::new(
+                self.client.clone(),
+                self.api.clone(),
+                status_rx,
+                self.metrics,
+                mirrors,
             );
-            let (mirrors, status, tracker, tasks) =
-                (mirrors.clone(), status.clone(), tracker.clone(), tasks.clone());
-            Box::new(move || {
-                let (mirror_tx, mirror_rx) = crate::chan::unbounded_channel();
-                let manager = static_pods::mirror::MirrorManager::new(
-                    client, api, node_name, node, desired_rx, mirror_rx, mirrors, status,
-                );
-                tracker.spawn(manager.run(tasks));
-                mirror_tx
-            })
-        };
-        let statics = manager::Statics::new(
-            self.config.static_pods.sources(),
-            mirrors.clone(),
-            desired_tx,
-            static_pods::mirror::MirrorLink::new(start_mirrors, self.config.static_pods.sources() > 0),
-        );
-        let objects = Arc::new(objects::ApiObjects::new(
-            self.client.clone(),
-            self.api.clone(),
-            self.config.object_ttl,
-            self.config.sync_frequency,
-        ));
-        let ctx = Arc::new(context::AgentCtx {
-            objects,
-            config: self.config,
-            runtime: self.runtime,
-            runtime_type,
-            probes: self.probes,
-            events: events::Recorder::new(events),
-            metrics: self.metrics.clone(),
-            probe_metrics: self.probe_metrics,
-            status,
-            node: self.node,
-        });
-        let status_manager = status::StatusManager::new(
-            self.client.clone(),
-            self.api.clone(),
-            status_rx,
-            self.metrics,
-            mirrors,
-        );
-        tracker.spawn(status_manager.run(tasks.clone()));
-        let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
-        tracker.spawn(pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()));
-        let watch_client = match self.source {
-            PodSource::Feed(rx) => Err(rx),
-            PodSource::Watch => Ok(self.client.clone()),
-            PodSource::WatchVia(client) => Ok(client),
-        };
-        let source = match watch_client {
-            Err(rx) => rx,
-            Ok(client) => {
-                let (tx, rx) = mpsc::channel(256);
-                let node = ctx.config.node_name.clone();
-                tracker.spawn(source::watch_node_pods(client, node, tx, tasks.clone()));
-                rx
+            tracker.spawn(status_manager.run(tasks.clone()));
+            let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
+            tracker.spawn(pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()));
+            let watch_client = match self.source {
+                PodSource::Feed(rx) => Err(rx),
+                PodSource::Watch => Ok(self.client.clone()),
+                PodSource::WatchVia(client) => Ok(client),
+            };
+            let source = match watch_client {
+                Err(rx) => rx,
+                Ok(client) => {
+                    let (tx, rx) = mpsc::channel(256);
+                    let node = ctx.config.node_name.clone();
+                    tracker.spawn(source::watch_node_pods(client, node, tx, tasks.clone()));
+                    rx
+                }
+            };
+            let grace = ctx.config.shutdown_grace;
+            // without a control channel, one already closed (the manager stops listening to it)
+            let control = self.control.unwrap_or_else(|| crate::chan::unbounded_channel().1);
+            manager::PodManager::new(ctx, tracker.clone(), tasks.clone(), statics)
+                .run(source, statics_rx, pleg_rx, control)
+                .await;
+            tasks.cancel();
+            tracker.close();
+            if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+                tracing::warn!("pod lifecycle tasks did not stop within {grace:?}");
             }
-        };
-        let grace = ctx.config.shutdown_grace;
-        // without a control channel, one already closed (the manager stops listening to it)
-        let control = self.control.unwrap_or_else(|| crate::chan::unbounded_channel().1);
-        manager::PodManager::new(ctx, tracker.clone(), tasks.clone(), statics)
-            .run(source, statics_rx, pleg_rx, control)
-            .await;
-        tasks.cancel();
-        tracker.close();
-        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
-            tracing::warn!("pod lifecycle tasks did not stop within {grace:?}");
+            Ok(())
         }
-        Ok(())
     }
 }
 
@@ -387,6 +392,8 @@ pub(crate) fn per_pod_sizes() -> Vec<(&'static str, usize)> {
     vec![
         ("PodWorker", size_of::<worker::PodWorker>()),
         ("DesiredPod", size_of::<spec::DesiredPod>()),
+        // 960 bytes while its probes and hooks were held in place (most containers have none)
+        ("ContainerSpec", size_of::<spec::ContainerSpec>()),
         ("RuntimeView", size_of::<observed::RuntimeView>()),
         ("Timeline", size_of::<metrics::Timeline>()),
         ("Prober", size_of::<probes::prober::Prober>()),

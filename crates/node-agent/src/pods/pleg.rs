@@ -44,53 +44,55 @@ impl Pleg {
         Self { ctx, tx }
     }
 
-    pub(crate) async fn run(self, cancel: CancellationToken) {
-        let mut backoff = Backoff::new(BackoffPolicy::api_retry());
-        let mut announced = false;
-        loop {
-            let opened = tokio::select! {
-                _ = cancel.cancelled() => return,
-                r = self.ctx.runtime.get_container_events(cri::GetEventsRequest {}) => r,
-            };
-            match opened {
-                Ok(mut stream) => {
-                    if !announced {
-                        announced = true;
-                        tracing::info!("following the runtime's container events (evented PLEG)");
-                    }
-                    loop {
-                        let item = tokio::select! {
-                            _ = cancel.cancelled() => return,
-                            item = stream.next() => item,
-                        };
-                        match item {
-                            Some(Ok(event)) => {
-                                backoff.reset();
-                                if let Some(uid) = event_uid(&event) {
-                                    let _ = self.tx.send(Some(uid));
-                                }
-                            }
-                            Some(Err(error)) => {
-                                tracing::warn!(%error, "runtime event stream failed, reconnecting");
-                                break;
-                            }
-                            None => break,
+    pub(crate) fn run(self, cancel: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let mut backoff = Backoff::new(BackoffPolicy::api_retry());
+            let mut announced = false;
+            loop {
+                let opened = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = self.ctx.runtime.get_container_events(cri::GetEventsRequest {}) => r,
+                };
+                match opened {
+                    Ok(mut stream) => {
+                        if !announced {
+                            announced = true;
+                            tracing::info!("following the runtime's container events (evented PLEG)");
                         }
+                        loop {
+                            let item = tokio::select! {
+                                _ = cancel.cancelled() => return,
+                                item = stream.next() => item,
+                            };
+                            match item {
+                                Some(Ok(event)) => {
+                                    backoff.reset();
+                                    if let Some(uid) = event_uid(&event) {
+                                        let _ = self.tx.send(Some(uid));
+                                    }
+                                }
+                                Some(Err(error)) => {
+                                    tracing::warn!(%error, "runtime event stream failed, reconnecting");
+                                    break;
+                                }
+                                None => break,
+                            }
+                        }
+                        let _ = self.tx.send(None);
                     }
-                    let _ = self.tx.send(None);
+                    Err(e) if e.code == Code::Unimplemented => {
+                        tracing::info!(
+                            "runtime has no container events, relisting every {:?}",
+                            self.ctx.config.relist_period
+                        );
+                        return self.relist(cancel).await;
+                    }
+                    Err(error) => tracing::warn!(%error, "cannot subscribe to runtime events, retrying"),
                 }
-                Err(e) if e.code == Code::Unimplemented => {
-                    tracing::info!(
-                        "runtime has no container events, relisting every {:?}",
-                        self.ctx.config.relist_period
-                    );
-                    return self.relist(cancel).await;
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    () = backoff.wait() => {}
                 }
-                Err(error) => tracing::warn!(%error, "cannot subscribe to runtime events, retrying"),
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                () = backoff.wait() => {}
             }
         }
     }

@@ -100,18 +100,20 @@ where
 }
 
 /// Watches the pods bound to `node` and sends them to `tx` until `cancel` fires or the receiver is dropped.
-pub async fn watch_node_pods(
+pub fn watch_node_pods(
     client: kube::Client,
     node: String,
     tx: mpsc::Sender<PodEvent>,
     cancel: CancellationToken,
-) {
-    let selector = format!("spec.nodeName={node}");
-    follow(client, &selector, cancel, |e| {
-        let tx = tx.clone();
-        async move { tx.send(e).await.is_ok() }
-    })
-    .await;
+) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        let selector = format!("spec.nodeName={node}");
+        follow(client, &selector, cancel, |e| {
+            let tx = tx.clone();
+            async move { tx.send(e).await.is_ok() }
+        })
+        .await;
+    }
 }
 
 /// One watch of all scheduled pods, fanned out to many agents by `spec.nodeName`.
@@ -183,13 +185,19 @@ impl SharedPodFeed {
     }
 
     /// Watches every pod with a node (`spec.nodeName!=`) and dispatches until `cancel` fires.
-    pub async fn run(self, client: kube::Client, cancel: CancellationToken) {
-        let feed = &self;
-        follow(client, "spec.nodeName!=", cancel, |e| async move {
-            feed.dispatch(e).await;
-            true
-        })
-        .await;
+    pub fn run(
+        self,
+        client: kube::Client,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let feed = &self;
+            follow(client, "spec.nodeName!=", cancel, |e| async move {
+                feed.dispatch(e).await;
+                true
+            })
+            .await;
+        }
     }
 }
 

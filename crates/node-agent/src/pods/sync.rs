@@ -393,7 +393,7 @@ impl PodWorker {
                 waiting: &self.waiting,
                 host_ips: &host_ips,
                 start_time: self.start_time,
-                old: self.last_status.as_deref(),
+                old: self.last.as_ref().map(|l| &l.previous),
                 runtime_type: &self.ctx.runtime_type,
                 terminal: if self.state == State::Syncing {
                     None
@@ -415,10 +415,15 @@ impl PodWorker {
         if phase.is_terminal() {
             self.timeline = None;
         }
-        if timeline.is_none() && self.last_status.as_deref() == Some(&status) {
+        let fingerprint = super::status::canonical::hash_of(&status);
+        if timeline.is_none() && self.last.as_ref().is_some_and(|l| l.fingerprint == fingerprint) {
             return;
         }
-        self.last_status = Some(Box::new(status.clone()));
+        self.last = Some(super::worker::LastReport {
+            fingerprint,
+            terminal: phase.is_terminal(),
+            previous: super::status::generate::Previous::of(&status),
+        });
         self.ctx.status.send(StatusMsg::Set {
             uid: pod.uid.clone(),
             namespace: pod.namespace.clone(),

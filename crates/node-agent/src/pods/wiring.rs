@@ -228,14 +228,16 @@ impl PodLifecycle {
 
 /// Runs the pod lifecycle of the agent behind `ctx` until the agent's token fires (errors are logged).
 /// Graceful node shutdown requests, questions about the node's pods and evictions arrive on `control`.
-pub async fn run_for_agent(
+pub fn run_for_agent(
     ctx: AgentContext,
     options: PodOptions,
     control: crate::chan::UnboundedReceiver<super::ManagerControl>,
-) {
-    let token = ctx.token.clone();
-    let lifecycle = PodLifecycle::for_agent(&ctx, options).with_control(control);
-    if let Err(error) = lifecycle.run(token).await {
-        tracing::error!(node = %ctx.config.node_name, %error, "pod lifecycle stopped");
+) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        let token = ctx.token.clone();
+        let lifecycle = PodLifecycle::for_agent(&ctx, options).with_control(control);
+        if let Err(error) = lifecycle.run(token).await {
+            tracing::error!(node = %ctx.config.node_name, %error, "pod lifecycle stopped");
+        }
     }
 }

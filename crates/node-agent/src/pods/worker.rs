@@ -33,6 +33,7 @@ use super::probes::ProbeResults;
 use super::probes::prober::{self, ProbeUpdate, Prober, Seeds, Targets};
 use super::restart::RestartBackoff;
 use super::spec::DesiredPod;
+use super::status::generate::Previous;
 use super::status::{Phase, StatusMsg};
 use super::volumes::{self, PodVolumes};
 use crate::backoff::{Backoff, BackoffPolicy, jittered};
@@ -92,6 +93,31 @@ pub(crate) struct WorkerInit {
     pub timeline: Option<Timeline>,
 }
 
+/// A reported status, reduced to what the worker needs of it later: whether the next one differs, whether
+/// the pod was reported finished, and what the next status carries over (transition times, pod IPs).
+#[derive(Debug)]
+pub(super) struct LastReport {
+    /// [`hash_of`](super::status::canonical::hash_of) the whole status.
+    pub fingerprint: u64,
+    /// Its phase was Succeeded or Failed.
+    pub terminal: bool,
+    pub previous: Previous,
+}
+
+impl LastReport {
+    pub(super) fn of(status: &PodStatus) -> Self {
+        Self {
+            fingerprint: super::status::canonical::hash_of(status),
+            terminal: status
+                .phase
+                .as_deref()
+                .and_then(Phase::parse)
+                .is_some_and(Phase::is_terminal),
+            previous: Previous::of(status),
+        }
+    }
+}
+
 pub(crate) struct PodWorker {
     pub(super) ctx: Arc<AgentCtx>,
     pub(super) pod: Arc<DesiredPod>,
@@ -107,7 +133,8 @@ pub(crate) struct PodWorker {
     pub(super) restarts: RestartBackoff,
     pub(super) images: Images,
     pub(super) start_time: Option<Timestamp>,
-    pub(super) last_status: Option<Box<PodStatus>>,
+    /// What was last reported (or what the API server held when the worker started).
+    pub(super) last: Option<LastReport>,
     pub(super) terminal: Option<Phase>,
     pub(super) timeline: Option<Box<Timeline>>,
     pub(super) prober: Option<(watch::Sender<Targets>, CancellationToken)>,
@@ -175,7 +202,7 @@ impl PodWorker {
             restarts: RestartBackoff::default(),
             images: Images::default(),
             start_time,
-            last_status: init.api_status.map(Box::new),
+            last: init.api_status.as_ref().map(LastReport::of),
             terminal,
             timeline: init.timeline.map(Box::new),
             prober: None,
@@ -215,62 +242,68 @@ impl PodWorker {
     }
 
     /// Syncs until the pod is gone, or `cancel` fires (agent shutdown: containers keep running).
-    pub(crate) async fn run(mut self, cancel: CancellationToken) {
-        let mut resync_at;
-        let operation = if self.timeline.is_some() { "create" } else { "sync" };
-        let mut first = true;
-        loop {
-            {
-                let began = Instant::now();
-                self.wake_at = None;
-                let before = self.state;
-                // boxed: the sync's state lives on the heap only while a sync runs
-                let result = Box::pin(self.step()).await;
-                let op = if first {
-                    operation
-                } else if self.state == State::Syncing {
-                    "sync"
-                } else {
-                    "update"
-                };
-                first = false;
-                self.ctx.metrics.worker_sync(op, began.elapsed());
-                resync_at = Instant::now() + jittered(self.ctx.config.sync_frequency, 0.5);
-                match result {
-                    Ok(()) => {
-                        self.errors.reset();
-                        // a state change (e.g. syncing -> terminating) is acted on at once
-                        if self.state != before && self.state != State::Exit {
-                            continue;
+    ///
+    /// The future is written as a block that works on the captured worker in place: an `async fn` taking
+    /// `self` would keep a second copy of it (its argument, and the binding its body moves that into) for the
+    /// pod's whole life.
+    pub(crate) fn run(mut self, cancel: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let mut resync_at;
+            let operation = if self.timeline.is_some() { "create" } else { "sync" };
+            let mut first = true;
+            loop {
+                {
+                    let began = Instant::now();
+                    self.wake_at = None;
+                    let before = self.state;
+                    // boxed: the sync's state lives on the heap only while a sync runs
+                    let result = Box::pin(self.step()).await;
+                    let op = if first {
+                        operation
+                    } else if self.state == State::Syncing {
+                        "sync"
+                    } else {
+                        "update"
+                    };
+                    first = false;
+                    self.ctx.metrics.worker_sync(op, began.elapsed());
+                    resync_at = Instant::now() + jittered(self.ctx.config.sync_frequency, 0.5);
+                    match result {
+                        Ok(()) => {
+                            self.errors.reset();
+                            // a state change (e.g. syncing -> terminating) is acted on at once
+                            if self.state != before && self.state != State::Exit {
+                                continue;
+                            }
+                        }
+                        Err(error) => {
+                            tracing::warn!(pod = %self.pod.name, namespace = %self.pod.namespace, %error, "pod sync failed, will retry");
+                            let retry = Instant::now() + self.errors.next_delay();
+                            self.wake_at = Some(self.wake_at.map_or(retry, |w| w.min(retry)));
                         }
                     }
-                    Err(error) => {
-                        tracing::warn!(pod = %self.pod.name, namespace = %self.pod.namespace, %error, "pod sync failed, will retry");
-                        let retry = Instant::now() + self.errors.next_delay();
-                        self.wake_at = Some(self.wake_at.map_or(retry, |w| w.min(retry)));
+                }
+                if self.state == State::Exit {
+                    break;
+                }
+                let resync = (self.state == State::Syncing).then_some(resync_at);
+                let wake = [self.wake_at, resync].into_iter().flatten().min();
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    msg = self.rx.recv() => {
+                        let Some(msg) = msg else { break };
+                        self.handle(msg);
+                        while let Ok(more) = self.rx.try_recv() {
+                            self.handle(more);
+                        }
                     }
+                    _ = sleep_until(wake) => {}
                 }
             }
-            if self.state == State::Exit {
-                break;
+            self.stop_prober();
+            if self.counted_running {
+                self.ctx.metrics.running_pods(-1);
             }
-            let resync = (self.state == State::Syncing).then_some(resync_at);
-            let wake = [self.wake_at, resync].into_iter().flatten().min();
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                msg = self.rx.recv() => {
-                    let Some(msg) = msg else { break };
-                    self.handle(msg);
-                    while let Ok(more) = self.rx.try_recv() {
-                        self.handle(more);
-                    }
-                }
-                _ = sleep_until(wake) => {}
-            }
-        }
-        self.stop_prober();
-        if self.counted_running {
-            self.ctx.metrics.running_pods(-1);
         }
     }
 
@@ -332,12 +365,7 @@ impl PodWorker {
         // failed removal would otherwise report them as never started).
         // A pod whose terminal status is already written (by this worker, or before an agent restart) keeps it:
         // its containers may be gone from the runtime by now.
-        let reported_terminal = self
-            .last_status
-            .as_deref()
-            .and_then(|s| s.phase.as_deref())
-            .and_then(Phase::parse)
-            .is_some_and(|p| p.is_terminal());
+        let reported_terminal = self.last.as_ref().is_some_and(|l| l.terminal);
         if first && self.rejected.is_none() && !self.removed && !reported_terminal {
             self.report_status();
         }
@@ -413,7 +441,7 @@ impl PodWorker {
         if targets.running.is_empty() {
             return;
         }
-        let seeds: Seeds = self.last_status.as_deref().map(prober::seeds).unwrap_or_default();
+        let seeds: Seeds = self.probes.seeds();
         let (tx, rx) = watch::channel(targets);
         let cancel = CancellationToken::new();
         let prober = Prober::new(self.ctx.clone(), self.pod.clone(), rx, self.tx.clone(), seeds);

@@ -115,6 +115,16 @@ impl ProbeResults {
         s.started = started.then_some(true);
     }
 
+    /// What a new prober starts from: the readiness and startup successes, by container id (so a prober
+    /// started again does not take a ready container back to unready until its probe runs).
+    pub(crate) fn seeds(&self) -> prober::Seeds {
+        self.by_id
+            .iter()
+            .filter(|(_, s)| s.ready == Some(true) || s.started == Some(true))
+            .map(|(id, s)| (id.clone(), (s.ready == Some(true), s.started == Some(true))))
+            .collect()
+    }
+
     /// The readiness result (`None`: no result yet).
     pub(crate) fn ready(&self, id: &str) -> Option<bool> {
         self.by_id.get(id).and_then(|s| s.ready)

@@ -91,9 +91,9 @@ pub(crate) struct Prober {
 fn spec_of<'a>(pod: &'a DesiredPod, container: &str, kind: ProbeKind) -> Option<&'a ProbeSpec> {
     let c = pod.container(container)?;
     match kind {
-        ProbeKind::Liveness => c.liveness.as_ref(),
-        ProbeKind::Readiness => c.readiness.as_ref(),
-        ProbeKind::Startup => c.startup.as_ref(),
+        ProbeKind::Liveness => c.liveness.as_deref(),
+        ProbeKind::Readiness => c.readiness.as_deref(),
+        ProbeKind::Startup => c.startup.as_deref(),
     }
 }
 
@@ -175,19 +175,21 @@ impl Prober {
     }
 
     /// Runs until `cancel` fires or the worker goes away.
-    pub(crate) async fn run(mut self, cancel: CancellationToken) {
-        self.rebuild();
-        loop {
-            let due = self.next_due();
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                changed = self.targets.changed() => {
-                    if changed.is_err() {
-                        return;
+    pub(crate) fn run(mut self, cancel: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            self.rebuild();
+            loop {
+                let due = self.next_due();
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    changed = self.targets.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        self.rebuild();
                     }
-                    self.rebuild();
+                    _ = sleep_until(due) => self.probe_due().await,
                 }
-                _ = sleep_until(due) => self.probe_due().await,
             }
         }
     }

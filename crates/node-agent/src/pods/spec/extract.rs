@@ -177,15 +177,29 @@ pub(super) fn container(c: &Container, init: bool, ctx: &mut EnvCtx<'_>) -> Cont
         env,
         env_from,
         mounts,
-        readiness: c.readiness_probe.as_ref().and_then(|p| probe(p, &resolve)),
-        liveness: c.liveness_probe.as_ref().and_then(|p| probe(p, &resolve)),
-        startup: c.startup_probe.as_ref().and_then(|p| probe(p, &resolve)),
+        readiness: c
+            .readiness_probe
+            .as_ref()
+            .and_then(|p| probe(p, &resolve))
+            .map(Box::new),
+        liveness: c
+            .liveness_probe
+            .as_ref()
+            .and_then(|p| probe(p, &resolve))
+            .map(Box::new),
+        startup: c
+            .startup_probe
+            .as_ref()
+            .and_then(|p| probe(p, &resolve))
+            .map(Box::new),
         post_start: lifecycle
             .and_then(|l| l.post_start.as_ref())
-            .and_then(|h| handler(h, &resolve)),
+            .and_then(|h| handler(h, &resolve))
+            .map(Box::new),
         pre_stop: lifecycle
             .and_then(|l| l.pre_stop.as_ref())
-            .and_then(|h| handler(h, &resolve)),
+            .and_then(|h| handler(h, &resolve))
+            .map(Box::new),
         sidecar: init && c.restart_policy.as_deref() == Some("Always"),
         resources: ContainerResources::from_api(c.resources.as_ref()),
         termination_message_path: c

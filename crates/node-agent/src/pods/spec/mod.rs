@@ -227,15 +227,15 @@ pub struct ContainerSpec {
     /// `(containerPort, hostPort, protocol)` triples.
     pub ports: Vec<(i32, i32, String)>,
     /// Readiness probe.
-    pub readiness: Option<ProbeSpec>,
+    pub readiness: Option<Box<ProbeSpec>>,
     /// Liveness probe.
-    pub liveness: Option<ProbeSpec>,
+    pub liveness: Option<Box<ProbeSpec>>,
     /// Startup probe.
-    pub startup: Option<ProbeSpec>,
+    pub startup: Option<Box<ProbeSpec>>,
     /// postStart hook.
-    pub post_start: Option<Action>,
+    pub post_start: Option<Box<Action>>,
     /// preStop hook.
-    pub pre_stop: Option<Action>,
+    pub pre_stop: Option<Box<Action>>,
     /// For init containers: `restartPolicy: Always`, i.e. a sidecar.
     pub sidecar: bool,
     /// Requests and limits.
@@ -556,7 +556,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(app.liveness.as_ref().unwrap().period, Duration::from_secs(5));
-        assert_eq!(app.pre_stop, Some(Action::Sleep(Duration::from_secs(3))));
+        assert_eq!(
+            app.pre_stop,
+            Some(Box::new(Action::Sleep(Duration::from_secs(3))))
+        );
         assert_eq!(
             app.env,
             vec![

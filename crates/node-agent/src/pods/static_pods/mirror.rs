@@ -288,35 +288,37 @@ impl MirrorManager {
         }
     }
 
-    pub(crate) async fn run(mut self, cancel: CancellationToken) {
-        let mut node = self.node.clone();
-        loop {
-            let retry = self.retry_at;
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                msg = self.rx.recv() => match msg {
-                    Some(msg) => {
-                        self.on_msg(msg);
-                        while let Ok(more) = self.rx.try_recv() {
-                            self.on_msg(more);
+    pub(crate) fn run(mut self, cancel: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let mut node = self.node.clone();
+            loop {
+                let retry = self.retry_at;
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    msg = self.rx.recv() => match msg {
+                        Some(msg) => {
+                            self.on_msg(msg);
+                            while let Ok(more) = self.rx.try_recv() {
+                                self.on_msg(more);
+                            }
                         }
+                        None => return,
+                    },
+                    changed = self.desired.changed() => if changed.is_err() { return },
+                    changed = node.changed() => if changed.is_err() { return },
+                    () = async { match retry { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
+                        self.retry_at = None;
                     }
-                    None => return,
-                },
-                changed = self.desired.changed() => if changed.is_err() { return },
-                changed = node.changed() => if changed.is_err() { return },
-                () = async { match retry { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
-                    self.retry_at = None;
                 }
-            }
-            if self.retry_at.is_some() {
-                // a retry is scheduled: do not hammer an API server that is down on every event
-                continue;
-            }
-            if self.reconcile().await {
-                self.backoff.reset();
-            } else {
-                self.retry_at = Some(Instant::now() + self.backoff.next_delay());
+                if self.retry_at.is_some() {
+                    // a retry is scheduled: do not hammer an API server that is down on every event
+                    continue;
+                }
+                if self.reconcile().await {
+                    self.backoff.reset();
+                } else {
+                    self.retry_at = Some(Instant::now() + self.backoff.next_delay());
+                }
             }
         }
     }

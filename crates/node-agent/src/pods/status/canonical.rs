@@ -104,10 +104,27 @@ pub(crate) fn owned(s: &PodStatus) -> Value {
 
 /// A stable fingerprint of the owned fields (FNV-1a over the canonical JSON).
 pub(crate) fn fingerprint(s: &PodStatus) -> u64 {
-    let text = owned(s).to_string();
-    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    hash_of(&owned(s))
+}
+
+/// FNV-1a over the JSON form of `value`, written straight into the hash (no text is kept).
+pub(crate) fn hash_of(value: &impl serde::Serialize) -> u64 {
+    struct Fnv(u64);
+    impl std::io::Write for Fnv {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            for b in buf {
+                self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+    // writing to the hash cannot fail, and these values always serialise
+    let _ = serde_json::to_writer(&mut h, value);
+    h.0
 }
 
 #[cfg(test)]

@@ -73,10 +73,50 @@ pub(crate) struct Inputs<'a> {
     pub waiting: &'a HashMap<String, (&'static str, String)>,
     pub host_ips: &'a [String],
     pub start_time: Option<Timestamp>,
-    pub old: Option<&'a PodStatus>,
+    /// What the status reported before said (transition times, pod IPs).
+    pub old: Option<&'a Previous>,
     pub runtime_type: &'a str,
     /// A phase decided elsewhere (the pod terminated).
     pub terminal: Option<Phase>,
+}
+
+/// What status generation keeps of the status reported before, in place of the whole status: when each
+/// condition the agent owns took its value, and the pod IPs (still reported once the sandbox is gone).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Previous {
+    /// Per [`OWNED_CONDITIONS`](super::canonical::OWNED_CONDITIONS) entry: its status and last transition
+    /// time (seconds since the epoch, the API's resolution).
+    conditions: [Option<(bool, i64)>; 5],
+    pod_ips: Box<[String]>,
+}
+
+impl Previous {
+    /// What `status` says about its conditions and pod IPs.
+    pub(crate) fn of(status: &PodStatus) -> Self {
+        let mut conditions = [None; 5];
+        for c in status.conditions.iter().flatten() {
+            let Some(i) = super::canonical::OWNED_CONDITIONS
+                .iter()
+                .position(|t| *t == c.type_)
+            else {
+                continue;
+            };
+            if let Some(since) = &c.last_transition_time {
+                conditions[i] = Some((c.status == "True", since.0.as_second()));
+            }
+        }
+        let pod_ips = status.pod_ips.iter().flatten().map(|p| p.ip.clone()).collect();
+        Self { conditions, pod_ips }
+    }
+
+    /// When condition `type_` became `ok`, if that is what it said.
+    fn since(&self, type_: &str, ok: bool) -> Option<Time> {
+        let i = super::canonical::OWNED_CONDITIONS
+            .iter()
+            .position(|t| *t == type_)?;
+        let (was, since) = self.conditions[i]?;
+        (was == ok).then(|| Time(Timestamp::from_second(since).unwrap_or(Timestamp::UNIX_EPOCH)))
+    }
 }
 
 /// A timestamp with the API's one-second resolution.
@@ -261,7 +301,7 @@ fn phase(pod: &DesiredPod, init: &[ContainerStatus], app: &[ContainerStatus], in
 }
 
 fn condition(
-    old: Option<&PodStatus>,
+    old: Option<&Previous>,
     type_: &str,
     ok: bool,
     reason: Option<&str>,
@@ -269,12 +309,7 @@ fn condition(
     now: Time,
 ) -> PodCondition {
     let status = if ok { "True" } else { "False" };
-    let previous = old
-        .and_then(|o| o.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == type_));
-    let since = previous
-        .filter(|p| p.status == status)
-        .and_then(|p| p.last_transition_time.clone());
+    let since = old.and_then(|o| o.since(type_, ok));
     PodCondition {
         type_: type_.to_owned(),
         status: status.to_owned(),
@@ -415,10 +450,7 @@ pub(crate) fn generate(i: &Inputs<'_>) -> (PodStatus, Phase) {
         pod_ips = i.host_ips.to_vec();
     }
     if pod_ips.is_empty() {
-        pod_ips = old
-            .and_then(|o| o.pod_ips.as_ref())
-            .map(|ips| ips.iter().map(|p| p.ip.clone()).collect())
-            .unwrap_or_default();
+        pod_ips = old.map(|o| o.pod_ips.to_vec()).unwrap_or_default();
     }
     let status = PodStatus {
         phase: Some(phase.as_str().to_owned()),

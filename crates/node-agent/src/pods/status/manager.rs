@@ -358,32 +358,34 @@ impl StatusManager {
     }
 
     /// Writes until `cancel` fires or every handle is dropped.
-    pub(crate) async fn run(mut self, cancel: CancellationToken) {
-        let mut writes = FuturesUnordered::new();
-        loop {
-            while let Ok(msg) = self.rx.try_recv() {
-                self.apply(*msg);
-            }
-            while writes.len() < IN_FLIGHT
-                && let Some(w) = self.start_next()
-            {
-                writes.push(w);
-            }
-            let retry = self.next_retry();
-            if !self.flushes.is_empty() && writes.is_empty() && self.dirty.is_empty() && retry.is_none() {
-                for done in self.flushes.drain(..) {
-                    let _ = done.send(());
+    pub(crate) fn run(mut self, cancel: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let mut writes = FuturesUnordered::new();
+            loop {
+                while let Ok(msg) = self.rx.try_recv() {
+                    self.apply(*msg);
                 }
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                msg = self.rx.recv() => match msg {
-                    Some(msg) => self.apply(*msg),
-                    None => return,
-                },
-                Some((uid, outcome)) = writes.next(), if !writes.is_empty() => self.finish(uid, outcome),
-                _ = async { match retry { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
-                    self.requeue_due();
+                while writes.len() < IN_FLIGHT
+                    && let Some(w) = self.start_next()
+                {
+                    writes.push(w);
+                }
+                let retry = self.next_retry();
+                if !self.flushes.is_empty() && writes.is_empty() && self.dirty.is_empty() && retry.is_none() {
+                    for done in self.flushes.drain(..) {
+                        let _ = done.send(());
+                    }
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    msg = self.rx.recv() => match msg {
+                        Some(msg) => self.apply(*msg),
+                        None => return,
+                    },
+                    Some((uid, outcome)) = writes.next(), if !writes.is_empty() => self.finish(uid, outcome),
+                    _ = async { match retry { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
+                        self.requeue_due();
+                    }
                 }
             }
         }
