@@ -9,6 +9,7 @@ import argparse
 import collections
 import json
 import re
+from pathlib import Path
 
 OURS = ("node_agent::", "hollow::", "cri_fake::", "runtime_api::")
 SKIP = ("alloc::", "core::", "dhat::", "std::", "<alloc::", "<core::", "<std::", "__rust", "hashbrown::raw",
@@ -23,6 +24,27 @@ def frame_name(f):
     return f
 
 
+def our_sources():
+    """Paths of this project's Rust sources relative to each crate (`src/pods/manager.rs`) and to crates/
+    (`node-agent/src/agent.rs`): how frames name them when symbols carry no crate prefix."""
+    root = Path(__file__).resolve().parent.parent / "crates"
+    paths = set()
+    for f in root.glob("*/**/*.rs"):
+        rel = f.relative_to(root)
+        paths.add(str(rel))
+        paths.add(str(Path(*rel.parts[1:])))
+        paths.add(str(Path(*rel.parts[2:])))
+    # names every crate has: they say nothing about whose frame it is
+    return {p for p in paths if p.count("/") >= 1 and not p.endswith(("src/lib.rs", "src/main.rs", "mod.rs"))}
+
+
+def is_ours(name, sources):
+    if name.startswith(OURS):
+        return True
+    m = re.search(r"\(([^()]+\.rs):\d+\)$", name)
+    return bool(m) and m.group(1) in sources
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("file")
@@ -35,6 +57,7 @@ def main():
     blocks = sum(pp["ebk"] for pp in d["pps"])
     per = f", {total / a.nodes / 1024:.1f} KiB per node" if a.nodes else ""
     print(f"live at end: {total / 1048576:.1f} MiB in {blocks} blocks{per}")
+    sources = our_sources()
     by_ours = collections.Counter()
     by_first = collections.Counter()
     by_pp = []
@@ -42,7 +65,7 @@ def main():
         if not pp["eb"]:
             continue
         names = [frame_name(ftbl[i]) for i in pp["fs"]]
-        ours = next((n for n in names if n.startswith(OURS)), "(no frame of ours)")
+        ours = next((n for n in names if is_ours(n, sources)), "(no frame of ours)")
         first = next((n for n in names if not n.startswith(SKIP)), names[0] if names else "?")
         by_ours[ours] += pp["eb"]
         by_first[first] += pp["eb"]
