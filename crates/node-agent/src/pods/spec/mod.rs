@@ -6,7 +6,6 @@
 //! resources. Fields that matter only once (node selector, affinity, tolerations) are read by admission from the
 //! full object before it is dropped. Named probe ports are resolved here, once.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +13,10 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::jiff::Timestamp;
 
 mod extract;
+mod small_map;
 pub mod volumes;
+
+pub use small_map::SmallMap;
 
 use extract::{EnvCtx, container};
 pub use volumes::{EnvFrom, MountSpec, ResourceRef, VolumeSpec};
@@ -280,9 +282,9 @@ pub struct DesiredPod {
     /// `metadata.creationTimestamp`.
     pub created: Option<Timestamp>,
     /// Pod labels (passed to the sandbox).
-    pub labels: BTreeMap<String, String>,
+    pub labels: SmallMap,
     /// Pod annotations (passed to the sandbox; the fake runtime reads its script from them).
-    pub annotations: BTreeMap<String, String>,
+    pub annotations: SmallMap,
     /// Restart policy.
     pub restart_policy: RestartPolicy,
     /// `spec.terminationGracePeriodSeconds` (default 30).
@@ -400,8 +402,8 @@ impl DesiredPod {
             namespace,
             generation: meta.generation,
             created: meta.creation_timestamp.as_ref().map(|t| t.0),
-            labels: meta.labels.clone().unwrap_or_default(),
-            annotations: meta.annotations.clone().unwrap_or_default(),
+            labels: meta.labels.as_ref().map(SmallMap::from).unwrap_or_default(),
+            annotations: meta.annotations.as_ref().map(SmallMap::from).unwrap_or_default(),
             restart_policy: RestartPolicy::parse(spec.restart_policy.as_deref()),
             termination_grace_secs: spec.termination_grace_period_seconds.unwrap_or(30).max(0),
             deletion: meta.deletion_timestamp.as_ref().map(|t| Deletion {

@@ -69,9 +69,9 @@ pub fn object_files(
 
 /// `key="value"` lines sorted by key, the value quoted as Go's `strconv.Quote` does (the kubelet's format
 /// for `metadata.labels` and `metadata.annotations`).
-pub fn format_map(map: &BTreeMap<String, String>) -> String {
+pub fn format_map<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)>) -> String {
     let mut out = String::new();
-    for (k, v) in map {
+    for (k, v) in pairs {
         if !out.is_empty() {
             out.push('\n');
         }
@@ -109,8 +109,8 @@ pub fn field_value(pod: &DesiredPod, path: &str) -> Option<String> {
         "metadata.name" => pod.name.clone(),
         "metadata.namespace" => pod.namespace.clone(),
         "metadata.uid" => pod.uid.clone(),
-        "metadata.labels" => format_map(&pod.labels),
-        "metadata.annotations" => format_map(&pod.annotations),
+        "metadata.labels" => format_map(pod.labels.iter()),
+        "metadata.annotations" => format_map(pod.annotations.iter()),
         "spec.nodeName" => String::new(),
         "spec.serviceAccountName" => pod.service_account.clone(),
         _ => {
