@@ -1,0 +1,96 @@
+use super::*;
+use serde_json::json;
+
+fn pod(v: serde_json::Value) -> Pod {
+    serde_json::from_value(v).unwrap()
+}
+
+#[test]
+fn extracts_defaults_ports_and_probes() {
+    let p = pod(json!({
+        "metadata": {"name": "web", "namespace": "ns", "uid": "u1", "labels": {"app": "x"}},
+        "spec": {
+            "nodeName": "n1",
+            "initContainers": [
+                {"name": "setup", "image": "busybox:1.36"},
+                {"name": "proxy", "image": "envoy", "restartPolicy": "Always"}
+            ],
+            "containers": [{
+                "name": "app", "image": "nginx:1.27",
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "env": [
+                    {"name": "A", "value": "1"},
+                    {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}}
+                ],
+                "readinessProbe": {"httpGet": {"path": "healthz", "port": "http"}},
+                "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 5, "failureThreshold": 1},
+                "lifecycle": {"preStop": {"sleep": {"seconds": 3}}}
+            }]
+        }
+    }));
+    let d = DesiredPod::from_pod(&p).unwrap();
+    assert_eq!(d.restart_policy, RestartPolicy::Always);
+    assert_eq!(d.termination_grace_secs, 30);
+    assert_eq!(d.display(), "web_ns(u1)");
+    assert!(!d.init_containers[0].sidecar);
+    assert!(d.init_containers[1].sidecar);
+    assert_eq!(
+        d.init_containers[1].pull_policy,
+        PullPolicy::Always,
+        "untagged image pulls always"
+    );
+    let app = &d.containers[0];
+    assert_eq!(app.pull_policy, PullPolicy::IfNotPresent);
+    let r = app.readiness.as_ref().unwrap();
+    assert_eq!(
+        (r.period, r.timeout, r.failure_threshold),
+        (Duration::from_secs(10), Duration::from_secs(1), 3)
+    );
+    match &r.action {
+        Action::Http(h) => assert_eq!((h.port, h.path.as_str()), (8080, "/healthz")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(app.liveness.as_ref().unwrap().period, Duration::from_secs(5));
+    assert_eq!(
+        app.pre_stop,
+        Some(Box::new(Action::Sleep(Duration::from_secs(3))))
+    );
+    assert_eq!(
+        app.env,
+        vec![
+            ("A".into(), EnvValue::Literal("1".into())),
+            ("POD".into(), EnvValue::Literal("web".into())),
+            ("IP".into(), EnvValue::PodIp),
+            ("APP".into(), EnvValue::Literal("x".into())),
+        ]
+    );
+    assert_eq!(d.field_path("proxy"), "spec.initContainers{proxy}");
+    assert_eq!(d.field_path("app"), "spec.containers{app}");
+    assert!(d.has_probes());
+}
+
+#[test]
+fn hash_changes_with_image_only() {
+    let mk = |image: &str| {
+        let p = pod(json!({
+            "metadata": {"name": "a", "uid": "u"},
+            "spec": {"containers": [{"name": "c", "image": image}]}
+        }));
+        DesiredPod::from_pod(&p).unwrap().containers[0].hash
+    };
+    assert_eq!(mk("a:1"), mk("a:1"));
+    assert_ne!(mk("a:1"), mk("a:2"));
+}
+
+#[test]
+fn deletion_grace_overrides_spec() {
+    let p = pod(json!({
+        "metadata": {"name": "a", "uid": "u", "deletionTimestamp": "2024-01-01T00:00:00Z",
+                      "deletionGracePeriodSeconds": 5},
+        "spec": {"terminationGracePeriodSeconds": 60, "containers": [{"name": "c", "image": "i"}]}
+    }));
+    let d = DesiredPod::from_pod(&p).unwrap();
+    assert_eq!(d.grace_secs(), 5);
+}
