@@ -419,11 +419,7 @@ impl PodWorker {
         if timeline.is_none() && self.last.as_ref().is_some_and(|l| l.fingerprint == fingerprint) {
             return;
         }
-        self.last = Some(super::worker::LastReport {
-            fingerprint,
-            terminal: phase.is_terminal(),
-            previous: super::status::generate::Previous::of(&status),
-        });
+        self.last = Some(super::worker::LastReport::new(&status, fingerprint));
         self.ctx.status.send(StatusMsg::Set {
             uid: pod.uid.clone(),
             namespace: pod.namespace.clone(),

@@ -105,9 +105,10 @@ pub(super) struct LastReport {
 }
 
 impl LastReport {
-    pub(super) fn of(status: &PodStatus) -> Self {
+    /// `status`, fingerprinted `fingerprint` (see [`hash_of`](super::status::canonical::hash_of)).
+    pub(super) fn new(status: &PodStatus, fingerprint: u64) -> Self {
         Self {
-            fingerprint: super::status::canonical::hash_of(status),
+            fingerprint,
             terminal: status
                 .phase
                 .as_deref()
@@ -115,6 +116,10 @@ impl LastReport {
                 .is_some_and(Phase::is_terminal),
             previous: Previous::of(status),
         }
+    }
+
+    pub(super) fn of(status: &PodStatus) -> Self {
+        Self::new(status, super::status::canonical::hash_of(status))
     }
 }
 
