@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use futures::channel::mpsc::UnboundedSender;
 use runtime_api::{RuntimeError, cri};
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::ids::{self, IdCodec};
 use crate::images::Images;
@@ -408,7 +408,7 @@ impl State {
             return;
         };
         let mut subscribers = std::mem::take(&mut self.subscribers);
-        subscribers.retain(|tx| tx.send(Box::new(event.clone())).is_ok());
+        subscribers.retain(|tx| tx.unbounded_send(Box::new(event.clone())).is_ok());
         self.events_sent += subscribers.len() as u64;
         self.subscribers = subscribers;
     }

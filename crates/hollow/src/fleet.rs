@@ -176,7 +176,7 @@ pub struct FleetNode {
 pub struct FleetView {
     nodes: Arc<
         Vec<(
-            tokio::sync::watch::Receiver<Option<node_agent::node::RegisteredNode>>,
+            node_agent::watch::Receiver<Option<node_agent::node::RegisteredNode>>,
             FakeRuntime,
         )>,
     >,

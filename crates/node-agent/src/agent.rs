@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use runtime_api::Runtime;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -39,6 +39,7 @@ use crate::node::{
     RegisteredNode, ResourceList,
 };
 use crate::runtime_health::{RuntimeHealth, RuntimeHealthMonitor};
+use crate::watch;
 
 /// Why an agent could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -207,8 +208,10 @@ impl AgentBuilder {
         let (health_monitor, runtime_health) =
             RuntimeHealthMonitor::new(self.runtime.clone(), k.runtime_request_timeout, token.clone());
         let (registered_tx, registered) = watch::channel(None);
+        // the same in every agent of a fleet built from one configuration: one copy
+        static ALLOCATABLE: crate::intern::Interner<ResourceList> = crate::intern::Interner::new();
         let (_allocatable_tx, allocatable) =
-            watch::channel(Arc::new(NodeStatusManager::allocatable(&config)));
+            watch::channel(ALLOCATABLE.intern(NodeStatusManager::allocatable(&config)));
         let (pressure_tx, pressure_rx) = watch::channel(Pressure::default());
         let (node_tx, node) = watch::channel(None);
         let stats = crate::stats::StatsProvider::new(

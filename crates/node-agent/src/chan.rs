@@ -5,9 +5,16 @@
 //! tokio channel allocates ~1 KiB when it is made (a 512-byte cache-padded core and a first block of 32 slots),
 //! which a hollow fleet pays for every idle channel of ten thousand nodes and of every pod; this one allocates
 //! ~100 bytes and then a small node per message in flight.
+//!
+//! [`channel`] is the bounded variant (the pod watch's hand-over to the pod manager): the same queue, with a
+//! semaphore of `capacity` permits that each queued message holds until it is received, so a sender waits
+//! while `capacity` messages are queued (~160 bytes idle; tokio's bounded channel is ~1.3 KiB).
+
+use std::sync::Arc;
 
 use futures::StreamExt;
 use futures::channel::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The sending half; cheap to clone.
 #[derive(Debug)]
@@ -76,9 +83,127 @@ pub fn unbounded_channel<T>() -> (UnboundedSender<T>, UnboundedReceiver<T>) {
     (UnboundedSender(tx), UnboundedReceiver(rx))
 }
 
+/// The sending half of a bounded channel; cheap to clone.
+#[derive(Debug)]
+pub struct Sender<T> {
+    tx: UnboundedSender<(T, OwnedSemaphorePermit)>,
+    room: Arc<Semaphore>,
+}
+
+impl<T> Clone for Sender<T> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+            room: self.room.clone(),
+        }
+    }
+}
+
+impl<T> Sender<T> {
+    /// Queues `value`, waiting while the channel is full; fails only when the receiver is gone.
+    pub async fn send(&self, value: T) -> Result<(), SendError<T>> {
+        let Ok(permit) = self.room.clone().acquire_owned().await else {
+            return Err(SendError(value));
+        };
+        self.tx
+            .send((value, permit))
+            .map_err(|SendError((value, _))| SendError(value))
+    }
+
+    /// Queues `value` if there is room now; hands it back when the channel is full or the receiver is gone.
+    pub fn try_send(&self, value: T) -> Result<(), SendError<T>> {
+        let Ok(permit) = self.room.clone().try_acquire_owned() else {
+            return Err(SendError(value));
+        };
+        self.tx
+            .send((value, permit))
+            .map_err(|SendError((value, _))| SendError(value))
+    }
+
+    /// Whether the receiver is gone.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// The receiving half of a bounded channel.
+#[derive(Debug)]
+pub struct Receiver<T> {
+    rx: UnboundedReceiver<(T, OwnedSemaphorePermit)>,
+    room: Arc<Semaphore>,
+}
+
+impl<T> Receiver<T> {
+    /// The next message (its room freed); `None` once every sender is gone and the queue is empty.
+    /// Cancel-safe.
+    pub async fn recv(&mut self) -> Option<T> {
+        self.rx.recv().await.map(|(value, _permit)| value)
+    }
+
+    /// A message queued now, if any.
+    pub fn try_recv(&mut self) -> Result<T, TryRecvError> {
+        self.rx.try_recv().map(|(value, _permit)| value)
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        // senders waiting for room give up
+        self.room.close();
+    }
+}
+
+/// A new bounded channel holding at most `capacity` (at least 1) queued messages.
+pub fn channel<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+    let (tx, rx) = unbounded_channel();
+    let room = Arc::new(Semaphore::new(capacity.max(1)));
+    (
+        Sender {
+            tx,
+            room: room.clone(),
+        },
+        Receiver { rx, room },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_bounded_channel_makes_the_sender_wait_until_a_message_is_received() {
+        let (tx, mut rx) = channel(2);
+        tx.send(1).await.unwrap();
+        tx.send(2).await.unwrap();
+        let third = tokio::spawn({
+            let tx = tx.clone();
+            async move { tx.send(3).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(!third.is_finished(), "a full channel took a third message");
+        assert_eq!(tx.try_send(4), Err(SendError(4)));
+        assert_eq!(rx.recv().await, Some(1));
+        third.await.unwrap().unwrap();
+        assert_eq!(rx.try_recv(), Ok(2));
+        assert_eq!(rx.recv().await, Some(3));
+        drop(tx);
+        assert_eq!(rx.recv().await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sender_waiting_for_room_gets_its_message_back_when_the_receiver_goes() {
+        let (tx, rx) = channel(1);
+        tx.send("first").await.unwrap();
+        let waiting = tokio::spawn({
+            let tx = tx.clone();
+            async move { tx.send("second").await }
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        drop(rx);
+        assert_eq!(waiting.await.unwrap(), Err(SendError("second")));
+        assert!(tx.is_closed());
+        assert_eq!(tx.send("late").await, Err(SendError("late")));
+    }
 
     #[tokio::test]
     async fn delivers_in_order_and_ends_when_senders_go() {

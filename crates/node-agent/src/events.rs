@@ -17,12 +17,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{ApiCalls, RateLimiter, is_already_exists, is_not_found};
 use crate::backoff::{Backoff, BackoffPolicy};
+use crate::chan;
 
 /// The component name events are reported under.
 pub const COMPONENT: &str = "kubelet";
@@ -66,7 +66,7 @@ struct PendingEvent {
 /// Records events for one agent; clone freely.
 #[derive(Debug, Clone)]
 pub struct EventRecorder {
-    tx: mpsc::Sender<Box<PendingEvent>>,
+    tx: chan::Sender<Box<PendingEvent>>,
 }
 
 /// The reference the kubelet uses for its own Node in events (UID = node name, as upstream does).
@@ -95,10 +95,7 @@ impl EventRecorder {
             message: message.into(),
             at: Timestamp::now(),
         });
-        if let Err(e) = self.tx.try_send(ev) {
-            let ev = match e {
-                mpsc::error::TrySendError::Full(ev) | mpsc::error::TrySendError::Closed(ev) => ev,
-            };
+        if let Err(chan::SendError(ev)) = self.tx.try_send(ev) {
             tracing::debug!(reason = %ev.reason, object = ?ev.object.name, "event dropped: queue full or closed");
         }
     }
@@ -118,14 +115,14 @@ impl EventRecorder {
 #[cfg(test)]
 #[derive(Debug)]
 pub(crate) struct CapturedEvents {
-    rx: mpsc::Receiver<Box<PendingEvent>>,
+    rx: chan::Receiver<Box<PendingEvent>>,
 }
 
 #[cfg(test)]
 impl CapturedEvents {
     /// A recorder and what it records.
     pub(crate) fn new() -> (EventRecorder, Self) {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let (tx, rx) = chan::channel(QUEUE);
         (EventRecorder { tx }, Self { rx })
     }
 
@@ -149,7 +146,7 @@ struct Recent {
 
 /// The task that writes one agent's events to the API server.
 pub struct EventSink {
-    rx: mpsc::Receiver<Box<PendingEvent>>,
+    rx: chan::Receiver<Box<PendingEvent>>,
     client: kube::Client,
     api: ApiCalls,
     host: String,
@@ -168,7 +165,7 @@ impl EventSink {
         burst: u32,
         token: CancellationToken,
     ) -> (EventRecorder, EventSink) {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let (tx, rx) = chan::channel(QUEUE);
         let sink = EventSink {
             rx,
             client,

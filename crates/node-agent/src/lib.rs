@@ -26,7 +26,9 @@
 //! * [`events`] — the event recorder and its sink.
 //! * [`api`] — rate limit and request accounting for API calls.
 //! * [`metrics`] — Prometheus metrics registered into a caller's registry.
-//! * [`chan`] — the small unbounded channels every node and pod keeps.
+//! * [`chan`] — the small queues every node and pod keeps (unbounded, and bounded for the pod source and events).
+//! * [`watch`] — the small latest-value channels nodes and pods publish their state on.
+//! * [`intern`] — one shared copy of values many nodes or pods hold the same (allocatable, volume sources).
 //! * [`backoff`] — jittered exponential backoff (registration, lease, CrashLoopBackOff) and jittered intervals.
 //! * [`quantity`] — exact resource quantity arithmetic.
 //! * [`machine`] — machine facts (host or synthetic).
@@ -53,6 +55,7 @@ mod cri_log;
 pub mod events;
 pub mod eviction;
 pub mod gc;
+pub mod intern;
 pub mod lean_watch;
 pub mod machine;
 pub mod metrics;
@@ -63,6 +66,7 @@ pub mod quantity;
 pub mod runtime_health;
 pub mod server;
 pub mod stats;
+pub mod watch;
 
 #[cfg(test)]
 mod agent_future_sizes;

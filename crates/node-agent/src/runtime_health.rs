@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runtime_api::{Runtime, cri};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::JitteredInterval;
+use crate::watch;
 
 /// How often the runtime is asked for its status (the kubelet's value).
 pub const POLL_PERIOD: Duration = Duration::from_secs(5);

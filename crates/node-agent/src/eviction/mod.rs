@@ -95,7 +95,7 @@ pub fn admit(
 pub struct EvictionManager {
     ctx: AgentContext,
     control: crate::chan::UnboundedSender<ManagerControl>,
-    thresholds: Vec<ThresholdSpec>,
+    thresholds: Arc<[ThresholdSpec]>,
     state: State,
     reclaim: Option<Arc<dyn NodeReclaim>>,
 }
@@ -115,7 +115,7 @@ impl EvictionManager {
     /// The eviction manager of the agent behind `ctx`; it asks the pod manager over `control` and reclaims
     /// disk with the agent's garbage collectors.
     pub fn new(ctx: AgentContext, control: crate::chan::UnboundedSender<ManagerControl>) -> Self {
-        let thresholds = signals::thresholds(&ctx.config.kubelet);
+        let thresholds = signals::shared_thresholds(&ctx.config.kubelet);
         let reclaim: Arc<dyn NodeReclaim> = Arc::new(ctx.gc.clone());
         Self {
             ctx,

@@ -4,6 +4,7 @@
 //! threshold to act on first.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -277,6 +278,22 @@ pub fn thresholds(k: &KubeletConfig) -> Vec<ThresholdSpec> {
         }
     }
     out
+}
+
+/// [`thresholds`] of `k`, shared: the agents of a fleet hold one configuration, so they hold one list
+/// (0.75 KiB per node otherwise) — computed again only for a configuration other than the last one asked for.
+pub fn shared_thresholds(k: &Arc<KubeletConfig>) -> Arc<[ThresholdSpec]> {
+    type Memo = Option<(Weak<KubeletConfig>, Arc<[ThresholdSpec]>)>;
+    static LAST: Mutex<Memo> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((config, list)) = last.as_ref()
+        && config.upgrade().is_some_and(|c| Arc::ptr_eq(&c, k))
+    {
+        return list.clone();
+    }
+    let list: Arc<[ThresholdSpec]> = thresholds(k).into();
+    *last = Some((Arc::downgrade(k), list.clone()));
+    list
 }
 
 /// What one monitoring pass decided.

@@ -7,8 +7,9 @@
 
 use std::sync::Arc;
 
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+use crate::watch;
 
 /// The pause switch of one agent's heartbeats (clones share it).
 #[derive(Clone, Debug)]

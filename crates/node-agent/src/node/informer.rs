@@ -12,11 +12,11 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::NodeSnapshot;
 use crate::lean_watch::{Change, LeanWatch};
+use crate::watch;
 
 /// The watch of one node's Node object.
 pub struct NodeInformer {

@@ -20,12 +20,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::PostParams;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{NodeError, RegisteredNode};
 use crate::api::{ApiCalls, is_already_exists, is_conflict, is_not_found};
 use crate::backoff::{Backoff, BackoffPolicy, jittered};
+use crate::watch;
 
 /// The namespace of node leases.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -198,6 +199,10 @@ impl ApiLease {
 
     fn keep(&mut self, mut lease: Lease) {
         lease.metadata.managed_fields = None;
+        // decoding grows the list to four references; a lease has one
+        if let Some(refs) = lease.metadata.owner_references.as_mut() {
+            refs.shrink_to_fit();
+        }
         self.lease = Some(Box::new(lease));
     }
 

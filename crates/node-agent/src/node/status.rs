@@ -24,7 +24,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use runtime_api::{Runtime, cri};
 use serde_json::{Map, Value, json};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -39,6 +39,7 @@ use crate::config::AgentConfig;
 use crate::events::{EventRecorder, node_reference};
 use crate::metrics::{Metrics, StartupPhases};
 use crate::runtime_health::RuntimeHealth;
+use crate::watch;
 
 /// Immediate attempts per status write before waiting for the next tick (the kubelet's).
 pub const PATCH_ATTEMPTS: u32 = 5;

@@ -12,12 +12,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{NodeSnapshot, Pressure};
 use crate::backoff::JitteredInterval;
 use crate::runtime_health::RuntimeHealth;
+use crate::watch;
 
 /// Jitter of the status loop (the kubelet's).
 pub const STATUS_JITTER: f64 = 0.04;

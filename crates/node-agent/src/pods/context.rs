@@ -5,7 +5,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use runtime_api::{Runtime, RuntimeError};
-use tokio::sync::watch;
 
 use super::PodConfig;
 use super::admission::NodeView;
@@ -16,6 +15,7 @@ use super::observed::SandboxRecord;
 use super::probes::{ProbeMetrics, ProbeTransport};
 use super::spec::DesiredPod;
 use super::status::StatusHandle;
+use crate::watch;
 
 pub(crate) struct AgentCtx {
     pub config: PodConfig,

@@ -70,7 +70,7 @@ pub(crate) struct Statics {
     /// Sources that have not sent a first set yet.
     unseen: usize,
     pub(crate) mirrors: Mirrors,
-    desired: tokio::sync::watch::Sender<Desired>,
+    desired: crate::watch::Sender<Desired>,
     to_mirror: MirrorLink,
     /// The UIDs of the API server's pods as of the last list (orphan cleanup waits for every source).
     api_live: Option<HashSet<String>>,
@@ -80,7 +80,7 @@ impl Statics {
     pub(crate) fn new(
         sources: usize,
         mirrors: Mirrors,
-        desired: tokio::sync::watch::Sender<Desired>,
+        desired: crate::watch::Sender<Desired>,
         to_mirror: MirrorLink,
     ) -> Self {
         Self {
@@ -152,7 +152,7 @@ impl PodManager {
     /// Runs until `cancel` fires or the source ends.
     pub(crate) fn run(
         mut self,
-        mut source: mpsc::Receiver<PodEvent>,
+        mut source: crate::chan::Receiver<PodEvent>,
         mut statics: Option<mpsc::Receiver<StaticUpdate>>,
         mut pleg: crate::chan::UnboundedReceiver<PlegEvent>,
         mut control: crate::chan::UnboundedReceiver<ManagerControl>,

@@ -73,7 +73,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runtime_api::{Runtime, RuntimeError, cri};
-use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -92,6 +91,7 @@ pub use wiring::{PodOptions, run_for_agent};
 use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::metrics::Metrics;
+use crate::watch;
 
 /// Settings of the pod lifecycle. `PodConfig::new(node)` gives the kubelet's defaults.
 #[derive(Debug, Clone)]
@@ -364,7 +364,7 @@ impl PodLifecycle {
             let source = match watch_client {
                 Err(rx) => rx,
                 Ok(client) => {
-                    let (tx, rx) = mpsc::channel(256);
+                    let (tx, rx) = crate::chan::channel(256);
                     let node = ctx.config.node_name.clone();
                     tracker.spawn(source::watch_node_pods(client, node, tx, tasks.clone()));
                     rx

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
+use crate::chan;
 use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::mpsc;
 
 use crate::lean_watch::{Change, LeanWatch};
 use tokio_util::sync::CancellationToken;
@@ -42,7 +42,7 @@ pub enum PodSource {
     /// own: short requests then never queue behind streams that do not end.
     WatchVia(kube::Client),
     /// Events arrive on this channel (a [`SharedPodFeed`] subscription, or a test).
-    Feed(mpsc::Receiver<PodEvent>),
+    Feed(chan::Receiver<PodEvent>),
 }
 
 impl std::fmt::Debug for PodSource {
@@ -57,8 +57,8 @@ impl std::fmt::Debug for PodSource {
 
 impl PodSource {
     /// A channel-fed source and its sending half.
-    pub fn channel(capacity: usize) -> (mpsc::Sender<PodEvent>, Self) {
-        let (tx, rx) = mpsc::channel(capacity);
+    pub fn channel(capacity: usize) -> (chan::Sender<PodEvent>, Self) {
+        let (tx, rx) = chan::channel(capacity);
         (tx, Self::Feed(rx))
     }
 }
@@ -103,7 +103,7 @@ where
 pub fn watch_node_pods(
     client: kube::Client,
     node: String,
-    tx: mpsc::Sender<PodEvent>,
+    tx: chan::Sender<PodEvent>,
     cancel: CancellationToken,
 ) -> impl Future<Output = ()> + Send + 'static {
     async move {
@@ -119,7 +119,7 @@ pub fn watch_node_pods(
 /// One watch of all scheduled pods, fanned out to many agents by `spec.nodeName`.
 #[derive(Debug, Clone, Default)]
 pub struct SharedPodFeed {
-    routes: Arc<Mutex<HashMap<String, mpsc::Sender<PodEvent>>>>,
+    routes: Arc<Mutex<HashMap<String, chan::Sender<PodEvent>>>>,
 }
 
 fn node_of(pod: &Pod) -> Option<&str> {
@@ -148,7 +148,7 @@ impl SharedPodFeed {
         }
     }
 
-    fn route(&self, node: &str) -> Option<mpsc::Sender<PodEvent>> {
+    fn route(&self, node: &str) -> Option<chan::Sender<PodEvent>> {
         self.routes.lock().ok()?.get(node).cloned()
     }
 
@@ -161,7 +161,7 @@ impl SharedPodFeed {
                         by_node.entry(n.to_owned()).or_default().push(p);
                     }
                 }
-                let routes: Vec<(String, mpsc::Sender<PodEvent>)> = match self.routes.lock() {
+                let routes: Vec<(String, chan::Sender<PodEvent>)> = match self.routes.lock() {
                     Ok(r) => r.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                     Err(_) => return,
                 };

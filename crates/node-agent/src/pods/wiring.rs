@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use futures::FutureExt;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::NodeView;
@@ -14,6 +13,7 @@ use super::dns::NodeDns;
 use super::{NetworkProbes, PodConfig, PodLifecycle, PodMetrics, PodSource, ProbeTransport};
 use crate::agent::AgentContext;
 use crate::node::{NodeSnapshot, ResourceList};
+use crate::watch;
 
 /// What an agent's pod lifecycle uses besides the agent context.
 pub struct PodOptions {

@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::PodStatus;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +25,7 @@ use crate::pods::context::AgentCtx;
 use crate::pods::events::EventType;
 use crate::pods::spec::{DesiredPod, ProbeSpec};
 use crate::pods::worker::WorkerMsg;
+use crate::watch;
 
 /// A container the prober should watch.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +27,7 @@ use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::pods::admission::NodeView;
 use crate::pods::status::{StatusHandle, StatusMsg};
+use crate::watch;
 
 /// namespace, name.
 pub(crate) type Key = (String, String);

@@ -19,7 +19,7 @@ use cri_fake::{FakeConfig, FakeRuntime};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use runtime_api::{Runtime, cri};
 use serde_json::json;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -36,6 +36,8 @@ use super::source::PodEvent;
 use super::static_pods::mirror::{Desired, MirrorMsg};
 use super::static_pods::{Mirrors, StaticUpdate};
 use super::status::{StatusHandle, StatusMsg};
+
+use crate::watch;
 
 /// Network probes answered by `fake`'s script.
 pub(super) fn fake_probes(
@@ -77,7 +79,7 @@ pub(super) fn pod(name: &str, spec: serde_json::Value, annotations: serde_json::
 
 pub(super) struct Harness {
     pub runtime: FakeRuntime,
-    pub feed: mpsc::Sender<PodEvent>,
+    pub feed: crate::chan::Sender<PodEvent>,
     /// Static pod sets (no source is waited for before orphan cleanup).
     pub statics: mpsc::Sender<StaticUpdate>,
     /// The static pods that should have mirror pods.
@@ -143,7 +145,7 @@ impl Harness {
         let tracker = TaskTracker::new();
         let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
         tracker.spawn(Pleg::new(ctx.clone(), pleg_tx).run(cancel.clone()));
-        let (feed, source) = mpsc::channel(16);
+        let (feed, source) = crate::chan::channel(16);
         let (statics, statics_rx) = mpsc::channel(4);
         let (desired_tx, desired) = watch::channel(Default::default());
         let (mirror_tx, mirror_rx) = crate::chan::unbounded_channel();
