@@ -24,14 +24,20 @@ pub(crate) enum ImageState {
 }
 
 /// Image pulls of one pod, with their back-off.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Images {
+    /// Made at the first failed pull (most pods never have one).
+    failures: Option<Box<Failures>>,
+}
+
+#[derive(Debug)]
+struct Failures {
     backoff: KeyedBackoff<String>,
     /// Per image: when the failed pull may be retried, and its error.
     failed: HashMap<String, (Instant, String)>,
 }
 
-impl Default for Images {
+impl Default for Failures {
     fn default() -> Self {
         let policy = BackoffPolicy::new(Duration::from_secs(10), Duration::from_secs(300))
             .unwrap_or_else(|_| BackoffPolicy::crash_loop());
@@ -45,7 +51,7 @@ impl Default for Images {
 impl Images {
     /// The time until the image of a container waiting in back-off may be pulled again.
     pub(crate) fn retry_in(&self, image: &str, now: Instant) -> Option<Duration> {
-        let (at, _) = self.failed.get(image)?;
+        let (at, _) = self.failures.as_ref()?.failed.get(image)?;
         (*at > now).then(|| *at - now)
     }
 
@@ -109,7 +115,12 @@ impl Images {
         }
         let now = Instant::now();
         let key = image.to_owned();
-        if let Some((_, cause)) = self.failed.get(image).filter(|(at, _)| *at > now) {
+        if let Some((_, cause)) = self
+            .failures
+            .as_ref()
+            .and_then(|f| f.failed.get(image))
+            .filter(|(at, _)| *at > now)
+        {
             ctx.events.container(
                 pod,
                 &c.name,
@@ -172,18 +183,25 @@ impl Images {
                 let msg = format!("Successfully pulled image {image:?} in {t} ({total} including waiting)");
                 ctx.events
                     .container(pod, &c.name, EventType::Normal, "Pulled", msg);
-                self.backoff.reset(&key);
-                self.failed.remove(image);
+                if let Some(f) = self.failures.as_mut() {
+                    f.backoff.reset(&key);
+                    f.failed.remove(image);
+                    if f.failed.is_empty() {
+                        self.failures = None;
+                    }
+                }
                 ImageState::Ready { pulled: Some(took) }
             }
             Err(e) => {
-                let delay = self.backoff.next(&key, Instant::now());
+                let failures = self.failures.get_or_insert_with(Box::default);
+                let delay = failures.backoff.next(&key, Instant::now());
                 let msg = format!("Failed to pull image {image:?}: {}", e.message);
                 ctx.events
                     .container(pod, &c.name, EventType::Warning, "Failed", msg.clone());
                 ctx.events
                     .container(pod, &c.name, EventType::Warning, "Failed", "Error: ErrImagePull");
-                self.failed
+                failures
+                    .failed
                     .insert(key, (Instant::now() + delay, e.message.clone()));
                 ImageState::Waiting {
                     reason: "ErrImagePull",

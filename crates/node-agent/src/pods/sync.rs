@@ -196,7 +196,10 @@ impl PodWorker {
         };
         let now = Instant::now();
         if let Some(exited) = s.exited
-            && let Err(wait) = self.restarts.try_restart(&s.name, exited, now)
+            && let Err(wait) = self
+                .restarts
+                .get_or_insert_with(Box::default)
+                .try_restart(&s.name, exited, now)
         {
             let msg = format!(
                 "back-off {} restarting failed container={} pod={}",

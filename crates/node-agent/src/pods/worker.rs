@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PodStatus;
 use k8s_openapi::jiff::Timestamp;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -37,6 +36,7 @@ use super::status::generate::Previous;
 use super::status::{Phase, StatusMsg};
 use super::volumes::{self, PodVolumes};
 use crate::backoff::{Backoff, BackoffPolicy, jittered};
+use crate::watch;
 
 /// Input to a pod worker.
 #[derive(Debug)]
@@ -135,7 +135,8 @@ pub(crate) struct PodWorker {
     pub(super) view: RuntimeView,
     pub(super) probes: ProbeResults,
     pub(super) waiting: HashMap<String, (&'static str, String)>,
-    pub(super) restarts: RestartBackoff,
+    /// Crash-loop back-off, made at the first restart (most pods never restart).
+    pub(super) restarts: Option<Box<RestartBackoff>>,
     pub(super) images: Images,
     pub(super) start_time: Option<Timestamp>,
     /// What was last reported (or what the API server held when the worker started).
@@ -144,7 +145,8 @@ pub(crate) struct PodWorker {
     pub(super) timeline: Option<Box<Timeline>>,
     pub(super) prober: Option<(watch::Sender<Targets>, CancellationToken)>,
     pub(super) wake_at: Option<Instant>,
-    pub(super) errors: Backoff,
+    /// Back-off between failed syncs, made at the first failure.
+    pub(super) errors: Option<Box<Backoff>>,
     pub(super) stopped_reported: bool,
     pub(super) counted_running: bool,
     /// Set by a stop on request (graceful node shutdown, eviction): the grace period and the cause.
@@ -204,7 +206,7 @@ impl PodWorker {
             view: RuntimeView::default(),
             probes,
             waiting: HashMap::new(),
-            restarts: RestartBackoff::default(),
+            restarts: None,
             images: Images::default(),
             start_time,
             last: init.api_status.as_ref().map(LastReport::of),
@@ -212,7 +214,7 @@ impl PodWorker {
             timeline: init.timeline.map(Box::new),
             prober: None,
             wake_at: None,
-            errors: Backoff::new(BackoffPolicy::api_retry()),
+            errors: None,
             stopped_reported: false,
             counted_running: false,
             killed: None,
@@ -275,7 +277,7 @@ impl PodWorker {
                     resync_at = Instant::now() + jittered(self.ctx.config.sync_frequency, 0.5);
                     match result {
                         Ok(()) => {
-                            self.errors.reset();
+                            self.errors = None;
                             // a state change (e.g. syncing -> terminating) is acted on at once
                             if self.state != before && self.state != State::Exit {
                                 continue;
@@ -283,7 +285,11 @@ impl PodWorker {
                         }
                         Err(error) => {
                             tracing::warn!(pod = %self.pod.name, namespace = %self.pod.namespace, %error, "pod sync failed, will retry");
-                            let retry = Instant::now() + self.errors.next_delay();
+                            let retry = Instant::now()
+                                + self
+                                    .errors
+                                    .get_or_insert_with(|| Box::new(Backoff::new(BackoffPolicy::api_retry())))
+                                    .next_delay();
                             self.wake_at = Some(self.wake_at.map_or(retry, |w| w.min(retry)));
                         }
                     }

@@ -2,13 +2,17 @@
 //! objects (configMapKeyRef, secretKeyRef, resourceFieldRef, envFrom) out of the API object, compactly: only
 //! what setting the volumes up and resolving the environment read again.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{
     ConfigMapProjection, DownwardAPIVolumeFile, KeyToPath, ResourceFieldSelector, SecretProjection, Volume,
     VolumeMount, VolumeProjection,
 };
 
+use crate::intern::Interner;
+
 /// One `KeyToPath` item of a configMap / secret volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KeyPath {
     /// The object's key.
     pub key: String,
@@ -19,7 +23,7 @@ pub struct KeyPath {
 }
 
 /// A configMap or secret as a volume (or one source of a projected volume).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObjectVolume {
     /// The object's name (same namespace as the pod).
     pub name: String,
@@ -30,7 +34,7 @@ pub struct ObjectVolume {
 }
 
 /// A `resourceFieldRef`: a container's request or limit, in units of `divisor`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ResourceRef {
     /// The container whose resources are read (the env's own container when empty).
     pub container: String,
@@ -41,7 +45,7 @@ pub struct ResourceRef {
 }
 
 /// What one downward API file holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum DownwardField {
     /// A `fieldRef` path (`metadata.name`, `metadata.labels`, `metadata.annotations['k']`, ...).
     Field(String),
@@ -50,7 +54,7 @@ pub enum DownwardField {
 }
 
 /// One file of a downward API volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DownwardFile {
     /// Relative path.
     pub path: String,
@@ -61,7 +65,7 @@ pub struct DownwardFile {
 }
 
 /// One source of a projected volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Projection {
     /// Keys of a ConfigMap.
     ConfigMap(ObjectVolume),
@@ -83,7 +87,7 @@ pub enum Projection {
 }
 
 /// `hostPath.type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HostPathType {
     /// No check (`""`).
     Unset,
@@ -119,7 +123,7 @@ impl HostPathType {
 }
 
 /// Where a volume's content comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum VolumeSource {
     /// `emptyDir`: a fresh directory, or a tmpfs for `medium: Memory`.
     EmptyDir {
@@ -154,8 +158,8 @@ pub struct VolumeSpec {
     pub name: String,
     /// Mode of files without their own (`defaultMode`, 0644 unless set).
     pub default_mode: u32,
-    /// Its source.
-    pub source: VolumeSource,
+    /// Its source, one copy shared by every pod whose volume has the same (see [`VolumeSpec::shared`]).
+    pub source: Arc<VolumeSource>,
 }
 
 /// One `volumeMount` of a container.
@@ -345,7 +349,14 @@ impl VolumeSpec {
         Self {
             name: v.name.clone(),
             default_mode: mode(default_mode).unwrap_or(DEFAULT_MODE),
-            source,
+            source: Self::shared(source),
         }
+    }
+
+    /// `source`, shared with the volumes already holding an equal one: every pod of a service account has the
+    /// same `kube-api-access` projection under a name of its own (~1.3 KiB each otherwise).
+    pub fn shared(source: VolumeSource) -> Arc<VolumeSource> {
+        static SOURCES: Interner<VolumeSource> = Interner::new();
+        SOURCES.intern(source)
     }
 }

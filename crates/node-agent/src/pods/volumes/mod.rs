@@ -86,7 +86,7 @@ pub fn pod_dir(pods_dir: &std::path::Path, uid: &str) -> PathBuf {
 
 /// Where volume `v` of `pod` lives on the node (for a hollow node: where it would).
 fn host_path(ctx: &AgentCtx, pod: &DesiredPod, v: &VolumeSpec) -> PathBuf {
-    if let VolumeSource::HostPath { path, .. } = &v.source {
+    if let VolumeSource::HostPath { path, .. } = &*v.source {
         return PathBuf::from(path);
     }
     let root = ctx
@@ -169,7 +169,7 @@ impl PodVolumes {
             let dir = host_path(ctx, pod, v);
             let on_disk = ctx.config.layout.pods_dir.is_some();
             let fs_group = fs_group(pod).map_err(err)?;
-            let files = match &v.source {
+            let files = match &*v.source {
                 VolumeSource::EmptyDir { memory, size_limit } => {
                     if self.set_up[i].is_none() && on_disk {
                         let (tmpfs, size) = (*memory, *size_limit);
@@ -295,7 +295,7 @@ impl PodVolumes {
                 continue;
             }
             if on_disk {
-                let memory = matches!(v.source, VolumeSource::Secret(_) | VolumeSource::Projected(_));
+                let memory = matches!(*v.source, VolumeSource::Secret(_) | VolumeSource::Projected(_));
                 blocking(move || {
                     disk::make_dir(&dir, memory, None)?;
                     disk::write_atomic(&dir, &files)?;
@@ -357,7 +357,7 @@ pub fn mounts(ctx: &AgentCtx, pod: &DesiredPod, c: &ContainerSpec) -> Vec<cri::M
                 host = host.join(&m.sub_path);
             }
             let forced_ro = matches!(
-                v.source,
+                *v.source,
                 VolumeSource::ConfigMap(_)
                     | VolumeSource::Secret(_)
                     | VolumeSource::DownwardApi(_)
