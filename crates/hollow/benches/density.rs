@@ -280,6 +280,7 @@ fn print_tables(rows: &[Row]) {
             }
         );
     }
+    print_targets(rows);
     let pairs: Vec<(&Row, &Row)> = rows
         .iter()
         .filter(|r| r.fleet == Fleet::Hollow)
@@ -310,6 +311,52 @@ fn print_tables(rows: &[Row]) {
             per_pod,
             h.cpu_ms_per_node_minute / k.cpu_ms_per_node_minute
         );
+    }
+}
+
+/// The hollow fleet's memory and CPU targets (issue 16): ≤ 16 KiB per idle node at 5,000 nodes and more,
+/// ≤ 3 KiB per running pod, ≤ 1.3 ms CPU per idle node-minute at 5,000 nodes and more.
+const TARGET_IDLE_KIB: f64 = 16.0;
+const TARGET_POD_KIB: f64 = 3.0;
+const TARGET_IDLE_CPU_MS: f64 = 1.3;
+const TARGETS_FROM_NODES: usize = 5_000;
+
+/// Prints each hollow row's figures against the targets that apply to it, pass or fail.
+fn print_targets(rows: &[Row]) {
+    let verdict = |ok: bool| if ok { "pass" } else { "FAIL" };
+    let mut lines = Vec::new();
+    for r in rows.iter().filter(|r| r.fleet == Fleet::Hollow) {
+        if r.pods == 0 && r.nodes >= TARGETS_FROM_NODES {
+            let kib = r.rss_per_node_kib();
+            lines.push(format!(
+                "| {} idle nodes | RSS per node {kib:.1} KiB (target ≤ {TARGET_IDLE_KIB} KiB) | {} |",
+                r.nodes,
+                verdict(kib <= TARGET_IDLE_KIB)
+            ));
+            let cpu = r.cpu_ms_per_node_minute;
+            lines.push(format!(
+                "| {} idle nodes | CPU per node-minute {cpu:.2} ms (target ≤ {TARGET_IDLE_CPU_MS} ms) | {} |",
+                r.nodes,
+                verdict(cpu <= TARGET_IDLE_CPU_MS)
+            ));
+        }
+        if let Some(per_pod) = r.rss_per_pod {
+            let kib = per_pod / 1024.0;
+            lines.push(format!(
+                "| {} nodes, {} pods | RSS per running pod {kib:.1} KiB (target ≤ {TARGET_POD_KIB} KiB) | {} |",
+                r.nodes,
+                r.pods,
+                verdict(kib <= TARGET_POD_KIB)
+            ));
+        }
+    }
+    if lines.is_empty() {
+        return;
+    }
+    println!("\n| hollow | figure against its target | verdict |");
+    println!("|---|---|---|");
+    for line in lines {
+        println!("{line}");
     }
 }
 

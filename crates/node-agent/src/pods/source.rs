@@ -15,11 +15,11 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use crate::chan;
 use k8s_openapi::api::core::v1::Pod;
-
-use crate::lean_watch::{Change, LeanWatch};
 use tokio_util::sync::CancellationToken;
+
+use crate::chan;
+use crate::lean_watch::{Change, LeanWatch};
 
 /// One change of the pods bound to a node.
 #[derive(Debug, Clone)]

@@ -35,7 +35,8 @@ struct Entry {
     delete: bool,
     in_flight: bool,
     retry_at: Option<Instant>,
-    backoff: Option<Backoff>,
+    /// Boxed: made at a pod's first failed write, and an entry is held per pod.
+    backoff: Option<Box<Backoff>>,
 }
 
 /// How one write ended.
@@ -345,7 +346,7 @@ impl StatusManager {
                 }
                 let delay = e
                     .backoff
-                    .get_or_insert_with(|| Backoff::new(BackoffPolicy::api_retry()))
+                    .get_or_insert_with(|| Box::new(Backoff::new(BackoffPolicy::api_retry())))
                     .next_delay();
                 e.retry_at = Some(Instant::now() + delay);
                 self.dirty.retain(|u| *u != uid);
