@@ -312,8 +312,22 @@ async fn a_host_network_pod_sees_the_nodes_ip_as_its_own() -> anyhow::Result<()>
         Some("127.0.0.1"),
         "$(POD_IP) in the command: {logs}"
     );
-    let status = pods.get("hostnet").await?.status.context("status")?;
-    assert_eq!(status.pod_ip.as_deref(), Some("127.0.0.1"));
+    // the container can print before the status write that carries its IP has reached the API server
+    let reported = Instant::now();
+    let pod_ip = wait_for(
+        "the host-network pod's IP in its status",
+        Duration::from_secs(30),
+        || async {
+            let status = pods.get("hostnet").await?.status.context("status")?;
+            Ok(status.pod_ip)
+        },
+    )
+    .await?;
+    eprintln!(
+        "status.podIP {pod_ip} seen {:?} after the container's report",
+        reported.elapsed()
+    );
+    assert_eq!(pod_ip, "127.0.0.1");
     pods.delete("hostnet", &DeleteParams::default()).await?;
     Ok(())
 }
