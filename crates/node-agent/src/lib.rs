@@ -42,7 +42,7 @@
 
 // Long-lived tasks are written as functions returning `async move` blocks, not as `async fn`s: an `async fn`
 // keeps its arguments twice in its future (as arguments, and as the bindings its body moves them into), for
-// as long as the task lives; the size tests (agent_future_sizes.rs) show the difference.
+// as long as the task lives; the size tests (agent/future_sizes.rs) show the difference.
 #![allow(clippy::manual_async_fn)]
 
 pub mod agent;
@@ -69,7 +69,7 @@ pub mod stats;
 pub mod watch;
 
 #[cfg(test)]
-mod agent_future_sizes;
+mod layering;
 #[cfg(test)]
 mod testing;
 

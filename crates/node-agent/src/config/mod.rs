@@ -16,6 +16,15 @@
 //! values and hands them in.
 
 mod check;
+/// One group of `shutdownGracePeriodByPodPriority`: pods with at least `priority` (and below the next group's) get `grace`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownGroup {
+    /// Lowest priority of the group.
+    pub priority: i32,
+    /// The time the group gets.
+    pub grace: std::time::Duration,
+}
+
 #[cfg(test)]
 mod docs_tests;
 pub mod duration;
@@ -323,7 +332,7 @@ pub struct KubeletConfig {
     /// Part of it kept for critical pods (default 0).
     pub shutdown_grace_period_critical_pods: Duration,
     /// Shutdown periods by pod priority (instead of the two above), lowest priority first.
-    pub shutdown_grace_period_by_pod_priority: Vec<crate::pods::shutdown::ShutdownGroup>,
+    pub shutdown_grace_period_by_pod_priority: Vec<ShutdownGroup>,
     /// Refuse to run with swap on (default true).
     pub fail_swap_on: bool,
     /// Cgroup driver (default cgroupfs).

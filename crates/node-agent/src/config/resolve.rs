@@ -398,7 +398,7 @@ pub(crate) fn resolve(
         .enumerate()
     {
         match u64::try_from(g.shutdown_grace_period_seconds) {
-            Ok(secs) => shutdown_grace_period_by_pod_priority.push(crate::pods::shutdown::ShutdownGroup {
+            Ok(secs) => shutdown_grace_period_by_pod_priority.push(super::ShutdownGroup {
                 priority: g.priority,
                 grace: Duration::from_secs(secs),
             }),

@@ -26,17 +26,20 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::agent::AgentContext;
-use crate::node::Pressure;
+use crate::config::AgentConfig;
+use crate::events::{EventRecorder, node_reference};
+use crate::metrics::Metrics;
+use crate::node::{Pressure, ResourceList};
 use crate::pods::control::{ActivePod, EvictOrder, ManagerControl};
 use crate::stats::PodUsage;
+use crate::watch;
 
 use self::signals::{Observations, State, ThresholdSpec};
 
 /// How often the eviction manager looks (the kubelet's `evictionMonitoringPeriod`).
 pub const MONITORING_INTERVAL: Duration = Duration::from_secs(10);
 /// The status reason and event reason of an evicted pod (and of a pod refused under pressure).
-pub const REASON: &str = "Evicted";
+pub const REASON: &str = crate::pods::admission::EVICTED;
 /// How long a pass waits for an evicted pod to stop before going on.
 const CLEANUP_WAIT: Duration = Duration::from_secs(30);
 
@@ -62,38 +65,34 @@ impl NodeReclaim for crate::gc::GarbageCollectors {
     }
 }
 
-/// Pod admission under pressure, as the kubelet's eviction admit handler: with no pressure, or for a
-/// critical pod, `Ok`; with memory pressure alone, every pod but a BestEffort one that does not tolerate the
-/// `node.kubernetes.io/memory-pressure` taint; with any other pressure, none. `Err` carries the message
-/// (reason [`REASON`]).
-pub fn admit(
-    pressure: Pressure,
-    critical: bool,
-    best_effort: bool,
-    tolerates_memory_pressure: bool,
-) -> Result<(), String> {
-    let mut conditions = Vec::new();
-    if pressure.memory {
-        conditions.push("MemoryPressure");
+/// What the eviction manager uses of its agent.
+#[derive(Clone)]
+pub struct EvictionInputs {
+    /// The agent's configuration: node name, thresholds, periods.
+    pub config: Arc<AgentConfig>,
+    /// Node and pod usage.
+    pub stats: crate::stats::StatsProvider,
+    /// The node's allocatable (memory.available is measured against it).
+    pub allocatable: watch::Receiver<Arc<ResourceList>>,
+    /// Where the pressure conditions go (the node status and pod admission read them).
+    pub pressure: Arc<watch::Sender<Pressure>>,
+    /// The node's event recorder.
+    pub events: EventRecorder,
+    /// Eviction counts (`kubelet_evictions`).
+    pub metrics: Arc<Metrics>,
+    /// Fires when the agent stops.
+    pub token: tokio_util::sync::CancellationToken,
+}
+
+impl EvictionInputs {
+    fn node_name(&self) -> &str {
+        &self.config.node_name
     }
-    if pressure.disk {
-        conditions.push("DiskPressure");
-    }
-    if pressure.pid {
-        conditions.push("PIDPressure");
-    }
-    if conditions.is_empty() || critical {
-        return Ok(());
-    }
-    if conditions == ["MemoryPressure"] && (!best_effort || tolerates_memory_pressure) {
-        return Ok(());
-    }
-    Err(format!("The node had condition: [{}]. ", conditions.join(" ")))
 }
 
 /// The eviction manager of one agent.
 pub struct EvictionManager {
-    ctx: AgentContext,
+    ctx: EvictionInputs,
     control: crate::chan::UnboundedSender<ManagerControl>,
     thresholds: Arc<[ThresholdSpec]>,
     state: State,
@@ -112,17 +111,16 @@ fn pod_reference(p: &ActivePod) -> ObjectReference {
 }
 
 impl EvictionManager {
-    /// The eviction manager of the agent behind `ctx`; it asks the pod manager over `control` and reclaims
-    /// disk with the agent's garbage collectors.
-    pub fn new(ctx: AgentContext, control: crate::chan::UnboundedSender<ManagerControl>) -> Self {
+    /// The eviction manager of the agent `ctx` describes; it asks the pod manager over `control`. Without
+    /// [`with_reclaim`](Self::with_reclaim) disk pressure goes straight to evicting pods.
+    pub fn new(ctx: EvictionInputs, control: crate::chan::UnboundedSender<ManagerControl>) -> Self {
         let thresholds = signals::shared_thresholds(&ctx.config.kubelet);
-        let reclaim: Arc<dyn NodeReclaim> = Arc::new(ctx.gc.clone());
         Self {
             ctx,
             control,
             thresholds,
             state: State::default(),
-            reclaim: Some(reclaim),
+            reclaim: None,
         }
     }
 
@@ -209,7 +207,7 @@ impl EvictionManager {
             resource.as_str()
         );
         self.ctx.events.warning(
-            &self.ctx.node_reference(),
+            &node_reference(self.ctx.node_name()),
             "EvictionThresholdMet",
             format!("Attempting to reclaim {}", resource.as_str()),
         );
@@ -276,6 +274,3 @@ impl EvictionManager {
         None
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -71,7 +71,7 @@ pub struct NodeSnapshot {
     pub name: String,
     /// The Node's UID.
     pub uid: String,
-    /// `metadata.labels` (shared with the pod side's [`NodeView`](crate::pods::NodeView)).
+    /// `metadata.labels` (the pod side shares this map).
     pub labels: Arc<std::collections::BTreeMap<String, String>>,
     /// `spec.taints`.
     pub taints: Vec<k8s_openapi::api::core::v1::Taint>,

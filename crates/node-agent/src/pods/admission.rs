@@ -153,6 +153,38 @@ fn predicate(name: &str, why: &str) -> Rejection {
     }
 }
 
+/// The status reason of a pod refused under node pressure, and of an evicted pod.
+pub const EVICTED: &str = "Evicted";
+
+/// Pod admission under pressure, as the kubelet's eviction admit handler: with no pressure, or for a
+/// critical pod, `Ok`; with memory pressure alone, every pod but a BestEffort one that does not tolerate the
+/// `node.kubernetes.io/memory-pressure` taint; with any other pressure, none. `Err` carries the message
+/// (reason [`EVICTED`]).
+pub fn admit_under_pressure(
+    pressure: crate::node::Pressure,
+    critical: bool,
+    best_effort: bool,
+    tolerates_memory_pressure: bool,
+) -> Result<(), String> {
+    let mut conditions = Vec::new();
+    if pressure.memory {
+        conditions.push("MemoryPressure");
+    }
+    if pressure.disk {
+        conditions.push("DiskPressure");
+    }
+    if pressure.pid {
+        conditions.push("PIDPressure");
+    }
+    if conditions.is_empty() || critical {
+        return Ok(());
+    }
+    if conditions == ["MemoryPressure"] && (!best_effort || tolerates_memory_pressure) {
+        return Ok(());
+    }
+    Err(format!("The node had condition: [{}]. ", conditions.join(" ")))
+}
+
 /// Decides whether `pod` may run on the node next to what is `committed`.
 pub fn admit(
     pod: &Pod,
@@ -167,14 +199,14 @@ pub fn admit(
         .unwrap_or_default()
         .iter()
         .any(|t| tolerates_effect(t, "node.kubernetes.io/memory-pressure", "", "NoSchedule"));
-    crate::eviction::admit(
+    admit_under_pressure(
         node.pressure,
         critical,
         desired.qos == super::resources::QosClass::BestEffort,
         tolerates_memory_pressure,
     )
     .map_err(|message| Rejection {
-        reason: crate::eviction::REASON.into(),
+        reason: EVICTED.into(),
         message,
     })?;
     if !matches_node(
@@ -296,6 +328,10 @@ fn tolerates_effect(t: &Toleration, key: &str, value: &str, effect: &str) -> boo
         _ => tkey == key && t.value.as_deref().unwrap_or_default() == value,
     }
 }
+
+#[cfg(test)]
+#[path = "admission_pressure_tests.rs"]
+mod pressure_tests;
 
 #[cfg(test)]
 mod tests {

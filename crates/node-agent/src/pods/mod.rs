@@ -16,15 +16,15 @@
 //! From outside, [`control`] carries graceful shutdown requests, the garbage collector's question which
 //! pods the node still has, the eviction manager's and the pod-resources API's questions which pods run.
 //!
-//! Events go through a [`PodEventSink`] ([`events`]): the agent's own recorder when run by an
-//! [`Agent`](crate::Agent) (see [`PodLifecycle::for_agent`] and [`PodOptions`]), else an event writer of
-//! its own. API writes go through the agent's rate limit ([`ApiCalls`]).
+//! Events go through a [`PodEventSink`] ([`events`]): the agent's own recorder when an agent runs the lifecycle
+//! (it passes one with [`PodLifecycle::with_events`], and what else it chooses in [`PodOptions`]), else an event
+//! writer of its own. API writes go through the agent's rate limit ([`ApiCalls`]).
 //!
 //! Supporting modules: [`spec`] (the compact desired pod), `resources` (requests, limits, QoS), `labels` (runtime
 //! labels and annotations), `observed` (the runtime's view of a pod), `images`, `restart`
 //! (CrashLoopBackOff), `actions` (exec/http/tcp/grpc/sleep), [`metrics`] (per-stage hdrhistograms and the
-//! kubelet's Prometheus series), `gofmt` (Go-style durations in messages), `wiring` (running as a manager of
-//! an [`Agent`](crate::Agent)), `service_links` (Services as environment variables), `termination` (termination
+//! kubelet's Prometheus series), `gofmt` (Go-style durations in messages), `options` (what a lifecycle
+//! takes besides its configuration), `service_links` (Services as environment variables), `termination` (termination
 //! messages), [`cgroups`] (QoS and pod cgroups of a real node), `orphans` (what pods deleted while the agent
 //! was down left behind).
 //!
@@ -48,6 +48,7 @@ mod manager;
 pub mod metrics;
 pub mod objects;
 mod observed;
+mod options;
 mod orphans;
 mod plan;
 pub(crate) mod pleg;
@@ -66,8 +67,8 @@ pub mod status;
 mod sync;
 mod termination;
 mod volumes;
-mod wiring;
 pub(crate) mod worker;
+mod worker_state;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,12 +82,12 @@ pub use control::{KnownPods, ManagerControl, PodsQuery};
 pub use events::{MemoryEvents, NoEvents, PodEvent as PodEventRecord, PodEventSink};
 pub use labels::RuntimeLayout;
 pub use metrics::{PodMetrics, Stage, StageReport};
+pub use options::PodOptions;
 pub use probes::{
     NetTarget, NetworkProbes, ProbeMetrics, ProbeOutcome, ProbeTarget, ProbeTransport, ScriptedProbes,
 };
 pub use source::{PodEvent, PodSource, SharedPodFeed};
 pub use static_pods::StaticPodConfig;
-pub use wiring::{PodOptions, run_for_agent};
 
 use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
@@ -155,11 +156,13 @@ pub struct PodLifecycle {
     source: PodSource,
     /// Graceful node shutdown requests, questions about the node's pods, evictions.
     control: Option<crate::chan::UnboundedReceiver<ManagerControl>>,
-    /// Extra tasks to run alongside (e.g. the node view bridge of [`PodLifecycle::for_agent`]).
+    /// Extra tasks to run alongside (an agent's node view bridge).
     companions: Vec<Companion>,
 }
 
-type Companion = Box<dyn FnOnce(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+/// A task run beside the lifecycle until its token fires.
+pub type Companion =
+    Box<dyn FnOnce(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 impl std::fmt::Debug for PodLifecycle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -226,6 +229,13 @@ impl PodLifecycle {
     /// Sends API requests through `api` (the agent's rate limit and request accounting).
     pub fn with_api(mut self, api: ApiCalls) -> Self {
         self.api = api;
+        self
+    }
+
+    /// Runs `companion` alongside the lifecycle, with the lifecycle's token (an agent keeps the node view fresh
+    /// this way).
+    pub fn with_companion(mut self, companion: Companion) -> Self {
+        self.companions.push(companion);
         self
     }
 

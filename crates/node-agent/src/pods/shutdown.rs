@@ -29,14 +29,7 @@ pub const NOT_ADMITTED_MESSAGE: &str = "Pod was rejected as the node is shutting
 /// before the agent exits.
 pub const STOP_SLACK: Duration = Duration::from_secs(2);
 
-/// Pods with at least `priority` (and below the next group's) get `grace`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ShutdownGroup {
-    /// Lowest priority of the group.
-    pub priority: i32,
-    /// The time the group gets.
-    pub grace: Duration,
-}
+pub use crate::config::ShutdownGroup;
 
 /// The groups, lowest priority first: `by_priority` when given, else the two groups of `period` and
 /// `critical` (none when `period` is zero).

@@ -22,7 +22,7 @@ use super::status::generate::{self, Inputs};
 use super::status::{Phase, StatusMsg};
 use super::termination;
 use super::volumes;
-use super::worker::{PodWorker, State};
+use super::worker_state::{LastReport, PodWorker, State};
 
 impl PodWorker {
     fn wake(&mut self, at: Instant) {
@@ -422,7 +422,7 @@ impl PodWorker {
         if timeline.is_none() && self.last.as_ref().is_some_and(|l| l.fingerprint == fingerprint) {
             return;
         }
-        self.last = Some(super::worker::LastReport::new(&status, fingerprint));
+        self.last = Some(LastReport::new(&status, fingerprint));
         self.ctx.status.send(StatusMsg::Set {
             uid: pod.uid.clone(),
             namespace: pod.namespace.clone(),

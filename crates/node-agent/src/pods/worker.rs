@@ -10,152 +10,29 @@
 //!
 //! Inputs are coalesced: any number of updates, runtime events and probe results since the last sync cause
 //! one sync. Besides inputs, a worker wakes for a back-off expiring, after an error (with back-off) and every
-//! `syncFrequency` (jittered) while syncing.
+//! `syncFrequency` (jittered) while syncing. What a worker holds between syncs, and the messages it takes, are
+//! in `worker_state`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PodStatus;
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::admission::Rejection;
 use super::context::AgentCtx;
 use super::control::KillCause;
 use super::images::Images;
 use super::kill;
-use super::metrics::Timeline;
 use super::observed::RuntimeView;
 use super::probes::ProbeResults;
-use super::probes::prober::{self, ProbeUpdate, Prober, Seeds, Targets};
-use super::restart::RestartBackoff;
-use super::spec::DesiredPod;
-use super::status::generate::Previous;
+use super::probes::prober;
 use super::status::{Phase, StatusMsg};
-use super::volumes::{self, PodVolumes};
+use super::volumes;
+pub(crate) use super::worker_state::{Finished, KillOrder, PodWorker, WorkerInit, WorkerMsg};
+use super::worker_state::{LastReport, State};
 use crate::backoff::{Backoff, BackoffPolicy, jittered};
-use crate::watch;
-
-/// Input to a pod worker.
-#[derive(Debug)]
-pub(crate) enum WorkerMsg {
-    /// A newer version of the pod object.
-    Update(Arc<DesiredPod>),
-    /// The pod object is gone from the API server.
-    Removed,
-    /// The runtime reported a change for this pod.
-    Runtime,
-    /// A probe result changed.
-    Probe(Box<ProbeUpdate>),
-    /// Stop the pod on request (graceful node shutdown, eviction) and report why, then fire the order's
-    /// sender (boxed: messages stay small).
-    Kill(Box<KillOrder>),
-}
-
-/// A request to stop the pod.
-#[derive(Debug)]
-pub(crate) struct KillOrder {
-    /// Grace period: for a shutdown the pod's own when shorter; for an eviction this one.
-    pub grace_secs: i64,
-    /// Why.
-    pub cause: KillCause,
-    /// Fired once the pod is stopped and its final status reported.
-    pub done: tokio::sync::oneshot::Sender<()>,
-}
-
-/// What the worker tells the pod manager.
-#[derive(Debug)]
-pub(crate) enum Finished {
-    /// The pod is terminated and its object deleted (`in_api`: the DELETE is still to land) or gone: forget it.
-    Gone { uid: String, in_api: bool },
-    /// The pod no longer runs anything (terminal or terminated): release its admitted resources.
-    Stopped { uid: String },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum State {
-    Syncing,
-    Terminating,
-    Terminated,
-    Exit,
-}
-
-/// How a worker starts.
-pub(crate) struct WorkerInit {
-    pub pod: Arc<DesiredPod>,
-    /// The status the API server holds (seeds change detection, start time, conditions, probe results).
-    pub api_status: Option<PodStatus>,
-    /// Admission refused the pod.
-    pub rejected: Option<Rejection>,
-    /// The start-up timeline, for a pod admitted just now.
-    pub timeline: Option<Timeline>,
-}
-
-/// A reported status, reduced to what the worker needs of it later: whether the next one differs, whether
-/// the pod was reported finished, and what the next status carries over (transition times, pod IPs).
-#[derive(Debug)]
-pub(super) struct LastReport {
-    /// [`hash_of`](super::status::canonical::hash_of) the whole status.
-    pub fingerprint: u64,
-    /// Its phase was Succeeded or Failed.
-    pub terminal: bool,
-    pub previous: Previous,
-}
-
-impl LastReport {
-    /// `status`, fingerprinted `fingerprint` (see [`hash_of`](super::status::canonical::hash_of)).
-    pub(super) fn new(status: &PodStatus, fingerprint: u64) -> Self {
-        Self {
-            fingerprint,
-            terminal: status
-                .phase
-                .as_deref()
-                .and_then(Phase::parse)
-                .is_some_and(Phase::is_terminal),
-            previous: Previous::of(status),
-        }
-    }
-
-    pub(super) fn of(status: &PodStatus) -> Self {
-        Self::new(status, super::status::canonical::hash_of(status))
-    }
-}
-
-pub(crate) struct PodWorker {
-    pub(super) ctx: Arc<AgentCtx>,
-    pub(super) pod: Arc<DesiredPod>,
-    pub(super) rx: crate::chan::UnboundedReceiver<WorkerMsg>,
-    pub(super) tx: crate::chan::UnboundedSender<WorkerMsg>,
-    pub(super) done: crate::chan::UnboundedSender<Finished>,
-    pub(super) state: State,
-    pub(super) removed: bool,
-    pub(super) rejected: Option<Rejection>,
-    pub(super) view: RuntimeView,
-    pub(super) probes: ProbeResults,
-    pub(super) waiting: HashMap<String, (&'static str, String)>,
-    /// Crash-loop back-off, made at the first restart (most pods never restart).
-    pub(super) restarts: Option<Box<RestartBackoff>>,
-    pub(super) images: Images,
-    pub(super) start_time: Option<Timestamp>,
-    /// What was last reported (or what the API server held when the worker started).
-    pub(super) last: Option<LastReport>,
-    pub(super) terminal: Option<Phase>,
-    pub(super) timeline: Option<Box<Timeline>>,
-    pub(super) prober: Option<(watch::Sender<Targets>, CancellationToken)>,
-    pub(super) wake_at: Option<Instant>,
-    /// Back-off between failed syncs, made at the first failure.
-    pub(super) errors: Option<Box<Backoff>>,
-    pub(super) stopped_reported: bool,
-    pub(super) counted_running: bool,
-    /// Set by a stop on request (graceful node shutdown, eviction): the grace period and the cause.
-    pub(super) killed: Option<(i64, KillCause)>,
-    /// Fired once the pod is stopped and its final status reported (stop on request).
-    pub(super) killed_done: Vec<tokio::sync::oneshot::Sender<()>>,
-    /// The pod's volumes, once it has any.
-    pub(super) volumes: Option<Box<PodVolumes>>,
-}
 
 impl PodWorker {
     pub(crate) fn new(
@@ -411,53 +288,6 @@ impl PodWorker {
         });
         self.state = State::Exit;
         Ok(())
-    }
-
-    pub(super) fn stop_prober(&mut self) {
-        if let Some((_, cancel)) = self.prober.take() {
-            cancel.cancel();
-        }
-    }
-
-    /// Publishes the running containers to the prober, starting it on first need.
-    pub(super) fn update_prober(&mut self) {
-        if !self.pod.has_probes() {
-            return;
-        }
-        let targets = Targets {
-            pod_ip: self.ctx.pod_ip(&self.pod, self.view.sandbox()),
-            running: self
-                .view
-                .containers
-                .iter()
-                .filter(|r| r.running())
-                .map(|r| super::probes::prober::Running {
-                    name: r.name.clone(),
-                    id: r.id.clone(),
-                    started: r.started_seen.unwrap_or_else(Instant::now),
-                })
-                .collect(),
-        };
-        if let Some((tx, _)) = &self.prober {
-            tx.send_if_modified(|cur| {
-                if *cur == targets {
-                    false
-                } else {
-                    *cur = targets;
-                    true
-                }
-            });
-            return;
-        }
-        if targets.running.is_empty() {
-            return;
-        }
-        let seeds: Seeds = self.probes.seeds();
-        let (tx, rx) = watch::channel(targets);
-        let cancel = CancellationToken::new();
-        let prober = Prober::new(self.ctx.clone(), self.pod.clone(), rx, self.tx.clone(), seeds);
-        tokio::spawn(prober.run(cancel.clone()));
-        self.prober = Some((tx, cancel));
     }
 }
 

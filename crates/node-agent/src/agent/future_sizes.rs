@@ -71,7 +71,12 @@ async fn the_agents_long_lived_futures_stay_small() {
         (
             "eviction manager",
             size_of_val(
-                &crate::eviction::EvictionManager::new(ctx.clone(), crate::chan::unbounded_channel().0).run(),
+                &crate::eviction::EvictionManager::new(
+                    ctx.eviction_inputs(),
+                    crate::chan::unbounded_channel().0,
+                )
+                .with_reclaim(Arc::new(ctx.gc.clone()))
+                .run(),
             ),
             // its own context clone, thresholds and state, one sleep or cleanup wait (a pass is boxed):
             // 680 bytes in a debug build
@@ -79,7 +84,7 @@ async fn the_agents_long_lived_futures_stay_small() {
         ),
         (
             "pod lifecycle",
-            size_of_val(&crate::pods::run_for_agent(ctx.clone(), m.pods, control)),
+            size_of_val(&super::pods::run_for_agent(ctx.clone(), m.pods, control)),
             // with the static pod sources and the shutdown channel: 2,312 bytes in a debug build (3,680 while
             // its `async fn`s kept their arguments twice)
             2_560,

@@ -17,6 +17,10 @@
 //! pressure and health-check inputs, the token) is in the cheap-to-clone [`AgentContext`]. Adding a manager is
 //! one line in [`Agent::start`] (or [`RunningAgent::spawn`] from outside).
 
+#[cfg(test)]
+mod future_sizes;
+mod pods;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,6 +110,19 @@ impl AgentContext {
     /// The Node name.
     pub fn node_name(&self) -> &str {
         &self.config.node_name
+    }
+
+    /// What the eviction manager takes of the agent.
+    pub fn eviction_inputs(&self) -> crate::eviction::EvictionInputs {
+        crate::eviction::EvictionInputs {
+            config: self.config.clone(),
+            stats: self.stats.clone(),
+            allocatable: self.allocatable.clone(),
+            pressure: self.pressure.clone(),
+            events: self.events.clone(),
+            metrics: self.metrics.clone(),
+            token: self.token.clone(),
+        }
     }
 
     /// The reference events about the Node use.
@@ -332,7 +349,7 @@ impl Agent {
         tracker.spawn(m.lease.run());
         tracker.spawn(m.informer.run());
         let (control_tx, control_rx) = m.control;
-        tracker.spawn(crate::pods::run_for_agent(ctx.clone(), m.pods, control_rx));
+        tracker.spawn(pods::run_for_agent(ctx.clone(), m.pods, control_rx));
         let periods = crate::gc::Periods {
             containers: ctx.config.gc.container_gc_period,
             images: ctx.config.gc.image_gc_period,
@@ -344,7 +361,11 @@ impl Agent {
             periods,
             ctx.token.clone(),
         ));
-        tracker.spawn(crate::eviction::EvictionManager::new(ctx.clone(), control_tx.clone()).run());
+        tracker.spawn(
+            crate::eviction::EvictionManager::new(ctx.eviction_inputs(), control_tx.clone())
+                .with_reclaim(Arc::new(ctx.gc.clone()))
+                .run(),
+        );
         let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = shutting_down.clone();
         ctx.health_checks.add_plain(move || {

@@ -1,6 +1,7 @@
 //! Admission under pressure, as the kubelet's eviction admit handler decides.
 
 use super::*;
+use crate::node::Pressure;
 
 #[test]
 fn admission_under_pressure() {
@@ -49,7 +50,7 @@ fn admission_under_pressure() {
     ];
     for (pressure, critical, best_effort, tolerates, want) in cases {
         assert_eq!(
-            admit(pressure, critical, best_effort, tolerates),
+            admit_under_pressure(pressure, critical, best_effort, tolerates),
             want,
             "{pressure:?} critical={critical} best_effort={best_effort} tolerates={tolerates}"
         );

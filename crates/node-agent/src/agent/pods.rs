@@ -1,0 +1,178 @@
+//! The agent's side of running the pod lifecycle as one of its managers: the pod configuration from the agent's
+//! KubeletConfiguration, events through the agent's recorder, API calls through its rate limit, and the
+//! [`NodeView`] kept equal to the Node the node half registered, the agent's allocatable and its pressure.
+//! The dependency runs one way: the agent knows the pod lifecycle, the pod lifecycle knows nothing of the agent.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
+
+use super::AgentContext;
+use crate::node::{NodeSnapshot, Pressure, ResourceList};
+use crate::pods::dns::NodeDns;
+use crate::pods::{NodeView, PodConfig, PodLifecycle, PodOptions, StaticPodConfig, pull_gate::PullGate};
+use crate::watch;
+
+/// The node view from the registered Node and the allocatable the agent computed.
+fn node_view(node: &NodeSnapshot, allocatable: &ResourceList, pressure: Pressure) -> NodeView {
+    let get = |key: &str, milli: bool| {
+        allocatable
+            .get(key)
+            .and_then(|q| i64::try_from(if milli { q.milli() } else { q.value() }).ok())
+            .unwrap_or(0)
+    };
+    let mut host_ips: Vec<String> = Vec::new();
+    for kind in ["InternalIP", "ExternalIP"] {
+        for (t, addr) in &node.addresses {
+            if t == kind && !host_ips.contains(addr) {
+                host_ips.push(addr.clone());
+            }
+        }
+    }
+    NodeView {
+        name: node.name.clone(),
+        uid: node.uid.clone(),
+        cpu_milli: get("cpu", true),
+        memory: get("memory", false),
+        ephemeral: get("ephemeral-storage", false),
+        pods: get("pods", false),
+        labels: node.labels.clone(),
+        no_execute_taints: node
+            .taints
+            .iter()
+            .filter(|t| t.effect == "NoExecute")
+            .map(|t| (t.key.clone(), t.value.clone().unwrap_or_default()))
+            .collect(),
+        host_ips,
+        pressure,
+    }
+}
+
+/// Keeps `tx` equal to the view of the agent's latest Node and allocatable.
+async fn bridge(
+    mut node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
+    mut allocatable: watch::Receiver<Arc<ResourceList>>,
+    mut pressure: watch::Receiver<Pressure>,
+    tx: watch::Sender<Option<NodeView>>,
+    cancel: CancellationToken,
+) {
+    let (mut node_open, mut alloc_open, mut pressure_open) = (true, true, true);
+    loop {
+        let now = *pressure.borrow_and_update();
+        let view = node
+            .borrow_and_update()
+            .as_ref()
+            .map(|n| node_view(n, &allocatable.borrow_and_update(), now));
+        tx.send_if_modified(|cur| {
+            let changed = *cur != view;
+            *cur = view;
+            changed
+        });
+        if !node_open && !alloc_open {
+            return;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = node.changed(), if node_open => node_open = r.is_ok(),
+            r = allocatable.changed(), if alloc_open => alloc_open = r.is_ok(),
+            r = pressure.changed(), if pressure_open => pressure_open = r.is_ok(),
+        }
+    }
+}
+
+/// The node's DNS settings: `clusterDNS`, `clusterDomain` and the `resolvConf` file, read once per process
+/// (every agent of a fleet has the same).
+fn node_dns(k: &crate::config::KubeletConfig) -> Arc<NodeDns> {
+    static CACHE: std::sync::Mutex<Option<(String, Arc<NodeDns>)>> = std::sync::Mutex::new(None);
+    let servers: Vec<String> = k.cluster_dns.iter().map(ToString::to_string).collect();
+    let domain = k.cluster_domain.clone().unwrap_or_default();
+    let key = format!("{servers:?}|{domain}|{}", k.resolv_conf);
+    let mut cache = match CACHE.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    if let Some((cached, dns)) = cache.as_ref()
+        && *cached == key
+    {
+        return dns.clone();
+    }
+    let text = if k.resolv_conf.is_empty() {
+        String::new()
+    } else {
+        std::fs::read_to_string(&k.resolv_conf).unwrap_or_else(|error| {
+            tracing::warn!(file = %k.resolv_conf, %error, "cannot read resolvConf; pods get no node resolver settings");
+            String::new()
+        })
+    };
+    let dns = Arc::new(NodeDns::new(servers, domain, &text));
+    *cache = Some((key, dns.clone()));
+    dns
+}
+
+/// The pod lifecycle of the agent behind `ctx`.
+pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
+    let k = &ctx.config.kubelet;
+    let mut config = PodConfig::new(ctx.config.node_name.clone());
+    config.sync_frequency = k.sync_frequency;
+    config.max_pods = k.max_pods;
+    config.layout.pod_logs_dir = k.pod_logs_dir.display().to_string();
+    config.layout.pods_dir = options.root_dir.as_ref().map(|r| r.join("pods"));
+    config.layout.cgroups = options.cgroups.clone();
+    config.layout.dns = node_dns(k);
+    config.pulls = Arc::new(PullGate::new(
+        k.serialize_image_pulls,
+        k.max_parallel_image_pulls,
+        k.registry_pull_qps,
+        k.registry_burst,
+    ));
+    config.object_ttl = match k.config_map_and_secret_change_detection_strategy.as_str() {
+        "Get" => std::time::Duration::ZERO,
+        _ => k.sync_frequency,
+    };
+    config.static_pods = StaticPodConfig {
+        path: k.static_pod_path.clone(),
+        file_check_frequency: k.file_check_frequency,
+        url: k.static_pod_url.clone(),
+        url_headers: k.static_pod_url_header.clone(),
+        http_check_frequency: k.http_check_frequency,
+        manifests: options.static_manifests.clone(),
+    };
+    let (tx, rx) = watch::channel(None);
+    let (node, allocatable, pressure) = (
+        ctx.node.clone(),
+        ctx.allocatable.clone(),
+        ctx.pressure.subscribe(),
+    );
+    PodLifecycle::new(
+        config,
+        ctx.client.clone(),
+        ctx.runtime.clone(),
+        options.probes,
+        rx,
+    )
+    .with_metrics(options.metrics)
+    .with_probe_metrics(ctx.probe_metrics.clone())
+    .with_events(Arc::new(ctx.events.clone()))
+    .with_api(ctx.api.clone())
+    .with_source(options.source)
+    .with_companion(Box::new(move |cancel| {
+        bridge(node, allocatable, pressure, tx, cancel).boxed()
+    }))
+}
+
+/// Runs the pod lifecycle of the agent behind `ctx` until the agent's token fires (errors are logged).
+/// Graceful node shutdown requests, questions about the node's pods and evictions arrive on `control`.
+pub fn run_for_agent(
+    ctx: AgentContext,
+    options: PodOptions,
+    control: crate::chan::UnboundedReceiver<crate::pods::ManagerControl>,
+) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        let token = ctx.token.clone();
+        let lifecycle = lifecycle(&ctx, options).with_control(control);
+        if let Err(error) = lifecycle.run(token).await {
+            tracing::error!(node = %ctx.config.node_name, %error, "pod lifecycle stopped");
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! What a pod lifecycle takes besides its configuration when an agent runs it ([`PodOptions`]): how probes reach
+//! containers, where start-up timing goes, where pods come from, in-memory static manifests, and on a real node
+//! the root directory and QoS cgroups. The agent's side of the wiring lives with the agent.
+
+use std::sync::Arc;
+
+use super::cgroups::QosCgroups;
+use super::{NetworkProbes, PodMetrics, PodSource, ProbeTransport};
+
+/// What an agent's pod lifecycle uses besides the agent context.
+pub struct PodOptions {
+    /// How network probes reach containers (default: the real network).
+    pub probes: Arc<dyn ProbeTransport>,
+    /// Where start-up timing goes (share one across a fleet).
+    pub metrics: Arc<PodMetrics>,
+    /// Where pods come from (default: the agent's own watch).
+    pub source: PodSource,
+    /// Static pod manifests handed over in memory (a hollow fleet's per-node pods), each with the name that
+    /// stands for its file; run besides `staticPodPath` / `staticPodURL`.
+    pub static_manifests: Vec<(String, Arc<k8s_openapi::api::core::v1::Pod>)>,
+    /// The agent's root directory (`--root-dir`) on a real node: pod volumes are written under its `pods/`.
+    /// `None` (a hollow node): volume content is computed, nothing is written.
+    pub root_dir: Option<std::path::PathBuf>,
+    /// The node's QoS cgroups (a real node with `cgroupsPerQOS`; see [`QosCgroups::start`]). `None`: the machine's
+    /// cgroups are not touched.
+    pub cgroups: Option<Arc<QosCgroups>>,
+}
+
+impl PodOptions {
+    /// Network probes through `probes`, own start-up metrics, the agent's own watch. An agent on an in-memory
+    /// runtime passes a [`ScriptedProbes`](super::ScriptedProbes) here: nothing of the real network is built.
+    pub fn with_probes(probes: Arc<dyn ProbeTransport>) -> Self {
+        Self {
+            probes,
+            metrics: Arc::new(PodMetrics::new()),
+            source: PodSource::Watch,
+            static_manifests: Vec::new(),
+            root_dir: None,
+            cgroups: None,
+        }
+    }
+
+    /// Writes pod volumes under `root_dir/pods` (a real node).
+    pub fn with_root_dir(mut self, root_dir: impl Into<std::path::PathBuf>) -> Self {
+        self.root_dir = Some(root_dir.into());
+        self
+    }
+
+    /// Puts pods in the node's QoS cgroups (a real node).
+    pub fn with_cgroups(mut self, cgroups: Arc<QosCgroups>) -> Self {
+        self.cgroups = Some(cgroups);
+        self
+    }
+}
+
+/// Probes over the real network ([`NetworkProbes`]), own metrics, own watch.
+impl Default for PodOptions {
+    fn default() -> Self {
+        Self::with_probes(Arc::new(NetworkProbes::new()))
+    }
+}
+
+impl std::fmt::Debug for PodOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodOptions")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
