@@ -373,11 +373,17 @@ impl<K: Hash + Eq + Clone> KeyedBackoff<K> {
     }
 }
 
+/// One jittered period after `now`, on the [`grid`](crate::grid) shared with other agents.
+fn next_tick(now: Instant, period: Duration, jitter: f64) -> Instant {
+    crate::grid::periodic(now, period, jitter, jittered(period, jitter))
+}
+
 /// A periodic timer whose every period is jittered, for loops that thousands of agents run side by side.
 ///
 /// The first tick comes after a random phase within one period (or immediately, see
 /// [`immediate`](Self::immediate)); every following tick comes `jittered(period, jitter)` after the previous
-/// tick *completed* (sliding, like the kubelet's `JitterUntil`).
+/// tick *completed* (sliding, like the kubelet's `JitterUntil`). Ticks of periods of a second and more land on
+/// the process-wide [`grid`](crate::grid), within their jitter.
 #[derive(Debug)]
 pub struct JitteredInterval {
     period: Duration,
@@ -388,10 +394,15 @@ pub struct JitteredInterval {
 impl JitteredInterval {
     /// A timer whose first tick is at a random phase within one period.
     pub fn new(period: Duration, jitter: f64) -> Self {
+        let first = Instant::now() + random_phase(period);
         Self {
             period,
             jitter,
-            next: Instant::now() + random_phase(period),
+            next: if period >= Duration::from_secs(1) {
+                crate::grid::round_up(first)
+            } else {
+                first
+            },
         }
     }
 
@@ -400,7 +411,7 @@ impl JitteredInterval {
         Self {
             period,
             jitter,
-            next: Instant::now() + jittered(period, jitter),
+            next: next_tick(Instant::now(), period, jitter),
         }
     }
 
@@ -417,13 +428,13 @@ impl JitteredInterval {
     pub async fn tick(&mut self) -> Instant {
         tokio::time::sleep_until(self.next).await;
         let now = Instant::now();
-        self.next = now + jittered(self.period, self.jitter);
+        self.next = next_tick(now, self.period, self.jitter);
         now
     }
 
     /// Moves the next tick to one jittered period from now (after work done outside the timer).
     pub fn reset(&mut self) {
-        self.next = Instant::now() + jittered(self.period, self.jitter);
+        self.next = next_tick(Instant::now(), self.period, self.jitter);
     }
 
     /// Moves the next tick to `at`.
@@ -544,8 +555,8 @@ mod tests {
         let t0 = Instant::now();
         let first = t.tick().await;
         assert!(
-            first - t0 < Duration::from_secs(10),
-            "first tick within one period"
+            first - t0 <= Duration::from_secs(10) + crate::grid::GRID,
+            "first tick within one period (and a grid step)"
         );
         let mut prev = first;
         for _ in 0..50 {
@@ -561,6 +572,17 @@ mod tests {
         let mut imm = JitteredInterval::immediate(Duration::from_secs(5), 0.0);
         let now = Instant::now();
         assert_eq!(imm.tick().await, now);
-        assert_eq!(imm.tick().await, now + Duration::from_secs(5));
+        // a fixed period: at most one grid step later, on the grid shared with other agents
+        let second = imm.tick().await;
+        let due = now + Duration::from_secs(5);
+        assert!(
+            second >= due && second <= due + crate::grid::GRID + ms(1),
+            "{:?}",
+            second - now
+        );
+        let mut tight = JitteredInterval::immediate(Duration::from_secs(5), 0.0);
+        tight.tick().await;
+        let set = tight.next;
+        assert_eq!(crate::grid::round_up(set), set, "the next tick sits on the grid");
     }
 }

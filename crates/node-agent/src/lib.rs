@@ -18,7 +18,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Modules, one concern each:
+//! Modules, one concern each, depending one way (a test, `layering`, fails on a cycle between them):
 //! * [`config`] — KubeletConfiguration file + flags -> [`KubeletConfig`] / [`AgentConfig`].
 //! * [`agent`] — wiring: [`Agent`], [`AgentContext`], [`RunningAgent`].
 //! * [`node`] — registration, status loop and conditions, lease.
@@ -30,6 +30,7 @@
 //! * [`watch`] — the small latest-value channels nodes and pods publish their state on.
 //! * [`intern`] — one shared copy of values many nodes or pods hold the same (allocatable, volume sources).
 //! * [`backoff`] — jittered exponential backoff (registration, lease, CrashLoopBackOff) and jittered intervals.
+//! * [`grid`] — the process-wide 50 ms grid periodic deadlines land on (one wake-up for many agents).
 //! * [`quantity`] — exact resource quantity arithmetic.
 //! * [`machine`] — machine facts (host or synthetic).
 //! * `cri_log` — the CRI container log format.
@@ -55,6 +56,7 @@ mod cri_log;
 pub mod events;
 pub mod eviction;
 pub mod gc;
+pub mod grid;
 pub mod intern;
 pub mod lean_watch;
 pub mod machine;

@@ -99,6 +99,18 @@ pub struct EvictionManager {
     reclaim: Option<Arc<dyn NodeReclaim>>,
 }
 
+/// Waits one monitoring interval (its end on the process-wide [`grid`](crate::grid)).
+async fn next_pass() {
+    let now = Instant::now();
+    tokio::time::sleep_until(crate::grid::periodic(
+        now,
+        MONITORING_INTERVAL,
+        0.0,
+        MONITORING_INTERVAL,
+    ))
+    .await;
+}
+
 fn pod_reference(p: &ActivePod) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
@@ -141,7 +153,7 @@ impl EvictionManager {
             let offset = MONITORING_INTERVAL.mul_f64(rand::random::<f64>());
             tokio::select! {
                 _ = token.cancelled() => return,
-                _ = tokio::time::sleep(offset) => {}
+                _ = tokio::time::sleep_until(crate::grid::round_up(Instant::now() + offset)) => {}
             }
             loop {
                 // boxed: a pass's state lives on the heap only while it runs (thousands of idle agents per fleet)
@@ -152,10 +164,10 @@ impl EvictionManager {
                             let stopped = tokio::time::timeout(CLEANUP_WAIT, done).await;
                             // a pod that could not be evicted (gone meanwhile) does not make the next pass come early
                             if !matches!(stopped, Ok(Ok(true))) {
-                                tokio::time::sleep(MONITORING_INTERVAL).await;
+                                next_pass().await;
                             }
                         }
-                        None => tokio::time::sleep(MONITORING_INTERVAL).await,
+                        None => next_pass().await,
                     }
                 };
                 tokio::select! {

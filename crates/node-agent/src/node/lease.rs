@@ -2,7 +2,8 @@
 //!
 //! This module owns [`LeaseManager`]: once the Node exists it gets or creates the Lease (holder = node name,
 //! `leaseDurationSeconds`, owner reference to the Node), then renews `spec.renewTime` with an optimistic-
-//! concurrency PUT every `nodeLeaseDurationSeconds / 4` (10 s by default) with 4 % jitter, as the kubelet does.
+//! concurrency PUT every `nodeLeaseDurationSeconds / 4` (10 s by default) with 4 % jitter, as the kubelet does
+//! (the deadline on the process-wide [`grid`](crate::grid), within the jitter).
 //! A failed renewal is logged and retried with backoff (200 ms doubling to 7 s); a conflict re-reads the Lease.
 //! When renewals succeed again after failing, the status loop is asked to re-check the Node (the
 //! controller-manager may have marked it Unknown meanwhile).
@@ -21,6 +22,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::PostParams;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{NodeError, RegisteredNode};
@@ -128,23 +130,24 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
                     owner = n;
                 }
                 // boxed: the idle task keeps no room for a request in flight
-                let delay = match Box::pin(self.renewer.renew(&owner)).await {
+                let next = match Box::pin(self.renewer.renew(&owner)).await {
                     Ok(()) => {
                         if self.backoff.attempts() > 0 {
                             tracing::info!(node = %self.node_name, failures = self.backoff.attempts(), "node lease renewed again");
                             self.recovered.notify_one();
                         }
                         self.backoff.reset();
-                        jittered(self.renew_interval, RENEW_JITTER)
+                        let delay = jittered(self.renew_interval, RENEW_JITTER);
+                        crate::grid::periodic(Instant::now(), self.renew_interval, RENEW_JITTER, delay)
                     }
                     Err(e) => {
                         let d = self.backoff.next_delay();
                         tracing::warn!(node = %self.node_name, error = %e, retry_in = ?d, "failed to renew node lease");
-                        d
+                        Instant::now() + d
                     }
                 };
                 tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
+                    () = tokio::time::sleep_until(next) => {}
                     () = self.token.cancelled() => return,
                 }
             }

@@ -151,7 +151,8 @@ impl PodWorker {
                     };
                     first = false;
                     self.ctx.metrics.worker_sync(op, began.elapsed());
-                    resync_at = Instant::now() + jittered(self.ctx.config.sync_frequency, 0.5);
+                    let period = self.ctx.config.sync_frequency;
+                    resync_at = crate::grid::periodic(Instant::now(), period, 0.5, jittered(period, 0.5));
                     match result {
                         Ok(()) => {
                             self.errors = None;
