@@ -1,7 +1,7 @@
 //! What one pod's worker takes ([`WorkerMsg`]) and holds between syncs ([`PodWorker`]), its [`State`] and what
-//! it keeps of its last report ([`LastReport`]); and the link to the pod's prober. [`worker`](super::worker) drives this state from
-//! inputs and timers, [`sync`](super::sync) makes the runtime match the spec with it; neither calls the other
-//! back.
+//! it keeps of its last report ([`LastReport`]); and the link to the pod's prober. [`worker`](super::worker)
+//! drives this state from inputs and timers, [`sync`](super::sync) makes the runtime match the spec with it;
+//! neither calls the other back.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,8 +18,7 @@ use super::images::Images;
 use super::metrics::Timeline;
 use super::observed::RuntimeView;
 use super::probes::ProbeResults;
-use super::probes::prober::ProbeUpdate;
-use super::probes::prober::{Prober, Seeds, Targets};
+use super::probes::prober::{ProbeUpdate, Prober, Seeds, Targets};
 use super::restart::RestartBackoff;
 use super::spec::DesiredPod;
 use super::status::Phase;
@@ -75,6 +74,7 @@ pub(crate) struct WorkerInit {
     pub timeline: Option<Timeline>,
 }
 
+/// Where a worker is in the pod's life (see [`worker`](super::worker)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum State {
     Syncing,
@@ -113,6 +113,7 @@ impl LastReport {
     }
 }
 
+/// One pod's worker: everything it keeps between syncs.
 pub(crate) struct PodWorker {
     pub(super) ctx: Arc<AgentCtx>,
     pub(super) pod: Arc<DesiredPod>,
