@@ -43,7 +43,8 @@
 
 // Long-lived tasks are written as functions returning `async move` blocks, not as `async fn`s: an `async fn`
 // keeps its arguments twice in its future (as arguments, and as the bindings its body moves them into), for
-// as long as the task lives; the size tests (agent/future_sizes.rs) show the difference.
+// as long as the task lives; the size tests (agent/future_sizes.rs) show the difference. Likewise an `async`
+// block that awaits a future it captured holds that future twice (captured, and in its await): map it instead.
 #![allow(clippy::manual_async_fn)]
 
 pub mod agent;

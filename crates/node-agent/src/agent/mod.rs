@@ -12,10 +12,13 @@
 //! | [`LeaseManager`] | `kube-node-lease/<node>` |
 //! | pod lifecycle ([`crate::pods`]) | desired pods, workers, probes, PLEG, pod statuses |
 //! | container and image GC ([`crate::gc`]) | dead containers, sandboxes, logs; unused images |
+//! | eviction ([`crate::eviction`]) | pressure conditions, evicting pods past a threshold |
 //!
 //! Everything another manager needs (node name, allocatable, runtime health, events, metrics, the API gate,
-//! pressure and health-check inputs, the token) is in the cheap-to-clone [`AgentContext`]. Adding a manager is
-//! one line in [`Agent::start`] (or [`RunningAgent::spawn`] from outside).
+//! pressure and health-check inputs, the token) is in the cheap-to-clone [`AgentContext`]; a manager that needs
+//! less takes only its part (the eviction manager its [`EvictionInputs`](crate::eviction::EvictionInputs)).
+//! The pod lifecycle's side of the wiring is the `pods` submodule. Adding a manager is one line in
+//! [`Agent::start`] (or [`RunningAgent::spawn`] from outside).
 
 #[cfg(test)]
 mod future_sizes;

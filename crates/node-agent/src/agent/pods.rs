@@ -163,16 +163,21 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
 
 /// Runs the pod lifecycle of the agent behind `ctx` until the agent's token fires (errors are logged).
 /// Graceful node shutdown requests, questions about the node's pods and evictions arrive on `control`.
+///
+/// The lifecycle is built before the future: the task keeps neither the agent context nor the options.
 pub fn run_for_agent(
     ctx: AgentContext,
     options: PodOptions,
     control: crate::chan::UnboundedReceiver<crate::pods::ManagerControl>,
 ) -> impl Future<Output = ()> + Send + 'static {
-    async move {
-        let token = ctx.token.clone();
-        let lifecycle = lifecycle(&ctx, options).with_control(control);
-        if let Err(error) = lifecycle.run(token).await {
-            tracing::error!(node = %ctx.config.node_name, %error, "pod lifecycle stopped");
+    let token = ctx.token.clone();
+    let config = ctx.config.clone();
+    let run = lifecycle(&ctx, options).with_control(control).run(token);
+    drop(ctx);
+    // `map`, not an `async` block around it: a block would hold the future twice (captured, and awaited)
+    run.map(move |result| {
+        if let Err(error) = result {
+            tracing::error!(node = %config.node_name, %error, "pod lifecycle stopped");
         }
-    }
+    })
 }

@@ -196,7 +196,7 @@ impl PodManager {
                     },
                     Some(uid) = pleg.recv() => self.on_runtime(uid),
                     Some(done) = self.done_rx.recv() => self.on_finished(done),
-                    () = tick(&mut housekeeping), if housekeeping.is_some() => self.housekeeping().await,
+                    () = tick(&mut housekeeping), if housekeeping.is_some() => Box::pin(self.housekeeping()).await,
                     changed = node.changed() => {
                         if changed.is_err() {
                             break;

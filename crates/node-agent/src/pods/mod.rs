@@ -272,120 +272,29 @@ impl PodLifecycle {
     }
 
     /// Runs until `cancel` fires. Containers keep running after it returns.
+    ///
+    /// The lifecycle's own fields are moved into the tasks and the pod manager while starting; the future keeps
+    /// no room for them while the manager runs (the lifecycle is boxed until then).
     pub fn run(
         self,
         cancel: CancellationToken,
     ) -> impl Future<Output = Result<(), PodError>> + Send + 'static {
+        let this = Box::new(self);
         async move {
-            let runtime_type = match self.runtime_type(&cancel).await {
-                Ok(t) => t,
-                Err(_) if cancel.is_cancelled() => return Ok(()),
-                Err(e) => return Err(e),
-            };
             let tracker = TaskTracker::new();
             let tasks = cancel.child_token();
-            for companion in self.companions {
-                tracker.spawn(companion(tasks.clone()));
-            }
-            let events: Arc<dyn PodEventSink> = match self.events {
-                Some(sink) => sink,
-                None => {
-                    // the kubelet's default eventRecordQPS / eventBurst
-                    let (recorder, writer) = crate::events::EventSink::new(
-                        self.client.clone(),
-                        self.api.without_own_limit(),
-                        self.config.node_name.clone(),
-                        50,
-                        100,
-                        tasks.clone(),
-                    );
-                    tracker.spawn(writer.run());
-                    Arc::new(recorder)
-                }
+            let Some(started) = this.start(&cancel, &tracker, &tasks).await? else {
+                return Ok(());
             };
-            let (status, status_rx) = status::StatusHandle::channel();
-            let mirrors = static_pods::Mirrors::default();
-            let problems = static_pods::Problems::new(self.config.node_name.clone(), events.clone());
-            let statics_rx = static_pods::spawn_sources(
-                &self.config.static_pods,
-                &self.config.node_name,
-                &problems,
-                &tracker,
-                &tasks,
-            );
-            let (desired_tx, desired_rx) = watch::channel(Default::default());
-            let start_mirrors: static_pods::mirror::StartMirrors = {
-                let (client, api, node_name, node) = (
-                    self.client.clone(),
-                    self.api.clone(),
-                    self.config.node_name.clone(),
-                    self.node.clone(),
-                );
-                let (mirrors, status, tracker, tasks) =
-                    (mirrors.clone(), status.clone(), tracker.clone(), tasks.clone());
-                Box::new(move || {
-                    let (mirror_tx, mirror_rx) = crate::chan::unbounded_channel();
-                    let manager = static_pods::mirror::MirrorManager::new(
-                        client, api, node_name, node, desired_rx, mirror_rx, mirrors, status,
-                    );
-                    tracker.spawn(manager.run(tasks));
-                    mirror_tx
-                })
-            };
-            let statics = manager::Statics::new(
-                self.config.static_pods.sources(),
-                mirrors.clone(),
-                desired_tx,
-                static_pods::mirror::MirrorLink::new(start_mirrors, self.config.static_pods.sources() > 0),
-            );
-            let objects = Arc::new(objects::ApiObjects::new(
-                self.client.clone(),
-                self.api.clone(),
-                self.config.object_ttl,
-                self.config.sync_frequency,
-            ));
-            let ctx = Arc::new(context::AgentCtx {
-                objects,
-                config: self.config,
-                runtime: self.runtime,
-                runtime_type,
-                probes: self.probes,
-                events: events::Recorder::new(events),
-                metrics: self.metrics.clone(),
-                probe_metrics: self.probe_metrics,
-                status,
-                node: self.node,
-            });
-            let status_manager = status::StatusManager::new(
-                self.client.clone(),
-                self.api.clone(),
-                status_rx,
-                self.metrics,
-                mirrors,
-            );
-            tracker.spawn(status_manager.run(tasks.clone()));
-            let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
-            tracker.spawn(pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()));
-            let watch_client = match self.source {
-                PodSource::Feed(rx) => Err(rx),
-                PodSource::Watch => Ok(self.client.clone()),
-                PodSource::WatchVia(client) => Ok(client),
-            };
-            let source = match watch_client {
-                Err(rx) => rx,
-                Ok(client) => {
-                    let (tx, rx) = crate::chan::channel(256);
-                    let node = ctx.config.node_name.clone();
-                    tracker.spawn(source::watch_node_pods(client, node, tx, tasks.clone()));
-                    rx
-                }
-            };
-            let grace = ctx.config.shutdown_grace;
-            // without a control channel, one already closed (the manager stops listening to it)
-            let control = self.control.unwrap_or_else(|| crate::chan::unbounded_channel().1);
-            manager::PodManager::new(ctx, tracker.clone(), tasks.clone(), statics)
-                .run(source, statics_rx, pleg_rx, control)
-                .await;
+            let Started {
+                manager,
+                source,
+                statics,
+                pleg,
+                control,
+                grace,
+            } = started;
+            manager.run(source, statics, pleg, control).await;
             tasks.cancel();
             tracker.close();
             if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
@@ -394,6 +303,138 @@ impl PodLifecycle {
             Ok(())
         }
     }
+
+    /// Starts every task of the lifecycle on `tracker` (cancelled by `tasks`) once the runtime answers; `None`:
+    /// `cancel` fired first.
+    async fn start(
+        self: Box<Self>,
+        cancel: &CancellationToken,
+        tracker: &TaskTracker,
+        tasks: &CancellationToken,
+    ) -> Result<Option<Started>, PodError> {
+        let runtime_type = match self.runtime_type(cancel).await {
+            Ok(t) => t,
+            Err(_) if cancel.is_cancelled() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        for companion in self.companions {
+            tracker.spawn(companion(tasks.clone()));
+        }
+        let events: Arc<dyn PodEventSink> = match self.events {
+            Some(sink) => sink,
+            None => {
+                // the kubelet's default eventRecordQPS / eventBurst
+                let (recorder, writer) = crate::events::EventSink::new(
+                    self.client.clone(),
+                    self.api.without_own_limit(),
+                    self.config.node_name.clone(),
+                    50,
+                    100,
+                    tasks.clone(),
+                );
+                tracker.spawn(writer.run());
+                Arc::new(recorder)
+            }
+        };
+        let (status, status_rx) = status::StatusHandle::channel();
+        let mirrors = static_pods::Mirrors::default();
+        let problems = static_pods::Problems::new(self.config.node_name.clone(), events.clone());
+        let statics_rx = static_pods::spawn_sources(
+            &self.config.static_pods,
+            &self.config.node_name,
+            &problems,
+            tracker,
+            tasks,
+        );
+        let (desired_tx, desired_rx) = watch::channel(Default::default());
+        let start_mirrors: static_pods::mirror::StartMirrors = {
+            let (client, api, node_name, node) = (
+                self.client.clone(),
+                self.api.clone(),
+                self.config.node_name.clone(),
+                self.node.clone(),
+            );
+            let (mirrors, status, tracker, tasks) =
+                (mirrors.clone(), status.clone(), tracker.clone(), tasks.clone());
+            Box::new(move || {
+                let (mirror_tx, mirror_rx) = crate::chan::unbounded_channel();
+                let manager = static_pods::mirror::MirrorManager::new(
+                    client, api, node_name, node, desired_rx, mirror_rx, mirrors, status,
+                );
+                tracker.spawn(manager.run(tasks));
+                mirror_tx
+            })
+        };
+        let statics = manager::Statics::new(
+            self.config.static_pods.sources(),
+            mirrors.clone(),
+            desired_tx,
+            static_pods::mirror::MirrorLink::new(start_mirrors, self.config.static_pods.sources() > 0),
+        );
+        let objects = Arc::new(objects::ApiObjects::new(
+            self.client.clone(),
+            self.api.clone(),
+            self.config.object_ttl,
+            self.config.sync_frequency,
+        ));
+        let ctx = Arc::new(context::AgentCtx {
+            objects,
+            config: self.config,
+            runtime: self.runtime,
+            runtime_type,
+            probes: self.probes,
+            events: events::Recorder::new(events),
+            metrics: self.metrics.clone(),
+            probe_metrics: self.probe_metrics,
+            status,
+            node: self.node,
+        });
+        let status_manager = status::StatusManager::new(
+            self.client.clone(),
+            self.api.clone(),
+            status_rx,
+            self.metrics,
+            mirrors,
+        );
+        tracker.spawn(status_manager.run(tasks.clone()));
+        let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
+        tracker.spawn(pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()));
+        let watch_client = match self.source {
+            PodSource::Feed(rx) => Err(rx),
+            PodSource::Watch => Ok(self.client.clone()),
+            PodSource::WatchVia(client) => Ok(client),
+        };
+        let source = match watch_client {
+            Err(rx) => rx,
+            Ok(client) => {
+                let (tx, rx) = crate::chan::channel(256);
+                let node = ctx.config.node_name.clone();
+                tracker.spawn(source::watch_node_pods(client, node, tx, tasks.clone()));
+                rx
+            }
+        };
+        let grace = ctx.config.shutdown_grace;
+        // without a control channel, one already closed (the manager stops listening to it)
+        let control = self.control.unwrap_or_else(|| crate::chan::unbounded_channel().1);
+        Ok(Some(Started {
+            manager: manager::PodManager::new(ctx, tracker.clone(), tasks.clone(), statics),
+            source,
+            statics: statics_rx,
+            pleg: pleg_rx,
+            control,
+            grace,
+        }))
+    }
+}
+
+/// What a started lifecycle runs: the pod manager and its inputs.
+struct Started {
+    manager: manager::PodManager,
+    source: crate::chan::Receiver<PodEvent>,
+    statics: Option<tokio::sync::mpsc::Receiver<static_pods::StaticUpdate>>,
+    pleg: crate::chan::UnboundedReceiver<pleg::PlegEvent>,
+    control: crate::chan::UnboundedReceiver<ManagerControl>,
+    grace: std::time::Duration,
 }
 
 /// The in-memory size of each per-pod structure (printed by the size tests).
