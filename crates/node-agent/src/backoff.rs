@@ -373,8 +373,9 @@ impl<K: Hash + Eq + Clone> KeyedBackoff<K> {
     }
 }
 
-/// One jittered period after `now`, on the [`grid`](crate::grid) shared with other agents.
-fn next_tick(now: Instant, period: Duration, jitter: f64) -> Instant {
+/// One jittered period after `now`, on the [`grid`](crate::grid) shared with other agents: the deadline of every
+/// periodic loop's next round.
+pub fn next_tick(now: Instant, period: Duration, jitter: f64) -> Instant {
     crate::grid::periodic(now, period, jitter, jittered(period, jitter))
 }
 

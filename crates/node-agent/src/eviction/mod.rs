@@ -101,12 +101,10 @@ pub struct EvictionManager {
 
 /// Waits one monitoring interval (its end on the process-wide [`grid`](crate::grid)).
 async fn next_pass() {
-    let now = Instant::now();
-    tokio::time::sleep_until(crate::grid::periodic(
-        now,
+    tokio::time::sleep_until(crate::backoff::next_tick(
+        Instant::now(),
         MONITORING_INTERVAL,
         0.0,
-        MONITORING_INTERVAL,
     ))
     .await;
 }

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{NodeError, RegisteredNode};
 use crate::api::{ApiCalls, is_already_exists, is_conflict, is_not_found};
-use crate::backoff::{Backoff, BackoffPolicy, jittered};
+use crate::backoff::{Backoff, BackoffPolicy, next_tick};
 use crate::watch;
 
 /// The namespace of node leases.
@@ -137,8 +137,7 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
                             self.recovered.notify_one();
                         }
                         self.backoff.reset();
-                        let delay = jittered(self.renew_interval, RENEW_JITTER);
-                        crate::grid::periodic(Instant::now(), self.renew_interval, RENEW_JITTER, delay)
+                        next_tick(Instant::now(), self.renew_interval, RENEW_JITTER)
                     }
                     Err(e) => {
                         let d = self.backoff.next_delay();

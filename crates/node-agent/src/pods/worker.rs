@@ -32,7 +32,7 @@ use super::status::{Phase, StatusMsg};
 use super::volumes;
 pub(crate) use super::worker_state::{Finished, KillOrder, PodWorker, WorkerInit, WorkerMsg};
 use super::worker_state::{LastReport, State};
-use crate::backoff::{Backoff, BackoffPolicy, jittered};
+use crate::backoff::{Backoff, BackoffPolicy, next_tick};
 
 impl PodWorker {
     pub(crate) fn new(
@@ -152,7 +152,7 @@ impl PodWorker {
                     first = false;
                     self.ctx.metrics.worker_sync(op, began.elapsed());
                     let period = self.ctx.config.sync_frequency;
-                    resync_at = crate::grid::periodic(Instant::now(), period, 0.5, jittered(period, 0.5));
+                    resync_at = next_tick(Instant::now(), period, 0.5);
                     match result {
                         Ok(()) => {
                             self.errors = None;
