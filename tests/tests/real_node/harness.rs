@@ -397,9 +397,9 @@ impl RealNode {
 
     /// Creates `pod` (the scheduler places it: this is the control plane's only node), retrying while the
     /// namespace's default service account does not exist yet (the controller-manager creates it shortly after
-    /// the namespace).
+    /// the namespace; under CI's parallel load that took over 30 s once).
     pub async fn create_pod(&self, api: &Api<Pod>, pod: &Pod) -> anyhow::Result<Pod> {
-        wait_for("the pod created", Duration::from_secs(30), || async {
+        wait_for("the pod created", Duration::from_secs(90), || async {
             match api.create(&PostParams::default(), pod).await {
                 Ok(p) => Ok(Some(p)),
                 Err(kube::Error::Api(e)) if e.message.contains("serviceaccount") => Ok(None),
