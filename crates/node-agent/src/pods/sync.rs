@@ -406,7 +406,7 @@ impl PodWorker {
             }),
         };
         let mut status = status;
-        if let Some((_, cause)) = &self.killed
+        if let Some((_, cause)) = self.killed()
             && phase.is_terminal()
         {
             super::control::mark_status(&mut status, cause, self.pod.generation);

@@ -13,7 +13,7 @@
 //! `syncFrequency` (jittered) while syncing. What a worker holds between syncs, and the messages it takes, are
 //! in `worker_state`.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,10 +79,10 @@ impl PodWorker {
             done,
             state,
             removed: false,
-            rejected: init.rejected,
+            rejected: init.rejected.map(Box::new),
             view: RuntimeView::default(),
             probes,
-            waiting: HashMap::new(),
+            waiting: BTreeMap::new(),
             restarts: None,
             images: Images::default(),
             start_time,
@@ -94,8 +94,7 @@ impl PodWorker {
             errors: None,
             stopped_reported: false,
             counted_running: false,
-            killed: None,
-            killed_done: Vec::new(),
+            stop: None,
             volumes: None,
         };
         (worker, tx)
@@ -113,9 +112,10 @@ impl PodWorker {
                     cause,
                     done,
                 } = *order;
-                self.killed_done.push(done);
+                let stop = self.stop.get_or_insert_default();
+                stop.done.push(done);
                 if self.state == State::Syncing {
-                    self.killed = Some((grace_secs, cause));
+                    stop.order = Some((grace_secs, cause));
                     self.state = State::Terminating;
                 }
             }
@@ -209,7 +209,7 @@ impl PodWorker {
     async fn terminate(&mut self) -> Result<(), runtime_api::RuntimeError> {
         self.stop_prober();
         self.view.refresh(&self.ctx, &self.pod.uid).await?;
-        let grace_secs = match &self.killed {
+        let grace_secs = match self.killed() {
             // the pod's own grace period when shorter, as the kubelet's shutdown manager does
             Some((limit, KillCause::Shutdown)) => self.pod.grace_secs().min(*limit),
             // the eviction manager's override
@@ -219,7 +219,7 @@ impl PodWorker {
         let grace = Duration::from_secs(u64::try_from(grace_secs).unwrap_or(0));
         kill::kill_pod(&self.ctx, &self.pod, &self.view, grace).await?;
         self.view.refresh(&self.ctx, &self.pod.uid).await?;
-        if self.killed.is_some() && self.terminal.is_none() {
+        if self.killed().is_some() && self.terminal.is_none() {
             self.terminal = Some(Phase::Failed);
         }
         if self.terminal.is_none() {
@@ -261,7 +261,7 @@ impl PodWorker {
         if first {
             volumes::release(&self.ctx, &self.pod.uid).await;
         }
-        for done in self.killed_done.drain(..) {
+        for done in self.stop.iter_mut().flat_map(|s| s.done.drain(..)) {
             let _ = done.send(());
         }
         if !(self.removed || self.pod.deletion.is_some()) {

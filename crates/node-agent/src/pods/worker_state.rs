@@ -3,7 +3,7 @@
 //! drives this state from inputs and timers, [`sync`](super::sync) makes the runtime match the spec with it;
 //! neither calls the other back.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PodStatus;
@@ -122,10 +122,12 @@ pub(crate) struct PodWorker {
     pub(super) done: crate::chan::UnboundedSender<Finished>,
     pub(super) state: State,
     pub(super) removed: bool,
-    pub(super) rejected: Option<Rejection>,
+    /// Admission refused the pod (boxed: rare).
+    pub(super) rejected: Option<Box<Rejection>>,
     pub(super) view: RuntimeView,
     pub(super) probes: ProbeResults,
-    pub(super) waiting: HashMap<String, (&'static str, String)>,
+    /// Per container, why it waits (a B-tree: nothing allocated and 24 bytes while empty, as it mostly is).
+    pub(super) waiting: BTreeMap<String, (&'static str, String)>,
     /// Crash-loop back-off, made at the first restart (most pods never restart).
     pub(super) restarts: Option<Box<RestartBackoff>>,
     pub(super) images: Images,
@@ -140,15 +142,27 @@ pub(crate) struct PodWorker {
     pub(super) errors: Option<Box<Backoff>>,
     pub(super) stopped_reported: bool,
     pub(super) counted_running: bool,
-    /// Set by a stop on request (graceful node shutdown, eviction): the grace period and the cause.
-    pub(super) killed: Option<(i64, KillCause)>,
-    /// Fired once the pod is stopped and its final status reported (stop on request).
-    pub(super) killed_done: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Stops on request (graceful node shutdown, eviction), made at the first (most pods never get one).
+    pub(super) stop: Option<Box<StopRequests>>,
     /// The pod's volumes, once it has any.
     pub(super) volumes: Option<Box<PodVolumes>>,
 }
 
+/// Stops on request a worker received.
+#[derive(Default)]
+pub(super) struct StopRequests {
+    /// The grace period and the cause, when the request arrived while the pod was syncing.
+    pub order: Option<(i64, KillCause)>,
+    /// Fired once the pod is stopped and its final status reported.
+    pub done: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
 impl PodWorker {
+    /// The stop order being carried out, if the pod was stopped on request.
+    pub(super) fn killed(&self) -> Option<&(i64, KillCause)> {
+        self.stop.as_ref()?.order.as_ref()
+    }
+
     pub(super) fn stop_prober(&mut self) {
         if let Some((_, cancel)) = self.prober.take() {
             cancel.cancel();

@@ -10,7 +10,7 @@
 //! * conditions PodReadyToStartContainers, Initialized, Ready (with readiness gates), ContainersReady and
 //!   PodScheduled, each keeping its lastTransitionTime while its status does not change.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
@@ -70,7 +70,7 @@ pub(crate) struct Inputs<'a> {
     pub view: &'a RuntimeView,
     pub probes: &'a ProbeResults,
     /// Waiting reason and message per container name, from the last sync.
-    pub waiting: &'a HashMap<String, (&'static str, String)>,
+    pub waiting: &'a BTreeMap<String, (&'static str, String)>,
     pub host_ips: &'a [String],
     pub start_time: Option<Timestamp>,
     /// What the status reported before said (transition times, pod IPs).
@@ -86,14 +86,38 @@ pub(crate) struct Inputs<'a> {
 pub(crate) struct Previous {
     /// Per [`OWNED_CONDITIONS`](super::canonical::OWNED_CONDITIONS) entry: its status and last transition
     /// time (seconds since the epoch, the API's resolution).
-    conditions: [Option<(bool, i64)>; 5],
+    conditions: [Seen; 5],
     pod_ips: Box<[String]>,
+}
+
+/// A condition's status and last transition second in one word (every running pod keeps five): the second
+/// times two, plus one when the status was True; `NONE` when the condition was not reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen(i64);
+
+impl Seen {
+    const NONE: Seen = Seen(i64::MIN);
+
+    fn new(ok: bool, second: i64) -> Self {
+        // a Timestamp's seconds are within ±2^39, so doubling cannot overflow
+        Seen(second * 2 + i64::from(ok))
+    }
+
+    fn get(self) -> Option<(bool, i64)> {
+        (self != Self::NONE).then_some((self.0 & 1 == 1, self.0 >> 1))
+    }
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Self::NONE
+    }
 }
 
 impl Previous {
     /// What `status` says about its conditions and pod IPs.
     pub(crate) fn of(status: &PodStatus) -> Self {
-        let mut conditions = [None; 5];
+        let mut conditions = [Seen::NONE; 5];
         for c in status.conditions.iter().flatten() {
             let Some(i) = super::canonical::OWNED_CONDITIONS
                 .iter()
@@ -102,7 +126,7 @@ impl Previous {
                 continue;
             };
             if let Some(since) = &c.last_transition_time {
-                conditions[i] = Some((c.status == "True", since.0.as_second()));
+                conditions[i] = Seen::new(c.status == "True", since.0.as_second());
             }
         }
         let pod_ips = status.pod_ips.iter().flatten().map(|p| p.ip.clone()).collect();
@@ -114,7 +138,7 @@ impl Previous {
         let i = super::canonical::OWNED_CONDITIONS
             .iter()
             .position(|t| *t == type_)?;
-        let (was, since) = self.conditions[i]?;
+        let (was, since) = self.conditions[i].get()?;
         (was == ok).then(|| Time(Timestamp::from_second(since).unwrap_or(Timestamp::UNIX_EPOCH)))
     }
 }
@@ -480,5 +504,24 @@ pub(crate) fn rejected(pod: &DesiredPod, reason: &str, message: &str, start_time
         qos_class: Some(pod.qos.as_str().to_owned()),
         observed_generation: pod.generation,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod seen_tests {
+    use super::Seen;
+
+    #[test]
+    fn a_packed_condition_gives_back_its_status_and_second() {
+        for second in [0, 1, 1_764_000_000, -1, -3, -377_705_116_800, 253_402_300_799] {
+            for ok in [true, false] {
+                assert_eq!(
+                    Seen::new(ok, second).get(),
+                    Some((ok, second)),
+                    "{ok} at {second}"
+                );
+            }
+        }
+        assert_eq!(Seen::default().get(), None);
     }
 }
