@@ -429,8 +429,13 @@ impl JitteredInterval {
     pub async fn tick(&mut self) -> Instant {
         tokio::time::sleep_until(self.next).await;
         let now = Instant::now();
-        self.next = next_tick(now, self.period, self.jitter);
+        self.advance(now);
         now
+    }
+
+    /// Takes the tick that was due and schedules the next one a jittered period after `now`.
+    pub fn advance(&mut self, now: Instant) {
+        self.next = next_tick(now, self.period, self.jitter);
     }
 
     /// Moves the next tick to one jittered period from now (after work done outside the timer).

@@ -191,14 +191,20 @@ impl EventSink {
                     () = self.token.cancelled() => break,
                 }
             }
-            let deadline = Instant::now() + DRAIN;
-            while let Ok(ev) = self.rx.try_recv() {
-                if tokio::time::timeout_at(deadline, Box::pin(self.write(*ev)))
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
+            // boxed: the drain's timer is not kept in the idle task
+            Box::pin(self.drain()).await;
+        }
+    }
+
+    /// At shutdown: writes what is queued, for at most [`DRAIN`].
+    async fn drain(&mut self) {
+        let deadline = Instant::now() + DRAIN;
+        while let Ok(ev) = self.rx.try_recv() {
+            if tokio::time::timeout_at(deadline, Box::pin(self.write(*ev)))
+                .await
+                .is_err()
+            {
+                break;
             }
         }
     }

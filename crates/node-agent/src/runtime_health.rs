@@ -154,9 +154,10 @@ impl RuntimeHealthMonitor {
         async move {
             let mut interval = JitteredInterval::immediate(POLL_PERIOD, 0.1);
             loop {
+                // boxed: the idle task keeps its waits, not room for a poll and its timeout
                 tokio::select! {
-                    _ = interval.tick() => self.poll().await,
-                    () = self.recheck.notified() => self.poll().await,
+                    _ = interval.tick() => Box::pin(self.poll()).await,
+                    () = self.recheck.notified() => Box::pin(self.poll()).await,
                     () = self.token.cancelled() => return,
                 }
             }

@@ -83,17 +83,21 @@ pub fn run(
         };
         let (mut containers_failed, mut images_failed) = (false, false);
         loop {
-            let image_tick = async {
-                match images.as_mut() {
-                    Some(timer) => timer.tick().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let images_due = tokio::select! {
+            // one sleep for both timers: each would otherwise keep a sleep of its own in the idle task
+            let images_at = images.as_ref().map(JitteredInterval::deadline);
+            let due = images_at.map_or(containers.deadline(), |i| i.min(containers.deadline()));
+            tokio::select! {
                 () = token.cancelled() => return,
-                _ = containers.tick() => false,
-                _ = image_tick => true,
-            };
+                () = tokio::time::sleep_until(due) => {}
+            }
+            // the earlier of the two was due; the other, if due too, runs on the next turn
+            let images_due = images_at.is_some_and(|i| i <= containers.deadline());
+            let now = tokio::time::Instant::now();
+            if let (true, Some(timer)) = (images_due, images.as_mut()) {
+                timer.advance(now);
+            } else {
+                containers.advance(now);
+            }
             // boxed: an idle loop holds its timers, not room for a pass
             if images_due {
                 let pass = tokio::select! {
