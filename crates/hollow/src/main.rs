@@ -158,7 +158,7 @@ struct RunArgs {
     /// per-node watch mode) share one connection. A watch holds an HTTP/2 stream for its life and the API
     /// server allows 100 concurrent streams per connection by default (--http2-max-streams-per-connection);
     /// keep this below the server's figure.
-    #[arg(long, default_value_t = 80)]
+    #[arg(long, default_value_t = 96)]
     watches_per_connection: usize,
     /// Pod watch mode.
     #[arg(long, value_enum, default_value_t = WatchArg::PerNode)]
