@@ -44,12 +44,13 @@ pub trait LeaseRenewer: Send {
 /// The task keeping one node's lease fresh.
 pub struct LeaseManager<R = ApiLease> {
     renewer: R,
-    node_name: String,
     renew_interval: Duration,
     registered: watch::Receiver<Option<RegisteredNode>>,
     recovered: Arc<Notify>,
     token: CancellationToken,
-    backoff: Backoff,
+    /// The retry sequence, made at the first failure and dropped at the next success (boxed: the idle task
+    /// holds this for the node's life, and renewals mostly succeed).
+    backoff: Option<Box<Backoff>>,
     heartbeats: super::Heartbeats,
 }
 
@@ -68,13 +69,13 @@ impl LeaseManager {
         token: CancellationToken,
     ) -> Self {
         let renewer = ApiLease {
-            api: Api::namespaced(client, LEASE_NAMESPACE),
+            client,
             calls,
             node_name: node_name.clone(),
             duration_seconds: i32::try_from(duration_seconds).unwrap_or(i32::MAX),
             lease: None,
         };
-        Self::with_renewer(renewer, node_name, renew_interval, registered, recovered, token)
+        Self::with_renewer(renewer, renew_interval, registered, recovered, token)
     }
 }
 
@@ -82,7 +83,6 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
     /// A lease manager renewing through `renewer`.
     pub fn with_renewer(
         renewer: R,
-        node_name: String,
         renew_interval: Duration,
         registered: watch::Receiver<Option<RegisteredNode>>,
         recovered: Arc<Notify>,
@@ -90,12 +90,11 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
     ) -> Self {
         Self {
             renewer,
-            node_name,
             renew_interval,
             registered,
             recovered,
             token,
-            backoff: Backoff::new(BackoffPolicy::lease_retry()),
+            backoff: None,
             heartbeats: super::Heartbeats::default(),
         }
     }
@@ -111,40 +110,46 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
     pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             // Wait for the Node: the lease carries an owner reference to it.
-            let mut owner = loop {
-                if let Some(n) = self.registered.borrow_and_update().clone() {
-                    break n;
-                }
+            while self.registered.borrow_and_update().is_none() {
                 tokio::select! {
                     changed = self.registered.changed() => if changed.is_err() { return },
                     () = self.token.cancelled() => return,
                 }
-            };
+            }
             loop {
                 if !self.heartbeats.wait_running(&self.token).await {
                     return;
                 }
-                if self.registered.has_changed().unwrap_or(false)
-                    && let Some(n) = self.registered.borrow_and_update().clone()
-                {
-                    owner = n;
-                }
-                // boxed: the idle task keeps no room for a request in flight
-                let next = match Box::pin(self.renewer.renew(&owner)).await {
+                // the Node as registered now (a re-registration gives it a new UID); the copy lives only in
+                // the boxed renewal, not in the idle task
+                let Some(owner) = self.registered.borrow_and_update().clone() else {
+                    // not reached: registration only ever publishes a Node
+                    return;
+                };
+                let renewer = &mut self.renewer;
+                let (result, owner) = Box::pin(async move {
+                    let result = renewer.renew(&owner).await;
+                    (result, owner)
+                })
+                .await;
+                let next = match result {
                     Ok(()) => {
-                        if self.backoff.attempts() > 0 {
-                            tracing::info!(node = %self.node_name, failures = self.backoff.attempts(), "node lease renewed again");
+                        if let Some(backoff) = self.backoff.take() {
+                            tracing::info!(node = %owner.name, failures = backoff.attempts(), "node lease renewed again");
                             self.recovered.notify_one();
                         }
-                        self.backoff.reset();
                         next_tick(Instant::now(), self.renew_interval, RENEW_JITTER)
                     }
                     Err(e) => {
-                        let d = self.backoff.next_delay();
-                        tracing::warn!(node = %self.node_name, error = %e, retry_in = ?d, "failed to renew node lease");
+                        let d = self
+                            .backoff
+                            .get_or_insert_with(|| Box::new(Backoff::new(BackoffPolicy::lease_retry())))
+                            .next_delay();
+                        tracing::warn!(node = %owner.name, error = %e, retry_in = ?d, "failed to renew node lease");
                         Instant::now() + d
                     }
                 };
+                drop(owner);
                 tokio::select! {
                     () = tokio::time::sleep_until(next) => {}
                     () = self.token.cancelled() => return,
@@ -157,7 +162,8 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
 /// Renewal against the API server: get or create the Lease once, then optimistic-concurrency PUTs; a conflict or
 /// a vanished Lease makes the next renewal read it again.
 pub struct ApiLease {
-    api: Api<Lease>,
+    /// The client (an `Api` is built per request: it is 272 bytes, the client 96).
+    client: kube::Client,
     calls: ApiCalls,
     node_name: String,
     duration_seconds: i32,
@@ -172,6 +178,10 @@ impl LeaseRenewer for ApiLease {
 }
 
 impl ApiLease {
+    fn api(&self) -> Api<Lease> {
+        Api::namespaced(self.client.clone(), LEASE_NAMESPACE)
+    }
+
     fn owner_reference(owner: &RegisteredNode) -> OwnerReference {
         OwnerReference {
             api_version: "v1".into(),
@@ -220,7 +230,7 @@ impl ApiLease {
         if self.lease.is_none() {
             let got = self
                 .calls
-                .run("get", "leases", self.api.get_opt(&self.node_name))
+                .run("get", "leases", self.api().get_opt(&self.node_name))
                 .await
                 .map_err(api_err("get"))?;
             match got {
@@ -232,7 +242,7 @@ impl ApiLease {
                         .run(
                             "create",
                             "leases",
-                            self.api.create(&PostParams::default(), &lease),
+                            self.api().create(&PostParams::default(), &lease),
                         )
                         .await
                     {
@@ -263,7 +273,8 @@ impl ApiLease {
             .run(
                 "update",
                 "leases",
-                self.api.replace(&self.node_name, &PostParams::default(), &lease),
+                self.api()
+                    .replace(&self.node_name, &PostParams::default(), &lease),
             )
             .await
         {
@@ -348,14 +359,7 @@ mod tests {
         let token = CancellationToken::new();
         let interval = crate::config::KubeletConfig::default().lease_renew_interval();
         assert_eq!(interval, Duration::from_secs(10));
-        let m = LeaseManager::with_renewer(
-            rec.clone(),
-            "n1".into(),
-            interval,
-            rx,
-            recovered.clone(),
-            token.clone(),
-        );
+        let m = LeaseManager::with_renewer(rec.clone(), interval, rx, recovered.clone(), token.clone());
         let task = tokio::spawn(m.run());
         Harness {
             rec,
