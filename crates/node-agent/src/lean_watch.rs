@@ -57,7 +57,6 @@ pub enum WatchError {
 /// A list+watch of the objects of kind `K` matching a field selector.
 pub struct LeanWatch<K> {
     client: kube::Client,
-    url_path: String,
     selector: String,
     /// Where to resume; `None`: list (first, or after 410 Gone).
     resource_version: Option<String>,
@@ -66,9 +65,9 @@ pub struct LeanWatch<K> {
     partial: Vec<u8>,
     /// Decoded changes not yet returned (a chunk may hold several lines).
     ready: VecDeque<Change<K>>,
-    backoff: Backoff,
-    /// The last step failed: wait before the next.
-    failed: bool,
+    /// The retry sequence while steps fail; `Some`: the last step failed, wait before the next (boxed and
+    /// dropped on success: an idle watch holds this for the node's life, and watches mostly work).
+    backoff: Option<Box<Backoff>>,
 }
 
 impl<K> LeanWatch<K>
@@ -79,14 +78,12 @@ where
     pub fn new(client: kube::Client, field_selector: impl Into<String>) -> Self {
         Self {
             client,
-            url_path: K::url_path(&(), None),
             selector: field_selector.into(),
             resource_version: None,
             body: None,
             partial: Vec::new(),
             ready: VecDeque::new(),
-            backoff: Backoff::new(BackoffPolicy::watch_retry()),
-            failed: false,
+            backoff: None,
         }
     }
 
@@ -99,18 +96,19 @@ where
                 }
                 return Ok(change);
             }
-            if self.failed {
-                self.backoff.wait().await;
-                self.failed = false;
+            if let Some(backoff) = self.backoff.as_mut() {
+                // boxed: the idle watch keeps no room for the retry's timer
+                Box::pin(backoff.wait()).await;
             }
             match self.step().await {
                 Ok(Some(change)) => {
-                    self.backoff.reset();
+                    self.backoff = None;
                     return Ok(change);
                 }
                 Ok(None) => {}
                 Err(error) => {
-                    self.failed = true;
+                    self.backoff
+                        .get_or_insert_with(|| Box::new(Backoff::new(BackoffPolicy::watch_retry())));
                     self.body = None;
                     self.partial = Vec::new();
                     return Err(error);
@@ -127,8 +125,15 @@ where
         }
         let Some(body) = self.body.as_mut() else {
             let version = self.resource_version.clone().unwrap_or_default();
-            self.body =
-                Some(Box::pin(open_watch(&self.client, &self.url_path, &self.selector, version)).await?);
+            self.body = Some(
+                Box::pin(open_watch(
+                    &self.client,
+                    &K::url_path(&(), None),
+                    &self.selector,
+                    version,
+                ))
+                .await?,
+            );
             return Ok(None);
         };
         match body.frame().await {
@@ -150,7 +155,7 @@ where
 
     async fn list(&mut self) -> Result<Change<K>, WatchError> {
         let params = ListParams::default().fields(&self.selector).match_any();
-        let request = Request::new(&self.url_path)
+        let request = Request::new(K::url_path(&(), None))
             .list(&params)
             .map_err(|e| WatchError::Request(kube::Error::BuildRequest(e)))?;
         let body = send(&self.client, request).await?;
