@@ -46,7 +46,28 @@ struct Cond {
     status: CondStatus,
     reason: Cow<'static, str>,
     message: Cow<'static, str>,
-    transition: Option<Timestamp>,
+    transition: Transition,
+}
+
+/// A condition's last transition time at the API's one-second resolution, in one word (the node status task
+/// holds four for the node's life); `NONE` until the condition has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Transition(i64);
+
+impl Transition {
+    const NONE: Transition = Transition(i64::MIN);
+
+    fn at(t: Timestamp) -> Self {
+        Transition(t.as_second())
+    }
+
+    fn get(self) -> Option<Timestamp> {
+        (self != Self::NONE).then(|| Timestamp::from_second(self.0).unwrap_or(Timestamp::UNIX_EPOCH))
+    }
+
+    fn is_some(self) -> bool {
+        self != Self::NONE
+    }
 }
 
 impl Cond {
@@ -55,7 +76,7 @@ impl Cond {
             status: CondStatus::Unknown,
             reason: Cow::Borrowed(""),
             message: Cow::Borrowed(""),
-            transition: None,
+            transition: Transition::NONE,
         }
     }
 }
@@ -149,7 +170,7 @@ fn update_pressure(
             status: want,
             reason: Cow::Borrowed(reason),
             message: Cow::Borrowed(message),
-            transition: Some(now),
+            transition: Transition::at(now),
         };
         events.push(event);
     }
@@ -197,7 +218,10 @@ impl NodeConditions {
                 status: CondStatus::parse(&c.status),
                 reason: Cow::Owned(c.reason.clone().unwrap_or_default()),
                 message: Cow::Owned(c.message.clone().unwrap_or_default()),
-                transition: c.last_transition_time.as_ref().map(|t| t.0),
+                transition: c
+                    .last_transition_time
+                    .as_ref()
+                    .map_or(Transition::NONE, |t| Transition::at(t.0)),
             };
         }
         s
@@ -241,14 +265,14 @@ impl NodeConditions {
                 status,
                 reason: Cow::Borrowed(reason),
                 message,
-                transition: Some(now),
+                transition: Transition::at(now),
             };
         } else {
             // Same status: reason/message refresh, transition time kept.
             self.ready.reason = Cow::Borrowed(reason);
             self.ready.message = message;
-            if self.ready.transition.is_none() {
-                self.ready.transition = Some(now);
+            if !self.ready.transition.is_some() {
+                self.ready.transition = Transition::at(now);
             }
         }
         events
@@ -292,7 +316,7 @@ impl NodeConditions {
             reason: Some(c.reason.to_string()),
             message: Some(c.message.to_string()),
             last_heartbeat_time: Some(Time(heartbeat)),
-            last_transition_time: Some(Time(c.transition.unwrap_or(heartbeat))),
+            last_transition_time: Some(Time(c.transition.get().unwrap_or(heartbeat))),
         })
         .collect()
     }

@@ -72,7 +72,6 @@ pub struct NodeStatusManager {
     events: EventRecorder,
     channels: StatusChannels,
     metrics: Arc<Metrics>,
-    started: Instant,
     token: CancellationToken,
 
     conditions: NodeConditions,
@@ -80,11 +79,17 @@ pub struct NodeStatusManager {
     images: Option<(u64, Vec<ContainerImage>)>,
     pod_cidr: Option<String>,
     unschedulable: bool,
-    registered_at: Option<Instant>,
-    registration_started: Option<Instant>,
-    startup_observed: bool,
+    /// Until the node's start-up is observed (then dropped): when its phases began.
+    startup: Option<Box<StartupClock>>,
     needs_registration: bool,
     heartbeats: super::Heartbeats,
+}
+
+/// When the phases of the node's start-up began (the agent, its registration, the registered Node).
+struct StartupClock {
+    started: Instant,
+    registration_started: Option<Instant>,
+    registered_at: Option<Instant>,
 }
 
 fn hash_of(v: &impl Hash) -> u64 {
@@ -117,15 +122,16 @@ impl NodeStatusManager {
             events,
             channels,
             metrics,
-            started,
             token,
             conditions: NodeConditions::unknown(),
             images: None,
             pod_cidr: None,
             unschedulable: false,
-            registered_at: None,
-            registration_started: None,
-            startup_observed: false,
+            startup: Some(Box::new(StartupClock {
+                started,
+                registration_started: None,
+                registered_at: None,
+            })),
             needs_registration: false,
             heartbeats: super::Heartbeats::default(),
         }
@@ -277,7 +283,9 @@ impl NodeStatusManager {
 
     async fn register(&mut self) -> bool {
         let now = Instant::now();
-        self.registration_started = Some(now);
+        if let Some(clock) = self.startup.as_mut() {
+            clock.registration_started = Some(now);
+        }
         let health = self.channels.health.borrow_and_update().clone();
         let mut fresh = NodeConditions::unknown();
         let wall = Timestamp::now();
@@ -302,7 +310,9 @@ impl NodeStatusManager {
             return false;
         };
         let registered_at = Instant::now();
-        self.registered_at = Some(registered_at);
+        if let Some(clock) = self.startup.as_mut() {
+            clock.registered_at = Some(registered_at);
+        }
         let uid = node.metadata.uid.clone().unwrap_or_default();
         self.channels.registered.send_replace(Some(RegisteredNode {
             name: self.config.node_name.clone(),
@@ -337,15 +347,19 @@ impl NodeStatusManager {
     }
 
     fn observe_startup_if_ready(&mut self, ready_at: Instant) {
-        if self.startup_observed || !self.conditions.is_ready() {
+        if !self.conditions.is_ready() {
             return;
         }
-        let (Some(reg_start), Some(reg_done)) = (self.registration_started, self.registered_at) else {
+        let Some(clock) = self.startup.as_deref() else {
             return;
         };
-        self.startup_observed = true;
+        let (Some(reg_start), Some(reg_done)) = (clock.registration_started, clock.registered_at) else {
+            return;
+        };
+        let started = clock.started;
+        self.startup = None;
         let phases = StartupPhases {
-            pre_registration: reg_start.saturating_duration_since(self.started),
+            pre_registration: reg_start.saturating_duration_since(started),
             registration: reg_done.saturating_duration_since(reg_start),
             post_registration: ready_at.saturating_duration_since(reg_done),
         };
