@@ -52,7 +52,8 @@ pub(crate) struct PodManager {
     done_rx: crate::chan::UnboundedReceiver<Finished>,
     tracker: TaskTracker,
     cancel: CancellationToken,
-    statics: Statics,
+    /// Boxed: most nodes have no static pods, and the idle manager's task holds this for the node's life.
+    statics: Box<Statics>,
     /// A graceful node shutdown has begun: new pods are refused.
     shutting_down: bool,
     /// API pods whose workers finished (stopped and removed everything) while the object still exists: a
@@ -142,7 +143,7 @@ impl PodManager {
             done_rx,
             tracker,
             cancel,
-            statics,
+            statics: Box::new(statics),
             shutting_down: false,
             finished: HashSet::new(),
             orphans: Orphans::default(),

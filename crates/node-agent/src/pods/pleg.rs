@@ -46,7 +46,9 @@ impl Pleg {
 
     pub(crate) fn run(self, cancel: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
         async move {
-            let mut backoff = Backoff::new(BackoffPolicy::api_retry());
+            // made at the first failure, dropped once events flow (boxed: the idle task holds it for the
+            // node's life, and the stream mostly stays up)
+            let mut backoff: Option<Box<Backoff>> = None;
             let mut announced = false;
             loop {
                 let opened = tokio::select! {
@@ -66,7 +68,7 @@ impl Pleg {
                             };
                             match item {
                                 Some(Ok(event)) => {
-                                    backoff.reset();
+                                    backoff = None;
                                     if let Some(uid) = event_uid(&event) {
                                         let _ = self.tx.send(Some(uid));
                                     }
@@ -85,13 +87,15 @@ impl Pleg {
                             "runtime has no container events, relisting every {:?}",
                             self.ctx.config.relist_period
                         );
-                        return self.relist(cancel).await;
+                        // boxed: the relisting loop's state is not kept in an evented agent's task
+                        return Box::pin(self.relist(cancel)).await;
                     }
                     Err(error) => tracing::warn!(%error, "cannot subscribe to runtime events, retrying"),
                 }
+                let retry = backoff.get_or_insert_with(|| Box::new(Backoff::new(BackoffPolicy::api_retry())));
                 tokio::select! {
                     _ = cancel.cancelled() => return,
-                    () = backoff.wait() => {}
+                    () = Box::pin(retry.wait()) => {}
                 }
             }
         }

@@ -384,7 +384,8 @@ impl StatusManager {
                         None => return,
                     },
                     Some((uid, outcome)) = writes.next(), if !writes.is_empty() => self.finish(uid, outcome),
-                    _ = async { match retry { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
+                    // boxed: a timer only while a retry is due
+                    _ = async { match retry { Some(at) => Box::pin(tokio::time::sleep_until(at)).await, None => std::future::pending().await } } => {
                         self.requeue_due();
                     }
                 }
