@@ -25,6 +25,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::kept_lease::KeptLease;
 use super::{NodeError, RegisteredNode};
 use crate::api::{ApiCalls, is_already_exists, is_conflict, is_not_found};
 use crate::backoff::{Backoff, BackoffPolicy, next_tick};
@@ -167,8 +168,8 @@ pub struct ApiLease {
     calls: ApiCalls,
     node_name: String,
     duration_seconds: i32,
-    /// The Lease as last written or read (boxed: the idle lease task holds this for the node's whole life).
-    lease: Option<Box<Lease>>,
+    /// The Lease as last written or read, reduced to what a renewal does not set again.
+    lease: Option<KeptLease>,
 }
 
 impl LeaseRenewer for ApiLease {
@@ -209,13 +210,8 @@ impl ApiLease {
         }
     }
 
-    fn keep(&mut self, mut lease: Lease) {
-        lease.metadata.managed_fields = None;
-        // decoding grows the list to four references; a lease has one
-        if let Some(refs) = lease.metadata.owner_references.as_mut() {
-            refs.shrink_to_fit();
-        }
-        self.lease = Some(Box::new(lease));
+    fn keep(&mut self, lease: Lease) {
+        self.lease = Some(KeptLease::of(lease, &self.node_name));
     }
 
     /// Makes sure the lease exists and is renewed now.
@@ -256,7 +252,7 @@ impl ApiLease {
                 }
             }
         }
-        let Some(mut lease) = self.lease.as_deref().cloned() else {
+        let Some(mut lease) = self.lease.as_ref().map(|k| k.to_lease(&self.node_name)) else {
             return Ok(());
         };
         let spec = lease.spec.get_or_insert_with(Default::default);

@@ -8,7 +8,7 @@
 //! * [`triggers`] is when the status task computes (its timers and wake-up signals).
 //! * [`report`] is whether a computed status is written, and with which parts.
 //! * [`informer`] watches this node's Node object and publishes its [`NodeSnapshot`].
-//! * [`lease`] is the lease heartbeat task.
+//! * [`lease`] is the lease heartbeat task; `kept_lease` what it keeps of its Lease between renewals.
 //! * [`heartbeat`] is the switch that freezes both heartbeats (chaos in the hollow fleet).
 //!
 //! Signals other managers feed in: [`Pressure`] (from the eviction manager) and [`HealthChecks`] (e.g. PLEG);
@@ -17,6 +17,7 @@
 pub mod conditions;
 pub mod heartbeat;
 pub mod informer;
+mod kept_lease;
 pub mod lease;
 pub mod object;
 pub mod registration;
