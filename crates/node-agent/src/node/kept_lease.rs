@@ -88,7 +88,7 @@ impl KeptLease {
         lease
     }
 
-    /// Whether anything beyond the usual fields was kept (for tests and size checks).
+    /// Whether anything beyond the usual fields was kept.
     #[cfg(test)]
     pub(super) fn has_rest(&self) -> bool {
         self.rest.is_some()
