@@ -248,6 +248,12 @@ impl Backoff {
         }
     }
 
+    /// The sequence in `slot`, started with `policy` if there is none: for a long-lived task that mostly
+    /// succeeds and keeps a back-off only while failing (`None` after a success), one pointer while idle.
+    pub fn in_slot(slot: &mut Option<Box<Backoff>>, policy: BackoffPolicy) -> &mut Backoff {
+        slot.get_or_insert_with(|| Box::new(Backoff::new(policy)))
+    }
+
     /// The delay to wait after one more failure (jittered), advancing the sequence.
     pub fn next_delay(&mut self) -> Duration {
         let now = Instant::now();

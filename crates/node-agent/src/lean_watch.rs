@@ -107,8 +107,7 @@ where
                 }
                 Ok(None) => {}
                 Err(error) => {
-                    self.backoff
-                        .get_or_insert_with(|| Box::new(Backoff::new(BackoffPolicy::watch_retry())));
+                    Backoff::in_slot(&mut self.backoff, BackoffPolicy::watch_retry());
                     self.body = None;
                     self.partial = Vec::new();
                     return Err(error);

@@ -84,20 +84,25 @@ pub fn run(
         let (mut containers_failed, mut images_failed) = (false, false);
         loop {
             // one sleep for both timers: each would otherwise keep a sleep of its own in the idle task
-            let images_at = images.as_ref().map(JitteredInterval::deadline);
-            let due = images_at.map_or(containers.deadline(), |i| i.min(containers.deadline()));
+            let due = images
+                .as_ref()
+                .map_or(containers.deadline(), |i| i.deadline().min(containers.deadline()));
             tokio::select! {
                 () = token.cancelled() => return,
                 () = tokio::time::sleep_until(due) => {}
             }
             // the earlier of the two was due; the other, if due too, runs on the next turn
-            let images_due = images_at.is_some_and(|i| i <= containers.deadline());
             let now = tokio::time::Instant::now();
-            if let (true, Some(timer)) = (images_due, images.as_mut()) {
-                timer.advance(now);
-            } else {
-                containers.advance(now);
-            }
+            let images_due = match images.as_mut() {
+                Some(timer) if timer.deadline() <= containers.deadline() => {
+                    timer.advance(now);
+                    true
+                }
+                _ => {
+                    containers.advance(now);
+                    false
+                }
+            };
             // boxed: an idle loop holds its timers, not room for a pass
             if images_due {
                 let pass = tokio::select! {

@@ -142,10 +142,8 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
                         next_tick(Instant::now(), self.renew_interval, RENEW_JITTER)
                     }
                     Err(e) => {
-                        let d = self
-                            .backoff
-                            .get_or_insert_with(|| Box::new(Backoff::new(BackoffPolicy::lease_retry())))
-                            .next_delay();
+                        let d =
+                            Backoff::in_slot(&mut self.backoff, BackoffPolicy::lease_retry()).next_delay();
                         tracing::warn!(node = %owner.name, error = %e, retry_in = ?d, "failed to renew node lease");
                         Instant::now() + d
                     }

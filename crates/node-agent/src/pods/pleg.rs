@@ -92,7 +92,7 @@ impl Pleg {
                     }
                     Err(error) => tracing::warn!(%error, "cannot subscribe to runtime events, retrying"),
                 }
-                let retry = backoff.get_or_insert_with(|| Box::new(Backoff::new(BackoffPolicy::api_retry())));
+                let retry = Backoff::in_slot(&mut backoff, BackoffPolicy::api_retry());
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     () = Box::pin(retry.wait()) => {}

@@ -164,10 +164,7 @@ impl PodWorker {
                         Err(error) => {
                             tracing::warn!(pod = %self.pod.name, namespace = %self.pod.namespace, %error, "pod sync failed, will retry");
                             let retry = Instant::now()
-                                + self
-                                    .errors
-                                    .get_or_insert_with(|| Box::new(Backoff::new(BackoffPolicy::api_retry())))
-                                    .next_delay();
+                                + Backoff::in_slot(&mut self.errors, BackoffPolicy::api_retry()).next_delay();
                             self.wake_at = Some(self.wake_at.map_or(retry, |w| w.min(retry)));
                         }
                     }

@@ -344,10 +344,7 @@ impl StatusManager {
                 if e.pending.is_none() {
                     e.pending = status;
                 }
-                let delay = e
-                    .backoff
-                    .get_or_insert_with(|| Box::new(Backoff::new(BackoffPolicy::api_retry())))
-                    .next_delay();
+                let delay = Backoff::in_slot(&mut e.backoff, BackoffPolicy::api_retry()).next_delay();
                 e.retry_at = Some(Instant::now() + delay);
                 self.dirty.retain(|u| *u != uid);
                 return;
