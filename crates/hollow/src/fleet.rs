@@ -13,6 +13,7 @@ use cri_fake::{FakeConfig, FakeRuntime};
 use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use node_agent::api::RateLimiter;
+use node_agent::intern::Interner;
 use node_agent::pods::{PodMetrics, PodOptions, PodSource, SharedPodFeed};
 use node_agent::quantity::Quantity;
 use node_agent::server::{KubeletServer, NodeEndpoint, ScriptedLogs, ServingIdentity};
@@ -338,12 +339,13 @@ impl NodeFactory {
                 })?;
         }
         let port = config.kubelet_port;
-        config.node_labels = t.labels.clone();
+        // one copy for every node of a profile and zone
+        static LABELS: Interner<BTreeMap<String, String>> = Interner::new();
+        let mut labels = t.labels.clone();
         if let Some(zone) = &assignment.zone {
-            config
-                .node_labels
-                .insert("topology.kubernetes.io/zone".into(), zone.clone());
+            labels.insert("topology.kubernetes.io/zone".into(), zone.clone());
         }
+        config.node_labels = LABELS.intern(labels);
         let pod_cidr = match &spec.pod_cidrs {
             None => None,
             Some(cidrs) => Some(

@@ -51,7 +51,7 @@ pub async fn start_agent(
         Arc::new(KubeletConfig::default()),
         MachineInfo::synthetic(name),
     );
-    config.node_labels.insert("pool".into(), pool.into());
+    config.node_labels = Arc::new([("pool".to_owned(), pool.to_owned())].into());
     let mut pods = e2e::fake_pod_options(runtime.clone());
     if let Some(m) = setup.metrics {
         pods.metrics = m;

@@ -419,7 +419,7 @@ impl Flags {
         }
         let node_ip = self.node_ip.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
         let mut cfg = AgentConfig::new(hostname, node_ip, kubelet, machine);
-        cfg.node_labels = self.node_labels.clone().map(|l| l.0).unwrap_or_default();
+        cfg.node_labels = Arc::new(self.node_labels.clone().map(|l| l.0).unwrap_or_default());
         cfg.mark_unschedulable_on_shutdown = self.mark_unschedulable_on_shutdown;
         let defaults = super::GcSettings::default();
         cfg.gc = super::GcSettings {

@@ -406,8 +406,9 @@ pub struct AgentConfig {
     /// The kubelet API port this node publishes in `daemonEndpoints` (default: the shared `port`; a hollow fleet
     /// gives every node its own).
     pub kubelet_port: u16,
-    /// Labels added at registration (`--node-labels`).
-    pub node_labels: BTreeMap<String, String>,
+    /// Labels added at registration (`--node-labels`). Shared: a fleet's nodes of one profile and zone hold
+    /// one copy.
+    pub node_labels: Arc<BTreeMap<String, String>>,
     /// The shared kubelet settings.
     pub kubelet: Arc<KubeletConfig>,
     /// Machine facts: capacity and nodeInfo.
@@ -435,7 +436,7 @@ impl AgentConfig {
             node_name,
             node_ip,
             kubelet_port: kubelet.port,
-            node_labels: BTreeMap::new(),
+            node_labels: Arc::default(),
             kubelet,
             machine,
             kubelet_version: KUBELET_VERSION.to_owned(),

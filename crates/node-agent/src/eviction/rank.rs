@@ -82,7 +82,7 @@ pub fn message(
         );
     }
     let Some(usage) = usage else { return m };
-    for c in &usage.containers {
+    for c in usage.containers.iter() {
         let Some((_, mem_req, eph_req)) = pod.containers.iter().find(|(n, ..)| *n == c.name) else {
             continue;
         };

@@ -18,6 +18,7 @@ pub mod conditions;
 pub mod heartbeat;
 pub mod informer;
 mod kept_lease;
+pub mod labels;
 pub mod lease;
 pub mod object;
 pub mod registration;
@@ -31,6 +32,7 @@ use std::sync::{Arc, Mutex};
 pub use conditions::{ConditionInputs, NodeConditions};
 pub use heartbeat::Heartbeats;
 pub use informer::NodeInformer;
+pub use labels::NodeLabels;
 pub use lease::LeaseManager;
 pub use object::ResourceList;
 pub use status::NodeStatusManager;
@@ -72,8 +74,8 @@ pub struct NodeSnapshot {
     pub name: String,
     /// The Node's UID.
     pub uid: String,
-    /// `metadata.labels` (the pod side shares this map).
-    pub labels: Arc<std::collections::BTreeMap<String, String>>,
+    /// `metadata.labels` (the pod side shares them).
+    pub labels: Arc<NodeLabels>,
     /// `spec.taints`.
     pub taints: Vec<k8s_openapi::api::core::v1::Taint>,
     /// `spec.unschedulable`.
@@ -96,7 +98,13 @@ impl NodeSnapshot {
         Self {
             name: node.metadata.name.clone().unwrap_or_default(),
             uid: node.metadata.uid.clone().unwrap_or_default(),
-            labels: Arc::new(node.metadata.labels.clone().unwrap_or_default()),
+            labels: Arc::new(
+                node.metadata
+                    .labels
+                    .as_ref()
+                    .map(NodeLabels::from)
+                    .unwrap_or_default(),
+            ),
             taints: spec.and_then(|s| s.taints.clone()).unwrap_or_default(),
             unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
             pod_cidrs,

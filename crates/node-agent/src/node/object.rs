@@ -55,7 +55,7 @@ pub fn registration_labels(cfg: &AgentConfig) -> BTreeMap<String, String> {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-    for (k, v) in &cfg.node_labels {
+    for (k, v) in cfg.node_labels.iter() {
         if labels.contains_key(k) {
             tracing::warn!(label = %k, "--node-labels overrides a label the agent sets by default");
         }
@@ -353,7 +353,7 @@ mod tests {
     #[test]
     fn labels_images_and_initial_node() {
         let mut c = cfg(KubeletConfig::default());
-        c.node_labels.insert("team".into(), "a".into());
+        Arc::make_mut(&mut c.node_labels).insert("team".into(), "a".into());
         let labels = registration_labels(&c);
         assert_eq!(labels[LABEL_HOSTNAME], "n1");
         assert_eq!(labels[LABEL_OS], "linux");

@@ -96,7 +96,7 @@ pub fn pod_resources(pod: &DesiredPod) -> v1::PodResources {
         .init_containers
         .iter()
         .filter(|c| c.sidecar)
-        .chain(&pod.containers)
+        .chain(pod.containers.iter())
         .map(|c| v1::ContainerResources {
             name: c.name.clone(),
             ..Default::default()

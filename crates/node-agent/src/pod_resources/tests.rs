@@ -47,7 +47,7 @@ fn sidecars_then_app_containers_are_listed_plain_init_containers_are_not() {
     let r = pod_resources(&pod);
     assert_eq!((r.name.as_str(), r.namespace.as_str()), ("web", "shop"));
     assert_eq!(names(&r), ["proxy", "logs", "app", "metrics"]);
-    for c in &r.containers {
+    for c in r.containers.iter() {
         assert_eq!(
             c,
             &v1::ContainerResources {

@@ -33,7 +33,7 @@ pub struct NodeView {
     /// Allocatable pods.
     pub pods: i64,
     /// Node labels (shared with the node informer's snapshot).
-    pub labels: std::sync::Arc<BTreeMap<String, String>>,
+    pub labels: std::sync::Arc<crate::node::NodeLabels>,
     /// `NoExecute` taints as `(key, value)`.
     pub no_execute_taints: Vec<(String, String)>,
     /// Host IPs for `status.hostIP(s)`: InternalIP addresses first.
@@ -69,7 +69,13 @@ impl NodeView {
             memory: get("memory", false),
             ephemeral: get("ephemeral-storage", false),
             pods: get("pods", false),
-            labels: std::sync::Arc::new(node.metadata.labels.clone().unwrap_or_default()),
+            labels: std::sync::Arc::new(
+                node.metadata
+                    .labels
+                    .as_ref()
+                    .map(crate::node::NodeLabels::from)
+                    .unwrap_or_default(),
+            ),
             no_execute_taints: node
                 .spec
                 .as_ref()
@@ -140,7 +146,7 @@ impl Committed {
 fn host_ports(pod: &DesiredPod) -> impl Iterator<Item = (String, i32)> + '_ {
     pod.init_containers
         .iter()
-        .chain(&pod.containers)
+        .chain(pod.containers.iter())
         .flat_map(|c| &c.ports)
         .filter(|(_, host, _)| *host > 0)
         .map(|(_, host, proto)| (proto.clone(), *host))
@@ -276,7 +282,7 @@ fn matches_node(
     required: Option<&k8s_openapi::api::core::v1::NodeSelector>,
     node: &NodeView,
 ) -> bool {
-    let selector_ok = selector.is_none_or(|s| s.iter().all(|(k, v)| node.labels.get(k) == Some(v)));
+    let selector_ok = selector.is_none_or(|s| s.iter().all(|(k, v)| node.labels.get(k) == Some(v.as_str())));
     let affinity_ok = required.is_none_or(|r| {
         r.node_selector_terms.iter().any(|term| {
             let exprs = term.match_expressions.as_deref().unwrap_or_default();
@@ -284,9 +290,7 @@ fn matches_node(
             if exprs.is_empty() && fields.is_empty() {
                 return false;
             }
-            exprs
-                .iter()
-                .all(|e| requirement(e, node.labels.get(&e.key).map(String::as_str)))
+            exprs.iter().all(|e| requirement(e, node.labels.get(&e.key)))
                 && fields
                     .iter()
                     .all(|f| requirement(f, (f.key == "metadata.name").then_some(node.name.as_str())))

@@ -169,7 +169,7 @@ pub(crate) async fn kill_pod(
 
 /// Removes every container and sandbox of the pod from the runtime.
 pub(crate) async fn remove_pod(ctx: &AgentCtx, view: &RuntimeView) -> Result<(), RuntimeError> {
-    for c in &view.containers {
+    for c in view.containers.iter() {
         remove_container(ctx, &c.id).await?;
     }
     for sb in &view.sandboxes {

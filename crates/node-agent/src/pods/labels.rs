@@ -99,7 +99,7 @@ pub fn sandbox_config(pod: &DesiredPod, attempt: u32, layout: &RuntimeLayout) ->
     let port_mappings = pod
         .containers
         .iter()
-        .chain(&pod.init_containers)
+        .chain(pod.init_containers.iter())
         .flat_map(|c| &c.ports)
         .filter(|(_, host, _)| *host > 0)
         .map(|(container_port, host_port, proto)| cri::PortMapping {

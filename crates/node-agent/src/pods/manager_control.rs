@@ -39,7 +39,7 @@ impl PodManager {
                 let containers = p
                     .init_containers
                     .iter()
-                    .chain(&p.containers)
+                    .chain(p.containers.iter())
                     .map(|c| {
                         (
                             c.name.clone(),

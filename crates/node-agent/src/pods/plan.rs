@@ -74,7 +74,7 @@ fn finished(pod: &DesiredPod, view: &RuntimeView) -> Option<Phase> {
         return None;
     }
     let mut all_ok = true;
-    for c in &pod.containers {
+    for c in pod.containers.iter() {
         let r = view.latest(&c.name)?;
         if r.state != CState::Exited || pod.restart_policy.restarts(r.exit_code) {
             return None;
@@ -110,7 +110,7 @@ pub(crate) fn plan(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeResults) 
     });
 
     if !initialized(pod, view, probes) {
-        for c in &pod.init_containers {
+        for c in pod.init_containers.iter() {
             match view.latest_in(&c.name, &sandbox.id) {
                 None => {
                     plan.start.push(Start {
@@ -192,7 +192,7 @@ pub(crate) fn plan(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeResults) 
         plan.kill = running_kills(view, |_| true);
         return plan;
     }
-    for c in &pod.containers {
+    for c in pod.containers.iter() {
         match view.latest_in(&c.name, &sandbox.id) {
             None => {
                 // ran in an earlier sandbox and must not run again

@@ -206,7 +206,7 @@ pub fn sandbox(
     let privileged = pod
         .init_containers
         .iter()
-        .chain(&pod.containers)
+        .chain(pod.containers.iter())
         .any(|c| c.security.as_ref().is_some_and(|s| s.privileged));
     let sc = cri::LinuxSandboxSecurityContext {
         namespace_options: Some(namespaces(pod)),

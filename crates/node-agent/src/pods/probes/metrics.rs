@@ -53,12 +53,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn container_name(pod: &DesiredPod, index: u16) -> Option<&str> {
-    let all = pod.init_containers.iter().chain(&pod.containers);
+    let all = pod.init_containers.iter().chain(pod.containers.iter());
     all.clone().nth(usize::from(index)).map(|c| c.name.as_str())
 }
 
 fn container_index(pod: &DesiredPod, name: &str) -> Option<u16> {
-    let all = pod.init_containers.iter().chain(&pod.containers);
+    let all = pod.init_containers.iter().chain(pod.containers.iter());
     all.clone()
         .position(|c| c.name == name)
         .and_then(|i| u16::try_from(i).ok())

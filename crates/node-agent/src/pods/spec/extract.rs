@@ -19,6 +19,8 @@ pub(super) struct EnvCtx<'a> {
     pub(super) service_account: &'a str,
     pub(super) labels: Option<&'a BTreeMap<String, String>>,
     pub(super) annotations: Option<&'a BTreeMap<String, String>>,
+    /// `spec.volumes`, which mounts refer to by index.
+    pub(super) volumes: &'a [k8s_openapi::api::core::v1::Volume],
 }
 
 impl EnvCtx<'_> {
@@ -143,7 +145,7 @@ pub(super) fn container(c: &Container, init: bool, ctx: &mut EnvCtx<'_>) -> Cont
         .volume_mounts
         .iter()
         .flatten()
-        .map(MountSpec::from_api)
+        .map(|m| MountSpec::from_api(m, ctx.volumes))
         .collect();
     let lifecycle = c.lifecycle.as_ref();
     let hash = {

@@ -206,7 +206,7 @@ pub struct ProbeSpec {
 }
 
 /// One container of the pod.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerSpec {
     /// Container name.
     pub name: String,
@@ -259,6 +259,24 @@ pub struct ContainerSpec {
     pub hash: u64,
 }
 
+/// For interning: equal containers hash equal, since the name, image and restart hash are part of equality.
+impl std::hash::Hash for ContainerSpec {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+        self.image.hash(state);
+        self.hash.hash(state);
+    }
+}
+
+/// A pod's init or app containers. Pods made from one template (a Deployment's replicas) resolve to equal
+/// lists, which are interned: one copy for all of them while any lives.
+pub type Containers = Arc<Vec<ContainerSpec>>;
+
+fn intern_containers(list: Vec<ContainerSpec>) -> Containers {
+    static LISTS: crate::intern::Interner<Vec<ContainerSpec>> = crate::intern::Interner::new();
+    LISTS.intern(list)
+}
+
 /// A pending deletion of the pod object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deletion {
@@ -291,10 +309,10 @@ pub struct DesiredPod {
     pub termination_grace_secs: i64,
     /// Set once the object is being deleted.
     pub deletion: Option<Deletion>,
-    /// Init containers (including sidecars), in order.
-    pub init_containers: Vec<ContainerSpec>,
-    /// App containers, in order.
-    pub containers: Vec<ContainerSpec>,
+    /// Init containers (including sidecars), in order (interned, see [`Containers`]).
+    pub init_containers: Containers,
+    /// App containers, in order (interned, see [`Containers`]).
+    pub containers: Containers,
     /// `spec.readinessGates` condition types.
     pub readiness_gates: Vec<String>,
     /// Status of each readiness-gate condition as last seen on the object (set by other controllers).
@@ -361,6 +379,7 @@ impl DesiredPod {
             service_account: spec.service_account_name.as_deref().unwrap_or_default(),
             labels: meta.labels.as_ref(),
             annotations: meta.annotations.as_ref(),
+            volumes: spec.volumes.as_deref().unwrap_or_default(),
         };
         let init_containers: Vec<ContainerSpec> = spec
             .init_containers
@@ -410,8 +429,8 @@ impl DesiredPod {
                 at: t.0,
                 grace_secs: meta.deletion_grace_period_seconds,
             }),
-            init_containers,
-            containers,
+            init_containers: intern_containers(init_containers),
+            containers: intern_containers(containers),
             readiness_gates,
             gate_status,
             requests,
@@ -474,7 +493,7 @@ impl DesiredPod {
     pub fn container(&self, name: &str) -> Option<&ContainerSpec> {
         self.init_containers
             .iter()
-            .chain(&self.containers)
+            .chain(self.containers.iter())
             .find(|c| c.name == name)
     }
 
@@ -496,7 +515,7 @@ impl DesiredPod {
     pub fn has_probes(&self) -> bool {
         self.init_containers
             .iter()
-            .chain(&self.containers)
+            .chain(self.containers.iter())
             .any(|c| c.readiness.is_some() || c.liveness.is_some() || c.startup.is_some())
     }
 }

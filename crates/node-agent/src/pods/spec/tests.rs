@@ -94,3 +94,46 @@ fn deletion_grace_overrides_spec() {
     let d = DesiredPod::from_pod(&p).unwrap();
     assert_eq!(d.grace_secs(), 5);
 }
+
+#[test]
+fn replicas_of_one_template_share_their_container_list() {
+    let mk = |name: &str, image: &str, env: &str| {
+        let p = pod(json!({
+            "metadata": {"name": name, "uid": format!("uid-{name}"), "namespace": "ns"},
+            // as admitted: the service-account token volume's name has a per-pod suffix
+            "spec": {"volumes": [{"name": format!("kube-api-access-{name}"), "emptyDir": {}}],
+                     "containers": [{"name": "c", "image": image, "env": [
+                {"name": "A", "value": "1"},
+                {"name": "ME", "valueFrom": {"fieldRef": {"fieldPath": env}}}],
+                "volumeMounts": [{"name": format!("kube-api-access-{name}"), "mountPath": "/var/run/x"},
+                                 {"name": "missing", "mountPath": "/m"}]}]}
+        }));
+        DesiredPod::from_pod(&p).unwrap()
+    };
+    let (a, b) = (
+        mk("a", "img:1", "metadata.namespace"),
+        mk("b", "img:1", "metadata.namespace"),
+    );
+    assert!(
+        Arc::ptr_eq(&a.containers, &b.containers),
+        "equal lists are one copy"
+    );
+    assert!(Arc::ptr_eq(&a.init_containers, &b.init_containers));
+    assert_eq!((a.name.as_str(), b.name.as_str()), ("a", "b"));
+    // each mount names its own pod's volume by place; a mount of no volume names none
+    let mounts = &a.containers[0].mounts;
+    assert_eq!((mounts[0].volume, mounts[1].volume), (Some(0), None));
+    assert_eq!(b.volumes[0].name, "kube-api-access-b");
+    // a different image, or an environment that names the pod itself, is a list of its own
+    let c = mk("c", "img:2", "metadata.namespace");
+    assert!(!Arc::ptr_eq(&a.containers, &c.containers));
+    assert_eq!(c.containers[0].image, "img:2");
+    // a field reference resolves when the pod is read: each pod's own name makes its list its own
+    let (d, e) = (
+        mk("d", "img:1", "metadata.name"),
+        mk("e", "img:1", "metadata.name"),
+    );
+    assert!(!Arc::ptr_eq(&d.containers, &e.containers));
+    assert_eq!(d.containers[0].env[1].1, EnvValue::Literal("d".into()));
+    assert_eq!(e.containers[0].env[1].1, EnvValue::Literal("e".into()));
+}

@@ -162,11 +162,15 @@ pub struct VolumeSpec {
     pub source: Arc<VolumeSource>,
 }
 
-/// One `volumeMount` of a container.
+/// One `volumeMount` of a container. The volume is named by its place in the pod's `spec.volumes`, not by
+/// name: volume names carry per-pod parts (the service-account token volume is `kube-api-access-<random>`), and
+/// without them the containers of a template's replicas are equal and shared (see
+/// [`Containers`](super::Containers)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountSpec {
-    /// The volume's name.
-    pub volume: String,
+    /// The index of the volume in [`DesiredPod::volumes`](super::DesiredPod::volumes) (`None`: the pod has no
+    /// volume of the mount's name; API validation refuses such a pod, and the mount is left out).
+    pub volume: Option<u16>,
     /// Where it appears in the container.
     pub path: String,
     /// A path inside the volume to mount instead of its root.
@@ -176,9 +180,12 @@ pub struct MountSpec {
 }
 
 impl MountSpec {
-    pub(super) fn from_api(m: &VolumeMount) -> Self {
+    pub(super) fn from_api(m: &VolumeMount, volumes: &[Volume]) -> Self {
         Self {
-            volume: m.name.clone(),
+            volume: volumes
+                .iter()
+                .position(|v| v.name == m.name)
+                .and_then(|i| u16::try_from(i).ok()),
             path: m.mount_path.clone(),
             sub_path: m.sub_path.clone().unwrap_or_default(),
             read_only: m.read_only.unwrap_or(false),

@@ -144,7 +144,7 @@ fn fs_user(pod: &DesiredPod) -> Option<u32> {
     let mut users = pod
         .init_containers
         .iter()
-        .chain(&pod.containers)
+        .chain(pod.containers.iter())
         .map(|c| c.security.as_deref().and_then(|s| s.run_as_user).or(pod_user));
     let first = users.next()??;
     if users.all(|u| u == Some(first)) {
@@ -351,7 +351,7 @@ pub fn mounts(ctx: &AgentCtx, pod: &DesiredPod, c: &ContainerSpec) -> Vec<cri::M
     c.mounts
         .iter()
         .filter_map(|m| {
-            let v = pod.volumes.iter().find(|v| v.name == m.volume)?;
+            let v = pod.volumes.get(usize::from(m.volume?))?;
             let mut host = host_path(ctx, pod, v);
             if !m.sub_path.is_empty() {
                 host = host.join(&m.sub_path);
