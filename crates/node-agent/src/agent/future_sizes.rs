@@ -118,6 +118,53 @@ async fn the_agents_long_lived_futures_stay_small() {
     check(&sizes);
 }
 
+/// The node-side managers run joined in one task: the join costs a few bytes per manager over the sum of their
+/// futures, where a task each cost ~112 bytes and the rounding to 128 (5,376 bytes of task cells per node; now
+/// one 4,480-byte cell). 8,592 bytes while joined in an `async fn` (each manager's future held twice).
+#[tokio::test]
+async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
+    let (ctx, m) = agent().managers();
+    let (control, _rx) = m.control;
+    let gc = &ctx.config.gc;
+    let gc = crate::gc::run(
+        ctx.gc.clone(),
+        ctx.events.clone(),
+        ctx.config.node_name.clone(),
+        crate::gc::Periods {
+            containers: gc.container_gc_period,
+            images: gc.image_gc_period,
+        },
+        ctx.token.clone(),
+    );
+    let eviction = crate::eviction::EvictionManager::new(ctx.eviction_inputs(), control)
+        .with_reclaim(Arc::new(ctx.gc.clone()))
+        .run();
+    let (events, health, status, lease, informer) = (
+        m.event_sink.run(),
+        m.health_monitor.run(),
+        m.status.run(),
+        m.lease.run(),
+        m.informer.run(),
+    );
+    let sum = [
+        size_of_val(&events),
+        size_of_val(&health),
+        size_of_val(&status),
+        size_of_val(&lease),
+        size_of_val(&informer),
+        size_of_val(&gc),
+        size_of_val(&eviction),
+    ]
+    .iter()
+    .sum::<usize>();
+    let joined = super::node_side(events, health, status, lease, informer, gc, eviction);
+    check(&[
+        // the join's own state: a word or two per manager
+        ("node side over its parts", size_of_val(&joined) - sum, 7 * 16),
+        ("node side (joined)", size_of_val(&joined), 4_368),
+    ]);
+}
+
 #[tokio::test]
 async fn the_pod_sides_long_lived_futures_stay_small() {
     let token = tokio_util::sync::CancellationToken::new();

@@ -1,9 +1,10 @@
-//! Wiring one agent: config + client + runtime + token in, one task per manager out.
+//! Wiring one agent: config + client + runtime + token in, its managers running out.
 //!
 //! [`Agent::builder`] takes the plain [`AgentConfig`], a `kube::Client` built by the caller (with the node's
-//! credentials) and an `Arc<dyn Runtime>`; [`Agent::start`] spawns, on a [`TaskTracker`]:
+//! credentials) and an `Arc<dyn Runtime>`; [`Agent::start`] runs, on a [`TaskTracker`], the pod lifecycle as
+//! one task and the node-side managers together as another:
 //!
-//! | task | owns |
+//! | manager | owns |
 //! |---|---|
 //! | [`EventSink`] | writing this agent's Events |
 //! | [`RuntimeHealthMonitor`] | CRI `Status`/`Version` every 5 s -> [`RuntimeHealth`] |
@@ -17,7 +18,7 @@
 //! Everything another manager needs (node name, allocatable, runtime health, events, metrics, the API gate,
 //! pressure and health-check inputs, the token) is in the cheap-to-clone [`AgentContext`]; a manager that needs
 //! less takes only its part (the eviction manager its [`EvictionInputs`](crate::eviction::EvictionInputs)).
-//! The pod lifecycle's side of the wiring is the `pods` submodule. Adding a manager is one line in
+//! The pod lifecycle's side of the wiring is the `pods` submodule. Adding a manager is a line in
 //! [`Agent::start`] (or [`RunningAgent::spawn`] from outside).
 
 #[cfg(test)]
@@ -132,6 +133,31 @@ impl AgentContext {
     pub fn node_reference(&self) -> ObjectReference {
         node_reference(&self.config.node_name)
     }
+}
+
+/// The node-side managers run together in one task: each goes on until the agent's token fires (the event
+/// writer until it has drained), and a wake-up of one polls the others too (each is a few timers and channel
+/// receivers; an idle poll is cheap next to a task per manager per node).
+///
+/// Built from join combinators, not an `async` block: a block would hold each manager's future twice (as it
+/// captured them and as the join's own state).
+#[allow(clippy::too_many_arguments)]
+fn node_side(
+    events: impl Future<Output = ()>,
+    health: impl Future<Output = ()>,
+    status: impl Future<Output = ()>,
+    lease: impl Future<Output = ()>,
+    informer: impl Future<Output = ()>,
+    gc: impl Future<Output = ()>,
+    eviction: impl Future<Output = ()>,
+) -> impl Future<Output = ()> {
+    use futures::FutureExt;
+    use futures::future::{join, join3, join4};
+    join(
+        join4(events, health, status, lease),
+        join3(informer, gc, eviction),
+    )
+    .map(|_| ())
 }
 
 /// Builds an [`Agent`].
@@ -346,29 +372,33 @@ impl Agent {
         let tracker = TaskTracker::new();
         ctx.events
             .normal(&ctx.node_reference(), "Starting", "Starting kubelet.");
-        tracker.spawn(m.event_sink.run());
-        tracker.spawn(m.health_monitor.run());
-        tracker.spawn(m.status.run());
-        tracker.spawn(m.lease.run());
-        tracker.spawn(m.informer.run());
         let (control_tx, control_rx) = m.control;
-        tracker.spawn(pods::run_for_agent(ctx.clone(), m.pods, control_rx));
         let periods = crate::gc::Periods {
             containers: ctx.config.gc.container_gc_period,
             images: ctx.config.gc.image_gc_period,
         };
-        tracker.spawn(crate::gc::run(
+        let gc = crate::gc::run(
             ctx.gc.clone(),
             ctx.events.clone(),
             ctx.config.node_name.clone(),
             periods,
             ctx.token.clone(),
-        ));
-        tracker.spawn(
-            crate::eviction::EvictionManager::new(ctx.eviction_inputs(), control_tx.clone())
-                .with_reclaim(Arc::new(ctx.gc.clone()))
-                .run(),
         );
+        let eviction = crate::eviction::EvictionManager::new(ctx.eviction_inputs(), control_tx.clone())
+            .with_reclaim(Arc::new(ctx.gc.clone()))
+            .run();
+        // The node-side managers are one task: each mostly sleeps, and one task costs ~112 bytes of tokio's
+        // own and the rounding of its future to 128 bytes, per manager per node (see `future_sizes`).
+        tracker.spawn(node_side(
+            m.event_sink.run(),
+            m.health_monitor.run(),
+            m.status.run(),
+            m.lease.run(),
+            m.informer.run(),
+            gc,
+            eviction,
+        ));
+        tracker.spawn(pods::run_for_agent(ctx.clone(), m.pods, control_rx));
         let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = shutting_down.clone();
         ctx.health_checks.add_plain(move || {
