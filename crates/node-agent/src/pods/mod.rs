@@ -396,23 +396,31 @@ impl PodLifecycle {
             self.metrics,
             mirrors,
         );
-        tracker.spawn(status_manager.run(tasks.clone()));
         let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
-        tracker.spawn(pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()));
         let watch_client = match self.source {
             PodSource::Feed(rx) => Err(rx),
             PodSource::Watch => Ok(self.client.clone()),
             PodSource::WatchVia(client) => Ok(client),
         };
-        let source = match watch_client {
-            Err(rx) => rx,
+        let (source, watch) = match watch_client {
+            Err(rx) => (rx, None),
             Ok(client) => {
                 let (tx, rx) = crate::chan::channel(256);
                 let node = ctx.config.node_name.clone();
-                tracker.spawn(source::watch_node_pods(client, node, tx, tasks.clone()));
-                rx
+                (rx, Some(source::watch_node_pods(client, node, tx, tasks.clone())))
             }
         };
+        // The status writer, the PLEG and the pod watch run joined in one task (each waits on its input most of
+        // the time; a task each cost tokio's ~112 bytes and the rounding to 128 per node). Join combinators, not
+        // an `async` block, which would hold each future twice.
+        tracker.spawn(futures::FutureExt::map(
+            futures::future::join3(
+                status_manager.run(tasks.clone()),
+                pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()),
+                futures::future::OptionFuture::from(watch),
+            ),
+            |_| (),
+        ));
         let grace = ctx.config.shutdown_grace;
         // without a control channel, one already closed (the manager stops listening to it)
         let control = self.control.unwrap_or_else(|| crate::chan::unbounded_channel().1);
