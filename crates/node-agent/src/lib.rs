@@ -59,6 +59,7 @@ pub mod eviction;
 pub mod gc;
 pub mod grid;
 pub mod intern;
+mod join;
 pub mod lean_watch;
 pub mod machine;
 pub mod metrics;

@@ -50,7 +50,6 @@ fn check(sizes: &[(&str, usize, usize)]) {
 async fn the_agents_long_lived_futures_stay_small() {
     let (ctx, m) = agent().managers();
     let (_control, control) = m.control;
-    let gc = &ctx.config.gc;
     let sizes = [
         // a task takes its future and ~112 bytes of its own, rounded up to 128 (tokio aligns task cells to
         // 128 bytes on x86-64): a ceiling of 128·n − 112 keeps the task within its 128·n
@@ -78,14 +77,7 @@ async fn the_agents_long_lived_futures_stay_small() {
         ),
         (
             "eviction manager",
-            size_of_val(
-                &crate::eviction::EvictionManager::new(
-                    ctx.eviction_inputs(),
-                    crate::chan::unbounded_channel().0,
-                )
-                .with_reclaim(Arc::new(ctx.gc.clone()))
-                .run(),
-            ),
+            size_of_val(&ctx.eviction_loop(crate::chan::unbounded_channel().0)),
             // its own context clone, thresholds and state, one sleep or cleanup wait (a pass is boxed):
             // 680 bytes in a debug build
             768,
@@ -101,16 +93,7 @@ async fn the_agents_long_lived_futures_stay_small() {
         ),
         (
             "garbage collectors",
-            size_of_val(&crate::gc::run(
-                ctx.gc.clone(),
-                ctx.events.clone(),
-                ctx.config.node_name.clone(),
-                crate::gc::Periods {
-                    containers: gc.container_gc_period,
-                    images: gc.image_gc_period,
-                },
-                ctx.token.clone(),
-            )),
+            size_of_val(&ctx.gc_loop()),
             // 568 bytes (a 768-byte task) while its two timers each kept a sleep
             528,
         ),
@@ -120,25 +103,12 @@ async fn the_agents_long_lived_futures_stay_small() {
 
 /// The node-side managers run joined in one task: the join costs a few bytes per manager over the sum of their
 /// futures, where a task each cost ~112 bytes and the rounding to 128 (5,376 bytes of task cells per node; now
-/// one 4,480-byte cell). 8,592 bytes while joined in an `async fn` (each manager's future held twice).
+/// one 4,608-byte cell). 8,592 bytes while joined in an `async fn` (each manager's future held twice).
 #[tokio::test]
 async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
     let (ctx, m) = agent().managers();
     let (control, _rx) = m.control;
-    let gc = &ctx.config.gc;
-    let gc = crate::gc::run(
-        ctx.gc.clone(),
-        ctx.events.clone(),
-        ctx.config.node_name.clone(),
-        crate::gc::Periods {
-            containers: gc.container_gc_period,
-            images: gc.image_gc_period,
-        },
-        ctx.token.clone(),
-    );
-    let eviction = crate::eviction::EvictionManager::new(ctx.eviction_inputs(), control)
-        .with_reclaim(Arc::new(ctx.gc.clone()))
-        .run();
+    let (gc, eviction) = (ctx.gc_loop(), ctx.eviction_loop(control));
     let (events, health, status, lease, informer) = (
         m.event_sink.run(),
         m.health_monitor.run(),
@@ -159,9 +129,9 @@ async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
     .sum::<usize>();
     let joined = super::node_side(events, health, status, lease, informer, gc, eviction);
     check(&[
-        // the join's own state: a word or two per manager
-        ("node side over its parts", size_of_val(&joined) - sum, 7 * 16),
-        ("node side (joined)", size_of_val(&joined), 4_368),
+        // the join's own state: per manager its waker and whether it finished, and the wakers' shared part
+        ("node side over its parts", size_of_val(&joined) - sum, 7 * (16 + 8) + 8),
+        ("node side (joined)", size_of_val(&joined), 4_496),
     ]);
 }
 

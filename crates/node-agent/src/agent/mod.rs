@@ -129,6 +129,31 @@ impl AgentContext {
         }
     }
 
+    /// The container and image garbage collectors' loop.
+    fn gc_loop(&self) -> impl Future<Output = ()> + Send + 'static {
+        let periods = crate::gc::Periods {
+            containers: self.config.gc.container_gc_period,
+            images: self.config.gc.image_gc_period,
+        };
+        crate::gc::run(
+            self.gc.clone(),
+            self.events.clone(),
+            self.config.node_name.clone(),
+            periods,
+            self.token.clone(),
+        )
+    }
+
+    /// The eviction manager's loop (it stops pods through `control`, and reclaims through the collectors).
+    fn eviction_loop(
+        &self,
+        control: crate::chan::UnboundedSender<crate::pods::ManagerControl>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        crate::eviction::EvictionManager::new(self.eviction_inputs(), control)
+            .with_reclaim(Arc::new(self.gc.clone()))
+            .run()
+    }
+
     /// The reference events about the Node use.
     pub fn node_reference(&self) -> ObjectReference {
         node_reference(&self.config.node_name)
@@ -136,11 +161,10 @@ impl AgentContext {
 }
 
 /// The node-side managers run together in one task: each goes on until the agent's token fires (the event
-/// writer until it has drained), and a wake-up of one polls the others too (each is a few timers and channel
-/// receivers; an idle poll is cheap next to a task per manager per node).
+/// writer until it has drained), and each is polled only when it was woken ([`crate::join`]).
 ///
-/// Built from join combinators, not an `async` block: a block would hold each manager's future twice (as it
-/// captured them and as the join's own state).
+/// A join combinator, not an `async` block: a block would hold each manager's future twice (as it captured
+/// them and as the join's own state).
 #[allow(clippy::too_many_arguments)]
 fn node_side(
     events: impl Future<Output = ()>,
@@ -151,13 +175,7 @@ fn node_side(
     gc: impl Future<Output = ()>,
     eviction: impl Future<Output = ()>,
 ) -> impl Future<Output = ()> {
-    use futures::FutureExt;
-    use futures::future::{join, join3, join4};
-    join(
-        join4(events, health, status, lease),
-        join3(informer, gc, eviction),
-    )
-    .map(|_| ())
+    crate::join::join7(events, health, status, lease, informer, gc, eviction)
 }
 
 /// Builds an [`Agent`].
@@ -373,20 +391,7 @@ impl Agent {
         ctx.events
             .normal(&ctx.node_reference(), "Starting", "Starting kubelet.");
         let (control_tx, control_rx) = m.control;
-        let periods = crate::gc::Periods {
-            containers: ctx.config.gc.container_gc_period,
-            images: ctx.config.gc.image_gc_period,
-        };
-        let gc = crate::gc::run(
-            ctx.gc.clone(),
-            ctx.events.clone(),
-            ctx.config.node_name.clone(),
-            periods,
-            ctx.token.clone(),
-        );
-        let eviction = crate::eviction::EvictionManager::new(ctx.eviction_inputs(), control_tx.clone())
-            .with_reclaim(Arc::new(ctx.gc.clone()))
-            .run();
+        let (gc, eviction) = (ctx.gc_loop(), ctx.eviction_loop(control_tx.clone()));
         // The node-side managers are one task: each mostly sleeps, and one task costs ~112 bytes of tokio's
         // own and the rounding of its future to 128 bytes, per manager per node (see `future_sizes`).
         tracker.spawn(node_side(

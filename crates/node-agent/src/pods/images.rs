@@ -152,10 +152,10 @@ impl Images {
         let _slot = ctx.config.pulls.acquire().await;
         let started = Instant::now();
         // each matching credential of the pod's imagePullSecrets in turn, or one anonymous pull
-        let creds = if pod.image_pull_secrets.is_empty() {
+        let creds = if pod.image_pull_secrets().is_empty() {
             Vec::new()
         } else {
-            super::pull_secrets::credentials(&*ctx.objects, &pod.namespace, &pod.image_pull_secrets, image)
+            super::pull_secrets::credentials(&*ctx.objects, &pod.namespace, pod.image_pull_secrets(), image)
                 .await
         };
         let attempts: Vec<Option<cri::AuthConfig>> = if creds.is_empty() {

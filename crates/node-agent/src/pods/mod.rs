@@ -410,16 +410,13 @@ impl PodLifecycle {
                 (rx, Some(source::watch_node_pods(client, node, tx, tasks.clone())))
             }
         };
-        // The status writer, the PLEG and the pod watch run joined in one task (each waits on its input most of
-        // the time; a task each cost tokio's ~112 bytes and the rounding to 128 per node). Join combinators, not
-        // an `async` block, which would hold each future twice.
-        tracker.spawn(futures::FutureExt::map(
-            futures::future::join3(
-                status_manager.run(tasks.clone()),
-                pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()),
-                futures::future::OptionFuture::from(watch),
-            ),
-            |_| (),
+        // The status writer, the PLEG and the pod watch run joined in one task, each polled when woken (each
+        // waits on its input most of the time; a task each cost tokio's ~112 bytes and the rounding to 128 per
+        // node). A join combinator, not an `async` block, which would hold each future twice.
+        tracker.spawn(crate::join::join3(
+            status_manager.run(tasks.clone()),
+            pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()),
+            futures::FutureExt::map(futures::future::OptionFuture::from(watch), |_| ()),
         ));
         let grace = ctx.config.shutdown_grace;
         // without a control channel, one already closed (the manager stops listening to it)

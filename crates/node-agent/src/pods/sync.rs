@@ -166,7 +166,7 @@ impl PodWorker {
         }
         let req = cri::RunPodSandboxRequest {
             config: Some(config),
-            runtime_handler: pod.runtime_handler.clone(),
+            runtime_handler: pod.runtime_handler().to_owned(),
         };
         match ctx.rt("run_podsandbox", ctx.runtime.run_pod_sandbox(req)).await {
             Ok(_) => {

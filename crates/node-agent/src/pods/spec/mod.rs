@@ -286,6 +286,23 @@ pub struct Deletion {
     pub grace_secs: Option<i64>,
 }
 
+/// The fields of a pod's spec that few pods set (see [`DesiredPod::extras`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodExtras {
+    /// `spec.readinessGates` condition types.
+    pub readiness_gates: Vec<String>,
+    /// Status of each readiness-gate condition as last seen on the object (set by other controllers).
+    pub gate_status: Vec<(String, bool)>,
+    /// `spec.runtimeClassName`, passed as the runtime handler.
+    pub runtime_handler: String,
+    /// `spec.subdomain` (the sandbox hostname's domain part).
+    pub subdomain: String,
+    /// `spec.hostAliases` as (IP, hostnames).
+    pub host_aliases: Vec<(String, Vec<String>)>,
+    /// `spec.imagePullSecrets` names.
+    pub image_pull_secrets: Vec<String>,
+}
+
 /// The desired pod. Immutable; a new one replaces it on every update from the source.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DesiredPod {
@@ -313,10 +330,6 @@ pub struct DesiredPod {
     pub init_containers: Containers,
     /// App containers, in order (interned, see [`Containers`]).
     pub containers: Containers,
-    /// `spec.readinessGates` condition types.
-    pub readiness_gates: Vec<String>,
-    /// Status of each readiness-gate condition as last seen on the object (set by other controllers).
-    pub gate_status: Vec<(String, bool)>,
     /// Effective requests, for admission accounting.
     pub requests: PodRequests,
     /// QoS class.
@@ -327,8 +340,6 @@ pub struct DesiredPod {
     pub service_links: bool,
     /// The sandbox hostname.
     pub hostname: String,
-    /// `spec.runtimeClassName`, passed as the runtime handler.
-    pub runtime_handler: String,
     /// `spec.volumes`.
     pub volumes: Vec<VolumeSpec>,
     /// `spec.serviceAccountName` (tokens of projected volumes are requested for it).
@@ -337,12 +348,9 @@ pub struct DesiredPod {
     pub dns_policy: DnsPolicy,
     /// `spec.dnsConfig`.
     pub dns_config: Option<Box<DnsConfig>>,
-    /// `spec.subdomain` (the sandbox hostname's domain part).
-    pub subdomain: String,
-    /// `spec.hostAliases` as (IP, hostnames).
-    pub host_aliases: Vec<(String, Vec<String>)>,
-    /// `spec.imagePullSecrets` names.
-    pub image_pull_secrets: Vec<String>,
+    /// What few pods set (readiness gates, host aliases, pull secrets, a subdomain, a runtime class), kept
+    /// apart: `None` for most pods, whose desired state is then a smaller allocation.
+    pub extras: Option<Box<PodExtras>>,
     /// `spec.securityContext` and the host namespace switches (`None`: all defaults).
     pub security: Option<Box<PodSecurity>>,
     /// `spec.priority` (0 when unset; for a pod that never went through the API server's priority
@@ -412,6 +420,25 @@ impl DesiredPod {
                     .map(|c| (gate.clone(), c.status == "True"))
             })
             .collect();
+        let extras = PodExtras {
+            readiness_gates,
+            gate_status,
+            runtime_handler: spec.runtime_class_name.clone().unwrap_or_default(),
+            subdomain: spec.subdomain.clone().unwrap_or_default(),
+            host_aliases: spec
+                .host_aliases
+                .iter()
+                .flatten()
+                .map(|a| (a.ip.clone(), a.hostnames.clone().unwrap_or_default()))
+                .collect(),
+            image_pull_secrets: spec
+                .image_pull_secrets
+                .iter()
+                .flatten()
+                .map(|s| s.name.clone())
+                .collect(),
+        };
+        let extras = (extras != PodExtras::default()).then(|| Box::new(extras));
         let requests = resources::pod_requests(&init_containers, &containers, spec.overhead.as_ref());
         let qos = resources::qos_class(init_containers.iter().chain(&containers));
         Some(Arc::new(Self {
@@ -431,13 +458,10 @@ impl DesiredPod {
             }),
             init_containers: intern_containers(init_containers),
             containers: intern_containers(containers),
-            readiness_gates,
-            gate_status,
             requests,
             qos,
             host_network: spec.host_network.unwrap_or(false),
             service_links: spec.enable_service_links.unwrap_or(true),
-            runtime_handler: spec.runtime_class_name.clone().unwrap_or_default(),
             priority: priority(spec),
             volumes: spec.volumes.iter().flatten().map(VolumeSpec::from_api).collect(),
             service_account: spec.service_account_name.clone().unwrap_or_default(),
@@ -459,21 +483,39 @@ impl DesiredPod {
                         .collect(),
                 })
             }),
-            subdomain: spec.subdomain.clone().unwrap_or_default(),
             security: PodSecurity::from_api(spec),
-            host_aliases: spec
-                .host_aliases
-                .iter()
-                .flatten()
-                .map(|a| (a.ip.clone(), a.hostnames.clone().unwrap_or_default()))
-                .collect(),
-            image_pull_secrets: spec
-                .image_pull_secrets
-                .iter()
-                .flatten()
-                .map(|s| s.name.clone())
-                .collect(),
+            extras,
         }))
+    }
+
+    /// `spec.readinessGates` condition types.
+    pub fn readiness_gates(&self) -> &[String] {
+        self.extras.as_ref().map_or(&[], |e| &e.readiness_gates)
+    }
+
+    /// The status of each readiness gate's condition as last seen on the object.
+    pub fn gate_status(&self) -> &[(String, bool)] {
+        self.extras.as_ref().map_or(&[], |e| &e.gate_status)
+    }
+
+    /// `spec.runtimeClassName` (empty: the runtime's default handler).
+    pub fn runtime_handler(&self) -> &str {
+        self.extras.as_ref().map_or("", |e| &e.runtime_handler)
+    }
+
+    /// `spec.subdomain`.
+    pub fn subdomain(&self) -> &str {
+        self.extras.as_ref().map_or("", |e| &e.subdomain)
+    }
+
+    /// `spec.hostAliases` as (IP, hostnames).
+    pub fn host_aliases(&self) -> &[(String, Vec<String>)] {
+        self.extras.as_ref().map_or(&[], |e| &e.host_aliases)
+    }
+
+    /// `spec.imagePullSecrets` names.
+    pub fn image_pull_secrets(&self) -> &[String] {
+        self.extras.as_ref().map_or(&[], |e| &e.image_pull_secrets)
     }
 
     /// `name_namespace(uid)`, the kubelet's way of naming a pod in messages.

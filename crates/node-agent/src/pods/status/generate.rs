@@ -403,9 +403,9 @@ pub(crate) fn generate(i: &Inputs<'_>) -> (PodStatus, Phase) {
         )
     };
     let gates_pending: Vec<String> = pod
-        .readiness_gates
+        .readiness_gates()
         .iter()
-        .filter_map(|gate| match pod.gate_status.iter().find(|(t, _)| t == gate) {
+        .filter_map(|gate| match pod.gate_status().iter().find(|(t, _)| t == gate) {
             None => Some(format!(
                 "corresponding condition of pod readiness gate {gate:?} does not exist."
             )),

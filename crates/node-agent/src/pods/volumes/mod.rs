@@ -390,19 +390,21 @@ pub async fn etc_hosts(
         return Ok(None);
     }
     let mut aliases = String::new();
-    if !pod.host_aliases.is_empty() {
+    if !pod.host_aliases().is_empty() {
         aliases.push_str("\n# Entries added by HostAliases.\n");
-        for (ip, names) in &pod.host_aliases {
+        for (ip, names) in pod.host_aliases() {
             aliases.push_str(&format!("{ip}\t{}\n", names.join("\t")));
         }
     }
     let domain = &ctx.config.layout.dns.cluster_domain;
-    let entry = if pod.subdomain.is_empty() || domain.is_empty() {
+    let entry = if pod.subdomain().is_empty() || domain.is_empty() {
         format!("{pod_ip}\t{}\n", pod.hostname)
     } else {
         let fqdn = format!(
             "{}.{}.{}.svc.{domain}",
-            pod.hostname, pod.subdomain, pod.namespace
+            pod.hostname,
+            pod.subdomain(),
+            pod.namespace
         );
         format!("{pod_ip}\t{fqdn}\t{}\n", pod.hostname)
     };

@@ -1,0 +1,221 @@
+//! Several long-lived futures run as one, each polled only when something woke it.
+//!
+//! An agent's managers mostly wait (on a timer, a channel, a watch). Run as a task each, every one costs tokio's
+//! own ~112 bytes and the rounding of its future to 128 bytes, per node. Joined into one task they cost one
+//! header, but a plain join (`futures::future::join`) polls every branch whenever any is woken, and a
+//! thousand-node fleet then spends a sixth more CPU polling branches that had nothing to do. Here each branch
+//! gets a waker of its own that marks it woken before waking the task; a poll of the join polls only the marked
+//! branches. The cost is one small shared allocation and one per branch (the branch wakers), made when the join
+//! is built.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+
+use futures::task::AtomicWaker;
+
+/// What the branch wakers share: which branches were woken, and the task to wake.
+struct Shared {
+    woken: AtomicU32,
+    task: AtomicWaker,
+}
+
+/// One branch's waker: marks its bit, then wakes the task.
+struct BranchWaker {
+    shared: Arc<Shared>,
+    bit: u32,
+}
+
+impl Wake for BranchWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.shared.woken.fetch_or(self.bit, Ordering::AcqRel);
+        self.shared.task.wake();
+    }
+}
+
+/// The wakers of a join of `N` branches (at most 32).
+pub(crate) struct Wakers<const N: usize> {
+    shared: Arc<Shared>,
+    each: [Waker; N],
+}
+
+impl<const N: usize> Wakers<N> {
+    fn new() -> Self {
+        const { assert!(N <= 32, "a join takes at most 32 branches") };
+        // every branch is polled at the first poll
+        let all = if N == 32 { u32::MAX } else { (1u32 << N) - 1 };
+        let shared = Arc::new(Shared {
+            woken: AtomicU32::new(all),
+            task: AtomicWaker::new(),
+        });
+        let each = std::array::from_fn(|i| {
+            Waker::from(Arc::new(BranchWaker {
+                shared: shared.clone(),
+                bit: 1 << i,
+            }))
+        });
+        Self { shared, each }
+    }
+
+    /// Registers the task's waker and takes the set of branches woken since the last call.
+    fn take_woken(&self, cx: &Context<'_>) -> u32 {
+        self.shared.task.register(cx.waker());
+        self.shared.woken.swap(0, Ordering::AcqRel)
+    }
+
+    /// Polls `branch` (number `i`) with its own waker if it was woken and has not finished; whether it still
+    /// runs.
+    fn poll_branch<F: Future<Output = ()>>(
+        &self,
+        woken: u32,
+        i: usize,
+        branch: Pin<&mut futures::future::Fuse<F>>,
+    ) -> bool {
+        use futures::future::FusedFuture;
+        if branch.is_terminated() {
+            return false;
+        }
+        if woken & (1 << i) != 0 {
+            let mut cx = Context::from_waker(&self.each[i]);
+            return branch.poll(&mut cx).is_pending();
+        }
+        true
+    }
+}
+
+macro_rules! woken_join {
+    ($(#[$doc:meta])* $name:ident, $make:ident, $n:literal; $($f:ident: $t:ident = $i:literal),+) => {
+        pin_project_lite::pin_project! {
+            $(#[$doc])*
+            #[must_use = "futures do nothing unless polled"]
+            pub(crate) struct $name<$($t),+> {
+                $(#[pin] $f: futures::future::Fuse<$t>,)+
+                wakers: Wakers<$n>,
+            }
+        }
+
+        impl<$($t: Future<Output = ()>),+> Future for $name<$($t),+> {
+            type Output = ();
+
+            fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+                let this = self.project();
+                let woken = this.wakers.take_woken(cx);
+                let mut running = false;
+                $(running |= this.wakers.poll_branch(woken, $i, this.$f);)+
+                if running { Poll::Pending } else { Poll::Ready(()) }
+            }
+        }
+
+        /// Joins the futures; each is polled only when it was woken.
+        pub(crate) fn $make<$($t: Future<Output = ()>),+>($($f: $t),+) -> $name<$($t),+> {
+            use futures::FutureExt;
+            $name { $($f: $f.fuse(),)+ wakers: Wakers::new() }
+        }
+    };
+}
+
+woken_join!(
+    /// Three futures joined (see the module).
+    Join3, join3, 3; a: A = 0, b: B = 1, c: C = 2
+);
+woken_join!(
+    /// Seven futures joined (see the module).
+    Join7, join7, 7; a: A = 0, b: B = 1, c: C = 2, d: D = 3, e: E = 4, f: F = 5, g: G = 6
+);
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use tokio::sync::Notify;
+
+    use super::*;
+
+    /// Waits for `n` notifications, counting its polls.
+    async fn counted(notify: Arc<Notify>, n: usize, polls: Arc<AtomicUsize>) {
+        struct Counting<F> {
+            inner: Pin<Box<F>>,
+            polls: Arc<AtomicUsize>,
+        }
+        impl<F: Future<Output = ()>> Future for Counting<F> {
+            type Output = ();
+            fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+                self.polls.fetch_add(1, Ordering::Relaxed);
+                self.inner.as_mut().poll(cx)
+            }
+        }
+        Counting {
+            inner: Box::pin(async move {
+                for _ in 0..n {
+                    notify.notified().await;
+                }
+            }),
+            polls,
+        }
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_woken_branch_is_polled_and_the_join_ends_with_the_last() {
+        let notify: Vec<Arc<Notify>> = (0..3).map(|_| Arc::new(Notify::new())).collect();
+        let polls: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+        let joined = join3(
+            counted(notify[0].clone(), 1, polls[0].clone()),
+            counted(notify[1].clone(), 3, polls[1].clone()),
+            counted(notify[2].clone(), 1, polls[2].clone()),
+        );
+        let task = tokio::spawn(joined);
+        let settle = || tokio::time::sleep(Duration::from_millis(1));
+        settle().await;
+        let counts = || {
+            polls
+                .iter()
+                .map(|p| p.load(Ordering::Relaxed))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(counts(), [1, 1, 1], "each branch is polled once at the start");
+        notify[1].notify_one();
+        settle().await;
+        assert_eq!(
+            counts(),
+            [1, 2, 1],
+            "a wake-up of the second polls the second only"
+        );
+        notify[1].notify_one();
+        notify[0].notify_one();
+        settle().await;
+        assert_eq!(counts(), [2, 3, 1]);
+        assert!(!task.is_finished(), "two branches still run");
+        notify[1].notify_one();
+        settle().await;
+        assert!(!task.is_finished(), "the third still runs");
+        notify[2].notify_one();
+        settle().await;
+        assert!(task.is_finished(), "the join ends when every branch has");
+        assert_eq!(counts(), [2, 4, 2], "a finished branch is not polled again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timers_in_branches_wake_their_own_branch() {
+        let fired = Arc::new(AtomicUsize::new(0));
+        let at = |secs: u64| {
+            let fired = fired.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+                fired.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let joined = join7(at(1), at(2), at(3), at(4), at(5), at(6), at(7));
+        let start = tokio::time::Instant::now();
+        joined.await;
+        assert_eq!(fired.load(Ordering::Relaxed), 7);
+        assert_eq!(start.elapsed(), Duration::from_secs(7));
+    }
+}
