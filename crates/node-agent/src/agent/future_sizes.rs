@@ -130,7 +130,11 @@ async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
     let joined = super::node_side(events, health, status, lease, informer, gc, eviction);
     check(&[
         // the join's own state: per manager its waker and whether it finished, and the wakers' shared part
-        ("node side over its parts", size_of_val(&joined) - sum, 7 * (16 + 8) + 8),
+        (
+            "node side over its parts",
+            size_of_val(&joined) - sum,
+            7 * (16 + 8) + 8,
+        ),
         ("node side (joined)", size_of_val(&joined), 4_496),
     ]);
 }
