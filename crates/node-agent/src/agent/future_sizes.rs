@@ -127,7 +127,7 @@ async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
     ]
     .iter()
     .sum::<usize>();
-    let joined = super::node_side(events, health, status, lease, informer, gc, eviction);
+    let joined = crate::join::join7(events, health, status, lease, informer, gc, eviction);
     check(&[
         // the join's own state: per manager its waker and whether it finished, and the wakers' shared part
         (

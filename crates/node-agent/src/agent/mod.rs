@@ -160,24 +160,6 @@ impl AgentContext {
     }
 }
 
-/// The node-side managers run together in one task: each goes on until the agent's token fires (the event
-/// writer until it has drained), and each is polled only when it was woken ([`crate::join`]).
-///
-/// A join combinator, not an `async` block: a block would hold each manager's future twice (as it captured
-/// them and as the join's own state).
-#[allow(clippy::too_many_arguments)]
-fn node_side(
-    events: impl Future<Output = ()>,
-    health: impl Future<Output = ()>,
-    status: impl Future<Output = ()>,
-    lease: impl Future<Output = ()>,
-    informer: impl Future<Output = ()>,
-    gc: impl Future<Output = ()>,
-    eviction: impl Future<Output = ()>,
-) -> impl Future<Output = ()> {
-    crate::join::join7(events, health, status, lease, informer, gc, eviction)
-}
-
 /// Builds an [`Agent`].
 pub struct AgentBuilder {
     config: AgentConfig,
@@ -393,8 +375,10 @@ impl Agent {
         let (control_tx, control_rx) = m.control;
         let (gc, eviction) = (ctx.gc_loop(), ctx.eviction_loop(control_tx.clone()));
         // The node-side managers are one task: each mostly sleeps, and one task costs ~112 bytes of tokio's
-        // own and the rounding of its future to 128 bytes, per manager per node (see `future_sizes`).
-        tracker.spawn(node_side(
+        // own and the rounding of its future to 128 bytes, per manager per node (see `future_sizes`). Each runs
+        // until the agent's token fires (the event writer until it has drained) and is polled only when woken;
+        // a join combinator, not an `async` block, which would hold every manager's future twice.
+        tracker.spawn(crate::join::join7(
             m.event_sink.run(),
             m.health_monitor.run(),
             m.status.run(),

@@ -23,6 +23,11 @@ fn shared(s: &str) -> Arc<String> {
 }
 
 impl NodeLabels {
+    /// The labels of an API object (a Node).
+    pub fn of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
+        meta.labels.as_ref().map(Self::from).unwrap_or_default()
+    }
+
     /// The value of `key`, if the node has it.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0
@@ -64,6 +69,7 @@ impl From<&BTreeMap<String, String>> for NodeLabels {
     }
 }
 
+#[cfg(test)]
 impl<const N: usize> From<[(&str, &str); N]> for NodeLabels {
     fn from(pairs: [(&str, &str); N]) -> Self {
         let map: BTreeMap<String, String> = pairs

@@ -98,13 +98,7 @@ impl NodeSnapshot {
         Self {
             name: node.metadata.name.clone().unwrap_or_default(),
             uid: node.metadata.uid.clone().unwrap_or_default(),
-            labels: Arc::new(
-                node.metadata
-                    .labels
-                    .as_ref()
-                    .map(NodeLabels::from)
-                    .unwrap_or_default(),
-            ),
+            labels: Arc::new(NodeLabels::of(&node.metadata)),
             taints: spec.and_then(|s| s.taints.clone()).unwrap_or_default(),
             unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
             pod_cidrs,

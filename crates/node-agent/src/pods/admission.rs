@@ -69,13 +69,7 @@ impl NodeView {
             memory: get("memory", false),
             ephemeral: get("ephemeral-storage", false),
             pods: get("pods", false),
-            labels: std::sync::Arc::new(
-                node.metadata
-                    .labels
-                    .as_ref()
-                    .map(crate::node::NodeLabels::from)
-                    .unwrap_or_default(),
-            ),
+            labels: std::sync::Arc::new(crate::node::NodeLabels::of(&node.metadata)),
             no_execute_taints: node
                 .spec
                 .as_ref()
