@@ -32,6 +32,7 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::{Body, ConfigExt};
+use node_agent::client::ApiClient;
 use tower::ServiceBuilder;
 
 use crate::credentials::{CredentialsError, NodeCa, NodeCredential};
@@ -145,8 +146,9 @@ impl PoolSize {
 /// A fixed set of HTTP/2 clients; agents are sharded over them by index (or, per node, each has its own).
 #[derive(Clone)]
 pub struct ClientPool {
-    requests: Vec<kube::Client>,
-    watches: Vec<kube::Client>,
+    // shared handles: the agents of one connection hold one client between them
+    requests: Vec<ApiClient>,
+    watches: Vec<ApiClient>,
     per_node: bool,
     fleet: kube::Client,
 }
@@ -159,12 +161,12 @@ impl ClientPool {
         }
         let build = |n: usize| {
             (0..n)
-                .map(|_| http2_client(config))
+                .map(|_| http2_client(config).map(ApiClient::new))
                 .collect::<Result<Vec<_>, _>>()
         };
         let requests = build(size.request_connections)?;
         Ok(Self {
-            fleet: requests[0].clone(),
+            fleet: requests[0].kube(),
             requests,
             watches: build(size.watch_connections)?,
             per_node: false,
@@ -191,7 +193,7 @@ impl ClientPool {
         }
         let clients = credentials
             .iter()
-            .map(|credential| http2_client(&with_node_identity(config, credential)))
+            .map(|credential| http2_client(&with_node_identity(config, credential)).map(ApiClient::new))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             watches: clients.clone(),
@@ -216,13 +218,13 @@ impl ClientPool {
 
     /// The client agent number `index` sends its requests over (per node: its own; an index past the pool's
     /// nodes wraps round to another node's identity, which the API server refuses for a different node).
-    pub fn for_agent(&self, index: usize) -> kube::Client {
+    pub fn for_agent(&self, index: usize) -> ApiClient {
         self.requests[index % self.requests.len()].clone()
     }
 
     /// The client agent number `index` holds its watches on (its pod watch and its Node watch; for the shared
     /// pod watch: index 0; per node: the node's own, the one [`ClientPool::for_agent`] gives).
-    pub fn watch_for_agent(&self, index: usize) -> kube::Client {
+    pub fn watch_for_agent(&self, index: usize) -> ApiClient {
         self.watches[index % self.watches.len()].clone()
     }
 

@@ -68,7 +68,7 @@ async fn whoami(
     pool: &ClientPool,
     i: usize,
 ) -> anyhow::Result<k8s_openapi::api::authentication::v1::UserInfo> {
-    let review = Api::<SelfSubjectReview>::all(pool.for_agent(i))
+    let review = Api::<SelfSubjectReview>::all(pool.for_agent(i).kube())
         .create(&PostParams::default(), &SelfSubjectReview::default())
         .await?;
     Ok(review.status.and_then(|s| s.user_info).unwrap_or_default())
@@ -142,7 +142,7 @@ async fn per_node_credentials_make_every_hollow_node_its_own_kubelet() -> anyhow
     println!("a pod bound to {} is Running", names[2]);
 
     // NodeRestriction: node 0 may label itself, not node 1, and not with the node-restriction prefix
-    let as_node0: Api<Node> = Api::all(pool.for_agent(0));
+    let as_node0: Api<Node> = Api::all(pool.for_agent(0).kube());
     let own = as_node0
         .patch(&names[0], &PatchParams::default(), &label("hollow.test/own"))
         .await;
@@ -169,7 +169,7 @@ async fn per_node_credentials_make_every_hollow_node_its_own_kubelet() -> anyhow
     assert!(!labels.contains_key("hollow.test/other"), "node 1 unchanged");
 
     // the Node authorizer: a node sees the pods bound to it, not every pod (what the shared watch needs)
-    let as_node0_pods: Api<Pod> = Api::all(pool.for_agent(0));
+    let as_node0_pods: Api<Pod> = Api::all(pool.for_agent(0).kube());
     let all = as_node0_pods.list(&ListParams::default()).await;
     println!("node 0 lists every pod: {}", message(&all));
     assert_eq!(code(&all), 403, "{}", message(&all));

@@ -147,7 +147,7 @@ struct Recent {
 /// The task that writes one agent's events to the API server.
 pub struct EventSink {
     rx: chan::Receiver<Box<PendingEvent>>,
-    client: kube::Client,
+    client: crate::client::ApiClient,
     api: ApiCalls,
     host: String,
     limiter: Option<RateLimiter>,
@@ -158,7 +158,7 @@ pub struct EventSink {
 impl EventSink {
     /// A recorder and the sink that writes its events as node `host`, with `qps`/`burst` (0 qps = no limit).
     pub fn new(
-        client: kube::Client,
+        client: impl Into<crate::client::ApiClient>,
         api: ApiCalls,
         host: impl Into<String>,
         qps: u32,
@@ -168,7 +168,7 @@ impl EventSink {
         let (tx, rx) = chan::channel(QUEUE);
         let sink = EventSink {
             rx,
-            client,
+            client: client.into(),
             api,
             host: host.into(),
             limiter: RateLimiter::new(qps, burst),
@@ -243,7 +243,7 @@ impl EventSink {
 
         if let Some(pos) = self.recent.iter().position(|r| r.key == key) {
             let (name, count) = (self.recent[pos].name.clone(), self.recent[pos].count + 1);
-            let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+            let api: Api<Event> = Api::namespaced(self.client.kube(), &namespace);
             let patch = serde_json::json!({ "count": count, "lastTimestamp": Time(ev.at) });
             match self
                 .api
@@ -296,7 +296,7 @@ impl EventSink {
             count: Some(1),
             ..Default::default()
         };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let api: Api<Event> = Api::namespaced(self.client.kube(), &namespace);
         let mut backoff = Backoff::new(BackoffPolicy::api_retry());
         loop {
             match self

@@ -56,7 +56,7 @@ pub enum WatchError {
 
 /// A list+watch of the objects of kind `K` matching a field selector.
 pub struct LeanWatch<K> {
-    client: kube::Client,
+    client: crate::client::ApiClient,
     selector: String,
     /// Where to resume; `None`: list (first, or after 410 Gone).
     resource_version: Option<String>,
@@ -75,9 +75,9 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned,
 {
     /// A watch of every `K` (cluster-wide) matching `field_selector` (e.g. `spec.nodeName=n1`).
-    pub fn new(client: kube::Client, field_selector: impl Into<String>) -> Self {
+    pub fn new(client: impl Into<crate::client::ApiClient>, field_selector: impl Into<String>) -> Self {
         Self {
-            client,
+            client: client.into(),
             selector: field_selector.into(),
             resource_version: None,
             body: None,

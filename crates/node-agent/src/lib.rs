@@ -52,6 +52,7 @@ pub mod api;
 pub mod backoff;
 pub mod certs;
 pub mod chan;
+pub mod client;
 pub mod config;
 mod cri_log;
 pub mod events;

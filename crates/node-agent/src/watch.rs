@@ -10,12 +10,19 @@
 //! for contention, one for `Sender::closed`), ~330 bytes per channel before the value, which a hollow fleet pays
 //! for seven channels of each of ten thousand nodes; this one has one wake-up list, ~70 bytes. Nothing here is
 //! contended: a channel has a handful of receivers, woken a few times a minute.
+//!
+//! The wake-up list holds the wakers of the tasks waiting, not a node per waiting future: [`Receiver::changed`]
+//! is a pointer to its receiver (8 bytes), where a future holding a `tokio::sync::Notified` is ~80. Idle agents
+//! wait in `changed` all the time (the status loop on three channels at once), so the futures they sleep in stay
+//! smaller. A waker stays listed until the next version or the last sender's drop wakes it, even if the
+//! future that listed it is gone meanwhile: at worst a spurious wake-up of a task that re-checks and sleeps.
 
+use std::future::Future;
 use std::ops::Deref;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
-
-use tokio::sync::Notify;
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::task::{Context, Poll, Waker};
 
 /// The version counter counts in twos; the lowest bit says every sender is gone.
 const CLOSED: u64 = 1;
@@ -25,7 +32,16 @@ struct Shared<T> {
     state: AtomicU64,
     senders: AtomicUsize,
     receivers: AtomicUsize,
-    notify: Notify,
+    waiting: Mutex<Waiting>,
+}
+
+/// The tasks to wake at the next version: mostly none or one.
+#[derive(Default)]
+enum Waiting {
+    #[default]
+    None,
+    One(Waker),
+    Many(Vec<Waker>),
 }
 
 impl<T> Shared<T> {
@@ -40,6 +56,36 @@ impl<T> Shared<T> {
     fn read(&self) -> RwLockReadGuard<'_, T> {
         self.value.read().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Lists `waker` for the next wake-up (once per task).
+    fn wait(&self, waker: &Waker) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut *waiting {
+            Waiting::None => *waiting = Waiting::One(waker.clone()),
+            Waiting::One(listed) if listed.will_wake(waker) => {}
+            Waiting::One(_) => {
+                let Waiting::One(first) = std::mem::take(&mut *waiting) else {
+                    unreachable!()
+                };
+                *waiting = Waiting::Many(vec![first, waker.clone()]);
+            }
+            Waiting::Many(listed) => {
+                if !listed.iter().any(|w| w.will_wake(waker)) {
+                    listed.push(waker.clone());
+                }
+            }
+        }
+    }
+
+    /// Wakes every listed task (after the state changed).
+    fn wake_all(&self) {
+        let waiting = std::mem::take(&mut *self.waiting.lock().unwrap_or_else(PoisonError::into_inner));
+        match waiting {
+            Waiting::None => {}
+            Waiting::One(w) => w.wake(),
+            Waiting::Many(all) => all.into_iter().for_each(Waker::wake),
+        }
+    }
 }
 
 /// A channel holding `init`; the receiver has seen it.
@@ -49,7 +95,7 @@ pub fn channel<T>(init: T) -> (Sender<T>, Receiver<T>) {
         state: AtomicU64::new(0),
         senders: AtomicUsize::new(1),
         receivers: AtomicUsize::new(1),
-        notify: Notify::new(),
+        waiting: Mutex::new(Waiting::None),
     });
     let rx = Receiver {
         shared: shared.clone(),
@@ -131,7 +177,7 @@ impl<T> Sender<T> {
             // under the lock: a reader holding the lock sees the version of the value it reads
             self.shared.state.fetch_add(2, Ordering::AcqRel);
         }
-        self.shared.notify.notify_waiters();
+        self.shared.wake_all();
         true
     }
 
@@ -168,7 +214,7 @@ impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
         if self.shared.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.shared.state.fetch_or(CLOSED, Ordering::AcqRel);
-            self.shared.notify.notify_waiters();
+            self.shared.wake_all();
         }
     }
 }
@@ -220,19 +266,40 @@ impl<T> Receiver<T> {
 
     /// Waits for a version newer than the last one seen and marks it seen; an error once every sender is gone
     /// and nothing newer was published. Cancel-safe.
-    pub async fn changed(&mut self) -> Result<(), RecvError> {
-        loop {
-            // ask to be woken before looking, so a send between the look and the wait is not missed
-            let notified = self.shared.notify.notified();
-            let state = self.shared.state.load(Ordering::Acquire);
-            if state & !CLOSED != self.seen {
-                self.seen = state & !CLOSED;
-                return Ok(());
-            }
-            if state & CLOSED != 0 {
-                return Err(RecvError);
-            }
-            notified.await;
+    pub fn changed(&mut self) -> Changed<'_, T> {
+        Changed { rx: self }
+    }
+
+    /// `Some` when a newer version (marked seen) or the senders' end is there.
+    fn check(&mut self) -> Option<Result<(), RecvError>> {
+        let state = self.shared.state.load(Ordering::Acquire);
+        if state & !CLOSED != self.seen {
+            self.seen = state & !CLOSED;
+            return Some(Ok(()));
+        }
+        (state & CLOSED != 0).then_some(Err(RecvError))
+    }
+}
+
+/// The future of [`Receiver::changed`].
+#[must_use = "futures do nothing unless polled"]
+pub struct Changed<'a, T> {
+    rx: &'a mut Receiver<T>,
+}
+
+impl<T> Future for Changed<'_, T> {
+    type Output = Result<(), RecvError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let rx = &mut *self.get_mut().rx;
+        if let Some(done) = rx.check() {
+            return Poll::Ready(done);
+        }
+        // listed before the second look: a version sent between the looks finds the waker listed
+        rx.shared.wait(cx.waker());
+        match rx.check() {
+            Some(done) => Poll::Ready(done),
+            None => Poll::Pending,
         }
     }
 }
@@ -343,6 +410,49 @@ mod tests {
         drop(rx);
         drop(copy);
         assert!(tx.is_closed());
+    }
+
+    #[tokio::test]
+    async fn every_waiting_task_is_woken_and_a_task_is_listed_once() {
+        let (tx, rx) = channel(0);
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let mut rx = rx.clone();
+                tokio::spawn(async move {
+                    rx.changed().await.unwrap();
+                    *rx.borrow()
+                })
+            })
+            .collect();
+        // one task polling its wait again and again is listed once
+        let mut again = rx.clone();
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        for _ in 0..5 {
+            assert!(Pin::new(&mut again.changed()).poll(&mut cx).is_pending());
+        }
+        // the spawned tasks run up to their wait
+        tokio::task::yield_now().await;
+        let listed = match &*tx.shared.waiting.lock().unwrap() {
+            Waiting::None => 0,
+            Waiting::One(_) => 1,
+            Waiting::Many(all) => all.len(),
+        };
+        assert_eq!(listed, 4, "three tasks and the polled future's waker, each once");
+        tx.send_replace(7);
+        for w in waiters {
+            assert_eq!(w.await.unwrap(), 7);
+        }
+        assert!(
+            matches!(*tx.shared.waiting.lock().unwrap(), Waiting::None),
+            "a version wakes and unlists all"
+        );
+    }
+
+    #[test]
+    fn waiting_for_a_change_is_pointer_sized() {
+        let (_tx, mut rx) = channel(0u64);
+        assert_eq!(size_of_val(&rx.changed()), size_of::<usize>());
     }
 
     #[test]

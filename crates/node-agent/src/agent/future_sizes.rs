@@ -54,7 +54,8 @@ async fn the_agents_long_lived_futures_stay_small() {
         // a task takes its future and ~112 bytes of its own, rounded up to 128 (tokio aligns task cells to
         // 128 bytes on x86-64): a ceiling of 128·n − 112 keeps the task within its 128·n
         // 424 bytes (a 640-byte task) while the shutdown drain's timer was held in place
-        ("event sink", size_of_val(&m.event_sink.run()), 400),
+        // 392 while it kept a `kube::Client` of its own (96 bytes; now a shared handle, see `crate::client`)
+        ("event sink", size_of_val(&m.event_sink.run()), 320),
         (
             "runtime health monitor",
             size_of_val(&m.health_monitor.run()),
@@ -62,18 +63,20 @@ async fn the_agents_long_lived_futures_stay_small() {
             400,
         ),
         // 2,328 and 1,320 bytes while written as `async fn`s taking `self` (kept twice); then 1,472 (a
-        // 1,664-byte task) while the start-up clock and full transition timestamps were kept
-        ("node status", size_of_val(&m.status.run()), 1_424),
+        // 1,664-byte task) while the start-up clock and full transition timestamps were kept; 1,368 while it kept
+        // its own `kube::Client` and waited on three channels through `Notified` futures (~80 bytes each)
+        ("node status", size_of_val(&m.status.run()), 1_056),
         // 784 bytes (an 896-byte task) while it kept an `Api` (272 bytes; now built per request), a retry
-        // back-off every renewal resets, and the Node's name twice
-        ("lease", size_of_val(&m.lease.run()), 656),
+        // back-off every renewal resets, and the Node's name twice; 640 with a `kube::Client` of its own
+        ("lease", size_of_val(&m.lease.run()), 560),
         (
             "node informer",
             size_of_val(&m.informer.run()),
             // the lean watch in place (760 bytes in a debug build) and nothing on the heap while idle; a
             // kube-runtime watcher was 416 bytes here plus its boxed state and an 8 KiB line buffer; 760 (an
-            // 896-byte task) while it held its client twice and the watch its back-off in place
-            656,
+            // 896-byte task) while it held its client twice and the watch its back-off in place; 600 while the
+            // informer and its watch each held a `kube::Client`
+            432,
         ),
         (
             "eviction manager",
@@ -88,8 +91,9 @@ async fn the_agents_long_lived_futures_stay_small() {
             // the pod manager's loop and what stops it; the lifecycle is boxed until its tasks start and the
             // agent context is not kept: 1,432 bytes (2,328 while it held the lifecycle and the context, and
             // the lifecycle's future twice in a wrapping `async` block; 3,680 while its `async fn`s kept their
-            // arguments twice); 1,432 while the static pods' side (272 bytes, most nodes have none) was in place
-            1_168,
+            // arguments twice); 1,432 while the static pods' side (272 bytes, most nodes have none) was in place;
+            // 1,160 while its wait for a Node change held a `Notified`
+            1_088,
         ),
         (
             "garbage collectors",
@@ -103,7 +107,10 @@ async fn the_agents_long_lived_futures_stay_small() {
 
 /// The node-side managers run joined in one task: the join costs a few bytes per manager over the sum of their
 /// futures, where a task each cost ~112 bytes and the rounding to 128 (5,376 bytes of task cells per node; now
-/// one 4,608-byte cell). 8,592 bytes while joined in an `async fn` (each manager's future held twice).
+/// one cell). 8,592 bytes while joined in an `async fn` (each manager's future held twice); 4,432 (a 4,608-byte
+/// cell, which jemalloc serves from its 5,120-byte class) before the managers shared one API client and waited
+/// on channels without `Notified` futures. Under 3,920 bytes the cell (the future and ~176 bytes of tokio's)
+/// fits the 4,096-byte class.
 #[tokio::test]
 async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
     let (ctx, m) = agent().managers();
@@ -135,7 +142,7 @@ async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
             size_of_val(&joined) - sum,
             7 * (16 + 8) + 8,
         ),
-        ("node side (joined)", size_of_val(&joined), 4_496),
+        ("node side (joined)", size_of_val(&joined), 3_920),
     ]);
 }
 
@@ -152,8 +159,9 @@ async fn the_pod_sides_long_lived_futures_stay_small() {
             token,
         )),
         // 960 bytes in a debug build; 3,408 while a decoded pod was kept across the delivery's await
-        // 968 (a 1,152-byte task) while the watch held its back-off in place
-        912,
+        // 968 (a 1,152-byte task) while the watch held its back-off in place; 800 while it and its watch each
+        // held a `kube::Client`
+        560,
     )];
     check(&sizes);
 }

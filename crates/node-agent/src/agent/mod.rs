@@ -69,7 +69,7 @@ pub struct AgentContext {
     /// The agent's configuration.
     pub config: Arc<AgentConfig>,
     /// The node's API client.
-    pub client: kube::Client,
+    pub client: crate::client::ApiClient,
     /// The container runtime.
     pub runtime: Arc<dyn Runtime>,
     /// Rate limit and accounting for API requests; wrap every request in [`ApiCalls::run`].
@@ -163,13 +163,13 @@ impl AgentContext {
 /// Builds an [`Agent`].
 pub struct AgentBuilder {
     config: AgentConfig,
-    client: kube::Client,
+    client: crate::client::ApiClient,
     runtime: Arc<dyn Runtime>,
     token: Option<CancellationToken>,
     metrics: Option<Arc<Metrics>>,
     pods: Option<crate::pods::PodOptions>,
     shared_limit: Option<Arc<crate::api::RateLimiter>>,
-    node_watch: Option<kube::Client>,
+    node_watch: Option<crate::client::ApiClient>,
     host_stats: Option<Arc<dyn crate::stats::HostStats>>,
     image_fs: Option<Arc<dyn ImageFsSource>>,
 }
@@ -192,8 +192,8 @@ impl AgentBuilder {
     /// Hold the watch of this node's Node object over `client` instead of the request client (a process
     /// multiplexing many agents keeps long-lived watches on connections of their own, see
     /// [`PodSource::WatchVia`](crate::pods::PodSource::WatchVia)).
-    pub fn node_watch_via(mut self, client: kube::Client) -> Self {
-        self.node_watch = Some(client);
+    pub fn node_watch_via(mut self, client: impl Into<crate::client::ApiClient>) -> Self {
+        self.node_watch = Some(client.into());
         self
     }
 
@@ -333,7 +333,7 @@ pub struct Agent {
     pressure_rx: watch::Receiver<Pressure>,
     started: Instant,
     pods: crate::pods::PodOptions,
-    node_watch: Option<kube::Client>,
+    node_watch: Option<crate::client::ApiClient>,
     control: PodControl,
 }
 
@@ -346,10 +346,14 @@ type PodControl = (
 impl Agent {
     /// An agent for `config`, talking to the API server through `client` and to the container runtime through
     /// `runtime`.
-    pub fn builder(config: AgentConfig, client: kube::Client, runtime: Arc<dyn Runtime>) -> AgentBuilder {
+    pub fn builder(
+        config: AgentConfig,
+        client: impl Into<crate::client::ApiClient>,
+        runtime: Arc<dyn Runtime>,
+    ) -> AgentBuilder {
         AgentBuilder {
             config,
-            client,
+            client: client.into(),
             runtime,
             token: None,
             metrics: None,
@@ -568,7 +572,7 @@ impl RunningAgent {
         self.ctx.token.cancel();
         let drained = tokio::time::timeout(grace, self.tracker.wait()).await.is_ok();
         if self.ctx.config.mark_unschedulable_on_shutdown {
-            cordon_for_shutdown(self.ctx.client.clone(), &self.ctx.api, &self.ctx.config.node_name)
+            cordon_for_shutdown(self.ctx.client.kube(), &self.ctx.api, &self.ctx.config.node_name)
                 .await
                 .map_err(AgentError::Cordon)?;
             tracing::info!(node = %self.ctx.config.node_name, "marked the node unschedulable for shutdown");

@@ -20,7 +20,7 @@ use crate::watch;
 
 /// The watch of one node's Node object.
 pub struct NodeInformer {
-    client: kube::Client,
+    client: crate::client::ApiClient,
     publisher: Publisher,
 }
 
@@ -34,13 +34,13 @@ struct Publisher {
 impl NodeInformer {
     /// An informer for `node_name` over `client`, publishing to `tx`.
     pub fn new(
-        client: kube::Client,
+        client: impl Into<crate::client::ApiClient>,
         node_name: String,
         tx: watch::Sender<Option<Arc<NodeSnapshot>>>,
         token: CancellationToken,
     ) -> Self {
         Self {
-            client,
+            client: client.into(),
             publisher: Publisher { node_name, tx, token },
         }
     }

@@ -60,7 +60,7 @@ impl LeaseManager {
     /// `recovered` when renewals work again after failures.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        client: kube::Client,
+        client: impl Into<crate::client::ApiClient>,
         calls: ApiCalls,
         node_name: String,
         duration_seconds: u32,
@@ -70,7 +70,7 @@ impl LeaseManager {
         token: CancellationToken,
     ) -> Self {
         let renewer = ApiLease {
-            client,
+            client: client.into(),
             calls,
             node_name: node_name.clone(),
             duration_seconds: i32::try_from(duration_seconds).unwrap_or(i32::MAX),
@@ -162,7 +162,7 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
 /// a vanished Lease makes the next renewal read it again.
 pub struct ApiLease {
     /// The client (an `Api` is built per request: it is 272 bytes, the client 96).
-    client: kube::Client,
+    client: crate::client::ApiClient,
     calls: ApiCalls,
     node_name: String,
     duration_seconds: i32,
@@ -178,7 +178,7 @@ impl LeaseRenewer for ApiLease {
 
 impl ApiLease {
     fn api(&self) -> Api<Lease> {
-        Api::namespaced(self.client.clone(), LEASE_NAMESPACE)
+        Api::namespaced(self.client.kube(), LEASE_NAMESPACE)
     }
 
     fn owner_reference(owner: &RegisteredNode) -> OwnerReference {

@@ -61,7 +61,7 @@ pub struct Registrar<'a> {
     /// The agent's config.
     pub config: &'a AgentConfig,
     /// The node's client.
-    pub client: kube::Client,
+    pub client: crate::client::ApiClient,
     /// The API gate.
     pub calls: &'a ApiCalls,
     /// Where the Rebooted event goes.
@@ -79,7 +79,7 @@ impl Registrar<'_> {
     }
 
     async fn try_register(&self, initial: &Node) -> Result<Registered, NodeError> {
-        let api: Api<Node> = Api::all(self.client.clone());
+        let api: Api<Node> = Api::all(self.client.kube());
         let name = &self.config.node_name;
         if !self.config.kubelet.register_node {
             let node = self

@@ -66,7 +66,7 @@ pub struct StatusChannels {
 /// The node status task of one agent.
 pub struct NodeStatusManager {
     config: Arc<AgentConfig>,
-    client: kube::Client,
+    client: crate::client::ApiClient,
     calls: ApiCalls,
     runtime: Arc<dyn Runtime>,
     events: EventRecorder,
@@ -104,7 +104,7 @@ impl NodeStatusManager {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: Arc<AgentConfig>,
-        client: kube::Client,
+        client: impl Into<crate::client::ApiClient>,
         calls: ApiCalls,
         runtime: Arc<dyn Runtime>,
         events: EventRecorder,
@@ -116,7 +116,7 @@ impl NodeStatusManager {
         Self {
             policy: ReportPolicy::new(config.kubelet.node_status_report_frequency),
             config,
-            client,
+            client: client.into(),
             calls,
             runtime,
             events,
@@ -208,7 +208,7 @@ impl NodeStatusManager {
     }
 
     fn node_api(&self) -> Api<Node> {
-        Api::all(self.client.clone())
+        Api::all(self.client.kube())
     }
 
     fn inputs(&self, health: &RuntimeHealth, now: Instant) -> ConditionInputs {

@@ -145,7 +145,7 @@ pub enum PodError {
 /// The pod lifecycle of one node agent.
 pub struct PodLifecycle {
     config: PodConfig,
-    client: kube::Client,
+    client: crate::client::ApiClient,
     runtime: Arc<dyn Runtime>,
     probes: Arc<dyn ProbeTransport>,
     node: watch::Receiver<Option<NodeView>>,
@@ -180,14 +180,14 @@ impl PodLifecycle {
     /// holds a value.
     pub fn new(
         config: PodConfig,
-        client: kube::Client,
+        client: impl Into<crate::client::ApiClient>,
         runtime: Arc<dyn Runtime>,
         probes: Arc<dyn ProbeTransport>,
         node: watch::Receiver<Option<NodeView>>,
     ) -> Self {
         Self {
             config,
-            client,
+            client: client.into(),
             runtime,
             probes,
             node,

@@ -175,7 +175,7 @@ type CacheEntry = (Instant, Arc<ObjectData>);
 
 /// [`PodObjects`] over the API server, with a per-agent cache.
 pub struct ApiObjects {
-    client: kube::Client,
+    client: crate::client::ApiClient,
     api: ApiCalls,
     ttl: Duration,
     cache: Mutex<HashMap<CacheKey, CacheEntry>>,
@@ -195,9 +195,14 @@ impl std::fmt::Debug for ApiObjects {
 impl ApiObjects {
     /// Reads through `client` and `api`, keeping each ConfigMap and Secret read for `ttl` (zero: read at every
     /// use) and each Service read for `services_ttl`.
-    pub fn new(client: kube::Client, api: ApiCalls, ttl: Duration, services_ttl: Duration) -> Self {
+    pub fn new(
+        client: impl Into<crate::client::ApiClient>,
+        api: ApiCalls,
+        ttl: Duration,
+        services_ttl: Duration,
+    ) -> Self {
         Self {
-            client,
+            client: client.into(),
             api,
             ttl,
             cache: Mutex::new(HashMap::new()),
@@ -207,7 +212,7 @@ impl ApiObjects {
     }
 
     async fn fetch_services(&self, namespace: &str, name: Option<&str>) -> kube::Result<Arc<[ServiceLink]>> {
-        let api: Api<Service> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<Service> = Api::namespaced(self.client.kube(), namespace);
         match name {
             Some(name) => match self.api.run("get", "services", Box::pin(api.get(name))).await {
                 Ok(svc) => Ok(ServiceLink::from_api(&svc).into_iter().collect()),
@@ -232,7 +237,7 @@ impl ApiObjects {
     async fn fetch(&self, kind: ObjectKind, namespace: &str, name: &str) -> kube::Result<Option<ObjectData>> {
         let result = match kind {
             ObjectKind::ConfigMap => {
-                let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+                let api: Api<ConfigMap> = Api::namespaced(self.client.kube(), namespace);
                 self.api
                     .run("get", "configmaps", Box::pin(api.get(name)))
                     .await
@@ -253,7 +258,7 @@ impl ApiObjects {
                     })
             }
             ObjectKind::Secret => {
-                let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+                let api: Api<Secret> = Api::namespaced(self.client.kube(), namespace);
                 self.api
                     .run("get", "secrets", Box::pin(api.get(name)))
                     .await
@@ -349,7 +354,7 @@ impl PodObjects for ApiObjects {
     }
 
     async fn token(&self, r: TokenFor<'_>) -> Result<Token, ObjectError> {
-        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), r.namespace);
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.kube(), r.namespace);
         let request = TokenRequest {
             spec: Some(TokenRequestSpec {
                 audiences: (!r.audience.is_empty()).then(|| vec![r.audience.to_owned()]),

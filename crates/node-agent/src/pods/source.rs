@@ -40,7 +40,7 @@ pub enum PodSource {
     /// connection carries a bounded number of concurrent streams (the API server advertises 100) and a watch
     /// holds one for its lifetime, so a process multiplexing many agents keeps watches on connections of their
     /// own: short requests then never queue behind streams that do not end.
-    WatchVia(kube::Client),
+    WatchVia(crate::client::ApiClient),
     /// Events arrive on this channel (a [`SharedPodFeed`] subscription, or a test).
     Feed(chan::Receiver<PodEvent>),
 }
@@ -70,8 +70,12 @@ fn slim(mut pod: Pod) -> Pod {
 
 /// Follows a list+watch of pods matching `field_selector`, handing every resulting event to `deliver` until
 /// `cancel` fires, the watch ends, or `deliver` returns false.
-async fn follow<F, Fut>(client: kube::Client, field_selector: &str, cancel: CancellationToken, mut deliver: F)
-where
+async fn follow<F, Fut>(
+    client: crate::client::ApiClient,
+    field_selector: &str,
+    cancel: CancellationToken,
+    mut deliver: F,
+) where
     F: FnMut(PodEvent) -> Fut,
     Fut: Future<Output = bool>,
 {
@@ -101,11 +105,12 @@ where
 
 /// Watches the pods bound to `node` and sends them to `tx` until `cancel` fires or the receiver is dropped.
 pub fn watch_node_pods(
-    client: kube::Client,
+    client: impl Into<crate::client::ApiClient>,
     node: String,
     tx: chan::Sender<PodEvent>,
     cancel: CancellationToken,
 ) -> impl Future<Output = ()> + Send + 'static {
+    let client = client.into();
     async move {
         let selector = format!("spec.nodeName={node}");
         follow(client, &selector, cancel, |e| {
@@ -187,9 +192,10 @@ impl SharedPodFeed {
     /// Watches every pod with a node (`spec.nodeName!=`) and dispatches until `cancel` fires.
     pub fn run(
         self,
-        client: kube::Client,
+        client: impl Into<crate::client::ApiClient>,
         cancel: CancellationToken,
     ) -> impl Future<Output = ()> + Send + 'static {
+        let client = client.into();
         async move {
             let feed = &self;
             follow(client, "spec.nodeName!=", cancel, |e| async move {

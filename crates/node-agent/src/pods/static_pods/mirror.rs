@@ -108,7 +108,7 @@ pub(crate) fn mirror_of(pod: &Pod, node: &str, node_uid: &str) -> Pod {
 }
 
 pub(crate) struct MirrorManager {
-    client: kube::Client,
+    client: crate::client::ApiClient,
     api: ApiCalls,
     node_name: String,
     node: watch::Receiver<Option<NodeView>>,
@@ -129,7 +129,7 @@ fn gone(err: &kube::Error) -> bool {
 impl MirrorManager {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        client: kube::Client,
+        client: impl Into<crate::client::ApiClient>,
         api: ApiCalls,
         node_name: String,
         node: watch::Receiver<Option<NodeView>>,
@@ -139,7 +139,7 @@ impl MirrorManager {
         status: StatusHandle,
     ) -> Self {
         Self {
-            client,
+            client: client.into(),
             api,
             node_name,
             node,
@@ -173,7 +173,7 @@ impl MirrorManager {
     }
 
     async fn delete(&self, key: &Key, uid: &str) -> Result<(), kube::Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.0);
+        let api: Api<Pod> = Api::namespaced(self.client.kube(), &key.0);
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions {
@@ -191,7 +191,7 @@ impl MirrorManager {
 
     async fn create(&self, pod: &Pod, node_uid: &str) -> Result<Option<Pod>, kube::Error> {
         let mirror = mirror_of(pod, &self.node_name, node_uid);
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &key_of(pod).0);
+        let api: Api<Pod> = Api::namespaced(self.client.kube(), &key_of(pod).0);
         match self
             .api
             .run("create", "pods", api.create(&PostParams::default(), &mirror))

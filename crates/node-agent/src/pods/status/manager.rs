@@ -57,7 +57,7 @@ enum Outcome {
 }
 
 pub(crate) struct StatusManager {
-    client: kube::Client,
+    client: crate::client::ApiClient,
     api: ApiCalls,
     rx: super::StatusReceiver,
     metrics: Arc<PodMetrics>,
@@ -155,14 +155,14 @@ async fn write(
 
 impl StatusManager {
     pub(crate) fn new(
-        client: kube::Client,
+        client: impl Into<crate::client::ApiClient>,
         api: ApiCalls,
         rx: super::StatusReceiver,
         metrics: Arc<PodMetrics>,
         mirrors: Mirrors,
     ) -> Self {
         Self {
-            client,
+            client: client.into(),
             api,
             rx,
             metrics,
@@ -294,7 +294,7 @@ impl StatusManager {
                 continue;
             }
             e.in_flight = true;
-            let api: Api<Pod> = Api::namespaced(self.client.clone(), &e.namespace);
+            let api: Api<Pod> = Api::namespaced(self.client.kube(), &e.namespace);
             let target = self.mirrors.lookup(&uid);
             return Some(Box::pin(write(
                 api,

@@ -1,0 +1,56 @@
+//! One API client, shared by every part of an agent (and by the agents of a fleet that share a connection).
+//!
+//! A `kube::Client` clone is ~100 bytes plus two small allocations (its request buffer's handle and its default
+//! namespace), and an agent's managers each keep one for their whole life: a thousand idle agents held ten
+//! clones each. [`ApiClient`] is a pointer to one client; a request takes a `kube::Client` clone for as long
+//! as it runs ([`ApiClient::kube`]), which is what `kube::Client` does on every request anyway.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+/// A shared handle on one `kube::Client` (8 bytes; clones share the client).
+#[derive(Clone)]
+pub struct ApiClient(Arc<kube::Client>);
+
+impl ApiClient {
+    /// A handle on `client`.
+    pub fn new(client: kube::Client) -> Self {
+        Self(Arc::new(client))
+    }
+
+    /// A `kube::Client` for one request or one `kube::Api` (dropped with it).
+    pub fn kube(&self) -> kube::Client {
+        (*self.0).clone()
+    }
+}
+
+impl From<kube::Client> for ApiClient {
+    fn from(client: kube::Client) -> Self {
+        Self::new(client)
+    }
+}
+
+impl Deref for ApiClient {
+    type Target = kube::Client;
+
+    fn deref(&self) -> &kube::Client {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ApiClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiClient")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handle_is_a_pointer_and_clones_share_the_client() {
+        assert_eq!(std::mem::size_of::<ApiClient>(), 8);
+        assert!(std::mem::size_of::<kube::Client>() > 64);
+    }
+}
