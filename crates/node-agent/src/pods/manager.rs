@@ -209,6 +209,10 @@ impl PodManager {
                     }
                 }
             }
+            // the workers stop with the manager (their containers keep running)
+            for e in self.workers.values() {
+                let _ = e.tx.send(WorkerMsg::Shutdown);
+            }
         }
     }
 
@@ -501,7 +505,7 @@ impl PodManager {
             namespace = %desired.namespace,
             node = %self.ctx.config.node_name
         );
-        let run = worker.run(self.cancel.clone());
+        let run = worker.run();
         // a span only where it records: a disabled one is still 40 bytes in every pod's task
         if span.is_disabled() {
             self.tracker.spawn(run);

@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::context::AgentCtx;
 use super::control::KillCause;
@@ -94,6 +93,7 @@ impl PodWorker {
             errors: None,
             stopped_reported: false,
             counted_running: false,
+            shutdown: false,
             stop: None,
             volumes: None,
         };
@@ -105,6 +105,7 @@ impl PodWorker {
             WorkerMsg::Update(pod) => self.pod = pod,
             WorkerMsg::Removed => self.removed = true,
             WorkerMsg::Runtime => {}
+            WorkerMsg::Shutdown => self.shutdown = true,
             WorkerMsg::Probe(update) => self.probes.apply(&update),
             WorkerMsg::Kill(order) => {
                 let KillOrder {
@@ -125,15 +126,17 @@ impl PodWorker {
         }
     }
 
-    /// Syncs until the pod is gone, or `cancel` fires (agent shutdown: containers keep running).
+    /// Syncs until the pod is gone, or [`WorkerMsg::Shutdown`] arrives or every sender is gone (agent shutdown:
+    /// containers keep running).
     ///
     /// The future is written as a block that works on the captured worker in place: an `async fn` taking
     /// `self` would keep a second copy of it (its argument, and the binding its body moves that into) for the
     /// pod's whole life.
-    pub(crate) fn run(mut self, cancel: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
+    pub(crate) fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             let mut resync_at;
-            let operation = if self.timeline.is_some() { "create" } else { "sync" };
+            // a flag, not the operation's name: it lives across every wait of the pod's life
+            let created_here = self.timeline.is_some();
             let mut first = true;
             loop {
                 {
@@ -143,7 +146,7 @@ impl PodWorker {
                     // boxed: the sync's state lives on the heap only while a sync runs
                     let result = Box::pin(self.step()).await;
                     let op = if first {
-                        operation
+                        if created_here { "create" } else { "sync" }
                     } else if self.state == State::Syncing {
                         "sync"
                     } else {
@@ -175,12 +178,14 @@ impl PodWorker {
                 let resync = (self.state == State::Syncing).then_some(resync_at);
                 let wake = [self.wake_at, resync].into_iter().flatten().min();
                 tokio::select! {
-                    _ = cancel.cancelled() => break,
                     msg = self.rx.recv() => {
                         let Some(msg) = msg else { break };
                         self.handle(msg);
                         while let Ok(more) = self.rx.try_recv() {
                             self.handle(more);
+                        }
+                        if self.shutdown {
+                            break;
                         }
                     }
                     _ = sleep_until(wake) => {}

@@ -41,6 +41,10 @@ pub(crate) enum WorkerMsg {
     /// Stop the pod on request (graceful node shutdown, eviction) and report why, then fire the order's
     /// sender (boxed: messages stay small).
     Kill(Box<KillOrder>),
+    /// The agent is stopping: stop syncing and leave the containers running (the pod manager sends it to every
+    /// worker when it stops; a message, not a cancellation wait, so an idle worker's future holds no ~80-byte
+    /// wait for it).
+    Shutdown,
 }
 
 /// A request to stop the pod.
@@ -142,6 +146,8 @@ pub(crate) struct PodWorker {
     pub(super) errors: Option<Box<Backoff>>,
     pub(super) stopped_reported: bool,
     pub(super) counted_running: bool,
+    /// [`WorkerMsg::Shutdown`] arrived.
+    pub(super) shutdown: bool,
     /// Stops on request (graceful node shutdown, eviction), made at the first (most pods never get one).
     pub(super) stop: Option<Box<StopRequests>>,
     /// The pod's volumes, once it has any.
