@@ -139,9 +139,16 @@ impl CapturedEvents {
 #[derive(Debug)]
 struct Recent {
     key: u64,
-    name: String,
+    /// The event's first timestamp in nanoseconds: with the involved object's name (hashed into `key`), its
+    /// name ([`event_name`]); kept instead of the name (a string per remembered event, per node).
+    first_at: i64,
     count: i32,
     seen: Instant,
+}
+
+/// An event's name: its object's name and a hexadecimal timestamp, unique per object and first occurrence.
+fn event_name(ev: &PendingEvent, first_at: i64) -> String {
+    format!("{}.{first_at:x}", ev.object.name.as_deref().unwrap_or("unknown"))
 }
 
 /// The task that writes one agent's events to the API server.
@@ -242,7 +249,10 @@ impl EventSink {
             .unwrap_or_else(|| "default".into());
 
         if let Some(pos) = self.recent.iter().position(|r| r.key == key) {
-            let (name, count) = (self.recent[pos].name.clone(), self.recent[pos].count + 1);
+            let (name, count) = (
+                event_name(&ev, self.recent[pos].first_at),
+                self.recent[pos].count + 1,
+            );
             let api: Api<Event> = Api::namespaced(self.client.kube(), &namespace);
             let patch = serde_json::json!({ "count": count, "lastTimestamp": Time(ev.at) });
             match self
@@ -270,11 +280,9 @@ impl EventSink {
             }
         }
 
-        let name = format!(
-            "{}.{:x}",
-            ev.object.name.as_deref().unwrap_or("unknown"),
-            ev.at.as_nanosecond()
-        );
+        // (a time past the year 2262 saturates: the event is written, and its repeats written anew)
+        let first_at = i64::try_from(ev.at.as_nanosecond()).unwrap_or(i64::MAX);
+        let name = event_name(&ev, first_at);
         let event = Event {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
@@ -321,7 +329,7 @@ impl EventSink {
         }
         self.recent.push_back(Recent {
             key,
-            name,
+            first_at,
             count: 1,
             seen: now,
         });
