@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 use futures::task::AtomicWaker;
+use tokio_util::sync::CancellationToken;
 
 /// What the branch wakers share: which branches were woken, and the task to wake.
 struct Shared {
@@ -97,6 +98,8 @@ macro_rules! woken_join {
             pub(crate) struct $name<$($t),+> {
                 $(#[pin] $f: futures::future::Fuse<$t>,)+
                 wakers: Wakers<$n>,
+                // see `join7_stop`
+                stop: Option<CancellationToken>,
             }
         }
 
@@ -104,10 +107,17 @@ macro_rules! woken_join {
             type Output = ();
 
             fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-                let this = self.project();
+                let mut this = self.project();
                 let woken = this.wakers.take_woken(cx);
+                if this.stop.as_ref().is_some_and(CancellationToken::is_cancelled) {
+                    *this.stop = None;
+                    // every branch but the first is dropped where it waits
+                    $(if $i > 0 {
+                        this.$f.set(futures::future::Fuse::terminated());
+                    })+
+                }
                 let mut running = false;
-                $(running |= this.wakers.poll_branch(woken, $i, this.$f);)+
+                $(running |= this.wakers.poll_branch(woken, $i, this.$f.as_mut());)+
                 if running { Poll::Pending } else { Poll::Ready(()) }
             }
         }
@@ -115,7 +125,7 @@ macro_rules! woken_join {
         /// Joins the futures; each is polled only when it was woken.
         pub(crate) fn $make<$($t: Future<Output = ()>),+>($($f: $t),+) -> $name<$($t),+> {
             use futures::FutureExt;
-            $name { $($f: $f.fuse(),)+ wakers: Wakers::new() }
+            $name { $($f: $f.fuse(),)+ wakers: Wakers::new(), stop: None }
         }
     };
 }
@@ -128,6 +138,36 @@ woken_join!(
     /// Seven futures joined (see the module).
     Join7, join7, 7; a: A = 0, b: B = 1, c: C = 2, d: D = 3, e: E = 4, f: F = 5, g: G = 6
 );
+
+/// Seven futures joined, the last six run until `stop` fires: at the join's next poll after that they are dropped
+/// where they wait, and the first runs on to its end. None of the six needs a cancellation wait of its own (one
+/// is ~72 bytes of every idle future that holds it); the first must wait on `stop` itself (the agent's event
+/// writer does, for its drain), which is what wakes the join when `stop` fires. Without that the six are
+/// dropped at the next poll any of them causes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn join7_stop<A, B, C, D, E, F, G>(
+    stop: CancellationToken,
+    a: A,
+    b: B,
+    c: C,
+    d: D,
+    e: E,
+    f: F,
+    g: G,
+) -> Join7<A, B, C, D, E, F, G>
+where
+    A: Future<Output = ()>,
+    B: Future<Output = ()>,
+    C: Future<Output = ()>,
+    D: Future<Output = ()>,
+    E: Future<Output = ()>,
+    F: Future<Output = ()>,
+    G: Future<Output = ()>,
+{
+    let mut joined = join7(a, b, c, d, e, f, g);
+    joined.stop = Some(stop);
+    joined
+}
 
 #[cfg(test)]
 mod tests {
@@ -217,5 +257,64 @@ mod tests {
         joined.await;
         assert_eq!(fired.load(Ordering::Relaxed), 7);
         assert_eq!(start.elapsed(), Duration::from_secs(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_drops_all_but_the_first_where_they_wait_and_the_first_runs_on() {
+        /// Counts its drops.
+        struct Dropped(Arc<AtomicUsize>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let forever = || {
+            let guard = Dropped(dropped.clone());
+            async move {
+                std::future::pending::<()>().await;
+                drop(guard);
+            }
+        };
+        let stop = CancellationToken::new();
+        let drained = Arc::new(AtomicUsize::new(0));
+        let first = {
+            let (stop, drained) = (stop.clone(), drained.clone());
+            async move {
+                stop.cancelled().await;
+                // a drain after the stop, as the event writer's
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                drained.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let joined = join7_stop(
+            stop.clone(),
+            first,
+            forever(),
+            forever(),
+            forever(),
+            forever(),
+            forever(),
+            forever(),
+        );
+        let task = tokio::spawn(joined);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(dropped.load(Ordering::Relaxed), 0, "all run until the stop");
+        let stopped_at = tokio::time::Instant::now();
+        stop.cancel();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            dropped.load(Ordering::Relaxed),
+            6,
+            "the six are dropped at once, where they wait"
+        );
+        assert!(!task.is_finished(), "the first drains");
+        task.await.unwrap();
+        assert_eq!(drained.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            stopped_at.elapsed(),
+            Duration::from_secs(2),
+            "the join ends with the first"
+        );
     }
 }

@@ -12,7 +12,6 @@ use std::time::Duration;
 use runtime_api::{Runtime, cri};
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::backoff::JitteredInterval;
 use crate::watch;
@@ -120,16 +119,11 @@ pub struct RuntimeHealthMonitor {
     tx: watch::Sender<RuntimeHealth>,
     timeout: Duration,
     recheck: Arc<Notify>,
-    token: CancellationToken,
 }
 
 impl RuntimeHealthMonitor {
     /// A monitor for `runtime` (calls time out after `timeout`) and the receiver of its snapshots.
-    pub fn new(
-        runtime: Arc<dyn Runtime>,
-        timeout: Duration,
-        token: CancellationToken,
-    ) -> (Self, watch::Receiver<RuntimeHealth>) {
+    pub fn new(runtime: Arc<dyn Runtime>, timeout: Duration) -> (Self, watch::Receiver<RuntimeHealth>) {
         let (tx, rx) = watch::channel(RuntimeHealth::initial());
         (
             Self {
@@ -137,7 +131,6 @@ impl RuntimeHealthMonitor {
                 tx,
                 timeout,
                 recheck: Arc::new(Notify::new()),
-                token,
             },
             rx,
         )
@@ -148,8 +141,8 @@ impl RuntimeHealthMonitor {
         self.recheck.clone()
     }
 
-    /// Polls immediately, then every [`POLL_PERIOD`] (jittered) and whenever asked to recheck, until the token
-    /// fires.
+    /// Polls immediately, then every [`POLL_PERIOD`] (jittered) and whenever asked to recheck, until dropped
+    /// (the agent drops it where it waits when its token fires, see [`crate::join::join7_stop`]).
     pub fn run(self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             let mut interval = JitteredInterval::immediate(POLL_PERIOD, 0.1);
@@ -158,7 +151,6 @@ impl RuntimeHealthMonitor {
                 tokio::select! {
                     _ = interval.tick() => Box::pin(self.poll()).await,
                     () = self.recheck.notified() => Box::pin(self.poll()).await,
-                    () = self.token.cancelled() => return,
                 }
             }
         }
@@ -260,11 +252,12 @@ impl RuntimeHealthMonitor {
 mod tests {
     use super::*;
     use crate::testing::TestRuntime;
+    use tokio_util::sync::CancellationToken;
 
     #[tokio::test(start_paused = true)]
     async fn reports_ready_then_not_ready_with_the_kubelets_wording() {
         let rt = Arc::new(TestRuntime::new());
-        let (m, rx) = RuntimeHealthMonitor::new(rt.clone(), Duration::from_secs(2), CancellationToken::new());
+        let (m, rx) = RuntimeHealthMonitor::new(rt.clone(), Duration::from_secs(2));
         let now = Instant::now();
         assert_eq!(
             rx.borrow().runtime_errors(now),
@@ -309,8 +302,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn runtime_counts_as_down_thirty_seconds_after_the_last_good_answer() {
         let rt = Arc::new(TestRuntime::new());
-        let (m, mut rx) =
-            RuntimeHealthMonitor::new(rt.clone(), Duration::from_secs(2), CancellationToken::new());
+        let (m, mut rx) = RuntimeHealthMonitor::new(rt.clone(), Duration::from_secs(2));
         m.poll().await;
         rx.mark_unchanged();
         rt.set_unreachable(true);
@@ -339,11 +331,11 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn run_polls_every_five_seconds_and_stops_on_cancel() {
+    async fn run_polls_every_five_seconds_until_dropped() {
         let rt = Arc::new(TestRuntime::new());
         let token = CancellationToken::new();
-        let (m, _rx) = RuntimeHealthMonitor::new(rt.clone(), Duration::from_secs(2), token.clone());
-        let task = tokio::spawn(m.run());
+        let (m, _rx) = RuntimeHealthMonitor::new(rt.clone(), Duration::from_secs(2));
+        let task = tokio::spawn(token.clone().run_until_cancelled_owned(m.run()));
         tokio::time::sleep(Duration::from_secs(61)).await;
         let calls = rt.status_calls();
         // 1 immediate + one per 5-5.5 s
@@ -356,9 +348,9 @@ mod tests {
     async fn a_recheck_polls_at_once() {
         let rt = Arc::new(TestRuntime::new());
         let token = CancellationToken::new();
-        let (m, rx) = RuntimeHealthMonitor::new(rt.clone(), Duration::from_secs(2), token.clone());
+        let (m, rx) = RuntimeHealthMonitor::new(rt.clone(), Duration::from_secs(2));
         let recheck = m.recheck_handle();
-        let task = tokio::spawn(m.run());
+        let task = tokio::spawn(token.clone().run_until_cancelled_owned(m.run()));
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(rx.borrow().is_healthy(Instant::now()));
         rt.set_network_ready(false);

@@ -59,31 +59,34 @@ async fn the_agents_long_lived_futures_stay_small() {
         (
             "runtime health monitor",
             size_of_val(&m.health_monitor.run()),
-            // 632 bytes (a 768-byte task) while a poll and its timeout were held in place
-            400,
+            // 632 bytes (a 768-byte task) while a poll and its timeout were held in place; 400 while it waited
+            // on the agent's token itself (the node side's join stops it now, see `join::join7_stop`)
+            320,
         ),
         // 2,328 and 1,320 bytes while written as `async fn`s taking `self` (kept twice); then 1,472 (a
         // 1,664-byte task) while the start-up clock and full transition timestamps were kept; 1,368 while it kept
-        // its own `kube::Client` and waited on three channels through `Notified` futures (~80 bytes each)
-        ("node status", size_of_val(&m.status.run()), 1_056),
+        // its own `kube::Client` and waited on three channels through `Notified` futures (~80 bytes each); 1,040
+        // while its idle wait included the agent's token
+        ("node status", size_of_val(&m.status.run()), 976),
         // 784 bytes (an 896-byte task) while it kept an `Api` (272 bytes; now built per request), a retry
-        // back-off every renewal resets, and the Node's name twice; 640 with a `kube::Client` of its own
-        ("lease", size_of_val(&m.lease.run()), 560),
+        // back-off every renewal resets, and the Node's name twice; 640 with a `kube::Client` of its own; 552
+        // while it waited on the agent's token
+        ("lease", size_of_val(&m.lease.run()), 456),
         (
             "node informer",
             size_of_val(&m.informer.run()),
             // the lean watch in place (760 bytes in a debug build) and nothing on the heap while idle; a
             // kube-runtime watcher was 416 bytes here plus its boxed state and an 8 KiB line buffer; 760 (an
             // 896-byte task) while it held its client twice and the watch its back-off in place; 600 while the
-            // informer and its watch each held a `kube::Client`
-            432,
+            // informer and its watch each held a `kube::Client`; 424 while it waited on the agent's token
+            328,
         ),
         (
             "eviction manager",
             size_of_val(&ctx.eviction_loop(crate::chan::unbounded_channel().0)),
-            // its own context clone, thresholds and state, one sleep or cleanup wait (a pass is boxed):
-            // 680 bytes in a debug build
-            768,
+            // its own context clone, thresholds and state, one sleep or cleanup wait (a pass is boxed); 680
+            // bytes while each wait was raced against the agent's token in a second future
+            368,
         ),
         (
             "pod lifecycle",
@@ -98,8 +101,9 @@ async fn the_agents_long_lived_futures_stay_small() {
         (
             "garbage collectors",
             size_of_val(&ctx.gc_loop()),
-            // 568 bytes (a 768-byte task) while its two timers each kept a sleep
-            528,
+            // 568 bytes (a 768-byte task) while its two timers each kept a sleep; 520 while it raced its sleep
+            // and its passes against the agent's token
+            296,
         ),
     ];
     check(&sizes);
@@ -109,8 +113,9 @@ async fn the_agents_long_lived_futures_stay_small() {
 /// futures, where a task each cost ~112 bytes and the rounding to 128 (5,376 bytes of task cells per node; now
 /// one cell). 8,592 bytes while joined in an `async fn` (each manager's future held twice); 4,432 (a 4,608-byte
 /// cell, which jemalloc serves from its 5,120-byte class) before the managers shared one API client and waited
-/// on channels without `Notified` futures. Under 3,920 bytes the cell (the future and ~176 bytes of tokio's)
-/// fits the 4,096-byte class.
+/// on channels without `Notified` futures; 3,752 (a 3,968-byte cell in the 4,096 class) while six of the managers
+/// each waited on the agent's token (~72 bytes each) where the join now stops them. Under 3,400 bytes the cell
+/// (the future and ~176 bytes of tokio's) fits jemalloc's 3,584-byte class.
 #[tokio::test]
 async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
     let (ctx, m) = agent().managers();
@@ -134,15 +139,25 @@ async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
     ]
     .iter()
     .sum::<usize>();
-    let joined = crate::join::join7(events, health, status, lease, informer, gc, eviction);
+    let joined = crate::join::join7_stop(
+        ctx.token.clone(),
+        events,
+        health,
+        status,
+        lease,
+        informer,
+        gc,
+        eviction,
+    );
     check(&[
-        // the join's own state: per manager its waker and whether it finished, and the wakers' shared part
+        // the join's own state: per manager its waker and whether it finished, the wakers' shared part, and the
+        // token that stops it
         (
             "node side over its parts",
             size_of_val(&joined) - sum,
-            7 * (16 + 8) + 8,
+            7 * (16 + 8) + 8 + 8,
         ),
-        ("node side (joined)", size_of_val(&joined), 3_920),
+        ("node side (joined)", size_of_val(&joined), 3_400),
     ]);
 }
 

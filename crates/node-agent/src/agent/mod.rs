@@ -125,7 +125,6 @@ impl AgentContext {
             pressure: self.pressure.clone(),
             events: self.events.clone(),
             metrics: self.metrics.clone(),
-            token: self.token.clone(),
         }
     }
 
@@ -140,7 +139,6 @@ impl AgentContext {
             self.events.clone(),
             self.config.node_name.clone(),
             periods,
-            self.token.clone(),
         )
     }
 
@@ -252,7 +250,7 @@ impl AgentBuilder {
             token.clone(),
         );
         let (health_monitor, runtime_health) =
-            RuntimeHealthMonitor::new(self.runtime.clone(), k.runtime_request_timeout, token.clone());
+            RuntimeHealthMonitor::new(self.runtime.clone(), k.runtime_request_timeout);
         let (registered_tx, registered) = watch::channel(None);
         // the same in every agent of a fleet built from one configuration: one copy
         static ALLOCATABLE: crate::intern::Interner<ResourceList> = crate::intern::Interner::new();
@@ -379,10 +377,12 @@ impl Agent {
         let (control_tx, control_rx) = m.control;
         let (gc, eviction) = (ctx.gc_loop(), ctx.eviction_loop(control_tx.clone()));
         // The node-side managers are one task: each mostly sleeps, and one task costs ~112 bytes of tokio's
-        // own and the rounding of its future to 128 bytes, per manager per node (see `future_sizes`). Each runs
-        // until the agent's token fires (the event writer until it has drained) and is polled only when woken;
-        // a join combinator, not an `async` block, which would hold every manager's future twice.
-        tracker.spawn(crate::join::join7(
+        // own and the rounding of its future to 128 bytes, per manager per node (see `future_sizes`). Each is
+        // polled only when woken; when the agent's token fires the join drops all but the event writer where
+        // they wait (none holds a cancellation wait of its own) and the writer drains. A join combinator, not
+        // an `async` block, which would hold every manager's future twice.
+        tracker.spawn(crate::join::join7_stop(
+            ctx.token.clone(),
             m.event_sink.run(),
             m.health_monitor.run(),
             m.status.run(),
@@ -392,21 +392,11 @@ impl Agent {
             eviction,
         ));
         tracker.spawn(pods::run_for_agent(ctx.clone(), m.pods, control_rx));
-        let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = shutting_down.clone();
-        ctx.health_checks.add_plain(move || {
-            if flag.load(std::sync::atomic::Ordering::Relaxed) {
-                Err("node is shutting down".into())
-            } else {
-                Ok(())
-            }
-        });
         tracker.close();
         RunningAgent {
             ctx,
             tracker,
             shutdown_tx: control_tx,
-            shutting_down,
             resync: m.resync,
         }
     }
@@ -440,7 +430,6 @@ impl Agent {
             node_watch.unwrap_or_else(|| ctx.client.clone()),
             ctx.config.node_name.clone(),
             node_tx,
-            ctx.token.clone(),
         );
         let status = NodeStatusManager::new(
             ctx.config.clone(),
@@ -462,7 +451,6 @@ impl Agent {
             ctx.config.kubelet.lease_renew_interval(),
             ctx.registered.clone(),
             resync,
-            ctx.token.clone(),
         )
         .with_heartbeats(ctx.heartbeats.clone());
         let managers = Managers {
@@ -498,7 +486,6 @@ pub struct RunningAgent {
     ctx: AgentContext,
     tracker: TaskTracker,
     shutdown_tx: crate::chan::UnboundedSender<crate::pods::ManagerControl>,
-    shutting_down: Arc<std::sync::atomic::AtomicBool>,
     resync: Arc<Notify>,
 }
 
@@ -551,8 +538,7 @@ impl RunningAgent {
             "NodeShutdown",
             "Shutdown manager detected shutdown event",
         );
-        self.shutting_down
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.health_checks.set_shutting_down();
         self.resync.notify_one();
         let (done, wait) = tokio::sync::oneshot::channel();
         let request = crate::pods::shutdown::ShutdownRequest { groups, done };

@@ -80,8 +80,6 @@ pub struct EvictionInputs {
     pub events: EventRecorder,
     /// Eviction counts (`kubelet_evictions`).
     pub metrics: Arc<Metrics>,
-    /// Fires when the agent stops.
-    pub token: tokio_util::sync::CancellationToken,
 }
 
 impl EvictionInputs {
@@ -140,37 +138,28 @@ impl EvictionManager {
         self
     }
 
-    /// Runs until the agent's token fires. Without thresholds there is nothing to do.
+    /// Runs until dropped (the agent drops it where it waits when its token fires, see
+    /// [`crate::join::join7_stop`]). Without thresholds there is nothing to do.
     pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             if self.thresholds.is_empty() {
                 return;
             }
-            let token = self.ctx.token.clone();
             // agents of a fleet start together: spread their passes over the interval
             let offset = MONITORING_INTERVAL.mul_f64(rand::random::<f64>());
-            tokio::select! {
-                _ = token.cancelled() => return,
-                _ = tokio::time::sleep_until(crate::grid::round_up(Instant::now() + offset)) => {}
-            }
+            tokio::time::sleep_until(crate::grid::round_up(Instant::now() + offset)).await;
             loop {
                 // boxed: a pass's state lives on the heap only while it runs (thousands of idle agents per fleet)
                 let evicted = Box::pin(self.synchronize(Instant::now())).await;
-                let wait = async {
-                    match evicted {
-                        Some(done) => {
-                            let stopped = tokio::time::timeout(CLEANUP_WAIT, done).await;
-                            // a pod that could not be evicted (gone meanwhile) does not make the next pass come early
-                            if !matches!(stopped, Ok(Ok(true))) {
-                                next_pass().await;
-                            }
+                match evicted {
+                    Some(done) => {
+                        let stopped = tokio::time::timeout(CLEANUP_WAIT, done).await;
+                        // a pod that could not be evicted (gone meanwhile) does not make the next pass come early
+                        if !matches!(stopped, Ok(Ok(true))) {
+                            next_pass().await;
                         }
-                        None => next_pass().await,
                     }
-                };
-                tokio::select! {
-                    _ = token.cancelled() => return,
-                    _ = wait => {}
+                    None => next_pass().await,
                 }
             }
         }

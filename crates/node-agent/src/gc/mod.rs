@@ -29,8 +29,6 @@ mod select;
 
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
 pub use containers::{ContainerGc, ContainerGcError, ContainerGcReport};
 pub use image_fs::{FsStats, ImageFsKind, ImageFsSource, RuntimeImageFs};
 pub use images::{FREE_DISK_SPACE_FAILED, INVALID_DISK_CAPACITY, ImageGc, ImageGcError, ImagePolicy};
@@ -62,7 +60,8 @@ pub struct Periods {
     pub images: Duration,
 }
 
-/// Runs both collectors until `token` fires, each on its own timer (one task per node: a hollow fleet runs
+/// Runs both collectors until dropped (the agent drops it where it waits when its token fires, see
+/// [`crate::join::join7_stop`]; a pass in progress is dropped with it), each on its own timer (one task per node: a hollow fleet runs
 /// thousands). A failed container pass is logged and reported on the Node as `ContainerGCFailed`; a failed image
 /// pass is logged, and reported as `ImageGCFailed` when the one before failed too. Image collection is off when
 /// its policy says so.
@@ -71,7 +70,6 @@ pub fn run(
     events: EventRecorder,
     node: String,
     periods: Periods,
-    token: CancellationToken,
 ) -> impl Future<Output = ()> + Send + 'static {
     async move {
         let mut containers = JitteredInterval::new(periods.containers, 0.0);
@@ -87,10 +85,7 @@ pub fn run(
             let due = images
                 .as_ref()
                 .map_or(containers.deadline(), |i| i.deadline().min(containers.deadline()));
-            tokio::select! {
-                () = token.cancelled() => return,
-                () = tokio::time::sleep_until(due) => {}
-            }
+            tokio::time::sleep_until(due).await;
             // the earlier of the two was due; the other, if due too, runs on the next turn
             let now = tokio::time::Instant::now();
             let images_due = match images.as_mut() {
@@ -105,16 +100,10 @@ pub fn run(
             };
             // boxed: an idle loop holds its timers, not room for a pass
             if images_due {
-                let pass = tokio::select! {
-                    () = token.cancelled() => return,
-                    r = Box::pin(gc.images.collect()) => r,
-                };
+                let pass = Box::pin(gc.images.collect()).await;
                 image_outcome(pass, &events, &node, &mut images_failed);
             } else {
-                let pass = tokio::select! {
-                    () = token.cancelled() => return,
-                    r = Box::pin(gc.containers.collect()) => r,
-                };
+                let pass = Box::pin(gc.containers.collect()).await;
                 container_outcome(pass, &events, &node, &mut containers_failed);
             }
         }

@@ -7,8 +7,6 @@
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-
 use crate::watch;
 
 /// The pause switch of one agent's heartbeats (clones share it).
@@ -41,16 +39,12 @@ impl Heartbeats {
         *self.paused.borrow()
     }
 
-    /// Returns at once when not paused, else when resumed; `false` when `token` fired first.
-    pub async fn wait_running(&self, token: &CancellationToken) -> bool {
+    /// Returns at once when not paused, else when resumed.
+    pub async fn wait_running(&self) {
         let mut rx = self.paused.subscribe();
-        loop {
-            if !*rx.borrow_and_update() {
-                return true;
-            }
-            tokio::select! {
-                changed = rx.changed() => if changed.is_err() { return true },
-                () = token.cancelled() => return false,
+        while *rx.borrow_and_update() {
+            if rx.changed().await.is_err() {
+                return;
             }
         }
     }
@@ -62,26 +56,23 @@ mod tests {
     use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
-    async fn paused_heartbeats_wait_for_resume_or_stop() {
+    async fn paused_heartbeats_wait_for_resume() {
         let h = Heartbeats::default();
-        let token = CancellationToken::new();
-        assert!(h.wait_running(&token).await, "not paused: no wait");
+        tokio::time::timeout(Duration::from_millis(1), h.wait_running())
+            .await
+            .expect("not paused: no wait");
         h.pause();
         assert!(h.is_paused());
         let waiter = tokio::spawn({
-            let (h, token) = (h.clone(), token.clone());
-            async move { h.wait_running(&token).await }
+            let h = h.clone();
+            async move { h.wait_running().await }
         });
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert!(!waiter.is_finished(), "waits while paused");
         h.resume();
-        assert!(waiter.await.unwrap());
-        h.pause();
-        let stopped = tokio::spawn({
-            let (h, token) = (h.clone(), token.clone());
-            async move { h.wait_running(&token).await }
-        });
-        token.cancel();
-        assert!(!stopped.await.unwrap(), "a stop ends the wait");
+        tokio::time::timeout(Duration::from_millis(1), waiter)
+            .await
+            .expect("a resume ends the wait")
+            .unwrap();
     }
 }

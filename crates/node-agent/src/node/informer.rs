@@ -12,7 +12,6 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use tokio_util::sync::CancellationToken;
 
 use super::NodeSnapshot;
 use crate::lean_watch::{Change, LeanWatch};
@@ -24,11 +23,10 @@ pub struct NodeInformer {
     publisher: Publisher,
 }
 
-/// What the informer keeps beside its watch: where it publishes, and when it stops.
+/// What the informer keeps beside its watch: where it publishes.
 struct Publisher {
     node_name: String,
     tx: watch::Sender<Option<Arc<NodeSnapshot>>>,
-    token: CancellationToken,
 }
 
 impl NodeInformer {
@@ -37,15 +35,15 @@ impl NodeInformer {
         client: impl Into<crate::client::ApiClient>,
         node_name: String,
         tx: watch::Sender<Option<Arc<NodeSnapshot>>>,
-        token: CancellationToken,
     ) -> Self {
         Self {
             client: client.into(),
-            publisher: Publisher { node_name, tx, token },
+            publisher: Publisher { node_name, tx },
         }
     }
 
-    /// Follows the Node until the token fires.
+    /// Follows the Node until dropped (the agent drops it where it waits when its token fires, see
+    /// [`crate::join::join7_stop`]).
     pub fn run(self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             // the client moves into the watch (a clone would be held twice, 96 bytes each)
@@ -56,11 +54,7 @@ impl NodeInformer {
             let selector = format!("metadata.name={}", this.node_name);
             let mut watch: LeanWatch<Node> = LeanWatch::new(client, selector);
             loop {
-                let next = tokio::select! {
-                    () = this.token.cancelled() => return,
-                    next = watch.next() => next,
-                };
-                match next {
+                match watch.next().await {
                     Err(error) => {
                         tracing::warn!(node = %this.node_name, %error, "node watch failed, retrying");
                     }

@@ -23,7 +23,6 @@ use kube::Api;
 use kube::api::PostParams;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::kept_lease::KeptLease;
 use super::{NodeError, RegisteredNode};
@@ -48,7 +47,6 @@ pub struct LeaseManager<R = ApiLease> {
     renew_interval: Duration,
     registered: watch::Receiver<Option<RegisteredNode>>,
     recovered: Arc<Notify>,
-    token: CancellationToken,
     /// The retry sequence, made at the first failure and dropped at the next success (boxed: the idle task
     /// holds this for the node's life, and renewals mostly succeed).
     backoff: Option<Box<Backoff>>,
@@ -67,7 +65,6 @@ impl LeaseManager {
         renew_interval: Duration,
         registered: watch::Receiver<Option<RegisteredNode>>,
         recovered: Arc<Notify>,
-        token: CancellationToken,
     ) -> Self {
         let renewer = ApiLease {
             client: client.into(),
@@ -76,7 +73,7 @@ impl LeaseManager {
             duration_seconds: i32::try_from(duration_seconds).unwrap_or(i32::MAX),
             lease: None,
         };
-        Self::with_renewer(renewer, renew_interval, registered, recovered, token)
+        Self::with_renewer(renewer, renew_interval, registered, recovered)
     }
 }
 
@@ -87,14 +84,12 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
         renew_interval: Duration,
         registered: watch::Receiver<Option<RegisteredNode>>,
         recovered: Arc<Notify>,
-        token: CancellationToken,
     ) -> Self {
         Self {
             renewer,
             renew_interval,
             registered,
             recovered,
-            token,
             backoff: None,
             heartbeats: super::Heartbeats::default(),
         }
@@ -106,21 +101,19 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
         self
     }
 
-    /// Renews until the token fires: at once when the Node is known, then every renew interval (jittered 4 %);
+    /// Renews until dropped (the agent drops it where it waits when its token fires, see
+    /// [`crate::join::join7_stop`]): at once when the Node is known, then every renew interval (jittered 4 %);
     /// after a failure 200 ms doubling to 7 s (jittered 10 %).
     pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             // Wait for the Node: the lease carries an owner reference to it.
             while self.registered.borrow_and_update().is_none() {
-                tokio::select! {
-                    changed = self.registered.changed() => if changed.is_err() { return },
-                    () = self.token.cancelled() => return,
+                if self.registered.changed().await.is_err() {
+                    return;
                 }
             }
             loop {
-                if !self.heartbeats.wait_running(&self.token).await {
-                    return;
-                }
+                self.heartbeats.wait_running().await;
                 // the Node as registered now (a re-registration gives it a new UID); the copy lives only in
                 // the boxed renewal, not in the idle task
                 let Some(owner) = self.registered.borrow_and_update().clone() else {
@@ -149,10 +142,7 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
                     }
                 };
                 drop(owner);
-                tokio::select! {
-                    () = tokio::time::sleep_until(next) => {}
-                    () = self.token.cancelled() => return,
-                }
+                tokio::time::sleep_until(next).await;
             }
         }
     }
@@ -293,6 +283,7 @@ mod tests {
 
     use futures::FutureExt;
     use tokio::time::Instant;
+    use tokio_util::sync::CancellationToken;
 
     use super::*;
 
@@ -351,10 +342,14 @@ mod tests {
         let (registered, rx) = watch::channel(owner);
         let recovered = Arc::new(Notify::new());
         let token = CancellationToken::new();
+        let token_for_task = token.clone();
         let interval = crate::config::KubeletConfig::default().lease_renew_interval();
         assert_eq!(interval, Duration::from_secs(10));
-        let m = LeaseManager::with_renewer(rec.clone(), interval, rx, recovered.clone(), token.clone());
-        let task = tokio::spawn(m.run());
+        let m = LeaseManager::with_renewer(rec.clone(), interval, rx, recovered.clone());
+        // stopped as the agent stops it: dropped where it waits
+        let task = tokio::spawn(async move {
+            let _ = token_for_task.run_until_cancelled_owned(m.run()).await;
+        });
         Harness {
             rec,
             registered,

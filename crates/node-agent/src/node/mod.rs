@@ -127,13 +127,19 @@ type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Named health checks evaluated at every status computation; a failing one makes the node NotReady with
 /// `"<name> is not healthy: <error>"` (the kubelet's wording, e.g. for PLEG). Clones share the list.
+///
+/// Graceful node shutdown's `node is shutting down` is a flag of its own ([`HealthChecks::set_shutting_down`]),
+/// not a check in the list: every agent has it, and a list holding one closure cost ~200 bytes per node.
 #[derive(Clone, Default)]
 pub struct HealthChecks {
-    checks: Arc<Mutex<Vec<(String, Check)>>>,
+    inner: Arc<ChecksInner>,
 }
 
-/// A check's name that words its failure as the failure alone (see [`HealthChecks::add_plain`]).
-const PLAIN: &str = "";
+#[derive(Default)]
+struct ChecksInner {
+    shutting_down: std::sync::atomic::AtomicBool,
+    checks: Mutex<Vec<(String, Check)>>,
+}
 
 impl fmt::Debug for HealthChecks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -144,7 +150,7 @@ impl fmt::Debug for HealthChecks {
 
 impl HealthChecks {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, Check)>> {
-        match self.checks.lock() {
+        match self.inner.checks.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
@@ -159,25 +165,28 @@ impl HealthChecks {
         self.lock().push((name.into(), Arc::new(check)));
     }
 
-    /// Adds a check whose failure is the Ready message as it stands (e.g. `node is shutting down`).
-    pub fn add_plain(&self, check: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
-        self.lock().push((PLAIN.to_owned(), Arc::new(check)));
+    /// Marks the node as shutting down (graceful node shutdown): Ready fails with `node is shutting down`.
+    pub fn set_shutting_down(&self) {
+        self.inner
+            .shutting_down
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The failures, worded for the Ready message.
     pub fn failures(&self) -> Vec<String> {
+        let shutting_down = self
+            .inner
+            .shutting_down
+            .load(std::sync::atomic::Ordering::Relaxed);
         let checks: Vec<(String, Check)> = self.lock().clone();
-        checks
+        shutting_down
+            .then(|| "node is shutting down".to_owned())
             .into_iter()
-            .filter_map(|(name, check)| {
-                check().err().map(|e| {
-                    if name == PLAIN {
-                        e
-                    } else {
-                        format!("{name} is not healthy: {e}")
-                    }
-                })
-            })
+            .chain(
+                checks
+                    .into_iter()
+                    .filter_map(|(name, check)| check().err().map(|e| format!("{name} is not healthy: {e}"))),
+            )
             .collect()
     }
 }
@@ -197,6 +206,15 @@ mod tests {
         assert_eq!(
             checks.failures(),
             vec!["PLEG is not healthy: pleg was last seen active 3m0s ago; threshold is 3m0s".to_string()]
+        );
+        // a clone shares the flag; the shutdown's message stands as it is, first
+        checks.clone().set_shutting_down();
+        assert_eq!(
+            checks.failures(),
+            vec![
+                "node is shutting down".to_string(),
+                "PLEG is not healthy: pleg was last seen active 3m0s ago; threshold is 3m0s".to_string()
+            ]
         );
     }
 }

@@ -143,13 +143,12 @@ impl NodeStatusManager {
         self
     }
 
-    /// Registers the Node, then keeps its status current until the token fires.
+    /// Registers the Node, then keeps its status current until dropped (the agent drops it where it waits when
+    /// its token fires, see [`crate::join::join7_stop`]; registration also gives up when the token fires).
     pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             // Give the runtime monitor a moment for its first answer, so the Node is created with real readiness.
-            if !wait_for_first_health(&self.channels.health, &self.token).await {
-                return;
-            }
+            wait_for_first_health(&self.channels.health).await;
             // The calls below are boxed: between them the task holds only its state, not room for their requests.
             if !Box::pin(self.register()).await {
                 return;
@@ -160,7 +159,6 @@ impl NodeStatusManager {
                 self.channels.pressure.clone(),
                 self.channels.resync.clone(),
                 self.channels.node.clone(),
-                self.token.clone(),
             );
             loop {
                 let force = match triggers.next().await {
@@ -186,12 +184,9 @@ impl NodeStatusManager {
                         }
                         continue;
                     }
-                    Trigger::Stop => return,
                 };
                 let force = if self.heartbeats.is_paused() {
-                    if !self.heartbeats.wait_running(&self.token).await {
-                        return;
-                    }
+                    self.heartbeats.wait_running().await;
                     true
                 } else {
                     force

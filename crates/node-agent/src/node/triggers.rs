@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 use super::{NodeSnapshot, Pressure};
 use crate::backoff::JitteredInterval;
@@ -25,23 +24,16 @@ pub const STATUS_JITTER: f64 = 0.04;
 /// How long registration waits for the runtime's first answer before registering anyway.
 pub const FIRST_HEALTH_WAIT: Duration = Duration::from_secs(2);
 
-/// Waits until the runtime monitor published its first answer (at most [`FIRST_HEALTH_WAIT`]); `false` when
-/// `token` fired meanwhile.
-pub async fn wait_for_first_health(
-    health: &watch::Receiver<RuntimeHealth>,
-    token: &CancellationToken,
-) -> bool {
+/// Waits until the runtime monitor published its first answer (at most [`FIRST_HEALTH_WAIT`]).
+pub async fn wait_for_first_health(health: &watch::Receiver<RuntimeHealth>) {
     {
         let h = health.borrow();
         if h.last_sync.is_some() || h.runtime_error.is_some() {
-            return true;
+            return;
         }
     }
     let mut health = health.clone();
-    tokio::select! {
-        _ = tokio::time::timeout(FIRST_HEALTH_WAIT, health.changed()) => true,
-        () = token.cancelled() => false,
-    }
+    let _ = tokio::time::timeout(FIRST_HEALTH_WAIT, health.changed()).await;
 }
 
 /// What the status loop does next.
@@ -55,8 +47,6 @@ pub enum Trigger {
     Resync,
     /// The node informer saw the Node change (learn its pod CIDR; no status computation).
     NodeChanged,
-    /// The agent is stopping.
-    Stop,
 }
 
 /// The timers and signals of one status loop.
@@ -70,7 +60,6 @@ pub struct StatusTriggers {
     resync: Arc<Notify>,
     node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
     node_open: bool,
-    token: CancellationToken,
 }
 
 impl StatusTriggers {
@@ -81,7 +70,6 @@ impl StatusTriggers {
         pressure: watch::Receiver<Pressure>,
         resync: Arc<Notify>,
         node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
-        token: CancellationToken,
     ) -> Self {
         Self {
             interval: JitteredInterval::after_period(update_frequency, STATUS_JITTER),
@@ -92,7 +80,6 @@ impl StatusTriggers {
             resync,
             node,
             node_open: true,
-            token,
         }
     }
 
@@ -120,7 +107,6 @@ impl StatusTriggers {
                     }
                 }
                 () = self.resync.notified() => return Trigger::Resync,
-                () = self.token.cancelled() => return Trigger::Stop,
             }
         }
     }
@@ -138,32 +124,22 @@ mod tests {
         pressure: watch::Sender<Pressure>,
         resync: Arc<Notify>,
         node: watch::Sender<Option<Arc<NodeSnapshot>>>,
-        token: CancellationToken,
     }
 
     fn start() -> Harness {
         let (health, health_rx) = watch::channel(RuntimeHealth::initial());
         let (pressure, pressure_rx) = watch::channel(Pressure::default());
         let resync = Arc::new(Notify::new());
-        let token = CancellationToken::new();
         let frequency = KubeletConfig::default().node_status_update_frequency;
         assert_eq!(frequency, Duration::from_secs(10));
         let (node, node_rx) = watch::channel(None);
-        let triggers = StatusTriggers::new(
-            frequency,
-            health_rx,
-            pressure_rx,
-            resync.clone(),
-            node_rx,
-            token.clone(),
-        );
+        let triggers = StatusTriggers::new(frequency, health_rx, pressure_rx, resync.clone(), node_rx);
         Harness {
             triggers,
             health,
             pressure,
             resync,
             node,
-            token,
         }
     }
 
@@ -193,8 +169,6 @@ mod tests {
             assert!(within(*g, Duration::from_secs(10), STATUS_JITTER), "{gaps:?}");
         }
         assert!(gaps.iter().any(|g| *g != gaps[0]), "jittered: {gaps:?}");
-        h.token.cancel();
-        assert_eq!(h.triggers.next().await, Trigger::Stop);
     }
 
     #[tokio::test(start_paused = true)]
@@ -207,7 +181,6 @@ mod tests {
             pressure,
             resync,
             node,
-            token: _token,
         } = h;
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -251,11 +224,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn registration_waits_for_the_first_runtime_answer_at_most_two_seconds() {
-        let token = CancellationToken::new();
         let (tx, rx) = watch::channel(RuntimeHealth::initial());
 
         let t0 = Instant::now();
-        assert!(wait_for_first_health(&rx, &token).await);
+        wait_for_first_health(&rx).await;
         assert_eq!(
             Instant::now() - t0,
             FIRST_HEALTH_WAIT,
@@ -268,7 +240,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(300)).await;
             sender.send_replace(answered());
         });
-        assert!(wait_for_first_health(&rx, &token).await);
+        wait_for_first_health(&rx).await;
         assert_eq!(
             Instant::now() - t0,
             Duration::from_millis(300),
@@ -276,11 +248,7 @@ mod tests {
         );
 
         let t0 = Instant::now();
-        assert!(wait_for_first_health(&rx, &token).await);
+        wait_for_first_health(&rx).await;
         assert_eq!(Instant::now(), t0, "already answered: no wait");
-
-        let (_tx, rx) = watch::channel(RuntimeHealth::initial());
-        token.cancel();
-        assert!(!wait_for_first_health(&rx, &token).await, "stopping");
     }
 }

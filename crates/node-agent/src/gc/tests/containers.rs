@@ -155,13 +155,12 @@ async fn the_container_loop_runs_once_a_period_and_reports_failures_on_the_node(
         containers: gc,
         images: image_gc_off(&rt, events.clone()),
     };
-    let task = tokio::spawn(run(
+    let task = tokio::spawn(token.clone().run_until_cancelled_owned(run(
         collectors,
         events,
         "n1".into(),
         periods(60, 300),
-        token.clone(),
-    ));
+    )));
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(containers(&rt).await.len(), 2, "one pass within the first period");
     rt.set_reachable(false);

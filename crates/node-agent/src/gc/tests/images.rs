@@ -214,13 +214,12 @@ async fn the_image_loop_reports_a_repeated_failure_as_image_gc_failed() {
         ),
         images: t.gc.clone(),
     };
-    let task = tokio::spawn(run(
+    let task = tokio::spawn(token.clone().run_until_cancelled_owned(run(
         collectors,
         t.recorder.clone(),
         "n1".into(),
         periods(86_400, 300),
-        token.clone(),
-    ));
+    )));
     tokio::time::sleep(period).await;
     let reasons: Vec<String> = t.events.drain().into_iter().map(|e| e.1).collect();
     assert_eq!(reasons, [FREE_DISK_SPACE_FAILED], "one pass, failed once");
@@ -250,13 +249,12 @@ async fn a_high_threshold_of_100_without_a_maximum_age_turns_image_gc_off() {
     };
     assert!(collectors.images.policy().disabled());
     let token = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(run(
+    let task = tokio::spawn(token.clone().run_until_cancelled_owned(run(
         collectors,
         events,
         "n1".into(),
         periods(86_400, 300),
-        token.clone(),
-    ));
+    )));
     // were it on, its passes would fail (the filesystem cannot be measured) and say so from the second one
     tokio::time::sleep(Duration::from_secs(1800)).await;
     assert!(seen.drain().is_empty());

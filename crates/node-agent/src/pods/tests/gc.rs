@@ -82,13 +82,12 @@ async fn a_crash_loop_keeps_its_restart_count_and_last_state_while_dead_instance
         containers: gc,
         images,
     };
-    let task = tokio::spawn(crate::gc::run(
+    let task = tokio::spawn(token.clone().run_until_cancelled_owned(crate::gc::run(
         collectors,
         events,
         "n1".into(),
         periods,
-        token.clone(),
-    ));
+    )));
     let p = pod(
         "crash",
         json!({"containers": [{"name": "app", "image": "busybox:1.36"}]}),
