@@ -142,7 +142,7 @@ impl RuntimeHealthMonitor {
     }
 
     /// Polls immediately, then every [`POLL_PERIOD`] (jittered) and whenever asked to recheck, until dropped
-    /// (the agent drops it where it waits when its token fires, see [`crate::join::join7_stop`]).
+    /// (the agent drops it where it waits when its token fires, see `join::join7_stop`).
     pub fn run(self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             let mut interval = JitteredInterval::immediate(POLL_PERIOD, 0.1);

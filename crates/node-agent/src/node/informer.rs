@@ -43,7 +43,7 @@ impl NodeInformer {
     }
 
     /// Follows the Node until dropped (the agent drops it where it waits when its token fires, see
-    /// [`crate::join::join7_stop`]).
+    /// `join::join7_stop`).
     pub fn run(self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             // the client moves into the watch (a clone would be held twice, 96 bytes each)
