@@ -9,8 +9,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use serde_json::json;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -83,7 +82,8 @@ fn gone(err: &kube::Error) -> bool {
 /// mirror pod (`target` is the mirror's UID); a static pod is never deleted here.
 #[allow(clippy::too_many_arguments)]
 async fn write(
-    api: Api<Pod>,
+    client: crate::client::ApiClient,
+    namespace: String,
     calls: ApiCalls,
     uid: String,
     target: MirrorOf,
@@ -101,12 +101,9 @@ async fn write(
     };
     let is_static = target_uid != uid;
     if let Some((status, fingerprint)) = status {
-        let body = json!({"metadata": {"uid": target_uid}, "status": canonical::owned(&status)});
-        let (patch, params) = (Patch::Strategic(body), PatchParams::default());
-        match calls
-            .run("patch", "pods/status", api.patch_status(&name, &params, &patch))
-            .await
-        {
+        let patch = Patch::Strategic(canonical::PatchBody::new(&target_uid, &status));
+        let request = pods(&namespace).patch_subresource("status", &name, &PatchParams::default(), &patch);
+        match calls.run("patch", "pods/status", client.write(request)).await {
             Ok(_) => {
                 acked = Some(fingerprint);
                 running = status.phase.as_deref() == Some("Running");
@@ -134,7 +131,8 @@ async fn write(
             }),
             ..Default::default()
         };
-        return match calls.run("delete", "pods", api.delete(&name, &params)).await {
+        let request = pods(&namespace).delete(&name, &params);
+        return match calls.run("delete", "pods", client.write(request)).await {
             Ok(_) => (uid, Outcome::Gone),
             Err(err) if gone(&err) => (uid, Outcome::Gone),
             Err(err) => {
@@ -151,6 +149,11 @@ async fn write(
             written,
         },
     )
+}
+
+/// Requests on the pods of `namespace`.
+fn pods(namespace: &str) -> kube::core::Request {
+    kube::core::Request::new(<Pod as kube::Resource>::url_path(&(), Some(namespace)))
 }
 
 impl StatusManager {
@@ -294,10 +297,10 @@ impl StatusManager {
                 continue;
             }
             e.in_flight = true;
-            let api: Api<Pod> = Api::namespaced(self.client.kube(), &e.namespace);
             let target = self.mirrors.lookup(&uid);
             return Some(Box::pin(write(
-                api,
+                self.client.clone(),
+                e.namespace.clone(),
                 self.api.clone(),
                 uid,
                 target,
