@@ -15,7 +15,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -54,13 +53,99 @@ impl EventType {
     }
 }
 
+/// An event waiting to be written. Its strings (the involved object's seven fields, the reason, the message)
+/// are one allocation: queued as ten strings, the events of a burst of pod starts were tens of thousands of
+/// small allocations, freed out of order with the pods' long-lived state and leaving the allocator's pages
+/// part-used after the burst.
 #[derive(Debug)]
 struct PendingEvent {
-    object: ObjectReference,
+    texts: Box<str>,
+    /// Where each field ends in `texts` (fields in the `F_*` order).
+    ends: [u32; FIELDS],
+    /// Bit `i`: field `i` is present (the object's fields are optional).
+    present: u16,
     kind: EventType,
-    reason: String,
-    message: String,
     at: Timestamp,
+}
+
+const FIELDS: usize = 9;
+const F_API_VERSION: usize = 0;
+const F_FIELD_PATH: usize = 1;
+const F_KIND: usize = 2;
+const F_NAME: usize = 3;
+const F_NAMESPACE: usize = 4;
+const F_RESOURCE_VERSION: usize = 5;
+const F_UID: usize = 6;
+const F_REASON: usize = 7;
+const F_MESSAGE: usize = 8;
+
+impl PendingEvent {
+    fn new(object: &ObjectReference, kind: EventType, reason: &str, message: &str, at: Timestamp) -> Self {
+        let o = object;
+        let fields: [Option<&str>; FIELDS] = [
+            o.api_version.as_deref(),
+            o.field_path.as_deref(),
+            o.kind.as_deref(),
+            o.name.as_deref(),
+            o.namespace.as_deref(),
+            o.resource_version.as_deref(),
+            o.uid.as_deref(),
+            Some(reason),
+            Some(message),
+        ];
+        let mut texts = String::with_capacity(fields.iter().flatten().map(|f| f.len()).sum());
+        let mut ends = [0; FIELDS];
+        let mut present = 0;
+        for (i, field) in fields.iter().enumerate() {
+            if let Some(f) = field {
+                texts.push_str(f);
+                present |= 1 << i;
+            }
+            // saturates past 4 GiB (an event's strings are short); a field cut that way reads as empty
+            ends[i] = u32::try_from(texts.len()).unwrap_or(u32::MAX);
+        }
+        Self {
+            texts: texts.into_boxed_str(),
+            ends,
+            present,
+            kind,
+            at,
+        }
+    }
+
+    fn field(&self, i: usize) -> Option<&str> {
+        if self.present & (1 << i) == 0 {
+            return None;
+        }
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        self.texts.get(start..self.ends[i] as usize)
+    }
+
+    fn reason(&self) -> &str {
+        self.field(F_REASON).unwrap_or_default()
+    }
+
+    fn message(&self) -> &str {
+        self.field(F_MESSAGE).unwrap_or_default()
+    }
+
+    fn name(&self) -> Option<&str> {
+        self.field(F_NAME)
+    }
+
+    /// The involved object, as it was recorded.
+    fn object(&self) -> ObjectReference {
+        let get = |i| self.field(i).map(str::to_owned);
+        ObjectReference {
+            api_version: get(F_API_VERSION),
+            field_path: get(F_FIELD_PATH),
+            kind: get(F_KIND),
+            name: get(F_NAME),
+            namespace: get(F_NAMESPACE),
+            resource_version: get(F_RESOURCE_VERSION),
+            uid: get(F_UID),
+        }
+    }
 }
 
 /// Records events for one agent; clone freely.
@@ -88,15 +173,16 @@ impl EventRecorder {
         reason: &str,
         message: impl Into<String>,
     ) {
-        let ev = Box::new(PendingEvent {
-            object: object.clone(),
+        let message = message.into();
+        let ev = Box::new(PendingEvent::new(
+            object,
             kind,
-            reason: reason.to_owned(),
-            message: message.into(),
-            at: Timestamp::now(),
-        });
+            reason,
+            &message,
+            Timestamp::now(),
+        ));
         if let Err(chan::SendError(ev)) = self.tx.try_send(ev) {
-            tracing::debug!(reason = %ev.reason, object = ?ev.object.name, "event dropped: queue full or closed");
+            tracing::debug!(reason = %ev.reason(), object = ?ev.name(), "event dropped: queue full or closed");
         }
     }
 
@@ -130,7 +216,12 @@ impl CapturedEvents {
     pub(crate) fn drain(&mut self) -> Vec<(EventType, String, String, String)> {
         let mut out = Vec::new();
         while let Ok(ev) = self.rx.try_recv() {
-            out.push((ev.kind, ev.reason, ev.message, ev.object.name.unwrap_or_default()));
+            out.push((
+                ev.kind,
+                ev.reason().to_owned(),
+                ev.message().to_owned(),
+                ev.name().unwrap_or_default().to_owned(),
+            ));
         }
         out
     }
@@ -146,9 +237,14 @@ struct Recent {
     seen: Instant,
 }
 
+/// Requests on the Events of `namespace`.
+fn events_in(namespace: &str) -> kube::core::Request {
+    kube::core::Request::new(<Event as kube::Resource>::url_path(&(), Some(namespace)))
+}
+
 /// An event's name: its object's name and a hexadecimal timestamp, unique per object and first occurrence.
 fn event_name(ev: &PendingEvent, first_at: i64) -> String {
-    format!("{}.{first_at:x}", ev.object.name.as_deref().unwrap_or("unknown"))
+    format!("{}.{first_at:x}", ev.name().unwrap_or("unknown"))
 }
 
 /// The task that writes one agent's events to the API server.
@@ -218,16 +314,15 @@ impl EventSink {
 
     fn key(ev: &PendingEvent) -> u64 {
         let mut h = DefaultHasher::new();
-        let o = &ev.object;
         (
-            &o.namespace,
-            &o.kind,
-            &o.name,
-            &o.uid,
-            &o.field_path,
+            ev.field(F_NAMESPACE),
+            ev.field(F_KIND),
+            ev.name(),
+            ev.field(F_UID),
+            ev.field(F_FIELD_PATH),
             ev.kind,
-            &ev.reason,
-            &ev.message,
+            ev.reason(),
+            ev.message(),
         )
             .hash(&mut h);
         h.finish()
@@ -242,28 +337,20 @@ impl EventSink {
             .retain(|r| now.saturating_duration_since(r.seen) < RECENT_TTL);
         let key = Self::key(&ev);
         let namespace = ev
-            .object
-            .namespace
-            .clone()
+            .field(F_NAMESPACE)
             .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| "default".into());
+            .unwrap_or("default")
+            .to_owned();
 
         if let Some(pos) = self.recent.iter().position(|r| r.key == key) {
             let (name, count) = (
                 event_name(&ev, self.recent[pos].first_at),
                 self.recent[pos].count + 1,
             );
-            let api: Api<Event> = Api::namespaced(self.client.kube(), &namespace);
             let patch = serde_json::json!({ "count": count, "lastTimestamp": Time(ev.at) });
-            match self
-                .api
-                .run(
-                    "patch",
-                    "events",
-                    api.patch(&name, &PatchParams::default(), &Patch::Strategic(&patch)),
-                )
-                .await
-            {
+            let request =
+                events_in(&namespace).patch(&name, &PatchParams::default(), &Patch::Strategic(&patch));
+            match self.api.run("patch", "events", self.client.write(request)).await {
                 Ok(_) => {
                     let r = &mut self.recent[pos];
                     r.count = count;
@@ -274,7 +361,7 @@ impl EventSink {
                     self.recent.remove(pos);
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, reason = %ev.reason, "could not update event");
+                    tracing::warn!(error = %e, reason = %ev.reason(), "could not update event");
                     return;
                 }
             }
@@ -289,9 +376,9 @@ impl EventSink {
                 namespace: Some(namespace.clone()),
                 ..Default::default()
             },
-            involved_object: ev.object.clone(),
-            reason: Some(ev.reason.clone()),
-            message: Some(ev.message.clone()),
+            involved_object: ev.object(),
+            reason: Some(ev.reason().to_owned()),
+            message: Some(ev.message().to_owned()),
             type_: Some(ev.kind.as_str().into()),
             source: Some(EventSource {
                 component: Some(COMPONENT.into()),
@@ -304,22 +391,27 @@ impl EventSink {
             count: Some(1),
             ..Default::default()
         };
-        let api: Api<Event> = Api::namespaced(self.client.kube(), &namespace);
+        // the body is made once; the Event is not kept across the write (nor the object the server returns)
+        let body = match serde_json::to_vec(&event) {
+            Ok(body) => body,
+            Err(e) => {
+                tracing::warn!(error = %e, reason = %ev.reason(), "could not encode event");
+                return;
+            }
+        };
+        drop(event);
         let mut backoff = Backoff::new(BackoffPolicy::api_retry());
         loop {
-            match self
-                .api
-                .run("create", "events", api.create(&PostParams::default(), &event))
-                .await
-            {
+            let request = events_in(&namespace).create(&PostParams::default(), body.clone());
+            match self.api.run("create", "events", self.client.write(request)).await {
                 Ok(_) => break,
                 Err(e) if is_already_exists(&e) => break,
                 Err(e) if backoff.attempts() < 3 && !self.token.is_cancelled() => {
-                    tracing::debug!(error = %e, reason = %ev.reason, "event write failed, retrying");
+                    tracing::debug!(error = %e, reason = %ev.reason(), "event write failed, retrying");
                     backoff.wait().await;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, reason = %ev.reason, "could not write event");
+                    tracing::warn!(error = %e, reason = %ev.reason(), "could not write event");
                     return;
                 }
             }
@@ -333,5 +425,39 @@ impl EventSink {
             count: 1,
             seen: now,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pending_event_gives_back_the_object_reason_and_message_it_was_recorded_with() {
+        let object = ObjectReference {
+            api_version: Some("v1".into()),
+            field_path: Some("spec.containers{app}".into()),
+            kind: Some("Pod".into()),
+            name: Some("web-0".into()),
+            namespace: Some(String::new()),
+            resource_version: None,
+            uid: Some("8f0c".into()),
+        };
+        let at = Timestamp::now();
+        let ev = PendingEvent::new(
+            &object,
+            EventType::Warning,
+            "BackOff",
+            "Back-off restarting — ünïcode",
+            at,
+        );
+        assert_eq!(ev.object(), object, "absent stays absent, empty stays empty");
+        assert_eq!(ev.reason(), "BackOff");
+        assert_eq!(ev.message(), "Back-off restarting — ünïcode");
+        assert_eq!(ev.name(), Some("web-0"));
+        assert_eq!((ev.kind, ev.at), (EventType::Warning, at));
+        let node = PendingEvent::new(&node_reference("n1"), EventType::Normal, "NodeReady", "", at);
+        assert_eq!(node.object(), node_reference("n1"));
+        assert_eq!(node.message(), "");
     }
 }
