@@ -23,7 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use runtime_api::{Runtime, cri};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, json};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -83,6 +83,12 @@ pub struct NodeStatusManager {
     startup: Option<Box<StartupClock>>,
     needs_registration: bool,
     heartbeats: super::Heartbeats,
+}
+
+/// The body of a `nodes/status` patch: `{"status": …}`.
+#[derive(Debug, serde::Serialize)]
+struct StatusPatch<'a> {
+    status: &'a k8s_openapi::api::core::v1::NodeStatus,
 }
 
 /// When the phases of the node's start-up began (the agent, its registration, the registered Node).
@@ -463,13 +469,9 @@ impl NodeStatusManager {
         {
             status.images = Some(list.clone());
         }
-        let patch = match serde_json::to_value(&status) {
-            Ok(v) => json!({ "status": v }),
-            Err(e) => {
-                tracing::error!(error = %e, "could not serialize node status");
-                return;
-            }
-        };
+        // serialised straight from the status when the request is made (a JSON tree of it was hundreds of
+        // small allocations per node, made by every node at once when a fleet registers)
+        let patch = StatusPatch { status: &status };
         match self.write(&patch).await {
             Ok(node) => {
                 self.policy.written(now, &fps);
@@ -493,7 +495,7 @@ impl NodeStatusManager {
         }
     }
 
-    async fn write(&self, patch: &Value) -> Result<Node, NodeError> {
+    async fn write(&self, patch: &StatusPatch<'_>) -> Result<Node, NodeError> {
         let api = self.node_api();
         let params = PatchParams::default();
         let mut last = None;
