@@ -36,6 +36,11 @@ impl ApiClient {
     }
 }
 
+/// Requests on the objects of kind `K` in `namespace`, for [`ApiClient::write`].
+pub fn namespaced<K: kube::Resource<DynamicType = ()>>(namespace: &str) -> kube::core::Request {
+    kube::core::Request::new(K::url_path(&(), Some(namespace)))
+}
+
 impl From<kube::Client> for ApiClient {
     fn from(client: kube::Client) -> Self {
         Self::new(client)

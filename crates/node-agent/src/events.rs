@@ -237,11 +237,6 @@ struct Recent {
     seen: Instant,
 }
 
-/// Requests on the Events of `namespace`.
-fn events_in(namespace: &str) -> kube::core::Request {
-    kube::core::Request::new(<Event as kube::Resource>::url_path(&(), Some(namespace)))
-}
-
 /// An event's name: its object's name and a hexadecimal timestamp, unique per object and first occurrence.
 fn event_name(ev: &PendingEvent, first_at: i64) -> String {
     format!("{}.{first_at:x}", ev.name().unwrap_or("unknown"))
@@ -348,8 +343,11 @@ impl EventSink {
                 self.recent[pos].count + 1,
             );
             let patch = serde_json::json!({ "count": count, "lastTimestamp": Time(ev.at) });
-            let request =
-                events_in(&namespace).patch(&name, &PatchParams::default(), &Patch::Strategic(&patch));
+            let request = crate::client::namespaced::<Event>(&namespace).patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            );
             match self.api.run("patch", "events", self.client.write(request)).await {
                 Ok(_) => {
                     let r = &mut self.recent[pos];
@@ -402,7 +400,8 @@ impl EventSink {
         drop(event);
         let mut backoff = Backoff::new(BackoffPolicy::api_retry());
         loop {
-            let request = events_in(&namespace).create(&PostParams::default(), body.clone());
+            let request =
+                crate::client::namespaced::<Event>(&namespace).create(&PostParams::default(), body.clone());
             match self.api.run("create", "events", self.client.write(request)).await {
                 Ok(_) => break,
                 Err(e) if is_already_exists(&e) => break,

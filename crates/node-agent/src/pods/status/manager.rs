@@ -102,7 +102,12 @@ async fn write(
     let is_static = target_uid != uid;
     if let Some((status, fingerprint)) = status {
         let patch = Patch::Strategic(canonical::PatchBody::new(&target_uid, &status));
-        let request = pods(&namespace).patch_subresource("status", &name, &PatchParams::default(), &patch);
+        let request = crate::client::namespaced::<Pod>(&namespace).patch_subresource(
+            "status",
+            &name,
+            &PatchParams::default(),
+            &patch,
+        );
         match calls.run("patch", "pods/status", client.write(request)).await {
             Ok(_) => {
                 acked = Some(fingerprint);
@@ -131,7 +136,7 @@ async fn write(
             }),
             ..Default::default()
         };
-        let request = pods(&namespace).delete(&name, &params);
+        let request = crate::client::namespaced::<Pod>(&namespace).delete(&name, &params);
         return match calls.run("delete", "pods", client.write(request)).await {
             Ok(_) => (uid, Outcome::Gone),
             Err(err) if gone(&err) => (uid, Outcome::Gone),
@@ -149,11 +154,6 @@ async fn write(
             written,
         },
     )
-}
-
-/// Requests on the pods of `namespace`.
-fn pods(namespace: &str) -> kube::core::Request {
-    kube::core::Request::new(<Pod as kube::Resource>::url_path(&(), Some(namespace)))
 }
 
 impl StatusManager {
