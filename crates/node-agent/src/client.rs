@@ -6,6 +6,8 @@
 //! as it runs ([`ApiClient::kube`]), which is what `kube::Client` does on every request anyway.
 
 use std::ops::Deref;
+
+use futures::future::Either;
 use std::sync::Arc;
 
 /// A shared handle on one `kube::Client` (8 bytes; clones share the client).
@@ -26,13 +28,31 @@ impl ApiClient {
     /// Sends a write whose answer the caller does not use (`request` as `kube::core::Request` builds it): API
     /// errors come back as with `kube::Api`, and the object the server returns is read over without being
     /// kept. Decoding it only to drop it (a Pod with its managed fields is ~100 small allocations) made every
-    /// status write a burst of short-lived allocations beside the long-lived ones.
-    pub async fn write(
+    /// status write a burst of short-lived allocations beside the long-lived ones. The request is held once,
+    /// inside the client's future (an `async fn` would hold it beside that future too).
+    pub fn write(
         &self,
         request: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
-    ) -> kube::Result<()> {
-        let request = request.map_err(kube::Error::BuildRequest)?;
-        self.0.request::<serde::de::IgnoredAny>(request).await.map(drop)
+    ) -> impl Future<Output = kube::Result<()>> + '_ {
+        use futures::FutureExt;
+        match request {
+            Ok(r) => Either::Left(self.0.request::<serde::de::IgnoredAny>(r).map(|r| r.map(drop))),
+            Err(e) => Either::Right(std::future::ready(Err(kube::Error::BuildRequest(e)))),
+        }
+    }
+}
+
+impl ApiClient {
+    /// Sends `request` and returns the text of the answer (API errors as with `kube::Api`), for a caller that
+    /// reads only part of the object.
+    pub fn text(
+        &self,
+        request: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+    ) -> impl Future<Output = kube::Result<String>> + '_ {
+        match request {
+            Ok(r) => Either::Left(self.0.request_text(r)),
+            Err(e) => Either::Right(std::future::ready(Err(kube::Error::BuildRequest(e)))),
+        }
     }
 }
 
