@@ -6,9 +6,16 @@
 //! only when the object carries anything else (labels, annotations, other owners, an acquire time, ...), the
 //! rest of it, written back unchanged. A node's usual Lease then costs two short strings instead of a decoded
 //! object of ~800 bytes, held by every node for its whole life.
+//!
+//! The answer to each renewal is read the same way ([`KeptLease::from_answer`]): a usual Lease is read for those
+//! three fields alone, its managed fields skipped unparsed (decoding the whole object, ~20 small allocations
+//! every ten seconds per node, was the largest part of a renewal's cost in an idle fleet after the request itself);
+//! anything else is decoded whole.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use serde::Deserialize;
+use serde::de::IgnoredAny;
 
 use super::lease::LEASE_NAMESPACE;
 
@@ -75,6 +82,15 @@ impl KeptLease {
         }
     }
 
+    /// Keeps the Lease of the node `node` from the text of the API server's answer: what [`KeptLease::of`]
+    /// keeps of the decoded object, without decoding it when it is a usual Lease.
+    pub(super) fn from_answer(text: &str, node: &str) -> serde_json::Result<Self> {
+        match usual(text, node) {
+            Some(kept) => Ok(kept),
+            None => serde_json::from_str::<Lease>(text).map(|lease| Self::of(lease, node)),
+        }
+    }
+
     /// The object to renew from: what was kept, named `node` in the lease namespace (holder, duration, renew
     /// time and owner are for the caller to set).
     pub(super) fn to_lease(&self, node: &str) -> Lease {
@@ -95,6 +111,83 @@ impl KeptLease {
     }
 }
 
+/// A Lease answer holding nothing but what a renewal sets again and the server's fields: any other field fails
+/// the read (`deny_unknown_fields`), and so does a string that cannot be borrowed from the text (an escape).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(dead_code)] // some fields are read only to refuse the others
+struct UsualAnswer<'a> {
+    #[serde(default)]
+    api_version: IgnoredAny,
+    #[serde(default)]
+    kind: IgnoredAny,
+    #[serde(borrow)]
+    metadata: UsualMeta<'a>,
+    #[serde(default)]
+    spec: Option<UsualSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(dead_code)] // the managed fields are read only to be skipped
+struct UsualMeta<'a> {
+    name: Option<&'a str>,
+    namespace: Option<&'a str>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    creation_timestamp: Option<Time>,
+    #[serde(default)]
+    managed_fields: IgnoredAny,
+    /// Exactly one reference (an empty or longer list fails the read).
+    #[serde(borrow)]
+    owner_references: Option<[UsualOwner<'a>; 1]>,
+}
+
+/// An owner reference with no `controller` or `blockOwnerDeletion`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(dead_code)] // some fields are read only to refuse the others
+struct UsualOwner<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    name: &'a str,
+    #[serde(default)]
+    uid: IgnoredAny,
+}
+
+/// A spec holding only what every renewal sets.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(dead_code)] // some fields are read only to refuse the others
+struct UsualSpec {
+    #[serde(default)]
+    holder_identity: IgnoredAny,
+    #[serde(default)]
+    lease_duration_seconds: IgnoredAny,
+    #[serde(default)]
+    renew_time: IgnoredAny,
+}
+
+/// What [`KeptLease::of`] keeps of the Lease in `text`, when the Lease is a usual one for `node` (named for it,
+/// in the lease namespace, owned by the plain reference to its Node, nothing else set); `None` otherwise.
+fn usual(text: &str, node: &str) -> Option<KeptLease> {
+    let answer: UsualAnswer<'_> = serde_json::from_str(text).ok()?;
+    let m = answer.metadata;
+    let owner_is_plain = match &m.owner_references {
+        None => true,
+        Some([o]) => o.api_version == "v1" && o.kind == "Node" && o.name == node,
+    };
+    let usual = m.name.is_none_or(|n| n == node)
+        && m.namespace.is_none_or(|n| n == LEASE_NAMESPACE)
+        && owner_is_plain;
+    usual.then_some(KeptLease {
+        uid: m.uid,
+        resource_version: m.resource_version,
+        created: m.creation_timestamp,
+        rest: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::coordination::v1::Lease;
@@ -103,7 +196,15 @@ mod tests {
     use super::KeptLease;
 
     fn lease(extra_meta: serde_json::Value, extra_spec: serde_json::Value) -> Lease {
+        serde_json::from_str(&answer(extra_meta, extra_spec)).unwrap()
+    }
+
+    /// The text of a Lease answer for the node `n1`, with `extra_meta` and `extra_spec` set over the usual fields
+    /// (a `null` removes one).
+    fn answer(extra_meta: serde_json::Value, extra_spec: serde_json::Value) -> String {
         let mut v = json!({
+            "kind": "Lease",
+            "apiVersion": "coordination.k8s.io/v1",
             "metadata": {
                 "name": "n1",
                 "namespace": "kube-node-lease",
@@ -115,13 +216,103 @@ mod tests {
             },
             "spec": {"holderIdentity": "n1", "leaseDurationSeconds": 40, "renewTime": "2026-11-26T08:00:10.000000Z"},
         });
-        for (k, val) in extra_meta.as_object().unwrap() {
-            v["metadata"][k] = val.clone();
+        for (part, extra) in [("metadata", extra_meta), ("spec", extra_spec)] {
+            for (k, val) in extra.as_object().unwrap() {
+                let fields = v[part].as_object_mut().unwrap();
+                if val.is_null() {
+                    fields.remove(k);
+                } else {
+                    fields.insert(k.clone(), val.clone());
+                }
+            }
         }
-        for (k, val) in extra_spec.as_object().unwrap() {
-            v["spec"][k] = val.clone();
+        v.to_string()
+    }
+
+    #[test]
+    fn an_answer_is_kept_as_its_decoded_lease_would_be_and_a_usual_one_is_read_lean() {
+        let plain_owner = json!([{"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "a1"}]);
+        // (extra metadata, extra spec, whether the lean read takes it)
+        let cases = [
+            (json!({}), json!({}), true),
+            (
+                json!({"managedFields": null, "ownerReferences": null}),
+                json!({}),
+                true,
+            ),
+            (
+                json!({"name": null, "namespace": null}),
+                json!({"renewTime": null}),
+                true,
+            ),
+            (
+                json!({"ownerReferences": plain_owner}),
+                json!({"holderIdentity": null}),
+                true,
+            ),
+            (json!({"labels": {"team": "a"}}), json!({}), false),
+            (json!({"annotations": {"note": "kept"}}), json!({}), false),
+            (json!({"finalizers": ["x/y"]}), json!({}), false),
+            (json!({"name": "n2"}), json!({}), false),
+            (json!({"namespace": "default"}), json!({}), false),
+            (json!({"ownerReferences": []}), json!({}), false),
+            (
+                json!({"ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "n2", "uid": "b2"}]}),
+                json!({}),
+                false,
+            ),
+            (
+                json!({"ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "a1", "controller": true}
+                ]}),
+                json!({}),
+                false,
+            ),
+            (
+                json!({"ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "a1"},
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "c", "uid": "c1"},
+                ]}),
+                json!({}),
+                false,
+            ),
+            (
+                json!({}),
+                json!({"acquireTime": "2026-11-26T07:00:00.000000Z"}),
+                false,
+            ),
+            (json!({}), json!({"leaseTransitions": 3}), false),
+            (
+                json!({}),
+                json!({"preferredHolder": "n2", "strategy": "OldestEmulationVersion"}),
+                false,
+            ),
+        ];
+        for (meta, spec, lean) in cases {
+            let text = answer(meta.clone(), spec.clone());
+            let decoded = KeptLease::of(serde_json::from_str(&text).unwrap(), "n1");
+            assert_eq!(KeptLease::from_answer(&text, "n1").unwrap(), decoded, "{text}");
+            assert_eq!(super::usual(&text, "n1").is_some(), lean, "{text}");
+            assert_eq!(decoded.has_rest(), !lean, "{text}");
         }
-        serde_json::from_value(v).unwrap()
+        // a string the lean read cannot borrow (an escape) sends the answer to the whole decoding
+        let escaped = answer(json!({}), json!({})).replace("kube-node-lease", "kube-node-leas\\u0065");
+        assert!(super::usual(&escaped, "n1").is_none());
+        let kept = KeptLease::from_answer(&escaped, "n1").unwrap();
+        assert!(!kept.has_rest());
+        assert_eq!(kept, KeptLease::of(serde_json::from_str(&escaped).unwrap(), "n1"));
+
+        let usual = KeptLease::from_answer(&answer(json!({}), json!({})), "n1").unwrap();
+        assert_eq!(usual.resource_version.as_deref(), Some("812"));
+        assert_eq!(usual.uid.as_deref(), Some("3f1c"));
+        assert!(usual.created.is_some());
+    }
+
+    #[test]
+    fn an_answer_that_is_not_a_lease_is_an_error() {
+        let err = KeptLease::from_answer(r#"{"metadata": {"uid": 7}}"#, "n1").unwrap_err();
+        assert!(err.is_data(), "{err}");
+        assert!(KeptLease::from_answer("not json", "n1").unwrap_err().is_syntax());
     }
 
     #[test]

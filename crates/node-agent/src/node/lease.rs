@@ -252,19 +252,27 @@ impl ApiLease {
             refs.retain(|r| r.kind != "Node");
             refs.push(Self::owner_reference(owner));
         }
+        let body = serde_json::to_vec(&lease).map_err(|e| api_err("update")(kube::Error::SerdeError(e)))?;
+        let request = crate::client::namespaced::<Lease>(LEASE_NAMESPACE).replace(
+            &self.node_name,
+            &PostParams::default(),
+            body,
+        );
         match self
             .calls
-            .run(
-                "update",
-                "leases",
-                self.api()
-                    .replace(&self.node_name, &PostParams::default(), &lease),
-            )
+            .run("update", "leases", self.client.text(request))
             .await
-        {
-            Ok(updated) => {
-                self.keep(updated);
+            .and_then(|answer| {
+                KeptLease::from_answer(&answer, &self.node_name).map_err(kube::Error::SerdeError)
+            }) {
+            Ok(kept) => {
+                self.lease = Some(kept);
                 Ok(())
+            }
+            Err(e @ kube::Error::SerdeError(_)) => {
+                // renewed, but what the server holds now is unknown: read it again next time
+                self.lease = None;
+                Err(api_err("update")(e))
             }
             Err(e) => {
                 if is_conflict(&e) || is_not_found(&e) {
