@@ -22,20 +22,45 @@ use crate::pods::static_pods::{MirrorOf, Mirrors};
 /// Pods written at the same time by one agent.
 pub(crate) const IN_FLIGHT: usize = 4;
 
+/// What the writer holds of one pod for the pod's life (72 bytes: one per running pod of every node).
 struct Entry {
-    namespace: String,
-    name: String,
+    /// `namespace/name` (neither can hold a `/`): one allocation, not two.
+    object: Box<str>,
     /// Fingerprint of the status the API server holds (as last written or seen).
     acked: Option<u64>,
     pending: Option<Box<PodStatus>>,
     timeline: Option<Box<Timeline>>,
     /// The status last written, kept for static pods only (written again to a new mirror pod).
     last: Option<Box<PodStatus>>,
+    /// Made at a pod's first failed write, dropped at its next success.
+    retry: Option<Box<Retry>>,
     delete: bool,
     in_flight: bool,
-    retry_at: Option<Instant>,
-    /// Boxed: made at a pod's first failed write, and an entry is held per pod.
-    backoff: Option<Box<Backoff>>,
+}
+
+/// The retries of a pod whose write failed.
+struct Retry {
+    /// When it is written again; `None` once it is queued again.
+    at: Option<Instant>,
+    backoff: Backoff,
+}
+
+fn object_of(namespace: &str, name: &str) -> Box<str> {
+    format!("{namespace}/{name}").into_boxed_str()
+}
+
+impl Entry {
+    fn namespace(&self) -> &str {
+        self.object.split_once('/').map_or("", |(ns, _)| ns)
+    }
+
+    fn name(&self) -> &str {
+        self.object.split_once('/').map_or("", |(_, n)| n)
+    }
+
+    fn retry_at(&self) -> Option<Instant> {
+        self.retry.as_ref().and_then(|r| r.at)
+    }
 }
 
 /// How one write ended.
@@ -184,16 +209,14 @@ impl StatusManager {
 
     fn entry(&mut self, uid: &str, namespace: &str, name: &str) -> &mut Entry {
         self.entries.entry(uid.to_owned()).or_insert_with(|| Entry {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
+            object: object_of(namespace, name),
             acked: None,
             pending: None,
             timeline: None,
             last: None,
+            retry: None,
             delete: false,
             in_flight: false,
-            retry_at: None,
-            backoff: None,
         })
     }
 
@@ -213,20 +236,24 @@ impl StatusManager {
                 timeline,
             } => {
                 let e = self.entry(&uid, &namespace, &name);
-                (e.namespace, e.name) = (namespace, name);
+                if e.namespace() != namespace || e.name() != name {
+                    e.object = object_of(&namespace, &name);
+                }
                 e.pending = Some(status);
                 if timeline.is_some() {
                     e.timeline = timeline;
                 }
-                if e.retry_at.is_none() {
+                if e.retry_at().is_none() {
                     self.mark(&uid);
                 }
             }
             StatusMsg::Delete { uid, namespace, name } => {
                 let e = self.entry(&uid, &namespace, &name);
-                (e.namespace, e.name) = (namespace, name);
+                if e.namespace() != namespace || e.name() != name {
+                    e.object = object_of(&namespace, &name);
+                }
                 e.delete = true;
-                if e.retry_at.is_none() {
+                if e.retry_at().is_none() {
                     self.mark(&uid);
                 }
             }
@@ -244,7 +271,7 @@ impl StatusManager {
                 if e.pending.is_none() {
                     e.pending = e.last.take();
                 }
-                if e.retry_at.is_none() && e.pending.is_some() {
+                if e.retry_at().is_none() && e.pending.is_some() {
                     self.mark(&uid);
                 }
             }
@@ -252,15 +279,17 @@ impl StatusManager {
     }
 
     fn next_retry(&self) -> Option<Instant> {
-        self.entries.values().filter_map(|e| e.retry_at).min()
+        self.entries.values().filter_map(Entry::retry_at).min()
     }
 
     fn requeue_due(&mut self) {
         let now = Instant::now();
         let mut due = Vec::new();
         for (uid, e) in &mut self.entries {
-            if e.retry_at.is_some_and(|at| at <= now) {
-                e.retry_at = None;
+            if let Some(r) = e.retry.as_mut()
+                && r.at.is_some_and(|at| at <= now)
+            {
+                r.at = None;
                 due.push(uid.clone());
             }
         }
@@ -300,11 +329,11 @@ impl StatusManager {
             let target = self.mirrors.lookup(&uid);
             return Some(Box::pin(write(
                 self.client.clone(),
-                e.namespace.clone(),
+                e.namespace().to_owned(),
                 self.api.clone(),
                 uid,
                 target,
-                e.name.clone(),
+                e.name().to_owned(),
                 status,
                 e.delete,
             )));
@@ -335,7 +364,7 @@ impl StatusManager {
                 written,
             } => {
                 e.acked = acked.or(e.acked);
-                e.backoff = None;
+                e.retry = None;
                 if written.is_some() {
                     e.last = written;
                 }
@@ -347,8 +376,13 @@ impl StatusManager {
                 if e.pending.is_none() {
                     e.pending = status;
                 }
-                let delay = Backoff::in_slot(&mut e.backoff, BackoffPolicy::api_retry()).next_delay();
-                e.retry_at = Some(Instant::now() + delay);
+                let retry = e.retry.get_or_insert_with(|| {
+                    Box::new(Retry {
+                        at: None,
+                        backoff: Backoff::new(BackoffPolicy::api_retry()),
+                    })
+                });
+                retry.at = Some(Instant::now() + retry.backoff.next_delay());
                 self.dirty.retain(|u| *u != uid);
                 return;
             }

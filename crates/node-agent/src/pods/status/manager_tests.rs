@@ -230,3 +230,29 @@ async fn the_idle_status_managers_future_stays_small() {
     // while the retry timer was held in place
     assert!(size <= 528, "the status manager's run future is {size} bytes");
 }
+
+/// The writer holds an entry per pod for the pod's life: its size is per running pod of every node.
+#[test]
+fn a_pods_entry_stays_small() {
+    let size = std::mem::size_of::<super::Entry>();
+    println!("status entry {size} bytes");
+    // 120 bytes (and two allocations for the namespace and name) while the retry time sat beside the back-off
+    assert!(size <= 72, "a status entry is {size} bytes");
+    let entry = |namespace, name| super::Entry {
+        object: super::object_of(namespace, name),
+        acked: None,
+        pending: None,
+        timeline: None,
+        last: None,
+        retry: None,
+        delete: false,
+        in_flight: false,
+    };
+    let e = entry("kube-system", "coredns-5d78c9869d-x2x7k");
+    assert_eq!(
+        (e.namespace(), e.name()),
+        ("kube-system", "coredns-5d78c9869d-x2x7k")
+    );
+    let seeded = entry("", "");
+    assert_eq!((seeded.namespace(), seeded.name()), ("", ""));
+}
