@@ -6,9 +6,9 @@
 //! as it runs ([`ApiClient::kube`]), which is what `kube::Client` does on every request anyway.
 
 use std::ops::Deref;
+use std::sync::Arc;
 
 use futures::future::Either;
-use std::sync::Arc;
 
 /// A shared handle on one `kube::Client` (8 bytes; clones share the client).
 #[derive(Clone)]
@@ -40,9 +40,7 @@ impl ApiClient {
             Err(e) => Either::Right(std::future::ready(Err(kube::Error::BuildRequest(e)))),
         }
     }
-}
 
-impl ApiClient {
     /// Sends `request` and returns the text of the answer (API errors as with `kube::Api`), for a caller that
     /// reads only part of the object.
     pub fn text(

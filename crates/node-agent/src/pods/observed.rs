@@ -250,35 +250,38 @@ impl RuntimeView {
                 fresh.push(known.clone());
                 continue;
             }
-            let status = ctx
-                .rt(
-                    "container_status",
-                    ctx.runtime.container_status(cri::ContainerStatusRequest {
-                        container_id: c.id.clone(),
-                        verbose: false,
-                    }),
-                )
-                .await;
-            match status {
-                Ok(resp) => {
-                    if let Some(mut s) = resp.status {
-                        if ctx.config.layout.pods_dir.is_some() && CState::from_cri(s.state) == CState::Exited
-                        {
-                            // a real node: what the container left in its termination message file
-                            s.message = super::termination::read(&s).await;
-                        }
-                        let mut rec = ContainerRecord::from_status(s, c.pod_sandbox_id);
-                        // keep the clocks of what was seen before
-                        if let Some(known) = self.containers.iter().find(|k| k.id == rec.id) {
-                            rec.exited_seen = known.exited_seen.or(rec.exited_seen);
-                            rec.started_seen = known.started_seen.or(rec.started_seen);
-                        }
-                        fresh.push(rec);
-                    }
-                }
-                Err(e) if e.is_not_found() => {}
+            let (id, sandbox_id) = (c.id, c.pod_sandbox_id);
+            let asked = ctx.rt(
+                "container_status",
+                ctx.runtime.container_status(cri::ContainerStatusRequest {
+                    container_id: id,
+                    verbose: false,
+                }),
+            );
+            // Every sync and every termination holds this refresh: the answer (~0.8 KiB) is matched in the
+            // statement that awaits it (bound apart, its room was kept across the wait below), and the status
+            // waits for its termination message inside a boxed read (3.6 KiB for a refresh before, 1.6 now).
+            let s = match asked.await {
+                Ok(resp) => match resp.status {
+                    Some(s) => s,
+                    None => continue,
+                },
+                Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e),
+            };
+            let s = if ctx.config.layout.pods_dir.is_some() && CState::from_cri(s.state) == CState::Exited {
+                // a real node: what the container left in its termination message file
+                Box::pin(with_termination_message(s)).await
+            } else {
+                s
+            };
+            let mut rec = ContainerRecord::from_status(s, sandbox_id);
+            // keep the clocks of what was seen before
+            if let Some(known) = self.containers.iter().find(|k| k.id == rec.id) {
+                rec.exited_seen = known.exited_seen.or(rec.exited_seen);
+                rec.started_seen = known.started_seen.or(rec.started_seen);
             }
+            fresh.push(rec);
         }
         fresh.sort_by(|a, b| {
             (&a.name, std::cmp::Reverse((a.restart_count, a.created_at)))
@@ -288,4 +291,10 @@ impl RuntimeView {
         self.containers = fresh;
         Ok(())
     }
+}
+
+/// `status` with the message its container left in its termination message file.
+async fn with_termination_message(mut status: cri::ContainerStatus) -> cri::ContainerStatus {
+    status.message = super::termination::read(&status).await;
+    status
 }

@@ -488,6 +488,12 @@ async fn an_idle_pod_workers_future_stays_small() {
     // within a 640-byte task (with the task's own ~112 bytes); 688 bytes, an 896-byte task, while its retry
     // back-off and the relisting loop were held in place
     assert!(pleg <= 528, "the PLEG's run future is {pleg} bytes");
+    let mut view = super::observed::RuntimeView::default();
+    let refresh = size_of_val(&view.refresh(&ctx, "u1"));
+    println!("runtime view refresh {refresh} bytes");
+    // a sync or a termination holds it (boxed with the step, while the step runs): 3,656 bytes while the status
+    // answer was bound apart and the termination message read in place
+    assert!(refresh <= 1_792, "a runtime view refresh is {refresh} bytes");
     let (done, _done_rx) = crate::chan::unbounded_channel();
     let (worker, _tx) = super::worker::PodWorker::new(ctx, init, done);
     let worker_size = size_of_val(&worker);
