@@ -50,6 +50,19 @@ fn object_of(namespace: &str, name: &str) -> Box<str> {
 }
 
 impl Entry {
+    fn new(namespace: &str, name: &str) -> Self {
+        Self {
+            object: object_of(namespace, name),
+            acked: None,
+            pending: None,
+            timeline: None,
+            last: None,
+            retry: None,
+            delete: false,
+            in_flight: false,
+        }
+    }
+
     fn namespace(&self) -> &str {
         self.object.split_once('/').map_or("", |(ns, _)| ns)
     }
@@ -208,16 +221,9 @@ impl StatusManager {
     }
 
     fn entry(&mut self, uid: &str, namespace: &str, name: &str) -> &mut Entry {
-        self.entries.entry(uid.to_owned()).or_insert_with(|| Entry {
-            object: object_of(namespace, name),
-            acked: None,
-            pending: None,
-            timeline: None,
-            last: None,
-            retry: None,
-            delete: false,
-            in_flight: false,
-        })
+        self.entries
+            .entry(uid.to_owned())
+            .or_insert_with(|| Entry::new(namespace, name))
     }
 
     fn apply(&mut self, msg: StatusMsg) {

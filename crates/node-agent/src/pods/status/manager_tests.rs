@@ -238,21 +238,11 @@ fn a_pods_entry_stays_small() {
     println!("status entry {size} bytes");
     // 120 bytes (and two allocations for the namespace and name) while the retry time sat beside the back-off
     assert!(size <= 72, "a status entry is {size} bytes");
-    let entry = |namespace, name| super::Entry {
-        object: super::object_of(namespace, name),
-        acked: None,
-        pending: None,
-        timeline: None,
-        last: None,
-        retry: None,
-        delete: false,
-        in_flight: false,
-    };
-    let e = entry("kube-system", "coredns-5d78c9869d-x2x7k");
+    let e = super::Entry::new("kube-system", "coredns-5d78c9869d-x2x7k");
     assert_eq!(
         (e.namespace(), e.name()),
         ("kube-system", "coredns-5d78c9869d-x2x7k")
     );
-    let seeded = entry("", "");
+    let seeded = super::Entry::new("", "");
     assert_eq!((seeded.namespace(), seeded.name()), ("", ""));
 }
