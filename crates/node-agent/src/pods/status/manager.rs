@@ -63,6 +63,13 @@ impl Entry {
         }
     }
 
+    /// Names the entry's object `namespace/name` (a seeded entry learns it with the pod's first status).
+    fn name_as(&mut self, namespace: &str, name: &str) {
+        if self.namespace() != namespace || self.name() != name {
+            self.object = object_of(namespace, name);
+        }
+    }
+
     fn namespace(&self) -> &str {
         self.object.split_once('/').map_or("", |(ns, _)| ns)
     }
@@ -242,9 +249,7 @@ impl StatusManager {
                 timeline,
             } => {
                 let e = self.entry(&uid, &namespace, &name);
-                if e.namespace() != namespace || e.name() != name {
-                    e.object = object_of(&namespace, &name);
-                }
+                e.name_as(&namespace, &name);
                 e.pending = Some(status);
                 if timeline.is_some() {
                     e.timeline = timeline;
@@ -255,9 +260,7 @@ impl StatusManager {
             }
             StatusMsg::Delete { uid, namespace, name } => {
                 let e = self.entry(&uid, &namespace, &name);
-                if e.namespace() != namespace || e.name() != name {
-                    e.object = object_of(&namespace, &name);
-                }
+                e.name_as(&namespace, &name);
                 e.delete = true;
                 if e.retry_at().is_none() {
                     self.mark(&uid);
