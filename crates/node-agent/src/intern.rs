@@ -3,7 +3,8 @@
 //!
 //! A hollow fleet runs thousands of agents from one configuration and thousands of pods from a few templates:
 //! their allocatable resources, and the volume sources of every pod of a service account (the
-//! `kube-api-access` projection: token, root CA, namespace file), are equal by content. The interner keeps only
+//! `kube-api-access` projection: token, root CA, namespace file), are equal by content; so are the image names
+//! and digests the runtime reports for their containers ([`Interner::intern_str`]). The interner keeps only
 //! weak references, so a value lives as long as someone holds it; dead entries are swept when the table has
 //! doubled since the last sweep.
 
@@ -13,17 +14,17 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 /// A table of shared values of one type.
-pub struct Interner<T> {
+pub struct Interner<T: ?Sized> {
     table: Mutex<Table<T>>,
 }
 
-struct Table<T> {
+struct Table<T: ?Sized> {
     by_hash: Option<HashMap<u64, Vec<Weak<T>>>>,
     entries: usize,
     sweep_at: usize,
 }
 
-impl<T: Hash + Eq> Interner<T> {
+impl<T: Hash + Eq + ?Sized> Interner<T> {
     /// An empty table (usable in a `static`).
     pub const fn new() -> Self {
         Self {
@@ -35,11 +36,9 @@ impl<T: Hash + Eq> Interner<T> {
         }
     }
 
-    /// The live copy equal to `value`, or `value` itself, now shared.
-    pub fn intern(&self, value: T) -> Arc<T> {
-        let mut hasher = DefaultHasher::new();
-        value.hash(&mut hasher);
-        let hash = hasher.finish();
+    /// The copies whose value hashes to `hash`, passed to `f` under the table's lock (with the count of
+    /// entries, which `f` raises when it adds one); dead entries are swept first when the table has doubled.
+    fn with_copies<R>(&self, hash: u64, f: impl FnOnce(&mut Vec<Weak<T>>, &mut usize) -> R) -> R {
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         let Table {
             by_hash,
@@ -55,15 +54,7 @@ impl<T: Hash + Eq> Interner<T> {
             *entries = by_hash.values().map(Vec::len).sum();
             *sweep_at = (*entries * 2).max(64);
         }
-        let copies = by_hash.entry(hash).or_default();
-        if let Some(shared) = copies.iter().filter_map(Weak::upgrade).find(|c| **c == value) {
-            return shared;
-        }
-        copies.retain(|w| w.strong_count() > 0);
-        let shared = Arc::new(value);
-        copies.push(Arc::downgrade(&shared));
-        *entries += 1;
-        shared
+        f(by_hash.entry(hash).or_default(), entries)
     }
 
     /// How many entries (live or not yet swept) the table holds.
@@ -77,7 +68,46 @@ impl<T: Hash + Eq> Interner<T> {
     }
 }
 
-impl<T: Hash + Eq> Default for Interner<T> {
+/// The live copy in `copies` equal to `value`.
+fn find<T: Eq + ?Sized>(copies: &[Weak<T>], value: &T) -> Option<Arc<T>> {
+    copies.iter().filter_map(Weak::upgrade).find(|c| **c == *value)
+}
+
+/// Remembers `shared` among `copies` (dropping the dead ones there) and returns it.
+fn add<T: ?Sized>(copies: &mut Vec<Weak<T>>, entries: &mut usize, shared: Arc<T>) -> Arc<T> {
+    copies.retain(|w| w.strong_count() > 0);
+    copies.push(Arc::downgrade(&shared));
+    *entries += 1;
+    shared
+}
+
+fn hash_of<T: Hash + ?Sized>(value: &T) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl<T: Hash + Eq> Interner<T> {
+    /// The live copy equal to `value`, or `value` itself, now shared.
+    pub fn intern(&self, value: T) -> Arc<T> {
+        self.with_copies(hash_of(&value), |copies, entries| match find(copies, &value) {
+            Some(shared) => shared,
+            None => add(copies, entries, Arc::new(value)),
+        })
+    }
+}
+
+impl Interner<str> {
+    /// The live copy of `text`, or a new one (a single allocation, shared from now on).
+    pub fn intern_str(&self, text: &str) -> Arc<str> {
+        self.with_copies(hash_of(text), |copies, entries| match find(copies, text) {
+            Some(shared) => shared,
+            None => add(copies, entries, Arc::from(text)),
+        })
+    }
+}
+
+impl<T: Hash + Eq + ?Sized> Default for Interner<T> {
     fn default() -> Self {
         Self::new()
     }
@@ -100,6 +130,20 @@ mod tests {
         let d = table.intern(String::from("kube-api-access"));
         assert_eq!(*d, "kube-api-access");
         assert_eq!(Arc::strong_count(&d), 1);
+    }
+
+    #[test]
+    fn equal_texts_share_one_allocation() {
+        static TEXTS: Interner<str> = Interner::new();
+        let a = TEXTS.intern_str("registry.k8s.io/pause:3.10");
+        let b = TEXTS.intern_str(&String::from("registry.k8s.io/pause:3.10"));
+        let c = TEXTS.intern_str("busybox");
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(&*c, "busybox");
+        assert!(!Arc::ptr_eq(&a, &c));
+        drop((a, b));
+        let d = TEXTS.intern_str("registry.k8s.io/pause:3.10");
+        assert_eq!(Arc::strong_count(&d), 1, "the old copy died with its holders");
     }
 
     #[test]

@@ -175,7 +175,7 @@ pub(crate) async fn remove_pod(ctx: &AgentCtx, view: &RuntimeView) -> Result<(),
     for sb in &view.sandboxes {
         stop_sandbox(ctx, &sb.id).await?;
         let req = cri::RemovePodSandboxRequest {
-            pod_sandbox_id: sb.id.clone(),
+            pod_sandbox_id: sb.id.to_string(),
         };
         ok_if_gone(
             ctx.rt("remove_podsandbox", ctx.runtime.remove_pod_sandbox(req))

@@ -266,7 +266,7 @@ impl PodWorker {
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
         }
         let req = cri::CreateContainerRequest {
-            pod_sandbox_id: sandbox.id.clone(),
+            pod_sandbox_id: sandbox.id.to_string(),
             config: Some(labels::container_config(
                 &pod,
                 c,

@@ -260,9 +260,9 @@ impl Gen<'_> {
             image: if r.image.is_empty() {
                 c.image.clone()
             } else {
-                r.image.clone()
+                r.image.to_string()
             },
-            image_id: r.image_ref.clone(),
+            image_id: r.image_ref.to_string(),
             container_id: Some(id),
             state: Some(state),
             last_state: last,

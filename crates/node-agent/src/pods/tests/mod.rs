@@ -514,3 +514,50 @@ async fn an_idle_pod_workers_future_stays_small() {
     // bytes, a 1,024-byte task, while rare state (a rejection, stop orders, empty maps) was held in place
     assert!(future <= 656, "the run future is {future} bytes");
 }
+
+/// Every container's record shares its image name and digest with the other containers of that image, and its
+/// sandbox ID with its pod's sandbox record: one allocation each, not one per container.
+#[tokio::test(start_paused = true)]
+async fn runtime_records_share_image_names_and_sandbox_ids() {
+    let mut h = Harness::start();
+    let spec = json!({"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]});
+    let pods = vec![pod("a", spec.clone(), json!({})), pod("b", spec, json!({}))];
+    h.send(PodEvent::Snapshot(pods)).await;
+    h.until("both Running", Duration::from_secs(30), |h| {
+        h.phase("a") == Some("Running") && h.phase("b") == Some("Running")
+    })
+    .await;
+    let reported = &h.status("a").unwrap().container_statuses.as_ref().unwrap()[0];
+    let (status, _status_rx) = StatusHandle::channel();
+    let (_node_tx, node_rx) = watch::channel(Some(node_view()));
+    let ctx = AgentCtx {
+        config: PodConfig::new("n1"),
+        runtime: Arc::new(h.runtime.clone()),
+        runtime_type: "cri-fake".into(),
+        probes: Arc::new(fake_probes(h.runtime.clone())),
+        events: Recorder::new(Arc::new(MemoryEvents::default())),
+        metrics: Arc::new(PodMetrics::new()),
+        probe_metrics: Arc::new(crate::pods::ProbeMetrics::default()),
+        status,
+        node: node_rx,
+        objects: Arc::new(super::objects::NoObjects),
+    };
+    let (mut a, mut b) = (
+        super::observed::RuntimeView::default(),
+        super::observed::RuntimeView::default(),
+    );
+    a.refresh(&ctx, "uid-a").await.unwrap();
+    b.refresh(&ctx, "uid-b").await.unwrap();
+    let (ca, cb) = (a.latest("app").unwrap(), b.latest("app").unwrap());
+    assert_eq!(&*ca.image, reported.image.as_str());
+    assert_eq!(&*ca.image_ref, reported.image_id.as_str());
+    assert!(!ca.image_ref.is_empty());
+    assert!(Arc::ptr_eq(&ca.image, &cb.image), "one copy of the image name");
+    assert!(
+        Arc::ptr_eq(&ca.image_ref, &cb.image_ref),
+        "one copy of the digest"
+    );
+    assert!(Arc::ptr_eq(&ca.sandbox_id, &a.sandbox().unwrap().id));
+    assert_ne!(ca.sandbox_id, cb.sandbox_id);
+    h.stop().await;
+}
