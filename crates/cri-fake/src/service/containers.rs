@@ -99,7 +99,7 @@ pub(super) async fn create_container(
     let key = st.new_key();
     st.containers.insert(
         key,
-        Container {
+        Box::new(Container {
             sandbox,
             strings: Packed::new(&[&meta.name, &config.log_path]),
             attempt: meta.attempt,
@@ -119,7 +119,7 @@ pub(super) async fn create_container(
                 .and_then(|l| l.resources)
                 .map(|r| prost::Message::encode_to_vec(&r).into_boxed_slice()),
             script,
-        },
+        }),
     );
     st.emit(
         Subject::Container(key),

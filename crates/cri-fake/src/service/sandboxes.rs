@@ -58,7 +58,7 @@ pub(super) async fn run_pod_sandbox(
     };
     let latency = {
         let (mut st, _) = rt.settled();
-        if st.sandboxes.values().any(same_name) {
+        if st.sandboxes.values().any(|sb| same_name(sb)) {
             return Err(reserved());
         }
         pod_script.sandbox_latency.sample(&mut st.rng)
@@ -66,7 +66,7 @@ pub(super) async fn run_pod_sandbox(
     FakeRuntime::pause(latency).await;
 
     let (mut st, now) = rt.settled();
-    if st.sandboxes.values().any(same_name) {
+    if st.sandboxes.values().any(|sb| same_name(sb)) {
         return Err(reserved());
     }
     let linux = config.linux.as_ref();
@@ -95,7 +95,7 @@ pub(super) async fn run_pod_sandbox(
     let key = st.new_key();
     st.sandboxes.insert(
         key,
-        Sandbox {
+        Box::new(Sandbox {
             strings: Packed::new(&[
                 &meta.name,
                 &meta.uid,
@@ -110,7 +110,7 @@ pub(super) async fn run_pod_sandbox(
             namespaces,
             labels: Pairs::from_map(config.labels),
             annotations: Pairs::from_map(config.annotations),
-        },
+        }),
     );
     st.emit(
         Subject::Sandbox(key),
