@@ -452,25 +452,30 @@ fn channel_messages_stay_small() {
     assert!(std::mem::size_of::<super::pleg::PlegEvent>() <= 24);
 }
 
-/// A pod worker's task holds its future for the pod's whole life (most of it idle between syncs): the
-/// worker's state once, the wait for input and timers beside it; a sync's own state is boxed apart.
-#[tokio::test]
-async fn an_idle_pod_workers_future_stays_small() {
-    let runtime = FakeRuntime::new(FakeConfig::default());
+/// An agent context on `runtime` for tests that call the lifecycle's parts directly: node n1 with a fixed node
+/// view, status messages going nowhere.
+fn bare_ctx(runtime: &FakeRuntime) -> AgentCtx {
     let (status, _status_rx) = StatusHandle::channel();
     let (_node_tx, node_rx) = watch::channel(Some(node_view()));
-    let ctx = Arc::new(AgentCtx {
+    AgentCtx {
         config: PodConfig::new("n1"),
         runtime: Arc::new(runtime.clone()),
         runtime_type: "cri-fake".into(),
-        probes: Arc::new(fake_probes(runtime)),
+        probes: Arc::new(fake_probes(runtime.clone())),
         events: Recorder::new(Arc::new(MemoryEvents::default())),
         metrics: Arc::new(PodMetrics::new()),
         probe_metrics: Arc::new(crate::pods::ProbeMetrics::default()),
         status,
         node: node_rx,
         objects: Arc::new(super::objects::NoObjects),
-    });
+    }
+}
+
+/// A pod worker's task holds its future for the pod's whole life (most of it idle between syncs): the
+/// worker's state once, the wait for input and timers beside it; a sync's own state is boxed apart.
+#[tokio::test]
+async fn an_idle_pod_workers_future_stays_small() {
+    let ctx = Arc::new(bare_ctx(&FakeRuntime::new(FakeConfig::default())));
     let p = pod(
         "sized",
         json!({"containers": [{"name": "app", "image": "pause"}]}),
@@ -528,20 +533,7 @@ async fn runtime_records_share_image_names_and_sandbox_ids() {
     })
     .await;
     let reported = &h.status("a").unwrap().container_statuses.as_ref().unwrap()[0];
-    let (status, _status_rx) = StatusHandle::channel();
-    let (_node_tx, node_rx) = watch::channel(Some(node_view()));
-    let ctx = AgentCtx {
-        config: PodConfig::new("n1"),
-        runtime: Arc::new(h.runtime.clone()),
-        runtime_type: "cri-fake".into(),
-        probes: Arc::new(fake_probes(h.runtime.clone())),
-        events: Recorder::new(Arc::new(MemoryEvents::default())),
-        metrics: Arc::new(PodMetrics::new()),
-        probe_metrics: Arc::new(crate::pods::ProbeMetrics::default()),
-        status,
-        node: node_rx,
-        objects: Arc::new(super::objects::NoObjects),
-    };
+    let ctx = bare_ctx(&h.runtime);
     let (mut a, mut b) = (
         super::observed::RuntimeView::default(),
         super::observed::RuntimeView::default(),
