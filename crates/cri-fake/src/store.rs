@@ -192,7 +192,7 @@ pub(crate) struct State {
     pub(crate) codec: IdCodec,
     pub(crate) next_key: u64,
     /// Boxed values: a B-tree leaf has room for eleven entries, allocated with the first; inline, a node's
-    /// first pod cost a leaf of eleven sandboxes (~1.2 KiB) and one of eleven containers (~1.9 KiB).
+    /// first pod cost a leaf of eleven sandboxes (~1.3 KiB) and one of eleven containers (~1.8 KiB).
     pub(crate) sandboxes: BTreeMap<u64, Box<Sandbox>>,
     pub(crate) containers: BTreeMap<u64, Box<Container>>,
     pub(crate) images: Images,
