@@ -55,6 +55,7 @@ pub(crate) mod pleg;
 pub mod probes;
 pub mod pull_gate;
 mod pull_secrets;
+mod read_cache;
 pub mod resources;
 mod restart;
 pub mod security;

@@ -12,7 +12,7 @@
 //! Services are listed per namespace (the kubelet keeps a cluster-wide informer instead) and kept for
 //! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +25,7 @@ use kube::api::{ListParams, PostParams};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+use super::read_cache::ReadCache;
 use crate::api::{ApiCalls, is_not_found};
 
 /// The keys and values of a ConfigMap (`data` and `binaryData`) or a Secret.
@@ -163,25 +164,19 @@ impl PodObjects for NoObjects {
     }
 }
 
-type CacheKey = (ObjectKind, String, String);
-/// A namespace, and a Service name when one was asked for alone.
-type ServiceKey = (String, Option<String>);
-/// When Services were read, and what was read.
-type ServiceEntry = (Instant, Arc<[ServiceLink]>);
-/// When an object was read, and what was read. An object that did not exist is not kept: a pod waiting for it
-/// reads again at its next retry, so the object's creation reaches the pod as soon as the kubelet's watch
-/// would bring it (a kept absence would hold the pod back for the whole time to live).
-type CacheEntry = (Instant, Arc<ObjectData>);
-
 /// [`PodObjects`] over the API server, with a per-agent cache.
 pub struct ApiObjects {
     client: crate::client::ApiClient,
     api: ApiCalls,
     ttl: Duration,
-    cache: Mutex<HashMap<CacheKey, CacheEntry>>,
+    /// ConfigMaps and Secrets read, under `resource/namespace/name`. An object that did not exist is not kept:
+    /// a pod waiting for it reads again at its next retry, so the object's creation reaches the pod as soon as
+    /// the kubelet's watch would bring it (a kept absence would hold the pod back for the whole time to live).
+    cache: Mutex<ReadCache<Arc<ObjectData>>>,
     /// How long a Service read is kept (the sync period, whatever the ConfigMap strategy).
     services_ttl: Duration,
-    services: Mutex<HashMap<ServiceKey, ServiceEntry>>,
+    /// Services read, under the namespace (all of its Services) or `namespace/name` (one asked for alone).
+    services: Mutex<ReadCache<Arc<[ServiceLink]>>>,
 }
 
 impl std::fmt::Debug for ApiObjects {
@@ -205,9 +200,9 @@ impl ApiObjects {
             client: client.into(),
             api,
             ttl,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::default(),
             services_ttl,
-            services: Mutex::new(HashMap::new()),
+            services: Mutex::default(),
         }
     }
 
@@ -303,14 +298,11 @@ impl PodObjects for ApiObjects {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Arc<ObjectData>>, ObjectError> {
-        let key = (kind, namespace.to_owned(), name.to_owned());
+        let key = format!("{}/{namespace}/{name}", kind.resource());
         let mut cache = self.cache.lock().await;
         let now = Instant::now();
-        if let Some((at, data)) = cache.get(&key)
-            && !self.ttl.is_zero()
-            && now.saturating_duration_since(*at) < self.ttl
-        {
-            return Ok(Some(data.clone()));
+        if let Some(data) = cache.fresh(&key, now, self.ttl) {
+            return Ok(Some(data));
         }
         // the same object is fetched by every agent of a fleet (a namespace's kube-root-ca.crt for every pod's
         // service account volume): one copy of equal contents, ~1.5 KiB per node for the root CA
@@ -320,39 +312,27 @@ impl PodObjects for ApiObjects {
             .await
             .map_err(|e| ObjectError(describe(&e)))?
             .map(|data| CONTENTS.intern(data));
-        // forget entries nobody asked for within the time to live
-        let ttl = self.ttl;
-        cache.retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
-        match &data {
-            Some(found) if !ttl.is_zero() => {
-                cache.insert(key, (now, found.clone()));
-            }
-            // gone (or never there): a stale copy must not outlive it
-            _ => {
-                cache.remove(&key);
-            }
-        }
+        // gone (or never there): a stale copy must not outlive it
+        cache.put(&key, now, self.ttl, data.clone());
         Ok(data)
     }
 
     async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {
-        let key = (namespace.to_owned(), name.map(str::to_owned));
+        // namespaces and names hold no `/`
+        let key = match name {
+            Some(name) => format!("{namespace}/{name}"),
+            None => namespace.to_owned(),
+        };
         let mut cache = self.services.lock().await;
         let now = Instant::now();
-        let ttl = self.services_ttl;
-        if let Some((at, links)) = cache.get(&key)
-            && now.saturating_duration_since(*at) < ttl
-        {
-            return Ok(links.clone());
+        if let Some(links) = cache.fresh(&key, now, self.services_ttl) {
+            return Ok(links);
         }
         let links = self
             .fetch_services(namespace, name)
             .await
             .map_err(|e| ObjectError(describe(&e)))?;
-        cache.retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
-        if !ttl.is_zero() {
-            cache.insert(key, (now, links.clone()));
-        }
+        cache.put(&key, now, self.services_ttl, Some(links.clone()));
         Ok(links)
     }
 
