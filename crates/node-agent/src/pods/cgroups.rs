@@ -287,7 +287,7 @@ impl QosCgroups {
     pub async fn ensure(self: &Arc<Self>, pod: &DesiredPod) -> Result<(), CgroupError> {
         let changed = match self.burstable.lock() {
             Ok(mut m) if pod.qos == QosClass::Burstable => {
-                m.insert(pod.uid.clone(), pod.requests.cpu_milli) != Some(pod.requests.cpu_milli)
+                m.insert(pod.uid.to_string(), pod.requests.cpu_milli) != Some(pod.requests.cpu_milli)
             }
             _ => false,
         };
@@ -317,7 +317,7 @@ impl QosCgroups {
         let changed = self
             .burstable
             .lock()
-            .map(|mut m| m.remove(&pod.uid).is_some())
+            .map(|mut m| m.remove(&*pod.uid).is_some())
             .unwrap_or(false);
         let path = self.pod_path(pod.qos, &pod.uid);
         let this = self.clone();

@@ -157,7 +157,7 @@ impl Recorder {
         self.sink.record(PodEvent {
             namespace: pod.namespace.clone(),
             name: pod.name.clone(),
-            uid: pod.uid.clone(),
+            uid: pod.uid.to_string(),
             field_path,
             type_,
             reason,

@@ -80,7 +80,7 @@ impl Default for RuntimeLayout {
 
 fn pod_labels(pod: &DesiredPod) -> HashMap<String, String> {
     HashMap::from([
-        (POD_UID.to_owned(), pod.uid.clone()),
+        (POD_UID.to_owned(), pod.uid.to_string()),
         (POD_NAME.to_owned(), pod.name.clone()),
         (POD_NAMESPACE.to_owned(), pod.namespace.clone()),
     ])
@@ -117,7 +117,7 @@ pub fn sandbox_config(pod: &DesiredPod, attempt: u32, layout: &RuntimeLayout) ->
     cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
             name: pod.name.clone(),
-            uid: pod.uid.clone(),
+            uid: pod.uid.to_string(),
             namespace: pod.namespace.clone(),
             attempt,
         }),

@@ -44,7 +44,8 @@ struct Entry {
 
 pub(crate) struct PodManager {
     ctx: Arc<AgentCtx>,
-    workers: HashMap<String, Entry>,
+    /// Keyed by the pod's own UID allocation (its desired state's).
+    workers: HashMap<Arc<str>, Entry>,
     committed: Committed,
     /// Pods waiting for the node view before admission.
     pending: Vec<Pod>,
@@ -246,7 +247,7 @@ impl PodManager {
                 self.finished.retain(|uid| api_live.contains(uid));
                 self.statics.api_live = Some(api_live);
                 for (uid, e) in &self.workers {
-                    if !live.contains(uid) {
+                    if !live.contains(&**uid) {
                         let _ = e.tx.send(WorkerMsg::Removed);
                     }
                 }
@@ -331,7 +332,7 @@ impl PodManager {
                 if let Some(slot) = now.get_mut(&uid) {
                     // keep the first-seen copy (its config.seen)
                     *slot = pod;
-                } else if let Some(e) = self.workers.get(&uid) {
+                } else if let Some(e) = self.workers.get(uid.as_str()) {
                     tracing::info!(pod = %e.pod.name, source = %update.source, "static pod removed");
                     let _ = e.tx.send(WorkerMsg::Removed);
                 } else {
@@ -339,7 +340,7 @@ impl PodManager {
                 }
             }
             for (uid, pod) in &now {
-                if !self.workers.contains_key(uid) {
+                if !self.workers.contains_key(uid.as_str()) {
                     self.statics.mirrors.add_static(uid);
                     start.push(pod.clone());
                 }
@@ -364,7 +365,7 @@ impl PodManager {
     fn on_runtime(&self, uid: PlegEvent) {
         match uid {
             Some(uid) => {
-                if let Some(e) = self.workers.get(&uid) {
+                if let Some(e) = self.workers.get(uid.as_str()) {
                     let _ = e.tx.send(WorkerMsg::Runtime);
                 }
             }
@@ -391,13 +392,13 @@ impl PodManager {
         if gone {
             self.workers.remove(&uid);
             if in_api && !self.statics.mirrors.is_static(&uid) {
-                self.finished.insert(uid.clone());
+                self.finished.insert(uid.to_string());
             }
             let again = self
                 .statics
                 .by_source
                 .values()
-                .find_map(|pods| pods.get(&uid))
+                .find_map(|pods| pods.get(&*uid))
                 .cloned();
             match again {
                 // the manifest came back while its old pod was stopping: run it again
@@ -412,14 +413,18 @@ impl PodManager {
         if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.as_str()) {
             return;
         }
-        let Some(desired) = DesiredPod::from_pod(&pod) else {
+        let Some(mut desired) = DesiredPod::from_pod(&pod) else {
             tracing::warn!(pod = ?pod.metadata.name, "pod without uid or spec ignored");
             return;
         };
-        if self.finished.contains(&desired.uid) {
+        if self.finished.contains(&*desired.uid) {
             return;
         }
-        if let Some(e) = self.workers.get_mut(&desired.uid) {
+        if let Some(e) = self.workers.get_mut(&*desired.uid) {
+            // one allocation of the UID for the pod's life (the table's key): the update's own goes
+            if let Some(fresh) = Arc::get_mut(&mut desired) {
+                fresh.uid = e.pod.uid.clone();
+            }
             e.pod = desired.clone();
             let _ = e.tx.send(WorkerMsg::Update(desired));
             return;
@@ -527,7 +532,7 @@ impl PodManager {
     /// ([`orphans`]).
     async fn cleanup_orphans(&mut self, live: &HashSet<String>) {
         let mut keep = live.clone();
-        keep.extend(self.workers.keys().cloned());
+        keep.extend(self.workers.keys().map(|uid| uid.to_string()));
         keep.extend(self.finished.iter().cloned());
         keep.extend(self.pending.iter().filter_map(|p| p.metadata.uid.clone()));
         self.orphans.sweep(&self.ctx, &keep, &self.tracker).await;

@@ -33,7 +33,7 @@ impl PodManager {
     fn active_pods(&self) -> Vec<ActivePod> {
         self.workers
             .iter()
-            .filter(|(uid, e)| e.admitted && e.pod.deletion.is_none() && !self.finished.contains(*uid))
+            .filter(|(uid, e)| e.admitted && e.pod.deletion.is_none() && !self.finished.contains(&***uid))
             .map(|(uid, e)| {
                 let p = &e.pod;
                 let containers = p
@@ -49,7 +49,7 @@ impl PodManager {
                     })
                     .collect();
                 ActivePod {
-                    uid: uid.clone(),
+                    uid: uid.to_string(),
                     name: p.name.clone(),
                     namespace: p.namespace.clone(),
                     priority: p.priority,
@@ -73,7 +73,7 @@ impl PodManager {
             message,
             done,
         } = order;
-        let Some(e) = self.workers.get(&uid).filter(|e| e.admitted) else {
+        let Some(e) = self.workers.get(uid.as_str()).filter(|e| e.admitted) else {
             let _ = done.send(false);
             return;
         };

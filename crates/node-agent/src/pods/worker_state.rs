@@ -62,9 +62,9 @@ pub(crate) struct KillOrder {
 #[derive(Debug)]
 pub(crate) enum Finished {
     /// The pod is terminated and its object deleted (`in_api`: the DELETE is still to land) or gone: forget it.
-    Gone { uid: String, in_api: bool },
+    Gone { uid: Arc<str>, in_api: bool },
     /// The pod no longer runs anything (terminal or terminated): release its admitted resources.
-    Stopped { uid: String },
+    Stopped { uid: Arc<str> },
 }
 
 /// How a worker starts.

@@ -306,8 +306,8 @@ pub struct PodExtras {
 /// The desired pod. Immutable; a new one replaces it on every update from the source.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DesiredPod {
-    /// `metadata.uid`.
-    pub uid: String,
+    /// `metadata.uid` (shared with the pod manager's and the status writer's tables, which key on it).
+    pub uid: Arc<str>,
     /// `metadata.name`.
     pub name: String,
     /// `metadata.namespace`.
@@ -443,7 +443,7 @@ impl DesiredPod {
         let qos = resources::qos_class(init_containers.iter().chain(&containers));
         Some(Arc::new(Self {
             hostname: spec.hostname.clone().unwrap_or_else(|| name.clone()),
-            uid,
+            uid: uid.into(),
             name,
             namespace,
             generation: meta.generation,

@@ -283,7 +283,7 @@ impl MirrorManager {
                 .filter(|o| o.hash == hash_of(pod) && !o.deleting)
                 .map(|o| o.uid.clone());
             if self.mirrors.set_mirror(uid, mirror) {
-                self.status.send(StatusMsg::MirrorChanged { uid: uid.to_owned() });
+                self.status.send(StatusMsg::MirrorChanged { uid: uid.into() });
             }
         }
     }

@@ -105,8 +105,8 @@ pub(crate) struct StatusManager {
     api: ApiCalls,
     rx: super::StatusReceiver,
     metrics: Arc<PodMetrics>,
-    entries: HashMap<String, Entry>,
-    dirty: VecDeque<String>,
+    entries: HashMap<Arc<str>, Entry>,
+    dirty: VecDeque<Arc<str>>,
     mirrors: Mirrors,
     flushes: Vec<tokio::sync::oneshot::Sender<()>>,
 }
@@ -130,19 +130,19 @@ async fn write(
     client: crate::client::ApiClient,
     namespace: String,
     calls: ApiCalls,
-    uid: String,
+    uid: Arc<str>,
     target: MirrorOf,
     name: String,
     status: Option<(Box<PodStatus>, u64)>,
     delete: bool,
-) -> (String, Outcome) {
+) -> (Arc<str>, Outcome) {
     let mut acked = None;
     let mut running = false;
     let mut written = None;
     let target_uid = match target {
         MirrorOf::NotStatic => uid.clone(),
         MirrorOf::Missing => return (uid, Outcome::NoMirror(status.map(|(s, _)| s))),
-        MirrorOf::Mirror(m) => m,
+        MirrorOf::Mirror(m) => m.into(),
     };
     let is_static = target_uid != uid;
     if let Some((status, fingerprint)) = status {
@@ -176,7 +176,7 @@ async fn write(
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions {
-                uid: Some(uid.clone()),
+                uid: Some(uid.to_string()),
                 resource_version: None,
             }),
             ..Default::default()
@@ -221,15 +221,16 @@ impl StatusManager {
         }
     }
 
-    fn mark(&mut self, uid: &str) {
+    fn mark(&mut self, uid: &Arc<str>) {
         if !self.dirty.iter().any(|u| u == uid) {
-            self.dirty.push_back(uid.to_owned());
+            self.dirty.push_back(uid.clone());
         }
     }
 
-    fn entry(&mut self, uid: &str, namespace: &str, name: &str) -> &mut Entry {
+    /// The pod's entry, made on first sight under the UID the message brought (the pod's own allocation).
+    fn entry(&mut self, uid: &Arc<str>, namespace: &str, name: &str) -> &mut Entry {
         self.entries
-            .entry(uid.to_owned())
+            .entry(uid.clone())
             .or_insert_with(|| Entry::new(namespace, name))
     }
 
@@ -308,7 +309,7 @@ impl StatusManager {
     }
 
     /// Starts the write of the next dirty pod not already being written, if any has something to write.
-    fn start_next(&mut self) -> Option<BoxFuture<'static, (String, Outcome)>> {
+    fn start_next(&mut self) -> Option<BoxFuture<'static, (Arc<str>, Outcome)>> {
         loop {
             let i = self
                 .dirty
@@ -349,7 +350,7 @@ impl StatusManager {
         }
     }
 
-    fn finish(&mut self, uid: String, outcome: Outcome) {
+    fn finish(&mut self, uid: Arc<str>, outcome: Outcome) {
         let Some(e) = self.entries.get_mut(&uid) else {
             return;
         };

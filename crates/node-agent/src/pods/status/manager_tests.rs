@@ -174,7 +174,7 @@ async fn writes_several_pods_at_once_but_one_pod_at_a_time() {
     for i in 0..8 {
         let uid = format!("u{i}");
         handle.send(StatusMsg::Set {
-            uid,
+            uid: uid.into(),
             namespace: "ns".into(),
             name: format!("p{i}"),
             status: status("Pending"),

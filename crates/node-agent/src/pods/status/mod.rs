@@ -10,6 +10,8 @@ pub(crate) mod canonical;
 pub(crate) mod generate;
 mod manager;
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::PodStatus;
 
 pub use generate::Phase;
@@ -21,10 +23,10 @@ use super::metrics::Timeline;
 #[derive(Debug)]
 pub(crate) enum StatusMsg {
     /// The status the API server holds now (first sight of the pod): nothing is written while ours equals it.
-    Seed { uid: String, status: Box<PodStatus> },
+    Seed { uid: Arc<str>, status: Box<PodStatus> },
     /// Report this status; attach the start-up timeline to record once Running is acknowledged.
     Set {
-        uid: String,
+        uid: Arc<str>,
         namespace: String,
         name: String,
         status: Box<PodStatus>,
@@ -32,16 +34,16 @@ pub(crate) enum StatusMsg {
     },
     /// After the last `Set`, delete the pod object (grace 0, UID precondition).
     Delete {
-        uid: String,
+        uid: Arc<str>,
         namespace: String,
         name: String,
     },
     /// Drop everything about the pod.
-    Forget { uid: String },
+    Forget { uid: Arc<str> },
     /// Answer once nothing is waiting to be written (statuses failing with back-off count as waiting).
     Flush(tokio::sync::oneshot::Sender<()>),
     /// The static pod `uid` has a new mirror pod (or none): its status is written again to the new one.
-    MirrorChanged { uid: String },
+    MirrorChanged { uid: Arc<str> },
 }
 
 /// The pod workers' handle on the status manager.

@@ -92,6 +92,8 @@ pub(super) struct Harness {
     /// How many statuses were reported (any pod).
     pub sets: usize,
     pub deleted: Vec<String>,
+    /// The UID of every status and deletion sent to the status writer, in order (as sent: shared or not).
+    pub uids: Vec<Arc<str>>,
     pub events: Arc<MemoryEvents>,
     /// The node's `/metrics/probes` series.
     pub probe_metrics: Arc<crate::pods::ProbeMetrics>,
@@ -174,6 +176,7 @@ impl Harness {
             statuses: HashMap::new(),
             sets: 0,
             deleted: Vec::new(),
+            uids: Vec::new(),
             events,
             probe_metrics,
             status_rx,
@@ -201,9 +204,13 @@ impl Harness {
             match *msg {
                 StatusMsg::Set { uid, status, .. } => {
                     self.sets += 1;
-                    self.statuses.insert(uid, *status);
+                    self.statuses.insert(uid.to_string(), *status);
+                    self.uids.push(uid);
                 }
-                StatusMsg::Delete { uid, .. } => self.deleted.push(uid),
+                StatusMsg::Delete { uid, .. } => {
+                    self.deleted.push(uid.to_string());
+                    self.uids.push(uid);
+                }
                 StatusMsg::Flush(done) => {
                     let _ = done.send(());
                 }
@@ -551,5 +558,50 @@ async fn runtime_records_share_image_names_and_sandbox_ids() {
     );
     assert!(Arc::ptr_eq(&ca.sandbox_id, &a.sandbox().unwrap().id));
     assert_ne!(ca.sandbox_id, cb.sandbox_id);
+    h.stop().await;
+}
+
+/// A pod's UID is one allocation for the pod's life: the desired state of every update takes the one the pod
+/// manager keys its worker on, and the status writer's table keys on what the worker sends.
+#[tokio::test(start_paused = true)]
+async fn a_pods_uid_is_one_allocation_across_its_updates() {
+    let mut h = Harness::start();
+    let spec = json!({"containers": [{"name": "app", "image": "pause"}]});
+    let first = pod("a", spec, json!({}));
+    h.send(PodEvent::Snapshot(vec![first.clone()])).await;
+    h.until("Running", Duration::from_secs(30), |h| {
+        h.phase("a") == Some("Running")
+    })
+    .await;
+    let mut labelled = first.clone();
+    labelled.metadata.labels = Some([("tier".to_owned(), "web".to_owned())].into());
+    h.send(PodEvent::Apply(Box::new(labelled.clone()))).await;
+    let mut gone = labelled;
+    gone.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    gone.metadata.deletion_grace_period_seconds = Some(0);
+    h.send(PodEvent::Apply(Box::new(gone))).await;
+    h.until("deleted", Duration::from_secs(30), |h| {
+        h.deleted.iter().any(|u| u == "uid-a")
+    })
+    .await;
+    let terminal = h.status("a").and_then(|s| s.phase.clone());
+    assert!(
+        matches!(terminal.as_deref(), Some("Succeeded" | "Failed")),
+        "a final status after the updates: {terminal:?}"
+    );
+    let (running, rest) = h.uids.split_first().expect("statuses were sent");
+    assert!(
+        rest.len() >= 2,
+        "a final status and the deletion after the updates"
+    );
+    for uid in rest {
+        assert_eq!(**uid, *"uid-a");
+        assert!(
+            Arc::ptr_eq(running, uid),
+            "every message carries the first desired state's UID"
+        );
+    }
     h.stop().await;
 }

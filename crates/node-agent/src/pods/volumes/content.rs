@@ -108,7 +108,7 @@ pub fn field_value(pod: &DesiredPod, path: &str) -> Option<String> {
     Some(match path {
         "metadata.name" => pod.name.clone(),
         "metadata.namespace" => pod.namespace.clone(),
-        "metadata.uid" => pod.uid.clone(),
+        "metadata.uid" => pod.uid.to_string(),
         "metadata.labels" => format_map(pod.labels.iter()),
         "metadata.annotations" => format_map(pod.annotations.iter()),
         "spec.nodeName" => String::new(),
