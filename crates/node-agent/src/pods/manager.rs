@@ -28,7 +28,8 @@ use super::source::PodEvent;
 use super::spec::DesiredPod;
 use super::static_pods::mirror::{Desired, MirrorLink, MirrorMsg};
 use super::static_pods::{Mirrors, StaticUpdate, manifest};
-use super::worker::{Finished, PodWorker, WorkerInit, WorkerMsg};
+use super::wake_timer::WakeTimer;
+use super::worker::{PodWorker, WorkerInit, WorkerMsg, WorkerReport};
 
 #[path = "manager_control.rs"]
 mod control;
@@ -40,6 +41,8 @@ struct Entry {
     admitted: bool,
     /// The worker reported the pod stopped for good (terminal, or terminated awaiting deletion).
     stopped: bool,
+    /// When the worker asked to be woken (see `wake_timer`).
+    wake: Option<tokio::time::Instant>,
 }
 
 pub(crate) struct PodManager {
@@ -49,8 +52,10 @@ pub(crate) struct PodManager {
     committed: Committed,
     /// Pods waiting for the node view before admission.
     pending: Vec<Pod>,
-    done_tx: crate::chan::UnboundedSender<Finished>,
-    done_rx: crate::chan::UnboundedReceiver<Finished>,
+    done_tx: crate::chan::UnboundedSender<WorkerReport>,
+    done_rx: crate::chan::UnboundedReceiver<WorkerReport>,
+    /// At the earliest wake time of the workers.
+    wakes: WakeTimer,
     tracker: TaskTracker,
     cancel: CancellationToken,
     /// Boxed: most nodes have no static pods, and the idle manager's task holds this for the node's life.
@@ -142,6 +147,7 @@ impl PodManager {
             pending: Vec::new(),
             done_tx,
             done_rx,
+            wakes: WakeTimer::default(),
             tracker,
             cancel,
             statics: Box::new(statics),
@@ -197,7 +203,8 @@ impl PodManager {
                         None => statics_open = false,
                     },
                     Some(uid) = pleg.recv() => self.on_runtime(uid),
-                    Some(done) = self.done_rx.recv() => self.on_finished(done),
+                    Some(report) = self.done_rx.recv() => self.on_report(report),
+                    () = self.wakes.fired(), if self.wakes.is_set() => self.on_wake(),
                     () = tick(&mut housekeeping), if housekeeping.is_some() => Box::pin(self.housekeeping()).await,
                     changed = node.changed() => {
                         if changed.is_err() {
@@ -377,10 +384,36 @@ impl PodManager {
         }
     }
 
-    fn on_finished(&mut self, done: Finished) {
-        let (uid, gone, in_api) = match done {
-            Finished::Stopped { uid } => (uid, false, false),
-            Finished::Gone { uid, in_api } => (uid, true, in_api),
+    /// Wakes the workers whose time has come; the timer moves to the next time.
+    fn on_wake(&mut self) {
+        let now = tokio::time::Instant::now();
+        let mut next: Option<tokio::time::Instant> = None;
+        for e in self.workers.values_mut() {
+            match e.wake {
+                Some(at) if at <= now => {
+                    e.wake = None;
+                    let _ = e.tx.send(WorkerMsg::Wake);
+                }
+                Some(at) => next = Some(next.map_or(at, |n| n.min(at))),
+                None => {}
+            }
+        }
+        self.wakes.set(next);
+    }
+
+    fn on_report(&mut self, report: WorkerReport) {
+        let (uid, gone, in_api) = match report {
+            WorkerReport::Stopped { uid } => (uid, false, false),
+            WorkerReport::Gone { uid, in_api } => (uid, true, in_api),
+            WorkerReport::WakeAt { uid, at } => {
+                if let Some(e) = self.workers.get_mut(&uid) {
+                    e.wake = at;
+                    if let Some(at) = at {
+                        self.wakes.by(at);
+                    }
+                }
+                return;
+            }
         };
         if let Some(e) = self.workers.get_mut(&uid) {
             e.stopped = true;
@@ -524,6 +557,7 @@ impl PodManager {
                 pod: desired,
                 admitted,
                 stopped: false,
+                wake: None,
             },
         );
     }

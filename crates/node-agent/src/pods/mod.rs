@@ -68,6 +68,7 @@ pub mod status;
 mod sync;
 mod termination;
 mod volumes;
+mod wake_timer;
 pub(crate) mod worker;
 mod worker_state;
 

@@ -10,8 +10,9 @@
 //!
 //! Inputs are coalesced: any number of updates, runtime events and probe results since the last sync cause
 //! one sync. Besides inputs, a worker wakes for a back-off expiring, after an error (with back-off) and every
-//! `syncFrequency` (jittered) while syncing. What a worker holds between syncs, and the messages it takes, are
-//! in `worker_state`.
+//! `syncFrequency` (jittered) while syncing: it tells the pod manager when, and the manager's one timer for all
+//! of the agent's workers sends it [`WorkerMsg::Wake`] then. What a worker holds between syncs, and the messages
+//! it takes, are in `worker_state`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use super::probes::ProbeResults;
 use super::probes::prober;
 use super::status::{Phase, StatusMsg};
 use super::volumes;
-pub(crate) use super::worker_state::{Finished, KillOrder, PodWorker, WorkerInit, WorkerMsg};
+pub(crate) use super::worker_state::{KillOrder, PodWorker, WorkerInit, WorkerMsg, WorkerReport};
 use super::worker_state::{LastReport, State};
 use crate::backoff::{Backoff, BackoffPolicy, next_tick};
 
@@ -37,7 +38,7 @@ impl PodWorker {
     pub(crate) fn new(
         ctx: Arc<AgentCtx>,
         init: WorkerInit,
-        done: crate::chan::UnboundedSender<Finished>,
+        done: crate::chan::UnboundedSender<WorkerReport>,
     ) -> (Self, crate::chan::UnboundedSender<WorkerMsg>) {
         let (tx, rx) = crate::chan::unbounded_channel();
         let api_phase = init
@@ -104,7 +105,7 @@ impl PodWorker {
         match msg {
             WorkerMsg::Update(pod) => self.pod = pod,
             WorkerMsg::Removed => self.removed = true,
-            WorkerMsg::Runtime => {}
+            WorkerMsg::Runtime | WorkerMsg::Wake => {}
             WorkerMsg::Shutdown => self.shutdown = true,
             WorkerMsg::Probe(update) => self.probes.apply(&update),
             WorkerMsg::Kill(order) => {
@@ -175,20 +176,19 @@ impl PodWorker {
                 if self.state == State::Exit {
                     break;
                 }
+                // the manager wakes the worker (a message) at the next periodic sync or a back-off's end
                 let resync = (self.state == State::Syncing).then_some(resync_at);
-                let wake = [self.wake_at, resync].into_iter().flatten().min();
-                tokio::select! {
-                    msg = self.rx.recv() => {
-                        let Some(msg) = msg else { break };
-                        self.handle(msg);
-                        while let Ok(more) = self.rx.try_recv() {
-                            self.handle(more);
-                        }
-                        if self.shutdown {
-                            break;
-                        }
-                    }
-                    _ = sleep_until(wake) => {}
+                let _ = self.done.send(WorkerReport::WakeAt {
+                    uid: self.pod.uid.clone(),
+                    at: [self.wake_at, resync].into_iter().flatten().min(),
+                });
+                let Some(msg) = self.rx.recv().await else { break };
+                self.handle(msg);
+                while let Ok(more) = self.rx.try_recv() {
+                    self.handle(more);
+                }
+                if self.shutdown {
+                    break;
                 }
             }
             self.stop_prober();
@@ -243,7 +243,7 @@ impl PodWorker {
         let first = !self.stopped_reported;
         if first {
             self.stopped_reported = true;
-            let _ = self.done.send(Finished::Stopped {
+            let _ = self.done.send(WorkerReport::Stopped {
                 uid: self.pod.uid.clone(),
             });
         }
@@ -285,18 +285,11 @@ impl PodWorker {
                 name: self.pod.name.clone(),
             });
         }
-        let _ = self.done.send(Finished::Gone {
+        let _ = self.done.send(WorkerReport::Gone {
             uid,
             in_api: !self.removed,
         });
         self.state = State::Exit;
         Ok(())
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

@@ -38,6 +38,8 @@ pub(crate) enum WorkerMsg {
     Runtime,
     /// A probe result changed.
     Probe(Box<ProbeUpdate>),
+    /// The time the worker last asked to be woken at ([`WorkerReport::WakeAt`]) has come.
+    Wake,
     /// Stop the pod on request (graceful node shutdown, eviction) and report why, then fire the order's
     /// sender (boxed: messages stay small).
     Kill(Box<KillOrder>),
@@ -60,11 +62,15 @@ pub(crate) struct KillOrder {
 
 /// What the worker tells the pod manager.
 #[derive(Debug)]
-pub(crate) enum Finished {
+pub(crate) enum WorkerReport {
     /// The pod is terminated and its object deleted (`in_api`: the DELETE is still to land) or gone: forget it.
     Gone { uid: Arc<str>, in_api: bool },
     /// The pod no longer runs anything (terminal or terminated): release its admitted resources.
     Stopped { uid: Arc<str> },
+    /// After each sync: send [`WorkerMsg::Wake`] at `at` (the next periodic sync, or a back-off's end), unless
+    /// a later report replaces it; `None` wakes it for messages only. The manager keeps every worker's time
+    /// and one timer for them all (as the kubelet's work queue does), so an idle worker holds no timer.
+    WakeAt { uid: Arc<str>, at: Option<Instant> },
 }
 
 /// How a worker starts.
@@ -123,7 +129,7 @@ pub(crate) struct PodWorker {
     pub(super) pod: Arc<DesiredPod>,
     pub(super) rx: crate::chan::UnboundedReceiver<WorkerMsg>,
     pub(super) tx: crate::chan::UnboundedSender<WorkerMsg>,
-    pub(super) done: crate::chan::UnboundedSender<Finished>,
+    pub(super) done: crate::chan::UnboundedSender<WorkerReport>,
     pub(super) state: State,
     pub(super) removed: bool,
     /// Admission refused the pod (boxed: rare).

@@ -449,3 +449,41 @@ async fn without_runtime_events_a_relist_every_second_notices_exits() {
     assert!((1.9..2.3).contains(&secs(t)), "restarted at {t:?}");
     h.stop().await;
 }
+
+/// The count of `kubelet_pod_worker_duration_seconds` for `operation`, as `/metrics` shows it.
+fn worker_syncs(h: &Harness, operation: &str) -> u64 {
+    let mut registry = prometheus_client::registry::Registry::default();
+    h.metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("metrics encode");
+    let series = format!("kubelet_pod_worker_duration_seconds_count{{operation=\"{operation}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
+/// With nothing happening, a running pod is still synced every `syncFrequency` (60 s, jittered up to half of
+/// it): its worker waits for messages only, and the pod manager's timer wakes it.
+#[tokio::test(start_paused = true)]
+async fn an_idle_pod_is_synced_again_every_sync_period() {
+    let mut h = Harness::start();
+    let p = pod(
+        "idle",
+        json!({"containers": [{"name": "app", "image": "pause"}]}),
+        json!({}),
+    );
+    h.send(PodEvent::Snapshot(vec![p])).await;
+    h.until("Running", Duration::from_secs(30), |h| {
+        h.phase("idle") == Some("Running")
+    })
+    .await;
+    let before = worker_syncs(&h, "sync");
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    let periodic = worker_syncs(&h, "sync") - before;
+    // at least one sync per 90 s, and not many more than one per 60 s
+    assert!(
+        (6..=11).contains(&periodic),
+        "{periodic} syncs in 10 idle minutes"
+    );
+    h.stop().await;
+}
