@@ -6,7 +6,8 @@
 //! thousand-node fleet then spends a sixth more CPU polling branches that had nothing to do. Here each branch
 //! gets a waker of its own that marks it woken before waking the task; a poll of the join polls only the marked
 //! branches. The cost is one small shared allocation and one per branch (the branch wakers), made when the join
-//! is built.
+//! is built, and the wakers' array (boxed: the join's future is a node's largest task cell, and 112 bytes less
+//! of it moved the node side of an agent into jemalloc's next smaller class).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,7 +44,7 @@ impl Wake for BranchWaker {
 /// The wakers of a join of `N` branches (at most 32).
 pub(crate) struct Wakers<const N: usize> {
     shared: Arc<Shared>,
-    each: [Waker; N],
+    each: Box<[Waker; N]>,
 }
 
 impl<const N: usize> Wakers<N> {
@@ -55,12 +56,12 @@ impl<const N: usize> Wakers<N> {
             woken: AtomicU32::new(all),
             task: AtomicWaker::new(),
         });
-        let each = std::array::from_fn(|i| {
+        let each = Box::new(std::array::from_fn(|i| {
             Waker::from(Arc::new(BranchWaker {
                 shared: shared.clone(),
                 bit: 1 << i,
             }))
-        });
+        }));
         Self { shared, each }
     }
 

@@ -42,6 +42,7 @@ use crate::events::{EventRecorder, EventSink, node_reference};
 use crate::gc::{ContainerGc, GarbageCollectors, ImageFsSource, ImageGc, ImagePolicy};
 use crate::metrics::Metrics;
 use crate::node::status::{StatusChannels, cordon_for_shutdown};
+use crate::node::triggers::Signals;
 use crate::node::{
     HealthChecks, LeaseManager, NodeError, NodeInformer, NodeSnapshot, NodeStatusManager, Pressure,
     RegisteredNode, ResourceList,
@@ -418,12 +419,14 @@ impl Agent {
         let resync = Arc::new(Notify::new());
         let resync_status = resync.clone();
         let channels = StatusChannels {
-            health: ctx.runtime_health.clone(),
-            pressure: pressure_rx,
+            signals: Signals {
+                health: ctx.runtime_health.clone(),
+                pressure: pressure_rx,
+                resync: resync.clone(),
+                node: ctx.node.clone(),
+            },
             checks: ctx.health_checks.clone(),
             registered: registered_tx,
-            resync: resync.clone(),
-            node: ctx.node.clone(),
             recheck_runtime: health_monitor.recheck_handle(),
         };
         let informer = NodeInformer::new(

@@ -156,8 +156,9 @@ pub struct ApiLease {
     calls: ApiCalls,
     node_name: String,
     duration_seconds: i32,
-    /// The Lease as last written or read, reduced to what a renewal does not set again.
-    lease: Option<KeptLease>,
+    /// The Lease as last written or read, reduced to what a renewal does not set again (boxed, and written
+    /// over in place at each renewal: the idle node side holds this, and its task stays in a smaller class).
+    lease: Option<Box<KeptLease>>,
 }
 
 impl LeaseRenewer for ApiLease {
@@ -199,7 +200,15 @@ impl ApiLease {
     }
 
     fn keep(&mut self, lease: Lease) {
-        self.lease = Some(KeptLease::of(lease, &self.node_name));
+        let kept = KeptLease::of(lease, &self.node_name);
+        self.keep_reduced(kept);
+    }
+
+    fn keep_reduced(&mut self, kept: KeptLease) {
+        match &mut self.lease {
+            Some(held) => **held = kept,
+            None => self.lease = Some(Box::new(kept)),
+        }
     }
 
     /// Makes sure the lease exists and is renewed now.
@@ -266,7 +275,7 @@ impl ApiLease {
                 KeptLease::from_answer(&answer, &self.node_name).map_err(kube::Error::SerdeError)
             }) {
             Ok(kept) => {
-                self.lease = Some(kept);
+                self.keep_reduced(kept);
                 Ok(())
             }
             Err(e @ kube::Error::SerdeError(_)) => {

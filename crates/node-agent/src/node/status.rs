@@ -32,8 +32,8 @@ use super::conditions::{ConditionInputs, NodeConditions};
 use super::object::{self, ResourceList};
 use super::registration::{Registered, Registrar};
 use super::report::{Fingerprints, ReportPolicy};
-use super::triggers::{StatusTriggers, Trigger, wait_for_first_health};
-use super::{HealthChecks, NodeError, NodeSnapshot, Pressure, RegisteredNode};
+use super::triggers::{Signals, StatusTriggers, Trigger, wait_for_first_health};
+use super::{HealthChecks, NodeError, NodeSnapshot, RegisteredNode};
 use crate::api::{ApiCalls, is_not_found};
 use crate::config::AgentConfig;
 use crate::events::{EventRecorder, node_reference};
@@ -47,18 +47,12 @@ pub const PATCH_ATTEMPTS: u32 = 5;
 /// The channels the status task shares with the rest of the agent.
 #[derive(Debug, Clone)]
 pub struct StatusChannels {
-    /// Runtime health from the runtime monitor.
-    pub health: watch::Receiver<RuntimeHealth>,
-    /// Pressure from the eviction manager.
-    pub pressure: watch::Receiver<Pressure>,
+    /// Runtime health, pressure, the lease task's pokes and the Node as the informer saw it.
+    pub signals: Signals,
     /// Extra readiness checks.
     pub checks: HealthChecks,
     /// Where the registered Node identity is published.
     pub registered: watch::Sender<Option<RegisteredNode>>,
-    /// Poked by the lease task when renewals recover: re-read the Node and report.
-    pub resync: Arc<Notify>,
-    /// The Node as the node informer last saw it.
-    pub node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
     /// Poked after the runtime got a new pod CIDR: ask the runtime for its status now, not at the next poll.
     pub recheck_runtime: Arc<Notify>,
 }
@@ -76,8 +70,10 @@ pub struct NodeStatusManager {
 
     conditions: NodeConditions,
     policy: ReportPolicy,
-    images: Option<(u64, Vec<ContainerImage>)>,
-    pod_cidr: Option<String>,
+    /// The image list's fingerprint, and the list while it is still to be reported (boxed, as what follows:
+    /// the idle node side holds this, and every word it keeps in place moves the task nearer the next class).
+    images: Option<Box<(u64, Vec<ContainerImage>)>>,
+    pod_cidr: Option<Box<str>>,
     unschedulable: bool,
     /// Until the node's start-up is observed (then dropped): when its phases began.
     startup: Option<Box<StartupClock>>,
@@ -154,24 +150,18 @@ impl NodeStatusManager {
     pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             // Give the runtime monitor a moment for its first answer, so the Node is created with real readiness.
-            wait_for_first_health(&self.channels.health).await;
+            wait_for_first_health(&self.channels.signals.health).await;
             // The calls below are boxed: between them the task holds only its state, not room for their requests.
             if !Box::pin(self.register()).await {
                 return;
             }
-            let mut triggers = StatusTriggers::new(
-                self.config.kubelet.node_status_update_frequency,
-                self.channels.health.clone(),
-                self.channels.pressure.clone(),
-                self.channels.resync.clone(),
-                self.channels.node.clone(),
-            );
+            let mut triggers = StatusTriggers::new(self.config.kubelet.node_status_update_frequency);
             loop {
-                let force = match triggers.next().await {
+                let force = match triggers.next(&mut self.channels.signals).await {
                     Trigger::Tick => {
                         if self.pod_cidr.is_none() {
                             // a hand-over to the runtime that failed is tried again
-                            let seen = self.channels.node.borrow().clone();
+                            let seen = self.channels.signals.node.borrow().clone();
                             if let Some(snapshot) = seen {
                                 Box::pin(self.learn(&snapshot)).await;
                             }
@@ -184,7 +174,7 @@ impl NodeStatusManager {
                         true
                     }
                     Trigger::NodeChanged => {
-                        let seen = self.channels.node.borrow_and_update().clone();
+                        let seen = self.channels.signals.node.borrow_and_update().clone();
                         if let Some(snapshot) = seen {
                             Box::pin(self.learn(&snapshot)).await;
                         }
@@ -213,7 +203,7 @@ impl NodeStatusManager {
     }
 
     fn inputs(&self, health: &RuntimeHealth, now: Instant) -> ConditionInputs {
-        let pressure = *self.channels.pressure.borrow();
+        let pressure = *self.channels.signals.pressure.borrow();
         let mut not_ready = health.runtime_errors(now);
         not_ready.extend(self.channels.checks.failures());
         not_ready.extend(health.network_errors());
@@ -287,7 +277,7 @@ impl NodeStatusManager {
         if let Some(clock) = self.startup.as_mut() {
             clock.registration_started = Some(now);
         }
-        let health = self.channels.health.borrow_and_update().clone();
+        let health = self.channels.signals.health.borrow_and_update().clone();
         let mut fresh = NodeConditions::unknown();
         let wall = Timestamp::now();
         let events = fresh.update(&self.inputs(&health, now), wall);
@@ -340,7 +330,7 @@ impl NodeStatusManager {
                     .unwrap_or(&[]),
             );
             self.policy.forget();
-            self.images = images;
+            self.images = images.map(Box::new);
             self.learn(&NodeSnapshot::of(&node)).await;
             self.sync(true).await;
         }
@@ -384,10 +374,10 @@ impl NodeStatusManager {
             match self.runtime.update_runtime_config(req).await {
                 Ok(_) => {
                     tracing::info!(node = %self.config.node_name, pod_cidr = %cidrs, "pod CIDR handed to the runtime");
-                    self.pod_cidr = Some(cidrs);
+                    self.pod_cidr = Some(cidrs.into());
                     self.channels.recheck_runtime.notify_one();
                 }
-                Err(e) if e.code == runtime_api::Code::Unimplemented => self.pod_cidr = Some(cidrs),
+                Err(e) if e.code == runtime_api::Code::Unimplemented => self.pod_cidr = Some(cidrs.into()),
                 Err(e) => tracing::warn!(error = %e, "updating the runtime's pod CIDR failed; will retry"),
             }
         }
@@ -430,8 +420,8 @@ impl NodeStatusManager {
     async fn sync(&mut self, force: bool) {
         let now = Instant::now();
         let wall = Timestamp::now();
-        let health = self.channels.health.borrow_and_update().clone();
-        let _ = self.channels.pressure.borrow_and_update();
+        let health = self.channels.signals.health.borrow_and_update().clone();
+        let _ = self.channels.signals.pressure.borrow_and_update();
         let inputs = self.inputs(&health, now);
         let events = self.conditions.update(&inputs, wall);
         self.record_condition_events(&events);
@@ -445,13 +435,13 @@ impl NodeStatusManager {
                 } else {
                     list
                 };
-                self.images = Some((fp, list));
+                self.images = Some(Box::new((fp, list)));
             }
         }
         let fps = Fingerprints {
             conditions: self.conditions.fingerprint(),
             static_part: Self::static_fingerprint(&health),
-            images: self.images.as_ref().map(|(fp, _)| *fp),
+            images: self.images.as_ref().map(|held| held.0),
         };
         let Some(plan) = self.policy.plan(now, &fps, force) else {
             return;
@@ -465,9 +455,9 @@ impl NodeStatusManager {
             self.static_status(&health, &mut status);
         }
         if plan.images
-            && let Some((_, list)) = &self.images
+            && let Some(held) = &self.images
         {
-            status.images = Some(list.clone());
+            status.images = Some(held.1.clone());
         }
         // serialised straight from the status when the request is made (a JSON tree of it was hundreds of
         // small allocations per node, made by every node at once when a fleet registers)
@@ -479,8 +469,8 @@ impl NodeStatusManager {
                 self.observe_startup_if_ready(Instant::now());
                 if fps.images.is_some() {
                     // The list is reported; keep only its fingerprint.
-                    if let Some((fp, _)) = self.images.take() {
-                        self.images = Some((fp, Vec::new()));
+                    if let Some(held) = &mut self.images {
+                        held.1 = Vec::new();
                     }
                 }
             }

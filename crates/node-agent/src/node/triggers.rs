@@ -49,64 +49,65 @@ pub enum Trigger {
     NodeChanged,
 }
 
-/// The timers and signals of one status loop.
+/// What the status loop waits on besides its timer. The status task holds them (and reads their values when it
+/// computes the status, marking them seen); each wait for a trigger borrows them, so the idle task keeps one
+/// receiver of each, not a second copy for the waiting.
+#[derive(Debug, Clone)]
+pub struct Signals {
+    /// Runtime health from the runtime monitor.
+    pub health: watch::Receiver<RuntimeHealth>,
+    /// Pressure from the eviction manager.
+    pub pressure: watch::Receiver<Pressure>,
+    /// Poked by the lease task when renewals recover: re-read the Node and report.
+    pub resync: Arc<Notify>,
+    /// The Node as the node informer last saw it.
+    pub node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
+}
+
+/// The timer of one status loop, and which of its signals are still open.
 #[derive(Debug)]
 pub struct StatusTriggers {
     interval: JitteredInterval,
-    health: watch::Receiver<RuntimeHealth>,
     health_open: bool,
-    pressure: watch::Receiver<Pressure>,
     pressure_open: bool,
-    resync: Arc<Notify>,
-    node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
     node_open: bool,
 }
 
 impl StatusTriggers {
     /// Triggers for a loop starting now (right after registration), computing every `update_frequency`.
-    pub fn new(
-        update_frequency: Duration,
-        health: watch::Receiver<RuntimeHealth>,
-        pressure: watch::Receiver<Pressure>,
-        resync: Arc<Notify>,
-        node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
-    ) -> Self {
+    pub fn new(update_frequency: Duration) -> Self {
         Self {
             interval: JitteredInterval::after_period(update_frequency, STATUS_JITTER),
-            health,
             health_open: true,
-            pressure,
             pressure_open: true,
-            resync,
-            node,
             node_open: true,
         }
     }
 
-    /// Waits for the next thing to do.
-    pub async fn next(&mut self) -> Trigger {
+    /// Waits for the next thing to do: the timer, or a change of `signals` not yet seen.
+    pub async fn next(&mut self, signals: &mut Signals) -> Trigger {
         loop {
             tokio::select! {
                 _ = self.interval.tick() => return Trigger::Tick,
-                r = self.health.changed(), if self.health_open => {
+                r = signals.health.changed(), if self.health_open => {
                     self.health_open = r.is_ok();
                     if self.health_open {
                         return Trigger::InputsChanged;
                     }
                 }
-                r = self.pressure.changed(), if self.pressure_open => {
+                r = signals.pressure.changed(), if self.pressure_open => {
                     self.pressure_open = r.is_ok();
                     if self.pressure_open {
                         return Trigger::InputsChanged;
                     }
                 }
-                r = self.node.changed(), if self.node_open => {
+                r = signals.node.changed(), if self.node_open => {
                     self.node_open = r.is_ok();
                     if self.node_open {
                         return Trigger::NodeChanged;
                     }
                 }
-                () = self.resync.notified() => return Trigger::Resync,
+                () = signals.resync.notified() => return Trigger::Resync,
             }
         }
     }
@@ -120,6 +121,7 @@ mod tests {
 
     struct Harness {
         triggers: StatusTriggers,
+        signals: Signals,
         health: watch::Sender<RuntimeHealth>,
         pressure: watch::Sender<Pressure>,
         resync: Arc<Notify>,
@@ -133,9 +135,16 @@ mod tests {
         let frequency = KubeletConfig::default().node_status_update_frequency;
         assert_eq!(frequency, Duration::from_secs(10));
         let (node, node_rx) = watch::channel(None);
-        let triggers = StatusTriggers::new(frequency, health_rx, pressure_rx, resync.clone(), node_rx);
+        let triggers = StatusTriggers::new(frequency);
+        let signals = Signals {
+            health: health_rx,
+            pressure: pressure_rx,
+            resync: resync.clone(),
+            node: node_rx,
+        };
         Harness {
             triggers,
+            signals,
             health,
             pressure,
             resync,
@@ -161,7 +170,7 @@ mod tests {
         let t0 = Instant::now();
         let mut at = vec![t0];
         for _ in 0..6 {
-            assert_eq!(h.triggers.next().await, Trigger::Tick);
+            assert_eq!(h.triggers.next(&mut h.signals).await, Trigger::Tick);
             at.push(Instant::now());
         }
         let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
@@ -177,6 +186,7 @@ mod tests {
         let t0 = Instant::now();
         let Harness {
             mut triggers,
+            mut signals,
             health,
             pressure,
             resync,
@@ -201,7 +211,7 @@ mod tests {
         });
         let mut seen = Vec::new();
         for _ in 0..5 {
-            let t = triggers.next().await;
+            let t = triggers.next(&mut signals).await;
             seen.push((t, Instant::now() - t0));
         }
         assert_eq!(seen[0], (Trigger::InputsChanged, Duration::from_millis(300)));
@@ -215,7 +225,7 @@ mod tests {
         );
         let before = Instant::now();
         assert_eq!(
-            triggers.next().await,
+            triggers.next(&mut signals).await,
             Trigger::Tick,
             "closed input channels are not changes"
         );
