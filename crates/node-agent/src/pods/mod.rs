@@ -453,6 +453,8 @@ pub(crate) fn per_pod_sizes() -> Vec<(&'static str, usize)> {
         // 960 bytes while its probes and hooks were held in place (most containers have none)
         ("ContainerSpec", size_of::<spec::ContainerSpec>()),
         ("RuntimeView", size_of::<observed::RuntimeView>()),
+        // one per container instance the runtime holds, kept between syncs
+        ("ContainerRecord", size_of::<observed::ContainerRecord>()),
         ("Timeline", size_of::<metrics::Timeline>()),
         ("Prober", size_of::<probes::prober::Prober>()),
         (

@@ -164,12 +164,12 @@ fn waiting(reason: &str, message: Option<String>) -> ContainerState {
 
 /// The terminated state of `r`, its message cut to `max_message` bytes.
 fn terminated(r: &ContainerRecord, id: &str, max_message: usize) -> ContainerState {
-    let mut message = r.message.clone();
+    let mut message = r.message().to_owned();
     crate::pods::termination::truncate(&mut message, max_message);
     ContainerState {
         terminated: Some(ContainerStateTerminated {
             exit_code: r.exit_code,
-            reason: Some(r.reason.clone())
+            reason: Some(r.reason().to_owned())
                 .filter(|s| !s.is_empty())
                 .or_else(|| Some(if r.exit_code == 0 { "Completed" } else { "Error" }.to_owned())),
             message: Some(message).filter(|s| !s.is_empty()),
