@@ -33,6 +33,8 @@ use super::worker::{PodWorker, WorkerInit, WorkerMsg, WorkerReport};
 
 #[path = "manager_control.rs"]
 mod control;
+#[path = "manager_wakes.rs"]
+mod wakes;
 
 struct Entry {
     tx: crate::chan::UnboundedSender<WorkerMsg>,
@@ -384,36 +386,11 @@ impl PodManager {
         }
     }
 
-    /// Wakes the workers whose time has come; the timer moves to the next time.
-    fn on_wake(&mut self) {
-        let now = tokio::time::Instant::now();
-        let mut next: Option<tokio::time::Instant> = None;
-        for e in self.workers.values_mut() {
-            match e.wake {
-                Some(at) if at <= now => {
-                    e.wake = None;
-                    let _ = e.tx.send(WorkerMsg::Wake);
-                }
-                Some(at) => next = Some(next.map_or(at, |n| n.min(at))),
-                None => {}
-            }
-        }
-        self.wakes.set(next);
-    }
-
     fn on_report(&mut self, report: WorkerReport) {
         let (uid, gone, in_api) = match report {
             WorkerReport::Stopped { uid } => (uid, false, false),
             WorkerReport::Gone { uid, in_api } => (uid, true, in_api),
-            WorkerReport::WakeAt { uid, at } => {
-                if let Some(e) = self.workers.get_mut(&uid) {
-                    e.wake = at;
-                    if let Some(at) = at {
-                        self.wakes.by(at);
-                    }
-                }
-                return;
-            }
+            WorkerReport::WakeAt { uid, at } => return self.wake_at(&uid, at),
         };
         if let Some(e) = self.workers.get_mut(&uid) {
             e.stopped = true;
