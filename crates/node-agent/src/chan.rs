@@ -58,9 +58,10 @@ pub enum TryRecvError {
 pub struct UnboundedReceiver<T>(mpsc::UnboundedReceiver<T>);
 
 impl<T> UnboundedReceiver<T> {
-    /// The next message; `None` once every sender is gone and the queue is empty. Cancel-safe.
-    pub async fn recv(&mut self) -> Option<T> {
-        self.0.next().await
+    /// The next message; `None` once every sender is gone and the queue is empty. Cancel-safe. The wait is one
+    /// pointer (a long-lived task waiting here keeps nothing else for it).
+    pub fn recv(&mut self) -> impl Future<Output = Option<T>> + '_ {
+        std::future::poll_fn(move |cx| self.0.poll_next_unpin(cx))
     }
 
     /// A message queued now, if any.
@@ -169,6 +170,16 @@ pub fn channel<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_unbounded_wait_is_one_pointer_and_gets_what_was_sent() {
+        let (tx, mut rx) = unbounded_channel::<u32>();
+        assert_eq!(size_of_val(&rx.recv()), size_of::<usize>());
+        tx.send(7).unwrap();
+        drop(tx);
+        assert_eq!(rx.recv().await, Some(7));
+        assert_eq!(rx.recv().await, None);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_full_bounded_channel_makes_the_sender_wait_until_a_message_is_received() {

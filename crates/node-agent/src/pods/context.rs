@@ -1,5 +1,6 @@
 //! What every pod worker of one agent shares: configuration, the runtime, the probe transport, the event
-//! recorder, metrics, the status manager's handle, the node view and the source of referenced API objects. One `Arc` per agent.
+//! recorder, metrics, the status manager's handle, the node view, the source of referenced API objects and the
+//! pod manager's report channel. One `Arc` per agent.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use super::observed::SandboxRecord;
 use super::probes::{ProbeMetrics, ProbeTransport};
 use super::spec::DesiredPod;
 use super::status::StatusHandle;
+use super::worker_state::WorkerReport;
 use crate::watch;
 
 pub(crate) struct AgentCtx {
@@ -31,6 +33,8 @@ pub(crate) struct AgentCtx {
     pub node: watch::Receiver<Option<NodeView>>,
     /// ConfigMaps, Secrets and tokens that pods' volumes and environment name.
     pub objects: Arc<dyn PodObjects>,
+    /// Where pod workers report to the pod manager (one sender for the agent's workers, not one each).
+    pub reports: crate::chan::UnboundedSender<WorkerReport>,
 }
 
 impl AgentCtx {

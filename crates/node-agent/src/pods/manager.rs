@@ -54,8 +54,8 @@ pub(crate) struct PodManager {
     committed: Committed,
     /// Pods waiting for the node view before admission.
     pending: Vec<Pod>,
-    done_tx: crate::chan::UnboundedSender<WorkerReport>,
-    done_rx: crate::chan::UnboundedReceiver<WorkerReport>,
+    /// What the workers report (they send through the agent context's sender).
+    reports: crate::chan::UnboundedReceiver<WorkerReport>,
     /// At the earliest wake time of the workers.
     wakes: WakeTimer,
     tracker: TaskTracker,
@@ -137,18 +137,17 @@ fn started_before(pod: &Pod) -> bool {
 impl PodManager {
     pub(crate) fn new(
         ctx: Arc<AgentCtx>,
+        reports: crate::chan::UnboundedReceiver<WorkerReport>,
         tracker: TaskTracker,
         cancel: CancellationToken,
         statics: Statics,
     ) -> Self {
-        let (done_tx, done_rx) = crate::chan::unbounded_channel();
         Self {
             ctx,
             workers: HashMap::new(),
             committed: Committed::default(),
             pending: Vec::new(),
-            done_tx,
-            done_rx,
+            reports,
             wakes: WakeTimer::default(),
             tracker,
             cancel,
@@ -205,7 +204,7 @@ impl PodManager {
                         None => statics_open = false,
                     },
                     Some(uid) = pleg.recv() => self.on_runtime(uid),
-                    Some(report) = self.done_rx.recv() => self.on_report(report),
+                    Some(report) = self.reports.recv() => self.on_report(report),
                     () = self.wakes.fired(), if self.wakes.is_set() => self.on_wake(),
                     () = tick(&mut housekeeping), if housekeeping.is_some() => Box::pin(self.housekeeping()).await,
                     changed = node.changed() => {
@@ -391,6 +390,12 @@ impl PodManager {
             WorkerReport::Stopped { uid } => (uid, false, false),
             WorkerReport::Gone { uid, in_api } => (uid, true, in_api),
             WorkerReport::WakeAt { uid, at } => return self.wake_at(&uid, at),
+            WorkerReport::Probe { uid, update } => {
+                if let Some(e) = self.workers.get(&uid) {
+                    let _ = e.tx.send(WorkerMsg::Probe(update));
+                }
+                return;
+            }
         };
         if let Some(e) = self.workers.get_mut(&uid) {
             e.stopped = true;
@@ -513,7 +518,7 @@ impl PodManager {
     }
 
     fn spawn(&mut self, desired: Arc<DesiredPod>, init: WorkerInit, admitted: bool) {
-        let (worker, tx) = PodWorker::new(self.ctx.clone(), init, self.done_tx.clone());
+        let (worker, tx) = PodWorker::new(self.ctx.clone(), init);
         let span = tracing::debug_span!(
             "pod",
             pod = %desired.name,

@@ -379,6 +379,7 @@ impl PodLifecycle {
             self.config.object_ttl,
             self.config.sync_frequency,
         ));
+        let (reports, reports_rx) = crate::chan::unbounded_channel();
         let ctx = Arc::new(context::AgentCtx {
             objects,
             config: self.config,
@@ -390,6 +391,7 @@ impl PodLifecycle {
             probe_metrics: self.probe_metrics,
             status,
             node: self.node,
+            reports,
         });
         let status_manager = status::StatusManager::new(
             self.client.clone(),
@@ -424,7 +426,7 @@ impl PodLifecycle {
         // without a control channel, one already closed (the manager stops listening to it)
         let control = self.control.unwrap_or_else(|| crate::chan::unbounded_channel().1);
         Ok(Some(Started {
-            manager: manager::PodManager::new(ctx, tracker.clone(), tasks.clone(), statics),
+            manager: manager::PodManager::new(ctx, reports_rx, tracker.clone(), tasks.clone(), statics),
             source,
             statics: statics_rx,
             pleg: pleg_rx,

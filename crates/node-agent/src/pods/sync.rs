@@ -207,7 +207,7 @@ impl PodWorker {
                 s.name,
                 pod.display()
             );
-            self.waiting.insert(s.name.clone(), ("CrashLoopBackOff", msg));
+            self.wait_as(&s.name, "CrashLoopBackOff", msg);
             let event = format!(
                 "Back-off restarting failed container {} in pod {}",
                 s.name,
@@ -221,7 +221,7 @@ impl PodWorker {
         let sandbox_config = labels::sandbox_config(&pod, sandbox.attempt, &ctx.config.layout);
         match self.images.ensure(&ctx, &pod, c, &sandbox_config).await {
             ImageState::Waiting { reason, message } => {
-                self.waiting.insert(s.name.clone(), (reason, message));
+                self.wait_as(&s.name, reason, message);
                 // a failed pull shows ErrImagePull, then (a second later) ImagePullBackOff until the retry
                 let retry = match reason {
                     "ErrImagePull" => Some(Duration::from_secs(1)),
@@ -305,7 +305,7 @@ impl PodWorker {
         );
         ctx.metrics
             .container_started(if s.init { "init_container" } else { "container" });
-        self.waiting.remove(&s.name);
+        self.not_waiting(&s.name);
         if let Some(hook) = &c.post_start {
             let at = Where {
                 pod: &pod,
@@ -353,7 +353,7 @@ impl PodWorker {
             "Failed",
             format!("Error: {msg}"),
         );
-        self.waiting.insert(s.name.clone(), (reason, msg));
+        self.wait_as(&s.name, reason, msg);
         self.wake(Instant::now() + crate::backoff::jittered(Duration::from_secs(10), 0.5));
         false
     }
@@ -381,21 +381,19 @@ impl PodWorker {
         let pod = &self.pod;
         let (status, phase) = match &self.rejected {
             Some(r) => (
-                generate::rejected(
-                    pod,
-                    &r.reason,
-                    &r.message,
-                    self.start_time.unwrap_or_else(k8s_openapi::jiff::Timestamp::now),
-                ),
+                generate::rejected(pod, &r.reason, &r.message, self.start_time()),
                 Phase::Failed,
             ),
             None => generate::generate(&Inputs {
                 pod,
                 view: &self.view,
                 probes: &self.probes,
-                waiting: &self.waiting,
+                waiting: self
+                    .waiting
+                    .as_deref()
+                    .unwrap_or(&super::worker_state::NO_WAITING),
                 host_ips: &host_ips,
-                start_time: self.start_time,
+                start_time: Some(self.start_time()),
                 old: self.last.as_ref().map(|l| &l.previous),
                 runtime_type: &self.ctx.runtime_type,
                 terminal: if self.state == State::Syncing {

@@ -14,7 +14,6 @@
 //! of the agent's workers sends it [`WorkerMsg::Wake`] then. What a worker holds between syncs, and the messages
 //! it takes, are in `worker_state`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +37,6 @@ impl PodWorker {
     pub(crate) fn new(
         ctx: Arc<AgentCtx>,
         init: WorkerInit,
-        done: crate::chan::UnboundedSender<WorkerReport>,
     ) -> (Self, crate::chan::UnboundedSender<WorkerMsg>) {
         let (tx, rx) = crate::chan::unbounded_channel();
         let api_phase = init
@@ -46,12 +44,12 @@ impl PodWorker {
             .as_ref()
             .and_then(|s| s.phase.as_deref())
             .and_then(Phase::parse);
-        let start_time = init
+        let start_second = init
             .api_status
             .as_ref()
             .and_then(|s| s.start_time.as_ref())
-            .map(|t| t.0)
-            .or_else(|| Some(Timestamp::now()));
+            .map_or_else(Timestamp::now, |t| t.0)
+            .as_second();
         let mut probes = ProbeResults::default();
         if let Some(status) = &init.api_status {
             for (id, (ready, started)) in prober::seeds(status) {
@@ -75,17 +73,15 @@ impl PodWorker {
             ctx,
             pod: init.pod,
             rx,
-            tx: tx.clone(),
-            done,
             state,
             removed: false,
             rejected: init.rejected.map(Box::new),
             view: RuntimeView::default(),
             probes,
-            waiting: BTreeMap::new(),
+            waiting: None,
             restarts: None,
             images: Images::default(),
-            start_time,
+            start_second,
             last: init.api_status.as_ref().map(LastReport::of),
             terminal,
             timeline: init.timeline.map(Box::new),
@@ -135,53 +131,57 @@ impl PodWorker {
     /// pod's whole life.
     pub(crate) fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {
-            let mut resync_at;
             // a flag, not the operation's name: it lives across every wait of the pod's life
             let created_here = self.timeline.is_some();
             let mut first = true;
             loop {
+                // in a block of its own: a value still in scope at the wait for messages is kept across it, in
+                // the idle future, even when no longer used
                 {
-                    let began = Instant::now();
-                    self.wake_at = None;
-                    let before = self.state;
-                    // boxed: the sync's state lives on the heap only while a sync runs
-                    let result = Box::pin(self.step()).await;
-                    let op = if first {
-                        if created_here { "create" } else { "sync" }
-                    } else if self.state == State::Syncing {
-                        "sync"
-                    } else {
-                        "update"
-                    };
-                    first = false;
-                    self.ctx.metrics.worker_sync(op, began.elapsed());
-                    let period = self.ctx.config.sync_frequency;
-                    resync_at = next_tick(Instant::now(), period, 0.5);
-                    match result {
-                        Ok(()) => {
-                            self.errors = None;
-                            // a state change (e.g. syncing -> terminating) is acted on at once
-                            if self.state != before && self.state != State::Exit {
-                                continue;
+                    let wake = {
+                        self.wake_at = None;
+                        // boxed: the sync's state (and its start) lives on the heap only while a sync runs
+                        let (result, before, took) = Box::pin(self.timed_step()).await;
+                        let op = if first {
+                            if created_here { "create" } else { "sync" }
+                        } else if self.state == State::Syncing {
+                            "sync"
+                        } else {
+                            "update"
+                        };
+                        first = false;
+                        self.ctx.metrics.worker_sync(op, took);
+                        let period = self.ctx.config.sync_frequency;
+                        let resync_at = next_tick(Instant::now(), period, 0.5);
+                        match result {
+                            Ok(()) => {
+                                self.errors = None;
+                                // a state change (e.g. syncing -> terminating) is acted on at once
+                                if self.state != before && self.state != State::Exit {
+                                    continue;
+                                }
+                            }
+                            Err(error) => {
+                                tracing::warn!(pod = %self.pod.name, namespace = %self.pod.namespace, %error, "pod sync failed, will retry");
+                                let retry = Instant::now()
+                                    + Backoff::in_slot(&mut self.errors, BackoffPolicy::api_retry())
+                                        .next_delay();
+                                self.wake_at = Some(self.wake_at.map_or(retry, |w| w.min(retry)));
                             }
                         }
-                        Err(error) => {
-                            tracing::warn!(pod = %self.pod.name, namespace = %self.pod.namespace, %error, "pod sync failed, will retry");
-                            let retry = Instant::now()
-                                + Backoff::in_slot(&mut self.errors, BackoffPolicy::api_retry()).next_delay();
-                            self.wake_at = Some(self.wake_at.map_or(retry, |w| w.min(retry)));
-                        }
+                        // the next periodic sync (while syncing) or a back-off's end, whichever comes first
+                        let resync = (self.state == State::Syncing).then_some(resync_at);
+                        [self.wake_at, resync].into_iter().flatten().min()
+                    };
+                    if self.state == State::Exit {
+                        break;
                     }
+                    // the manager wakes the worker (a message) then
+                    let _ = self.ctx.reports.send(WorkerReport::WakeAt {
+                        uid: self.pod.uid.clone(),
+                        at: wake,
+                    });
                 }
-                if self.state == State::Exit {
-                    break;
-                }
-                // the manager wakes the worker (a message) at the next periodic sync or a back-off's end
-                let resync = (self.state == State::Syncing).then_some(resync_at);
-                let _ = self.done.send(WorkerReport::WakeAt {
-                    uid: self.pod.uid.clone(),
-                    at: [self.wake_at, resync].into_iter().flatten().min(),
-                });
                 let Some(msg) = self.rx.recv().await else { break };
                 self.handle(msg);
                 while let Ok(more) = self.rx.try_recv() {
@@ -196,6 +196,14 @@ impl PodWorker {
                 self.ctx.metrics.running_pods(-1);
             }
         }
+    }
+
+    /// One step, with the state it began in and how long it took.
+    async fn timed_step(&mut self) -> (Result<(), runtime_api::RuntimeError>, State, Duration) {
+        let began = Instant::now();
+        let before = self.state;
+        let result = self.step().await;
+        (result, before, began.elapsed())
     }
 
     async fn step(&mut self) -> Result<(), runtime_api::RuntimeError> {
@@ -233,7 +241,7 @@ impl PodWorker {
                 .all(|c| self.view.latest(&c.name).is_none_or(|r| r.succeeded()));
             self.terminal = Some(if ok { Phase::Succeeded } else { Phase::Failed });
         }
-        self.waiting.clear();
+        self.waiting = None;
         self.state = State::Terminated;
         self.finish().await
     }
@@ -243,7 +251,7 @@ impl PodWorker {
         let first = !self.stopped_reported;
         if first {
             self.stopped_reported = true;
-            let _ = self.done.send(WorkerReport::Stopped {
+            let _ = self.ctx.reports.send(WorkerReport::Stopped {
                 uid: self.pod.uid.clone(),
             });
         }
@@ -285,7 +293,7 @@ impl PodWorker {
                 name: self.pod.name.clone(),
             });
         }
-        let _ = self.done.send(WorkerReport::Gone {
+        let _ = self.ctx.reports.send(WorkerReport::Gone {
             uid,
             in_api: !self.removed,
         });

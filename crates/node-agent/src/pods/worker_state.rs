@@ -71,6 +71,8 @@ pub(crate) enum WorkerReport {
     /// a later report replaces it; `None` wakes it for messages only. The manager keeps every worker's time
     /// and one timer for them all (as the kubelet's work queue does), so an idle worker holds no timer.
     WakeAt { uid: Arc<str>, at: Option<Instant> },
+    /// A probe result changed (from the pod's prober): pass it to the worker as [`WorkerMsg::Probe`].
+    Probe { uid: Arc<str>, update: Box<ProbeUpdate> },
 }
 
 /// How a worker starts.
@@ -128,25 +130,26 @@ pub(crate) struct PodWorker {
     pub(super) ctx: Arc<AgentCtx>,
     pub(super) pod: Arc<DesiredPod>,
     pub(super) rx: crate::chan::UnboundedReceiver<WorkerMsg>,
-    pub(super) tx: crate::chan::UnboundedSender<WorkerMsg>,
-    pub(super) done: crate::chan::UnboundedSender<WorkerReport>,
     pub(super) state: State,
     pub(super) removed: bool,
     /// Admission refused the pod (boxed: rare).
     pub(super) rejected: Option<Box<Rejection>>,
     pub(super) view: RuntimeView,
     pub(super) probes: ProbeResults,
-    /// Per container, why it waits (a B-tree: nothing allocated and 24 bytes while empty, as it mostly is).
-    pub(super) waiting: BTreeMap<String, (&'static str, String)>,
+    /// Per container, why it waits; made when the first waits and dropped when none does (8 bytes while no
+    /// container waits, as for a running pod).
+    pub(super) waiting: Option<Box<Waiting>>,
     /// Crash-loop back-off, made at the first restart (most pods never restart).
     pub(super) restarts: Option<Box<RestartBackoff>>,
     pub(super) images: Images,
-    pub(super) start_time: Option<Timestamp>,
+    /// The pod's start time, in seconds since the epoch (the API's resolution).
+    pub(super) start_second: i64,
     /// What was last reported (or what the API server held when the worker started).
     pub(super) last: Option<LastReport>,
     pub(super) terminal: Option<Phase>,
     pub(super) timeline: Option<Box<Timeline>>,
-    pub(super) prober: Option<(watch::Sender<Targets>, CancellationToken)>,
+    /// The link to the pod's prober, made when the first probed container runs (boxed: most pods have none).
+    pub(super) prober: Option<Box<(watch::Sender<Targets>, CancellationToken)>>,
     pub(super) wake_at: Option<Instant>,
     /// Back-off between failed syncs, made at the first failure.
     pub(super) errors: Option<Box<Backoff>>,
@@ -160,6 +163,12 @@ pub(crate) struct PodWorker {
     pub(super) volumes: Option<Box<PodVolumes>>,
 }
 
+/// Per container, why it waits: the reason and the message.
+pub(crate) type Waiting = BTreeMap<String, (&'static str, String)>;
+
+/// What the status sees when no container waits.
+pub(super) static NO_WAITING: Waiting = BTreeMap::new();
+
 /// Stops on request a worker received.
 #[derive(Default)]
 pub(super) struct StopRequests {
@@ -170,14 +179,36 @@ pub(super) struct StopRequests {
 }
 
 impl PodWorker {
+    /// Container `name` waits, for `reason`.
+    pub(super) fn wait_as(&mut self, name: &str, reason: &'static str, message: String) {
+        self.waiting
+            .get_or_insert_default()
+            .insert(name.to_owned(), (reason, message));
+    }
+
+    /// Container `name` no longer waits.
+    pub(super) fn not_waiting(&mut self, name: &str) {
+        if let Some(waiting) = self.waiting.as_deref_mut() {
+            waiting.remove(name);
+            if waiting.is_empty() {
+                self.waiting = None;
+            }
+        }
+    }
+
+    /// The pod's start time.
+    pub(super) fn start_time(&self) -> Timestamp {
+        Timestamp::from_second(self.start_second).unwrap_or(Timestamp::UNIX_EPOCH)
+    }
+
     /// The stop order being carried out, if the pod was stopped on request.
     pub(super) fn killed(&self) -> Option<&(i64, KillCause)> {
         self.stop.as_ref()?.order.as_ref()
     }
 
     pub(super) fn stop_prober(&mut self) {
-        if let Some((_, cancel)) = self.prober.take() {
-            cancel.cancel();
+        if let Some(link) = self.prober.take() {
+            link.1.cancel();
         }
     }
 
@@ -200,8 +231,8 @@ impl PodWorker {
                 })
                 .collect(),
         };
-        if let Some((tx, _)) = &self.prober {
-            tx.send_if_modified(|cur| {
+        if let Some(link) = &self.prober {
+            link.0.send_if_modified(|cur| {
                 if *cur == targets {
                     false
                 } else {
@@ -217,8 +248,8 @@ impl PodWorker {
         let seeds: Seeds = self.probes.seeds();
         let (tx, rx) = watch::channel(targets);
         let cancel = CancellationToken::new();
-        let prober = Prober::new(self.ctx.clone(), self.pod.clone(), rx, self.tx.clone(), seeds);
+        let prober = Prober::new(self.ctx.clone(), self.pod.clone(), rx, seeds);
         tokio::spawn(prober.run(cancel.clone()));
-        self.prober = Some((tx, cancel));
+        self.prober = Some(Box::new((tx, cancel)));
     }
 }

@@ -24,7 +24,7 @@ use crate::pods::actions::{self, Where};
 use crate::pods::context::AgentCtx;
 use crate::pods::events::EventType;
 use crate::pods::spec::{DesiredPod, ProbeSpec};
-use crate::pods::worker::WorkerMsg;
+use crate::pods::worker::WorkerReport;
 use crate::watch;
 
 /// A container the prober should watch.
@@ -80,7 +80,6 @@ pub(crate) struct Prober {
     ctx: Arc<AgentCtx>,
     pod: Arc<DesiredPod>,
     targets: watch::Receiver<Targets>,
-    to_worker: crate::chan::UnboundedSender<WorkerMsg>,
     seeds: Seeds,
     entries: Vec<Entry>,
     pod_ip: String,
@@ -102,14 +101,12 @@ impl Prober {
         ctx: Arc<AgentCtx>,
         pod: Arc<DesiredPod>,
         targets: watch::Receiver<Targets>,
-        to_worker: crate::chan::UnboundedSender<WorkerMsg>,
         seeds: Seeds,
     ) -> Self {
         Self {
             ctx,
             pod,
             targets,
-            to_worker,
             seeds,
             entries: Vec::new(),
             pod_ip: String::new(),
@@ -287,7 +284,11 @@ impl Prober {
                 other.next = other.next.max(started);
             }
         }
-        let _ = self.to_worker.send(WorkerMsg::Probe(Box::new(update)));
+        // to the pod's worker through the pod manager, as the kubelet's sync loop passes probe results on
+        let _ = self.ctx.reports.send(WorkerReport::Probe {
+            uid: self.pod.uid.clone(),
+            update: Box::new(update),
+        });
     }
 }
 

@@ -47,6 +47,7 @@ fn bare_ctx(runtime: &FakeRuntime) -> AgentCtx {
         status,
         node: node_rx,
         objects: Arc::new(super::super::objects::NoObjects),
+        reports: crate::chan::unbounded_channel().0,
     }
 }
 
@@ -80,17 +81,19 @@ async fn an_idle_pod_workers_future_stays_small() {
     // a sync or a termination holds it (boxed with the step, while the step runs): 3,656 bytes while the status
     // answer was bound apart and the termination message read in place
     assert!(refresh <= 1_792, "a runtime view refresh is {refresh} bytes");
-    let (done, _done_rx) = crate::chan::unbounded_channel();
-    let (worker, _tx) = super::super::worker::PodWorker::new(ctx, init, done);
+    let (worker, _tx) = super::super::worker::PodWorker::new(ctx, init);
     let worker_size = size_of_val(&worker);
     let future = size_of_val(&worker.run());
     println!("PodWorker {worker_size} bytes, its run future {future} bytes");
     // a task cell is the future and ~112 bytes of tokio's, in multiples of 128: 616 bytes (a 768-byte task) while
     // the worker waited on the agent's cancellation (now a message) and kept its first operation's name; 520 (a
-    // 640-byte task) while it held a timer of its own (the manager's one timer wakes it now)
+    // 640-byte task) while it held a timer of its own (the manager's one timer wakes it now); 368 (a 512-byte
+    // task) while the worker kept empty probe and waiting maps, its prober link in place, its start time to the
+    // nanosecond, senders to itself and to the manager, and its wait for messages and a sync's start across
+    // the wait
     assert!(
-        future <= 400,
-        "the run future ({future} bytes) no longer fits a 512-byte task"
+        future <= 272,
+        "the run future ({future} bytes) no longer fits a 384-byte task"
     );
     // 1,792 bytes when the worker was moved from the future's arguments into its body (held twice)
     assert!(

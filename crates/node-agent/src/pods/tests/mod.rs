@@ -134,6 +134,7 @@ impl Harness {
         let probe_metrics = Arc::new(crate::pods::ProbeMetrics::default());
         let (status, status_rx) = StatusHandle::channel();
         let (node_tx, node_rx) = watch::channel(Some(node_view()));
+        let (reports, reports_rx) = crate::chan::unbounded_channel();
         let ctx = Arc::new(AgentCtx {
             config,
             runtime: cri,
@@ -145,6 +146,7 @@ impl Harness {
             status,
             node: node_rx,
             objects: Arc::new(super::objects::NoObjects),
+            reports,
         });
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
@@ -162,7 +164,7 @@ impl Harness {
         );
         let (control, control_rx) = crate::chan::unbounded_channel();
         tracker.spawn(
-            PodManager::new(ctx, tracker.clone(), cancel.clone(), manager_statics).run(
+            PodManager::new(ctx, reports_rx, tracker.clone(), cancel.clone(), manager_statics).run(
                 source,
                 Some(statics_rx),
                 pleg_rx,
