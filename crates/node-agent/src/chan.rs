@@ -136,9 +136,14 @@ pub struct Receiver<T> {
 
 impl<T> Receiver<T> {
     /// The next message (its room freed); `None` once every sender is gone and the queue is empty.
-    /// Cancel-safe.
-    pub async fn recv(&mut self) -> Option<T> {
-        self.rx.recv().await.map(|(value, _permit)| value)
+    /// Cancel-safe. The wait is one pointer.
+    pub fn recv(&mut self) -> impl Future<Output = Option<T>> + '_ {
+        std::future::poll_fn(move |cx| {
+            self.rx
+                .0
+                .poll_next_unpin(cx)
+                .map(|next| next.map(|(value, _permit)| value))
+        })
     }
 
     /// A message queued now, if any.
@@ -175,6 +180,8 @@ mod tests {
     async fn an_unbounded_wait_is_one_pointer_and_gets_what_was_sent() {
         let (tx, mut rx) = unbounded_channel::<u32>();
         assert_eq!(size_of_val(&rx.recv()), size_of::<usize>());
+        let (_bounded_tx, mut bounded_rx) = channel::<u32>(1);
+        assert_eq!(size_of_val(&bounded_rx.recv()), size_of::<usize>());
         tx.send(7).unwrap();
         drop(tx);
         assert_eq!(rx.recv().await, Some(7));

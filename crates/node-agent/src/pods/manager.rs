@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
@@ -59,7 +58,6 @@ pub(crate) struct PodManager {
     /// At the earliest wake time of the workers.
     wakes: WakeTimer,
     tracker: TaskTracker,
-    cancel: CancellationToken,
     /// Boxed: most nodes have no static pods, and the idle manager's task holds this for the node's life.
     statics: Box<Statics>,
     /// A graceful node shutdown has begun: new pods are refused.
@@ -139,7 +137,6 @@ impl PodManager {
         ctx: Arc<AgentCtx>,
         reports: crate::chan::UnboundedReceiver<WorkerReport>,
         tracker: TaskTracker,
-        cancel: CancellationToken,
         statics: Statics,
     ) -> Self {
         Self {
@@ -150,7 +147,6 @@ impl PodManager {
             reports,
             wakes: WakeTimer::default(),
             tracker,
-            cancel,
             statics: Box::new(statics),
             shutting_down: false,
             finished: HashSet::new(),
@@ -158,7 +154,8 @@ impl PodManager {
         }
     }
 
-    /// Runs until `cancel` fires or the source ends.
+    /// Runs until the PLEG stops (it stops when the agent's token fires, and its channel closes then: the idle
+    /// manager so holds no ~72-byte wait on the token of its own) or the source ends.
     pub(crate) fn run(
         mut self,
         mut source: crate::chan::Receiver<PodEvent>,
@@ -170,15 +167,15 @@ impl PodManager {
             let mut node = self.ctx.node.clone();
             let mut statics_open = statics.is_some();
             let mut control_open = true;
+            // boxed: a hollow node has none, and the idle manager holds this for the node's life
             let mut housekeeping = Orphans::periodic(&self.ctx).then(|| {
                 let mut every =
                     tokio::time::interval_at(tokio::time::Instant::now() + orphans::PERIOD, orphans::PERIOD);
                 every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                every
+                Box::new(every)
             });
             loop {
                 tokio::select! {
-                    _ = self.cancel.cancelled() => break,
                     request = control.recv(), if control_open => match request {
                         Some(request) => self.on_control(request),
                         None => control_open = false,
@@ -191,19 +188,21 @@ impl PodManager {
                         }
                         None => break,
                     },
-                    update = async {
-                        match statics.as_mut() {
-                            Some(rx) => rx.recv().await,
-                            None => None,
-                        }
-                    }, if statics_open => match update {
+                    // a poll, not an `async` block: the idle manager keeps a pointer for it
+                    update = std::future::poll_fn(|cx| match statics.as_mut() {
+                        Some(rx) => rx.poll_recv(cx),
+                        None => std::task::Poll::Ready(None),
+                    }), if statics_open => match update {
                         Some(update) => {
                             self.shutdown_first(&mut control, &mut control_open);
                             Box::pin(self.on_static(update)).await
                         }
                         None => statics_open = false,
                     },
-                    Some(uid) = pleg.recv() => self.on_runtime(uid),
+                    uid = pleg.recv() => match uid {
+                        Some(uid) => self.on_runtime(uid),
+                        None => break,
+                    },
                     Some(report) = self.reports.recv() => self.on_report(report),
                     () = self.wakes.fired(), if self.wakes.is_set() => self.on_wake(),
                     () = tick(&mut housekeeping), if housekeeping.is_some() => Box::pin(self.housekeeping()).await,
@@ -568,14 +567,13 @@ impl PodManager {
     }
 }
 
-/// The next tick of an interval the node may not have.
-async fn tick(every: &mut Option<tokio::time::Interval>) {
-    match every {
-        Some(every) => {
-            every.tick().await;
-        }
-        None => std::future::pending().await,
-    }
+/// The next tick of an interval the node may not have (a poll, not an `async fn`: the idle manager holds this
+/// wait, and it is one reference).
+fn tick(every: &mut Option<Box<tokio::time::Interval>>) -> impl Future<Output = ()> + '_ {
+    std::future::poll_fn(move |cx| match every {
+        Some(every) => every.poll_tick(cx).map(|_| ()),
+        None => std::task::Poll::Pending,
+    })
 }
 
 /// The event reason of a rejection (event reasons are `&'static str`; admission's come from a fixed set).

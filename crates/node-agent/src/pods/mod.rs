@@ -285,18 +285,23 @@ impl PodLifecycle {
         async move {
             let tracker = TaskTracker::new();
             let tasks = cancel.child_token();
-            let Some(started) = this.start(&cancel, &tracker, &tasks).await? else {
-                return Ok(());
+            // the manager's future is made in a block of its own: the parts moved into it would otherwise stay in
+            // scope, and be kept a second time, while it runs
+            let (run, grace) = {
+                let Some(started) = Box::pin(this.start(&cancel, &tracker, &tasks)).await? else {
+                    return Ok(());
+                };
+                let Started {
+                    manager,
+                    source,
+                    statics,
+                    pleg,
+                    control,
+                    grace,
+                } = started;
+                (manager.run(source, statics, pleg, control), grace)
             };
-            let Started {
-                manager,
-                source,
-                statics,
-                pleg,
-                control,
-                grace,
-            } = started;
-            manager.run(source, statics, pleg, control).await;
+            run.await;
             tasks.cancel();
             tracker.close();
             if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
@@ -426,7 +431,7 @@ impl PodLifecycle {
         // without a control channel, one already closed (the manager stops listening to it)
         let control = self.control.unwrap_or_else(|| crate::chan::unbounded_channel().1);
         Ok(Some(Started {
-            manager: manager::PodManager::new(ctx, reports_rx, tracker.clone(), tasks.clone(), statics),
+            manager: manager::PodManager::new(ctx, reports_rx, tracker.clone(), statics),
             source,
             statics: statics_rx,
             pleg: pleg_rx,

@@ -83,7 +83,10 @@ pub trait ProbeTransport: Send + Sync + 'static {
 pub(crate) struct ProbeResults {
     // made at the first result: 8 bytes and nothing allocated for a pod without probes (the worker holds this
     // for the pod's whole life, where an empty map in place takes 24)
-    #[allow(clippy::box_collection, reason = "8 bytes in the idle worker while empty, as for most pods")]
+    #[allow(
+        clippy::box_collection,
+        reason = "8 bytes in the idle worker while empty, as for most pods"
+    )]
     by_id: Option<Box<std::collections::BTreeMap<String, ProbeState>>>,
 }
 

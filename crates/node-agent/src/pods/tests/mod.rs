@@ -164,7 +164,7 @@ impl Harness {
         );
         let (control, control_rx) = crate::chan::unbounded_channel();
         tracker.spawn(
-            PodManager::new(ctx, reports_rx, tracker.clone(), cancel.clone(), manager_statics).run(
+            PodManager::new(ctx, reports_rx, tracker.clone(), manager_statics).run(
                 source,
                 Some(statics_rx),
                 pleg_rx,
