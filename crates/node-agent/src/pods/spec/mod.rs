@@ -324,8 +324,8 @@ pub struct DesiredPod {
     pub restart_policy: RestartPolicy,
     /// `spec.terminationGracePeriodSeconds` (default 30).
     pub termination_grace_secs: i64,
-    /// Set once the object is being deleted.
-    pub deletion: Option<Deletion>,
+    /// Set once the object is being deleted (boxed: a pod carries it only for its last seconds).
+    pub deletion: Option<Box<Deletion>>,
     /// Init containers (including sidecars), in order (interned, see [`Containers`]).
     pub init_containers: Containers,
     /// App containers, in order (interned, see [`Containers`]).
@@ -452,9 +452,11 @@ impl DesiredPod {
             annotations: meta.annotations.as_ref().map(SmallMap::from).unwrap_or_default(),
             restart_policy: RestartPolicy::parse(spec.restart_policy.as_deref()),
             termination_grace_secs: spec.termination_grace_period_seconds.unwrap_or(30).max(0),
-            deletion: meta.deletion_timestamp.as_ref().map(|t| Deletion {
-                at: t.0,
-                grace_secs: meta.deletion_grace_period_seconds,
+            deletion: meta.deletion_timestamp.as_ref().map(|t| {
+                Box::new(Deletion {
+                    at: t.0,
+                    grace_secs: meta.deletion_grace_period_seconds,
+                })
             }),
             init_containers: intern_containers(init_containers),
             containers: intern_containers(containers),
@@ -526,6 +528,7 @@ impl DesiredPod {
     /// The grace period for terminating the whole pod: the deletion's, else the spec's.
     pub fn grace_secs(&self) -> i64 {
         self.deletion
+            .as_deref()
             .and_then(|d| d.grace_secs)
             .unwrap_or(self.termination_grace_secs)
             .max(0)
