@@ -5,8 +5,9 @@
 //!   passed; a passed startup probe is not run again for that container.
 //! * `successThreshold` consecutive successes pass, `failureThreshold` consecutive failures fail; errors that
 //!   are not the container's fault ([`ProbeOutcome::Unknown`]) change nothing.
-//! * Every failure records an `Unhealthy` event; a result is sent to the pod worker only when it changes. A
-//!   failed liveness or startup result is sent once and the probe holds until the container is replaced.
+//! * Every failure records an `Unhealthy` event; a result is sent to the pod worker (through the pod manager, as
+//!   the kubelet's sync loop passes results on) only when it changes. A failed liveness or startup result is sent
+//!   once and the probe holds until the container is replaced.
 //! * Readiness starts as failed, startup as not passed — unless seeded from the status the API server holds for
 //!   the same container id (an agent restart must not flip a ready pod to unready).
 
