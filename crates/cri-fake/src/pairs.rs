@@ -39,6 +39,7 @@ const WELL_KNOWN: &[&str] = &[
     "1",
     "30",
     "POD",
+    "/var/log/pods",
 ];
 
 /// Tag byte of a literal; tags above it are `WELL_KNOWN` indices + 1.

@@ -74,8 +74,10 @@ pub(crate) struct Planned {
 
 #[derive(Debug)]
 pub(crate) struct Sandbox {
-    /// name, uid, namespace, runtime handler, log directory.
+    /// name, uid, namespace, runtime handler, log directory (see [`Sandbox::new_strings`]).
     pub(crate) strings: Packed,
+    /// The log directory is the kubelet's `<root>/<namespace>_<name>_<uid>` and only its root is kept.
+    pub(crate) log_dir_derived: bool,
     pub(crate) attempt: u32,
     pub(crate) ready: bool,
     pub(crate) created: i64,
@@ -100,9 +102,43 @@ impl Sandbox {
     pub(crate) fn runtime_handler(&self) -> &str {
         self.strings.get(3)
     }
-    pub(crate) fn log_directory(&self) -> &str {
-        self.strings.get(4)
+    pub(crate) fn log_directory(&self) -> std::borrow::Cow<'_, str> {
+        let dir = self.strings.get(4);
+        if self.log_dir_derived {
+            format!(
+                "{dir}/{}",
+                pod_dir_name(self.namespace(), self.name(), self.uid())
+            )
+            .into()
+        } else {
+            dir.into()
+        }
     }
+
+    /// The packed strings and whether the log directory is kept as its root only: the kubelet names it after
+    /// the pod's namespace, name and UID, which the sandbox keeps anyway (~80 bytes a sandbox).
+    pub(crate) fn new_strings(
+        name: &str,
+        uid: &str,
+        namespace: &str,
+        handler: &str,
+        log_directory: &str,
+    ) -> (Packed, bool) {
+        let root = log_directory
+            .strip_suffix(pod_dir_name(namespace, name, uid).as_str())
+            .and_then(|r| r.strip_suffix('/'))
+            .filter(|r| !r.is_empty());
+        let strings = |dir| Packed::new(&[name, uid, namespace, handler, dir]);
+        match root {
+            Some(root) => (strings(root), true),
+            None => (strings(log_directory), false),
+        }
+    }
+}
+
+/// `<namespace>_<name>_<uid>`, a pod's log directory under the root.
+fn pod_dir_name(namespace: &str, name: &str, uid: &str) -> String {
+    format!("{namespace}_{name}_{uid}")
 }
 
 /// The addresses of a sandbox: the primary inline, the rest (dual stack) boxed.

@@ -83,7 +83,7 @@ impl State {
             .sandboxes
             .get(&c.sandbox)
             .map(|sb| sb.log_directory())
-            .unwrap_or("");
+            .unwrap_or_default();
         let log_path = if c.log_path().is_empty() || log_dir.is_empty() {
             c.log_path().to_owned()
         } else {

@@ -107,6 +107,18 @@ impl Interner<str> {
     }
 }
 
+impl<T: Hash + Eq> Interner<[T]> {
+    /// The live copy of the list `items`, or `items` itself moved into one shared allocation.
+    pub fn intern_slice(&self, items: Vec<T>) -> Arc<[T]> {
+        self.with_copies(hash_of(items.as_slice()), |copies, entries| {
+            match find(copies, items.as_slice()) {
+                Some(shared) => shared,
+                None => add(copies, entries, Arc::from(items)),
+            }
+        })
+    }
+}
+
 impl<T: Hash + Eq + ?Sized> Default for Interner<T> {
     fn default() -> Self {
         Self::new()
@@ -144,6 +156,18 @@ mod tests {
         drop((a, b));
         let d = TEXTS.intern_str("registry.k8s.io/pause:3.10");
         assert_eq!(Arc::strong_count(&d), 1, "the old copy died with its holders");
+    }
+
+    #[test]
+    fn equal_lists_share_one_allocation() {
+        static LISTS: Interner<[(String, String)]> = Interner::new();
+        let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+        let a = LISTS.intern_slice(vec![pair("app", "web"), pair("tier", "front")]);
+        let b = LISTS.intern_slice(vec![pair("app", "web"), pair("tier", "front")]);
+        let c = LISTS.intern_slice(vec![pair("app", "web")]);
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(c.len(), 1);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use runtime_api::{Result, RuntimeError, cri};
 
 use super::{invalid, map_iter, unknown};
-use crate::pairs::{Packed, Pairs};
+use crate::pairs::Pairs;
 use crate::runtime::FakeRuntime;
 use crate::script::{self, Script, ScriptError, Sources};
 use crate::store::{Ips, Sandbox, Subject};
@@ -93,16 +93,18 @@ pub(super) async fn run_pod_sandbox(
         })?
     };
     let key = st.new_key();
+    let (strings, log_dir_derived) = Sandbox::new_strings(
+        &meta.name,
+        &meta.uid,
+        &meta.namespace,
+        &req.runtime_handler,
+        &config.log_directory,
+    );
     st.sandboxes.insert(
         key,
         Box::new(Sandbox {
-            strings: Packed::new(&[
-                &meta.name,
-                &meta.uid,
-                &meta.namespace,
-                &req.runtime_handler,
-                &config.log_directory,
-            ]),
+            strings,
+            log_dir_derived,
             attempt: meta.attempt,
             ready: true,
             created: now,

@@ -6,6 +6,32 @@ use super::*;
 use crate::ProbeTarget;
 
 #[tokio::test]
+async fn a_containers_log_path_is_under_its_sandboxs_log_directory_whatever_its_form() {
+    let rt = fake();
+    // the kubelet's form `<root>/<namespace>_<name>_<uid>` (kept as its root), and two that are not
+    for (name, dir) in [
+        ("k", "/var/log/pods/default_k_uid-k"),
+        ("r", "/srv/logs/default_r_uid-r/"),
+        ("o", "/var/log/pods/other_o_uid-o"),
+        ("b", "default_b_uid-b"),
+    ] {
+        let mut config = pod_config(name, &[]);
+        config.log_directory = dir.to_owned();
+        let pod = rt
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(config),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .pod_sandbox_id;
+        let id = create(&rt, &pod, "app", 1, &[]).await.unwrap();
+        let want = format!("{}/app/1.log", dir.trim_end_matches('/'));
+        assert_eq!(status(&rt, &id).await.log_path, want, "{dir}");
+    }
+}
+
+#[tokio::test]
 async fn container_created_running_exited_removed() {
     let rt = fake();
     let pod = run_pod(&rt, "p", &[]).await;

@@ -126,7 +126,7 @@ pub fn sandbox_config(pod: &DesiredPod, attempt: u32, layout: &RuntimeLayout) ->
         hostname: if pod.host_network {
             String::new()
         } else {
-            pod.hostname.clone()
+            pod.hostname().to_owned()
         },
         dns_config: Some(dns::pod_dns(pod, &layout.dns)),
         log_directory: format!(

@@ -316,7 +316,7 @@ pub struct DesiredPod {
     pub generation: Option<i64>,
     /// `metadata.creationTimestamp`.
     pub created: Option<Timestamp>,
-    /// Pod labels (passed to the sandbox).
+    /// Pod labels (passed to the sandbox; shared by the pods whose labels are equal).
     pub labels: SmallMap,
     /// Pod annotations (passed to the sandbox; the fake runtime reads its script from them).
     pub annotations: SmallMap,
@@ -338,10 +338,10 @@ pub struct DesiredPod {
     pub host_network: bool,
     /// `spec.enableServiceLinks` (default true): the namespace's Services as environment variables.
     pub service_links: bool,
-    /// The sandbox hostname.
-    pub hostname: String,
-    /// `spec.volumes`.
-    pub volumes: Vec<VolumeSpec>,
+    /// `spec.hostname`, when set (otherwise the pod's name is its hostname: see [`DesiredPod::hostname`]).
+    pub own_hostname: Option<String>,
+    /// `spec.volumes` (a boxed slice: collected through `flatten`, a `Vec` kept room for four).
+    pub volumes: Box<[VolumeSpec]>,
     /// `spec.serviceAccountName` (tokens of projected volumes are requested for it).
     pub service_account: String,
     /// `spec.dnsPolicy`.
@@ -372,6 +372,11 @@ fn priority(spec: &k8s_openapi::api::core::v1::PodSpec) -> i32 {
 }
 
 impl DesiredPod {
+    /// The sandbox hostname: `spec.hostname`, or the pod's name.
+    pub fn hostname(&self) -> &str {
+        self.own_hostname.as_deref().unwrap_or(&self.name)
+    }
+
     /// Extracts the desired pod from an API object. Fails only when the object has no UID or name.
     pub fn from_pod(pod: &Pod) -> Option<Arc<Self>> {
         let meta = &pod.metadata;
@@ -442,13 +447,13 @@ impl DesiredPod {
         let requests = resources::pod_requests(&init_containers, &containers, spec.overhead.as_ref());
         let qos = resources::qos_class(init_containers.iter().chain(&containers));
         Some(Arc::new(Self {
-            hostname: spec.hostname.clone().unwrap_or_else(|| name.clone()),
+            own_hostname: spec.hostname.clone(),
             uid: uid.into(),
             name,
             namespace,
             generation: meta.generation,
             created: meta.creation_timestamp.as_ref().map(|t| t.0),
-            labels: meta.labels.as_ref().map(SmallMap::from).unwrap_or_default(),
+            labels: meta.labels.as_ref().map(SmallMap::shared).unwrap_or_default(),
             annotations: meta.annotations.as_ref().map(SmallMap::from).unwrap_or_default(),
             restart_policy: RestartPolicy::parse(spec.restart_policy.as_deref()),
             termination_grace_secs: spec.termination_grace_period_seconds.unwrap_or(30).max(0),

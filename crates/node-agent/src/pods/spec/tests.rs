@@ -96,6 +96,34 @@ fn deletion_grace_overrides_spec() {
 }
 
 #[test]
+fn replicas_of_one_template_share_their_labels_and_keep_their_own_hostname() {
+    let mk = |name: &str, labels: serde_json::Value, hostname: Option<&str>| {
+        DesiredPod::from_pod(&pod(json!({
+            "metadata": {"name": name, "uid": format!("uid-{name}"), "namespace": "ns", "labels": labels,
+                         "annotations": {"note": name}},
+            "spec": {"hostname": hostname, "containers": [{"name": "c", "image": "img"}]}
+        })))
+        .unwrap()
+    };
+    let (a, b) = (
+        mk("a", json!({"app": "web", "pod-template-hash": "5d8"}), None),
+        mk(
+            "b",
+            json!({"app": "web", "pod-template-hash": "5d8"}),
+            Some("box"),
+        ),
+    );
+    let c = mk("c", json!({"app": "db"}), None);
+    assert!(a.labels.same_copy(&b.labels), "equal labels are one copy");
+    assert!(!a.labels.same_copy(&c.labels));
+    assert_eq!(b.labels.get("app").map(String::as_str), Some("web"));
+    assert_eq!(c.labels.get("app").map(String::as_str), Some("db"));
+    assert_eq!(a.annotations.get("note").map(String::as_str), Some("a"));
+    // the sandbox hostname: the pod's name unless spec.hostname sets one
+    assert_eq!((a.hostname(), b.hostname()), ("a", "box"));
+}
+
+#[test]
 fn replicas_of_one_template_share_their_container_list() {
     let mk = |name: &str, image: &str, env: &str| {
         let p = pod(json!({

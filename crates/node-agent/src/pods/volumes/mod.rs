@@ -59,8 +59,9 @@ impl std::fmt::Display for MountError {
 /// earliest token needs renewing. A few words per volume, whichever the mode.
 #[derive(Debug, Default)]
 pub struct PodVolumes {
-    /// Per volume (by index in the spec): the content hash last set up.
-    set_up: Vec<Option<u64>>,
+    /// Per volume (by index in the spec): the content hash last set up (exactly as long as the spec's list:
+    /// grown from empty, a `Vec` would keep room for four).
+    set_up: Box<[Option<u64>]>,
     /// When a token of a projected volume is due for renewal.
     token_due: Option<Instant>,
     /// Failed set-ups in a row (the retry back-off).
@@ -157,7 +158,11 @@ fn fs_user(pod: &DesiredPod) -> Option<u32> {
 impl PodVolumes {
     /// Sets up (or refreshes) every volume of `pod`; the first failure stops it.
     pub async fn setup(&mut self, ctx: &AgentCtx, pod: &DesiredPod) -> Result<(), MountError> {
-        self.set_up.resize(pod.volumes.len(), None);
+        if self.set_up.len() != pod.volumes.len() {
+            let mut set_up = std::mem::take(&mut self.set_up).into_vec();
+            set_up.resize(pod.volumes.len(), None);
+            self.set_up = set_up.into_boxed_slice();
+        }
         let now = Instant::now();
         let renew_tokens = self.token_due.is_none_or(|due| now >= due);
         let mut token_due: Option<Instant> = None;
@@ -398,15 +403,15 @@ pub async fn etc_hosts(
     }
     let domain = &ctx.config.layout.dns.cluster_domain;
     let entry = if pod.subdomain().is_empty() || domain.is_empty() {
-        format!("{pod_ip}\t{}\n", pod.hostname)
+        format!("{pod_ip}\t{}\n", pod.hostname())
     } else {
         let fqdn = format!(
             "{}.{}.{}.svc.{domain}",
-            pod.hostname,
+            pod.hostname(),
             pod.subdomain(),
             pod.namespace
         );
-        format!("{pod_ip}\t{fqdn}\t{}\n", pod.hostname)
+        format!("{pod_ip}\t{fqdn}\t{}\n", pod.hostname())
     };
     let host_network = pod.host_network;
     let file = pod_dir(&pods_dir, &pod.uid).join("etc-hosts");
