@@ -122,14 +122,14 @@ pub struct Committed {
 impl Committed {
     /// Adds a pod.
     pub fn add(&mut self, pod: &DesiredPod) {
-        self.requests = self.requests.plus(pod.requests);
+        self.requests = self.requests.plus(pod.requests());
         self.pods += 1;
         self.host_ports.extend(host_ports(pod));
     }
 
     /// Removes a pod added before.
     pub fn remove(&mut self, pod: &DesiredPod) {
-        self.requests = self.requests.minus(pod.requests);
+        self.requests = self.requests.minus(pod.requests());
         self.pods -= 1;
         for p in host_ports(pod) {
             self.host_ports.remove(&p);
@@ -234,7 +234,7 @@ pub fn admit(
     if committed.pods + 1 > node.pods {
         return Err(short("pods", 1, committed.pods, node.pods));
     }
-    let (want, used) = (desired.requests, committed.requests);
+    let (want, used) = (desired.requests(), committed.requests);
     if want.cpu_milli > 0 && used.cpu_milli + want.cpu_milli > node.cpu_milli {
         return Err(short("cpu", want.cpu_milli, used.cpu_milli, node.cpu_milli));
     }

@@ -78,12 +78,12 @@ fn quota(milli: i64) -> i64 {
 
 /// What a pod cgroup is given: `(file, value)` pairs, written in order.
 pub fn pod_settings(pod: &DesiredPod, pids_limit: i64) -> Vec<(&'static str, String)> {
-    let limits = resources::pod_limits(&pod.init_containers, &pod.containers, pod.requests);
+    let limits = resources::pod_limits(&pod.init_containers, &pod.containers, pod.requests());
     let mut out = Vec::new();
     match pod.qos {
         QosClass::BestEffort => out.push(("cpu.shares", MIN_SHARES.to_string())),
         QosClass::Guaranteed | QosClass::Burstable => {
-            out.push(("cpu.shares", shares(pod.requests.cpu_milli).to_string()));
+            out.push(("cpu.shares", shares(pod.requests().cpu_milli).to_string()));
             if let Some(cpu) = limits.cpu_milli.filter(|m| *m > 0) {
                 out.push(("cpu.cfs_period_us", CFS_PERIOD_US.to_string()));
                 out.push(("cpu.cfs_quota_us", quota(cpu).to_string()));
@@ -287,7 +287,7 @@ impl QosCgroups {
     pub async fn ensure(self: &Arc<Self>, pod: &DesiredPod) -> Result<(), CgroupError> {
         let changed = match self.burstable.lock() {
             Ok(mut m) if pod.qos == QosClass::Burstable => {
-                m.insert(pod.uid.to_string(), pod.requests.cpu_milli) != Some(pod.requests.cpu_milli)
+                m.insert(pod.uid.to_string(), pod.requests().cpu_milli) != Some(pod.requests().cpu_milli)
             }
             _ => false,
         };

@@ -55,8 +55,8 @@ impl PodManager {
                     priority: p.priority,
                     critical: self.statics.mirrors.is_static(uid)
                         || p.priority >= crate::pods::spec::SYSTEM_CRITICAL_PRIORITY,
-                    memory_request: p.requests.memory,
-                    ephemeral_request: p.requests.ephemeral,
+                    memory_request: p.requests().memory,
+                    ephemeral_request: p.requests().ephemeral,
                     containers,
                     grace_secs: p.grace_secs(),
                 }

@@ -102,11 +102,7 @@ impl PodRequests {
 
 /// The pod's effective request, the scheduler's and kubelet's rule: the larger of (app containers + sidecars)
 /// and, for each regular init container, itself plus the sidecars started before it; plus the pod overhead.
-pub fn pod_requests(
-    init: &[ContainerSpec],
-    app: &[ContainerSpec],
-    overhead: Option<&BTreeMap<String, ApiQuantity>>,
-) -> PodRequests {
+pub fn pod_requests(init: &[ContainerSpec], app: &[ContainerSpec], overhead: PodRequests) -> PodRequests {
     let mut sidecars = PodRequests::default();
     let mut init_peak = PodRequests::default();
     for c in init {
@@ -118,12 +114,16 @@ pub fn pod_requests(
         }
     }
     let running = app.iter().fold(sidecars, |acc, c| acc.add(&c.resources));
-    let overhead = PodRequests {
+    running.max(init_peak).plus(overhead)
+}
+
+/// `spec.overhead` (a RuntimeClass's, set at admission) as requests.
+pub fn overhead(overhead: Option<&BTreeMap<String, ApiQuantity>>) -> PodRequests {
+    PodRequests {
         cpu_milli: milli(overhead, "cpu").unwrap_or(0),
         memory: units(overhead, "memory").unwrap_or(0),
         ephemeral: units(overhead, "ephemeral-storage").unwrap_or(0),
-    };
-    running.max(init_peak).plus(overhead)
+    }
 }
 
 /// The pod's quality-of-service class.
@@ -215,7 +215,7 @@ pub fn pod_limits(init: &[ContainerSpec], app: &[ContainerSpec], requests: PodRe
         peak_cpu = peak_cpu.max(effective.0);
         peak_mem = peak_mem.max(effective.1);
     }
-    let overhead = requests.minus(pod_requests(init, app, None));
+    let overhead = requests.minus(pod_requests(init, app, PodRequests::default()));
     let with_overhead = |v: i64, extra: i64| if v == 0 { v } else { v + extra };
     PodLimits {
         cpu_milli: cpu_declared.then(|| with_overhead(cpu.max(peak_cpu), overhead.cpu_milli)),
@@ -247,8 +247,8 @@ mod tests {
                 {"name": "b", "image": "i", "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}}}
             ]
         }));
-        assert_eq!(d.requests.cpu_milli, 2000, "init peak wins for cpu");
-        assert_eq!(d.requests.memory, 1 << 30, "init peak wins for memory");
+        assert_eq!(d.requests().cpu_milli, 2000, "init peak wins for cpu");
+        assert_eq!(d.requests().memory, 1 << 30, "init peak wins for memory");
         assert_eq!(d.qos, QosClass::Burstable);
     }
 
@@ -260,12 +260,12 @@ mod tests {
             {"name": "a", "image": "i", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}
         ]}));
         assert_eq!(g.qos, QosClass::Guaranteed);
-        assert_eq!(g.requests.cpu_milli, 1000, "request defaults to the limit");
+        assert_eq!(g.requests().cpu_milli, 1000, "request defaults to the limit");
     }
 
     #[test]
     fn limits_count_only_when_every_container_declares_them() {
-        let limits = |d: &DesiredPod| pod_limits(&d.init_containers, &d.containers, d.requests);
+        let limits = |d: &DesiredPod| pod_limits(&d.init_containers, &d.containers, d.requests());
         let d = desired(json!({
             "initContainers": [
                 {"name": "init", "image": "i", "resources": {"limits": {"cpu": "2", "memory": "64Mi"}}}

@@ -272,6 +272,9 @@ impl std::hash::Hash for ContainerSpec {
 /// lists, which are interned: one copy for all of them while any lives.
 pub type Containers = Arc<Vec<ContainerSpec>>;
 
+/// Service account names, one copy each.
+static NAMES: crate::intern::Interner<str> = crate::intern::Interner::new();
+
 fn intern_containers(list: Vec<ContainerSpec>) -> Containers {
     static LISTS: crate::intern::Interner<Vec<ContainerSpec>> = crate::intern::Interner::new();
     LISTS.intern(list)
@@ -301,6 +304,10 @@ pub struct PodExtras {
     pub host_aliases: Vec<(String, Vec<String>)>,
     /// `spec.imagePullSecrets` names.
     pub image_pull_secrets: Vec<String>,
+    /// `spec.hostname` (empty: the pod's name is its hostname, see [`DesiredPod::hostname`]).
+    pub hostname: String,
+    /// `spec.overhead` (a RuntimeClass's), added to the containers' requests.
+    pub overhead: PodRequests,
 }
 
 /// The desired pod. Immutable; a new one replaces it on every update from the source.
@@ -330,20 +337,16 @@ pub struct DesiredPod {
     pub init_containers: Containers,
     /// App containers, in order (interned, see [`Containers`]).
     pub containers: Containers,
-    /// Effective requests, for admission accounting.
-    pub requests: PodRequests,
     /// QoS class.
     pub qos: QosClass,
     /// `spec.hostNetwork`.
     pub host_network: bool,
     /// `spec.enableServiceLinks` (default true): the namespace's Services as environment variables.
     pub service_links: bool,
-    /// `spec.hostname`, when set (otherwise the pod's name is its hostname: see [`DesiredPod::hostname`]).
-    pub own_hostname: Option<String>,
     /// `spec.volumes` (a boxed slice: collected through `flatten`, a `Vec` kept room for four).
     pub volumes: Box<[VolumeSpec]>,
-    /// `spec.serviceAccountName` (tokens of projected volumes are requested for it).
-    pub service_account: String,
+    /// `spec.serviceAccountName` (tokens of projected volumes are requested for it; one copy per name).
+    pub service_account: Arc<str>,
     /// `spec.dnsPolicy`.
     pub dns_policy: DnsPolicy,
     /// `spec.dnsConfig`.
@@ -374,7 +377,17 @@ fn priority(spec: &k8s_openapi::api::core::v1::PodSpec) -> i32 {
 impl DesiredPod {
     /// The sandbox hostname: `spec.hostname`, or the pod's name.
     pub fn hostname(&self) -> &str {
-        self.own_hostname.as_deref().unwrap_or(&self.name)
+        match self.extras.as_ref().map_or("", |e| &e.hostname) {
+            "" => &self.name,
+            set => set,
+        }
+    }
+
+    /// Effective requests, for admission accounting: computed from the (shared) container lists and the
+    /// overhead, not kept in every pod's state.
+    pub fn requests(&self) -> PodRequests {
+        let overhead = self.extras.as_ref().map_or_else(PodRequests::default, |e| e.overhead);
+        resources::pod_requests(&self.init_containers, &self.containers, overhead)
     }
 
     /// Extracts the desired pod from an API object. Fails only when the object has no UID or name.
@@ -442,12 +455,12 @@ impl DesiredPod {
                 .flatten()
                 .map(|s| s.name.clone())
                 .collect(),
+            hostname: spec.hostname.clone().unwrap_or_default(),
+            overhead: resources::overhead(spec.overhead.as_ref()),
         };
         let extras = (extras != PodExtras::default()).then(|| Box::new(extras));
-        let requests = resources::pod_requests(&init_containers, &containers, spec.overhead.as_ref());
         let qos = resources::qos_class(init_containers.iter().chain(&containers));
         Some(Arc::new(Self {
-            own_hostname: spec.hostname.clone(),
             uid: uid.into(),
             name,
             namespace,
@@ -465,13 +478,12 @@ impl DesiredPod {
             }),
             init_containers: intern_containers(init_containers),
             containers: intern_containers(containers),
-            requests,
             qos,
             host_network: spec.host_network.unwrap_or(false),
             service_links: spec.enable_service_links.unwrap_or(true),
             priority: priority(spec),
             volumes: spec.volumes.iter().flatten().map(VolumeSpec::from_api).collect(),
-            service_account: spec.service_account_name.clone().unwrap_or_default(),
+            service_account: NAMES.intern_str(spec.service_account_name.as_deref().unwrap_or_default()),
             dns_policy: match spec.dns_policy.as_deref() {
                 Some("ClusterFirstWithHostNet") => DnsPolicy::ClusterFirstWithHostNet,
                 Some("Default") => DnsPolicy::Default,

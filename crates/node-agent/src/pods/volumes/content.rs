@@ -112,7 +112,7 @@ pub fn field_value(pod: &DesiredPod, path: &str) -> Option<String> {
         "metadata.labels" => format_map(pod.labels.iter()),
         "metadata.annotations" => format_map(pod.annotations.iter()),
         "spec.nodeName" => String::new(),
-        "spec.serviceAccountName" => pod.service_account.clone(),
+        "spec.serviceAccountName" => pod.service_account.to_string(),
         _ => {
             if let Some(k) = key("metadata.labels['") {
                 pod.labels.get(&k).cloned().unwrap_or_default()
