@@ -205,9 +205,10 @@ fn per_node_and_per_pod_structures_stay_small() {
             // one per container, so held several times per pod
             512
         } else if name == "ContainerRecord" {
-            // in a list allocated per pod (jemalloc's 192-byte class for one container): 232 bytes while the
-            // runtime's reason and message were two strings in place, empty for a running container
-            192
+            // in a list allocated per pod (jemalloc's 160-byte class for one container): 232 bytes while the
+            // runtime's reason and message were two strings in place, empty for a running container; 192 while
+            // the image name and digest were two shared strings (now one shared pair) and the ID a `String`
+            160
         } else if name == "DesiredPod" {
             // shared by its worker and the manager in one `Arc` (the counts and this): 328 bytes, jemalloc's
             // 384-byte class, while a deletion's time and grace period were held in place (a pod carries them only

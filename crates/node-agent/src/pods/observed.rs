@@ -47,7 +47,7 @@ impl CState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerRecord {
     /// Runtime id.
-    pub id: String,
+    pub id: Box<str>,
     /// Container name in the pod spec.
     pub name: String,
     /// Sandbox it runs in (the same allocation as that sandbox's record's).
@@ -68,10 +68,8 @@ pub struct ContainerRecord {
     pub exit_code: i32,
     /// The runtime's reason and message, when it gave either (see [`ContainerRecord::reason`]).
     pub ended: Option<Box<EndText>>,
-    /// Image as the runtime names it (interned).
-    pub image: Arc<str>,
-    /// Image reference (digest) the container runs (interned).
-    pub image_ref: Arc<str>,
+    /// Image as the runtime names it, and the reference (digest) it runs: one copy per pair (see [`ImageNames`]).
+    pub images: Arc<ImageNames>,
     /// When this agent first saw the container exited: the restart back-off clock.
     pub exited_seen: Option<Instant>,
     /// When the container started, on the tokio clock (probe delays count from it).
@@ -119,7 +117,7 @@ impl ContainerRecord {
                 .unwrap_or_default(),
             restart_count: labels::restart_count(&s.annotations),
             hash: labels::hash(&s.annotations),
-            id: s.id,
+            id: s.id.into(),
             sandbox_id,
             state,
             created_at: s.created_at,
@@ -127,8 +125,10 @@ impl ContainerRecord {
             finished_at: s.finished_at,
             exit_code: s.exit_code,
             ended: EndText::of(s.reason, s.message),
-            image: IMAGES.intern_str(s.image.as_ref().map_or("", |i| i.image.as_str())),
-            image_ref: IMAGES.intern_str(&s.image_ref),
+            images: IMAGES.intern(ImageNames {
+                image: s.image.map(|i| i.image).unwrap_or_default().into(),
+                image_ref: s.image_ref.into(),
+            }),
             exited_seen,
             started_seen,
         }
@@ -139,14 +139,35 @@ impl ContainerRecord {
         self.state == CState::Running
     }
 
+    /// The image as the runtime names it.
+    pub fn image(&self) -> &str {
+        &self.images.image
+    }
+
+    /// The image reference (digest) it runs.
+    pub fn image_ref(&self) -> &str {
+        &self.images.image_ref
+    }
+
     /// Whether it exited successfully.
     pub fn succeeded(&self) -> bool {
         self.state == CState::Exited && self.exit_code == 0
     }
 }
 
-/// Image names and digests, one copy each.
-static IMAGES: Interner<str> = Interner::new();
+/// An image as the runtime names it and the reference (digest) it resolved to. Every container of an image
+/// holds the same pair, so it is one shared copy behind a thin pointer (a container's record was in jemalloc's
+/// 192-byte class with the two names as shared strings of their own, 160 now).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct ImageNames {
+    /// The image as the runtime names it.
+    pub image: Box<str>,
+    /// The reference (digest) the container runs.
+    pub image_ref: Box<str>,
+}
+
+/// Image name and digest pairs, one copy each.
+static IMAGES: Interner<ImageNames> = Interner::new();
 
 /// Maps a wall-clock exit time onto the tokio clock: "now" minus how long ago it happened.
 fn seen_at(finished_ns: i64) -> Instant {
@@ -280,7 +301,11 @@ impl RuntimeView {
         let mut fresh = Vec::with_capacity(containers.len());
         for c in containers {
             let state = CState::from_cri(c.state);
-            if let Some(known) = self.containers.iter().find(|k| k.id == c.id && k.state == state) {
+            if let Some(known) = self
+                .containers
+                .iter()
+                .find(|k| *k.id == *c.id && k.state == state)
+            {
                 fresh.push(known.clone());
                 continue;
             }

@@ -149,7 +149,7 @@ pub(crate) fn plan(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeResults) 
                     }
                     CState::Created | CState::Unknown => {
                         plan.kill.push(Kill {
-                            id: r.id.clone(),
+                            id: r.id.to_string(),
                             name: c.name.clone(),
                             message: None,
                             grace_secs: None,
@@ -179,7 +179,7 @@ pub(crate) fn plan(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeResults) 
                 exited: None,
             }),
             Some(r) => plan.kill.push(Kill {
-                id: r.id.clone(),
+                id: r.id.to_string(),
                 name: c.name.clone(),
                 message: None,
                 grace_secs: None,
@@ -213,7 +213,7 @@ pub(crate) fn plan(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeResults) 
                 CState::Running => {
                     if r.hash.is_some_and(|h| h != c.hash) {
                         plan.kill.push(Kill {
-                            id: r.id.clone(),
+                            id: r.id.to_string(),
                             name: c.name.clone(),
                             message: Some(format!(
                                 "Container {} definition changed, will be restarted",
@@ -234,7 +234,7 @@ pub(crate) fn plan(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeResults) 
                 CState::Exited => {}
                 CState::Created | CState::Unknown => {
                     plan.kill.push(Kill {
-                        id: r.id.clone(),
+                        id: r.id.to_string(),
                         name: c.name.clone(),
                         message: None,
                         grace_secs: None,
@@ -259,7 +259,7 @@ fn running_kills(view: &RuntimeView, pick: impl Fn(&super::observed::ContainerRe
         .iter()
         .filter(|r| matches!(r.state, CState::Running | CState::Created | CState::Unknown) && pick(r))
         .map(|r| Kill {
-            id: r.id.clone(),
+            id: r.id.to_string(),
             name: r.name.clone(),
             message: None,
             grace_secs: None,
@@ -269,7 +269,7 @@ fn running_kills(view: &RuntimeView, pick: impl Fn(&super::observed::ContainerRe
 
 #[cfg(test)]
 mod tests {
-    use super::super::observed::{ContainerRecord, SandboxRecord};
+    use super::super::observed::{ContainerRecord, ImageNames, SandboxRecord};
     use super::*;
     use serde_json::json;
     use std::sync::Arc;
@@ -303,7 +303,7 @@ mod tests {
 
     fn rec(pod: &DesiredPod, name: &str, state: CState, exit: i32, attempt: u32) -> ContainerRecord {
         ContainerRecord {
-            id: format!("{name}-{attempt}"),
+            id: format!("{name}-{attempt}").into(),
             name: name.into(),
             sandbox_id: "sb".into(),
             restart_count: attempt,
@@ -314,8 +314,10 @@ mod tests {
             finished_at: if state == CState::Exited { 2 } else { 0 },
             exit_code: exit,
             ended: None,
-            image: "i".into(),
-            image_ref: "sha256:x".into(),
+            images: Arc::new(ImageNames {
+                image: "i".into(),
+                image_ref: "sha256:x".into(),
+            }),
             exited_seen: (state == CState::Exited).then(Instant::now),
             started_seen: Some(Instant::now()),
         }

@@ -67,7 +67,7 @@ impl PodWorker {
             }
             let pod_ip = self.pod_ip();
             for k in &plan.kill {
-                let Some(rec) = self.view.containers.iter().find(|r| r.id == k.id).cloned() else {
+                let Some(rec) = self.view.containers.iter().find(|r| *r.id == *k.id).cloned() else {
                     continue;
                 };
                 let grace = k.grace_secs.unwrap_or(pod.termination_grace_secs);
@@ -101,7 +101,7 @@ impl PodWorker {
         }
         let view = &self.view;
         self.probes
-            .retain(|id| view.containers.iter().any(|c| c.id == id && c.running()));
+            .retain(|id| view.containers.iter().any(|c| *c.id == *id && c.running()));
         self.mark_started();
         self.update_prober();
         if !self.counted_running && self.view.sandbox().is_some_and(|s| s.ready) {

@@ -226,7 +226,7 @@ impl PodWorker {
                 .filter(|r| r.running())
                 .map(|r| super::probes::prober::Running {
                     name: r.name.clone(),
-                    id: r.id.clone(),
+                    id: r.id.to_string(),
                     started: r.started_seen.unwrap_or_else(Instant::now),
                 })
                 .collect(),

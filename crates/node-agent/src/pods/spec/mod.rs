@@ -386,7 +386,10 @@ impl DesiredPod {
     /// Effective requests, for admission accounting: computed from the (shared) container lists and the
     /// overhead, not kept in every pod's state.
     pub fn requests(&self) -> PodRequests {
-        let overhead = self.extras.as_ref().map_or_else(PodRequests::default, |e| e.overhead);
+        let overhead = self
+            .extras
+            .as_ref()
+            .map_or_else(PodRequests::default, |e| e.overhead);
         resources::pod_requests(&self.init_containers, &self.containers, overhead)
     }
 

@@ -257,12 +257,12 @@ impl Gen<'_> {
         let ready = started && (c.readiness.is_none() || self.i.probes.ready(&r.id) == Some(true));
         ContainerStatus {
             name: c.name.clone(),
-            image: if r.image.is_empty() {
+            image: if r.image().is_empty() {
                 c.image.clone()
             } else {
-                r.image.to_string()
+                r.image().to_string()
             },
-            image_id: r.image_ref.to_string(),
+            image_id: r.image_ref().to_string(),
             container_id: Some(id),
             state: Some(state),
             last_state: last,

@@ -126,13 +126,12 @@ async fn runtime_records_share_image_names_and_sandbox_ids() {
     a.refresh(&ctx, "uid-a").await.unwrap();
     b.refresh(&ctx, "uid-b").await.unwrap();
     let (ca, cb) = (a.latest("app").unwrap(), b.latest("app").unwrap());
-    assert_eq!(&*ca.image, reported.image.as_str());
-    assert_eq!(&*ca.image_ref, reported.image_id.as_str());
-    assert!(!ca.image_ref.is_empty());
-    assert!(Arc::ptr_eq(&ca.image, &cb.image), "one copy of the image name");
+    assert_eq!(ca.image(), reported.image.as_str());
+    assert_eq!(ca.image_ref(), reported.image_id.as_str());
+    assert!(!ca.image_ref().is_empty());
     assert!(
-        Arc::ptr_eq(&ca.image_ref, &cb.image_ref),
-        "one copy of the digest"
+        Arc::ptr_eq(&ca.images, &cb.images),
+        "one copy of the image name and digest"
     );
     assert!(Arc::ptr_eq(&ca.sandbox_id, &a.sandbox().unwrap().id));
     assert_ne!(ca.sandbox_id, cb.sandbox_id);
