@@ -8,7 +8,7 @@
 //! on who gets there first.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ use runtime_api::{RuntimeError, cri};
 use crate::ids::{self, IdCodec};
 use crate::images::Images;
 use crate::ipam::Ipam;
-use crate::pairs::{Packed, Pairs};
+use crate::pairs::{Meta, Pairs};
 use crate::script::{Rng, Script};
 
 /// Container states, as CRI numbers them.
@@ -74,8 +74,8 @@ pub(crate) struct Planned {
 
 #[derive(Debug)]
 pub(crate) struct Sandbox {
-    /// name, uid, namespace, runtime handler, log directory (see [`Sandbox::new_strings`]).
-    pub(crate) strings: Packed,
+    /// name, uid, namespace, runtime handler, log directory (see [`Sandbox::new_meta`]); labels, annotations.
+    pub(crate) meta: Meta<5>,
     /// The log directory is the kubelet's `<root>/<namespace>_<name>_<uid>` and only its root is kept.
     pub(crate) log_dir_derived: bool,
     pub(crate) attempt: u32,
@@ -85,25 +85,29 @@ pub(crate) struct Sandbox {
     pub(crate) ips: Ips,
     /// Network, PID and IPC namespace modes (CRI `NamespaceMode` numbers).
     pub(crate) namespaces: [u8; 3],
-    pub(crate) labels: Pairs,
-    pub(crate) annotations: Pairs,
 }
 
 impl Sandbox {
     pub(crate) fn name(&self) -> &str {
-        self.strings.get(0)
+        self.meta.get(0)
     }
     pub(crate) fn uid(&self) -> &str {
-        self.strings.get(1)
+        self.meta.get(1)
     }
     pub(crate) fn namespace(&self) -> &str {
-        self.strings.get(2)
+        self.meta.get(2)
     }
     pub(crate) fn runtime_handler(&self) -> &str {
-        self.strings.get(3)
+        self.meta.get(3)
+    }
+    pub(crate) fn labels(&self) -> Pairs<'_> {
+        self.meta.labels()
+    }
+    pub(crate) fn annotations(&self) -> Pairs<'_> {
+        self.meta.annotations()
     }
     pub(crate) fn log_directory(&self) -> std::borrow::Cow<'_, str> {
-        let dir = self.strings.get(4);
+        let dir = self.meta.get(4);
         if self.log_dir_derived {
             format!(
                 "{dir}/{}",
@@ -115,24 +119,25 @@ impl Sandbox {
         }
     }
 
-    /// The packed strings and whether the log directory is kept as its root only: the kubelet names it after
-    /// the pod's namespace, name and UID, which the sandbox keeps anyway (~80 bytes a sandbox).
-    pub(crate) fn new_strings(
-        name: &str,
-        uid: &str,
-        namespace: &str,
-        handler: &str,
-        log_directory: &str,
-    ) -> (Packed, bool) {
+    /// The record's strings and maps, and whether the log directory is kept as its root only: the kubelet
+    /// names it after the pod's namespace, name and UID, which the sandbox keeps anyway (~80 bytes a sandbox).
+    pub(crate) fn new_meta(
+        [name, uid, namespace, handler, log_directory]: [&str; 5],
+        labels: HashMap<String, String>,
+        annotations: HashMap<String, String>,
+    ) -> (Meta<5>, bool) {
         let root = log_directory
             .strip_suffix(pod_dir_name(namespace, name, uid).as_str())
             .and_then(|r| r.strip_suffix('/'))
             .filter(|r| !r.is_empty());
-        let strings = |dir| Packed::new(&[name, uid, namespace, handler, dir]);
-        match root {
-            Some(root) => (strings(root), true),
-            None => (strings(log_directory), false),
-        }
+        let (dir, derived) = match root {
+            Some(root) => (root, true),
+            None => (log_directory, false),
+        };
+        (
+            Meta::new([name, uid, namespace, handler, dir], labels, annotations),
+            derived,
+        )
     }
 }
 
@@ -165,8 +170,8 @@ impl Ips {
 #[derive(Debug)]
 pub(crate) struct Container {
     pub(crate) sandbox: u64,
-    /// name, log path.
-    pub(crate) strings: Packed,
+    /// name, log path; labels, annotations.
+    pub(crate) meta: Meta<2>,
     pub(crate) attempt: u32,
     pub(crate) image: Arc<crate::images::ImageMeta>,
     pub(crate) state: CState,
@@ -177,8 +182,6 @@ pub(crate) struct Container {
     pub(crate) reason: Reason,
     pub(crate) message: Option<Box<str>>,
     pub(crate) planned: Option<Planned>,
-    pub(crate) labels: Pairs,
-    pub(crate) annotations: Pairs,
     /// `LinuxContainerResources` as protobuf bytes (a tenth of the decoded message's size).
     pub(crate) resources: Option<Box<[u8]>>,
     pub(crate) script: Arc<Script>,
@@ -186,11 +189,19 @@ pub(crate) struct Container {
 
 impl Container {
     pub(crate) fn name(&self) -> &str {
-        self.strings.get(0)
+        self.meta.get(0)
     }
 
     pub(crate) fn log_path(&self) -> &str {
-        self.strings.get(1)
+        self.meta.get(1)
+    }
+
+    pub(crate) fn labels(&self) -> Pairs<'_> {
+        self.meta.labels()
+    }
+
+    pub(crate) fn annotations(&self) -> Pairs<'_> {
+        self.meta.annotations()
     }
     /// The resources the container was created with.
     pub(crate) fn resources(&self) -> Option<cri::LinuxContainerResources> {

@@ -49,8 +49,8 @@ impl State {
                     }),
                 }),
             }),
-            labels: sb.labels.to_map(),
-            annotations: sb.annotations.to_map(),
+            labels: sb.labels().to_map(),
+            annotations: sb.annotations().to_map(),
             runtime_handler: sb.runtime_handler().to_owned(),
         })
     }
@@ -71,8 +71,8 @@ impl State {
                 cri::PodSandboxState::SandboxNotready
             } as i32,
             created_at: sb.created,
-            labels: sb.labels.to_map(),
-            annotations: sb.annotations.to_map(),
+            labels: sb.labels().to_map(),
+            annotations: sb.annotations().to_map(),
             runtime_handler: sb.runtime_handler().to_owned(),
         })
     }
@@ -107,8 +107,8 @@ impl State {
             image_ref: c.image.image_ref().to_owned(),
             reason: c.reason.as_str().to_owned(),
             message: c.message.as_deref().unwrap_or("").to_owned(),
-            labels: c.labels.to_map(),
-            annotations: c.annotations.to_map(),
+            labels: c.labels().to_map(),
+            annotations: c.annotations().to_map(),
             log_path,
             resources: c.resources().map(|r| cri::ContainerResources {
                 linux: Some(r),
@@ -135,8 +135,8 @@ impl State {
             image_ref: c.image.image_ref().to_owned(),
             state: c.state.cri() as i32,
             created_at: c.created,
-            labels: c.labels.to_map(),
-            annotations: c.annotations.to_map(),
+            labels: c.labels().to_map(),
+            annotations: c.annotations().to_map(),
             image_id: c.image.id.to_string(),
         })
     }
@@ -163,7 +163,7 @@ impl State {
                     cri::PodSandboxState::SandboxNotready
                 };
                 f.state.as_ref().is_none_or(|s| s.state == state as i32)
-                    && sb.labels.matches(&f.label_selector)
+                    && sb.labels().matches(&f.label_selector)
             })
             .filter_map(|(key, _)| self.sandbox_item(*key))
             .collect()
@@ -217,7 +217,7 @@ impl State {
                 only.is_none_or(|o| o == **key)
                     && sandbox.is_none_or(|s| s == c.sandbox)
                     && state.is_none_or(|s| s == c.state.cri() as i32)
-                    && labels.is_none_or(|l| c.labels.matches(l))
+                    && labels.is_none_or(|l| c.labels().matches(l))
             })
             .map(|(key, _)| *key)
             .collect()
@@ -258,8 +258,8 @@ impl State {
                     name: c.name().to_owned(),
                     attempt: c.attempt,
                 }),
-                labels: c.labels.to_map(),
-                annotations: c.annotations.to_map(),
+                labels: c.labels().to_map(),
+                annotations: c.annotations().to_map(),
             }),
             cpu: Some(cri::CpuUsage {
                 timestamp: now,
@@ -317,8 +317,8 @@ impl State {
                     namespace: sb.namespace().to_owned(),
                     attempt: sb.attempt,
                 }),
-                labels: sb.labels.to_map(),
-                annotations: sb.annotations.to_map(),
+                labels: sb.labels().to_map(),
+                annotations: sb.annotations().to_map(),
             }),
             linux: Some(cri::LinuxPodSandboxStats {
                 cpu: Some(cri::CpuUsage {

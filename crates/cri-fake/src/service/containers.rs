@@ -5,7 +5,7 @@ use std::sync::Arc;
 use runtime_api::{Code, Result, RuntimeError, cri};
 
 use super::{invalid, map_iter, unknown};
-use crate::pairs::{Packed, Pairs};
+use crate::pairs::Meta;
 use crate::runtime::{FakeRuntime, secs};
 use crate::script::{self, Sources};
 use crate::store::{CState, Container, KILLED, Planned, Reason, Subject};
@@ -73,7 +73,7 @@ pub(super) async fn create_container(
         let pod = st
             .sandboxes
             .get(&sandbox)
-            .map(|sb| sb.annotations.clone())
+            .map(|sb| sb.annotations())
             .unwrap_or_default();
         let script = script::resolve(
             rt.inner.profile.script_arc(),
@@ -101,7 +101,7 @@ pub(super) async fn create_container(
         key,
         Box::new(Container {
             sandbox,
-            strings: Packed::new(&[&meta.name, &config.log_path]),
+            meta: Meta::new([&meta.name, &config.log_path], config.labels, config.annotations),
             attempt: meta.attempt,
             image,
             state: CState::Created,
@@ -112,8 +112,6 @@ pub(super) async fn create_container(
             reason: Reason::None,
             message: None,
             planned: None,
-            labels: Pairs::from_map(config.labels),
-            annotations: Pairs::from_map(config.annotations),
             resources: config
                 .linux
                 .and_then(|l| l.resources)

@@ -3,7 +3,6 @@
 use runtime_api::{Result, RuntimeError, cri};
 
 use super::{invalid, map_iter, unknown};
-use crate::pairs::Pairs;
 use crate::runtime::FakeRuntime;
 use crate::script::{self, Script, ScriptError, Sources};
 use crate::store::{Ips, Sandbox, Subject};
@@ -93,25 +92,27 @@ pub(super) async fn run_pod_sandbox(
         })?
     };
     let key = st.new_key();
-    let (strings, log_dir_derived) = Sandbox::new_strings(
-        &meta.name,
-        &meta.uid,
-        &meta.namespace,
-        &req.runtime_handler,
-        &config.log_directory,
+    let (strings, log_dir_derived) = Sandbox::new_meta(
+        [
+            &meta.name,
+            &meta.uid,
+            &meta.namespace,
+            &req.runtime_handler,
+            &config.log_directory,
+        ],
+        config.labels,
+        config.annotations,
     );
     st.sandboxes.insert(
         key,
         Box::new(Sandbox {
-            strings,
+            meta: strings,
             log_dir_derived,
             attempt: meta.attempt,
             ready: true,
             created: now,
             ips: Ips::new(ips),
             namespaces,
-            labels: Pairs::from_map(config.labels),
-            annotations: Pairs::from_map(config.annotations),
         }),
     );
     st.emit(

@@ -147,13 +147,14 @@ pub(crate) fn state(s: &cri::ContainerStatus) -> cri::ContainerState {
 #[test]
 fn records_stay_small() {
     use std::mem::size_of;
+    // 104 and 160 bytes while each kept its strings, labels and annotations in three allocations (`Meta`)
     assert!(
-        size_of::<crate::store::Sandbox>() <= 112,
+        size_of::<crate::store::Sandbox>() <= 80,
         "Sandbox {}",
         size_of::<crate::store::Sandbox>()
     );
     assert!(
-        size_of::<crate::store::Container>() <= 160,
+        size_of::<crate::store::Container>() <= 128,
         "Container {}",
         size_of::<crate::store::Container>()
     );
