@@ -170,6 +170,19 @@ where
     joined
 }
 
+/// Three futures joined, the last two run until `stop` fires (as [`join7_stop`]: the first must wait on `stop`
+/// itself, which wakes the join).
+pub(crate) fn join3_stop<A, B, C>(stop: CancellationToken, a: A, b: B, c: C) -> Join3<A, B, C>
+where
+    A: Future<Output = ()>,
+    B: Future<Output = ()>,
+    C: Future<Output = ()>,
+{
+    let mut joined = join3(a, b, c);
+    joined.stop = Some(stop);
+    joined
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicUsize;

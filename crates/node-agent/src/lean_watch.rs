@@ -57,14 +57,19 @@ pub enum WatchError {
 /// A list+watch of the objects of kind `K` matching a field selector.
 pub struct LeanWatch<K> {
     client: crate::client::ApiClient,
-    selector: String,
+    selector: Box<str>,
     /// Where to resume; `None`: list (first, or after 410 Gone).
-    resource_version: Option<String>,
+    resource_version: Option<Box<str>>,
     body: Option<kube::client::Body>,
     /// Bytes of the line being received.
     partial: Vec<u8>,
-    /// Decoded changes not yet returned (a chunk may hold several lines).
-    ready: VecDeque<Change<K>>,
+    /// Decoded changes not yet returned (a chunk may hold several lines); boxed, made while a chunk's changes
+    /// are handed out (an idle watch, inside a node's long-lived task, kept an empty queue's 32 bytes in place).
+    #[allow(
+        clippy::box_collection,
+        reason = "8 bytes in the idle watch, which holds no queue"
+    )]
+    ready: Option<Box<VecDeque<Change<K>>>>,
     /// The retry sequence while steps fail; `Some`: the last step failed, wait before the next (boxed and
     /// dropped on success: an idle watch holds this for the node's life, and watches mostly work).
     backoff: Option<Box<Backoff>>,
@@ -78,21 +83,28 @@ where
     pub fn new(client: impl Into<crate::client::ApiClient>, field_selector: impl Into<String>) -> Self {
         Self {
             client: client.into(),
-            selector: field_selector.into(),
+            selector: field_selector.into().into_boxed_str(),
             resource_version: None,
             body: None,
             partial: Vec::new(),
-            ready: VecDeque::new(),
+            ready: None,
             backoff: None,
         }
+    }
+
+    /// The field selector it follows.
+    pub fn selector(&self) -> &str {
+        &self.selector
     }
 
     /// The next change. An error leaves the watch usable: the next call retries after a back-off.
     pub async fn next(&mut self) -> Result<Change<K>, WatchError> {
         loop {
-            if let Some(change) = self.ready.pop_front() {
-                if self.ready.is_empty() {
-                    self.ready = VecDeque::new();
+            if let Some(ready) = self.ready.as_mut()
+                && let Some(change) = ready.pop_front()
+            {
+                if ready.is_empty() {
+                    self.ready = None;
                 }
                 return Ok(change);
             }
@@ -123,7 +135,7 @@ where
             return Box::pin(self.list()).await.map(Some);
         }
         let Some(body) = self.body.as_mut() else {
-            let version = self.resource_version.clone().unwrap_or_default();
+            let version = self.resource_version.as_deref().unwrap_or_default().to_owned();
             self.body = Some(
                 Box::pin(open_watch(
                     &self.client,
@@ -160,7 +172,7 @@ where
         let body = send(&self.client, request).await?;
         let bytes = body.collect().await.map_err(WatchError::Request)?.to_bytes();
         let list: ObjectList<K> = serde_json::from_slice(&bytes).map_err(WatchError::Decode)?;
-        self.resource_version = list.metadata.resource_version.clone();
+        self.resource_version = list.metadata.resource_version.clone().map(String::into_boxed_str);
         Ok(Change::Listed(list.items))
     }
 
@@ -214,11 +226,11 @@ where
                 });
             }
         };
-        if version.is_some() {
-            self.resource_version = version;
+        if let Some(version) = version {
+            self.resource_version = Some(version.into_boxed_str());
         }
         if let Some(change) = change {
-            self.ready.push_back(change);
+            self.ready.get_or_insert_default().push_back(change);
         }
         Ok(())
     }

@@ -27,7 +27,9 @@ fn event(kind: &str, name: &str, rv: &str) -> String {
 
 fn names(w: &mut LeanWatch<Pod>) -> Vec<String> {
     w.ready
-        .drain(..)
+        .take()
+        .into_iter()
+        .flat_map(|r| *r)
         .map(|c| match c {
             Change::Applied(p) => format!("+{}", p.metadata.name.unwrap_or_default()),
             Change::Deleted(p) => format!("-{}", p.metadata.name.unwrap_or_default()),

@@ -415,16 +415,20 @@ impl PodLifecycle {
             Err(rx) => (rx, None),
             Ok(client) => {
                 let (tx, rx) = crate::chan::channel(256);
-                let node = ctx.config.node_name.clone();
-                (rx, Some(source::watch_node_pods(client, node, tx, tasks.clone())))
+                let watch =
+                    source::watch_node_pods(client, &ctx.config.node_name, tx, std::future::pending());
+                (rx, Some(watch))
             }
         };
         // The status writer, the PLEG and the pod watch run joined in one task, each polled when woken (each
         // waits on its input most of the time; a task each cost tokio's ~112 bytes and the rounding to 128 per
-        // node). A join combinator, not an `async` block, which would hold each future twice.
-        tracker.spawn(crate::join::join3(
+        // node). A join combinator, not an `async` block, which would hold each future twice. The writer stops
+        // on the agent's token; the join then drops the PLEG and the watch where they wait, so neither holds a
+        // cancellation wait of its own.
+        tracker.spawn(crate::join::join3_stop(
+            tasks.clone(),
             status_manager.run(tasks.clone()),
-            pleg::Pleg::new(ctx.clone(), pleg_tx).run(tasks.clone()),
+            pleg::Pleg::new(ctx.clone(), pleg_tx).run(std::future::pending()),
             futures::FutureExt::map(futures::future::OptionFuture::from(watch), |_| ()),
         ));
         let grace = ctx.config.shutdown_grace;

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use runtime_api::{Code, cri};
-use tokio_util::sync::CancellationToken;
 
 use super::context::AgentCtx;
 use super::labels;
@@ -44,15 +43,22 @@ impl Pleg {
         Self { ctx, tx }
     }
 
-    pub(crate) fn run(self, cancel: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
+    /// Follows the runtime's events (or relists) until `stop` completes. The agent's pod side passes a stop that
+    /// never comes (`std::future::pending`) and drops the PLEG where it waits instead (`join::join3_stop`): no
+    /// cancellation wait in the idle future.
+    pub(crate) fn run<S>(self, stop: S) -> impl Future<Output = ()> + Send + 'static
+    where
+        S: Future<Output = ()> + Send + 'static,
+    {
         async move {
+            let mut stop = std::pin::pin!(stop);
             // made at the first failure, dropped once events flow (boxed: the idle task holds it for the
             // node's life, and the stream mostly stays up)
             let mut backoff: Option<Box<Backoff>> = None;
             let mut announced = false;
             loop {
                 let opened = tokio::select! {
-                    _ = cancel.cancelled() => return,
+                    () = &mut stop => return,
                     r = self.ctx.runtime.get_container_events(cri::GetEventsRequest {}) => r,
                 };
                 match opened {
@@ -63,7 +69,7 @@ impl Pleg {
                         }
                         loop {
                             let item = tokio::select! {
-                                _ = cancel.cancelled() => return,
+                                () = &mut stop => return,
                                 item = stream.next() => item,
                             };
                             match item {
@@ -88,13 +94,13 @@ impl Pleg {
                             self.ctx.config.relist_period
                         );
                         // boxed: the relisting loop's state is not kept in an evented agent's task
-                        return Box::pin(self.relist(cancel)).await;
+                        return Box::pin(self.relist(stop)).await;
                     }
                     Err(error) => tracing::warn!(%error, "cannot subscribe to runtime events, retrying"),
                 }
                 let retry = Backoff::in_slot(&mut backoff, BackoffPolicy::api_retry());
                 tokio::select! {
-                    _ = cancel.cancelled() => return,
+                    () = &mut stop => return,
                     () = Box::pin(retry.wait()) => {}
                 }
             }
@@ -135,13 +141,13 @@ impl Pleg {
         Some(state)
     }
 
-    async fn relist(self, cancel: CancellationToken) {
+    async fn relist<S: Future<Output = ()>>(self, mut stop: std::pin::Pin<&mut S>) {
         let mut previous: HashMap<String, (i32, String)> = HashMap::new();
         let mut tick = tokio::time::interval(self.ctx.config.relist_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = cancel.cancelled() => return,
+                () = &mut stop => return,
                 _ = tick.tick() => {}
             }
             let Some(current) = self.snapshot().await else {

@@ -69,27 +69,25 @@ fn slim(mut pod: Pod) -> Pod {
 }
 
 /// Follows a list+watch of pods matching `field_selector`, handing every resulting event to `deliver` until
-/// `cancel` fires, the watch ends, or `deliver` returns false.
-async fn follow<F, Fut>(
-    client: crate::client::ApiClient,
-    field_selector: &str,
-    cancel: CancellationToken,
-    mut deliver: F,
-) where
+/// `stop` completes, the watch ends, or `deliver` returns false.
+async fn follow<S, F, Fut>(client: crate::client::ApiClient, field_selector: String, stop: S, mut deliver: F)
+where
+    S: Future<Output = ()>,
     F: FnMut(PodEvent) -> Fut,
     Fut: Future<Output = bool>,
 {
+    let mut stop = std::pin::pin!(stop);
     let mut watch: LeanWatch<Pod> = LeanWatch::new(client, field_selector);
     loop {
         // in a block of its own: the decoded pod (kilobytes) is not kept across the delivery's await
         let event = {
             let next = tokio::select! {
-                _ = cancel.cancelled() => return,
+                () = &mut stop => return,
                 next = watch.next() => next,
             };
             match next {
                 Err(error) => {
-                    tracing::warn!(%field_selector, %error, "pod watch failed, retrying");
+                    tracing::warn!(field_selector = watch.selector(), %error, "pod watch failed, retrying");
                     continue;
                 }
                 Ok(Change::Listed(pods)) => PodEvent::Snapshot(pods.into_iter().map(slim).collect()),
@@ -103,17 +101,23 @@ async fn follow<F, Fut>(
     }
 }
 
-/// Watches the pods bound to `node` and sends them to `tx` until `cancel` fires or the receiver is dropped.
-pub fn watch_node_pods(
+/// Watches the pods bound to `node` and sends them to `tx` until `stop` completes (e.g. a token's
+/// `cancelled_owned()`; the agent passes `std::future::pending()` and drops the watch instead, see
+/// `join::join3_stop`) or the receiver is dropped.
+pub fn watch_node_pods<S>(
     client: impl Into<crate::client::ApiClient>,
-    node: String,
+    node: &str,
     tx: chan::Sender<PodEvent>,
-    cancel: CancellationToken,
-) -> impl Future<Output = ()> + Send + 'static {
+    stop: S,
+) -> impl Future<Output = ()> + Send + 'static
+where
+    S: Future<Output = ()> + Send + 'static,
+{
     let client = client.into();
+    // moved into the watch, which keeps it (not a second copy in this future)
+    let selector = format!("spec.nodeName={node}");
     async move {
-        let selector = format!("spec.nodeName={node}");
-        follow(client, &selector, cancel, |e| {
+        follow(client, selector, stop, |e| {
             let tx = tx.clone();
             async move { tx.send(e).await.is_ok() }
         })
@@ -198,10 +202,15 @@ impl SharedPodFeed {
         let client = client.into();
         async move {
             let feed = &self;
-            follow(client, "spec.nodeName!=", cancel, |e| async move {
-                feed.dispatch(e).await;
-                true
-            })
+            follow(
+                client,
+                "spec.nodeName!=".to_owned(),
+                cancel.cancelled_owned(),
+                |e| async move {
+                    feed.dispatch(e).await;
+                    true
+                },
+            )
             .await;
         }
     }

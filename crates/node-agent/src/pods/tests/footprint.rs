@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use cri_fake::{FakeConfig, FakeRuntime};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use super::super::PodConfig;
 use super::super::context::AgentCtx;
@@ -69,8 +68,7 @@ async fn an_idle_pod_workers_future_stays_small() {
         timeline: None,
     };
     let (pleg_tx, _pleg_rx) = crate::chan::unbounded_channel();
-    let pleg =
-        size_of_val(&super::super::pleg::Pleg::new(ctx.clone(), pleg_tx).run(CancellationToken::new()));
+    let pleg = size_of_val(&super::super::pleg::Pleg::new(ctx.clone(), pleg_tx).run(std::future::pending()));
     println!("PLEG run future {pleg} bytes");
     // within a 640-byte task (with the task's own ~112 bytes); 688 bytes, an 896-byte task, while its retry
     // back-off and the relisting loop were held in place
@@ -103,6 +101,44 @@ async fn an_idle_pod_workers_future_stays_small() {
     // with the task's own ~112 bytes, within a 768-byte task (tokio rounds task cells up to 128 bytes); 816
     // bytes, a 1,024-byte task, while rare state (a rejection, stop orders, empty maps) was held in place
     assert!(future <= 656, "the run future is {future} bytes");
+}
+
+/// The pod side's three long-lived futures (status writer, PLEG, pod watch) run joined in one task for the
+/// node's life; the join stops the PLEG and the watch itself, so neither holds a cancellation wait.
+#[tokio::test]
+async fn the_pod_sides_joined_task_stays_small() {
+    let ctx = Arc::new(bare_ctx(&FakeRuntime::new(FakeConfig::default())));
+    let service = tower::service_fn(|_req: http::Request<kube::client::Body>| {
+        std::future::pending::<Result<http::Response<kube::client::Body>, std::convert::Infallible>>()
+    });
+    let client = crate::client::ApiClient::from(kube::Client::new(service, "default"));
+    let (_status, status_rx) = StatusHandle::channel();
+    let writer = super::super::status::StatusManager::new(
+        client.clone(),
+        crate::api::ApiCalls::new(Arc::new(crate::metrics::Metrics::unregistered()), 5, 10),
+        status_rx,
+        Arc::new(PodMetrics::new()),
+        super::super::static_pods::Mirrors::default(),
+    );
+    let token = tokio_util::sync::CancellationToken::new();
+    let (pleg_tx, _pleg_rx) = crate::chan::unbounded_channel();
+    let (tx, _rx) = crate::chan::channel(1);
+    let (writer, pleg, watch) = (
+        writer.run(token.clone()),
+        super::super::pleg::Pleg::new(ctx, pleg_tx).run(std::future::pending()),
+        super::super::source::watch_node_pods(client, "n1", tx, std::future::pending()),
+    );
+    let parts = [size_of_val(&writer), size_of_val(&pleg), size_of_val(&watch)];
+    let joined = size_of_val(&crate::join::join3_stop(token, writer, pleg, watch));
+    println!("pod side: status writer, PLEG, pod watch {parts:?} bytes, joined {joined} bytes");
+    // a task cell is the future and 112 bytes of tokio's, rounded up to 128: at most 912 bytes keeps it in a
+    // 1,024-byte cell (1,000 bytes, a 1,280-byte jemalloc class, while the PLEG and the watch waited on the
+    // agent's token, the writer held a random hasher, an empty flush list and a retry timer's async block in
+    // place, and the watch an empty queue and a copy of its selector)
+    assert!(
+        joined <= 912,
+        "the pod side's joined future ({joined} bytes) no longer fits a 1,024-byte task"
+    );
 }
 
 /// Every container's record shares its image name and digest with the other containers of that image, and its

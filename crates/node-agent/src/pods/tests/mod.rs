@@ -151,7 +151,7 @@ impl Harness {
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
         let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
-        tracker.spawn(Pleg::new(ctx.clone(), pleg_tx).run(cancel.clone()));
+        tracker.spawn(Pleg::new(ctx.clone(), pleg_tx).run(cancel.clone().cancelled_owned()));
         let (feed, source) = crate::chan::channel(16);
         let (statics, statics_rx) = mpsc::channel(4);
         let (desired_tx, desired) = watch::channel(Default::default());
