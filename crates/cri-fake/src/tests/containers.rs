@@ -17,14 +17,7 @@ async fn a_containers_log_path_is_under_its_sandboxs_log_directory_whatever_its_
     ] {
         let mut config = pod_config(name, &[]);
         config.log_directory = dir.to_owned();
-        let pod = rt
-            .run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(config),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .pod_sandbox_id;
+        let pod = run_pod_with(&rt, config).await;
         let id = create(&rt, &pod, "app", 1, &[]).await.unwrap();
         let want = format!("{}/app/1.log", dir.trim_end_matches('/'));
         assert_eq!(status(&rt, &id).await.log_path, want, "{dir}");

@@ -72,8 +72,13 @@ pub(crate) fn container_config(
 }
 
 pub(crate) async fn run_pod(rt: &FakeRuntime, name: &str, annotations: &[(&str, &str)]) -> String {
+    run_pod_with(rt, pod_config(name, annotations)).await
+}
+
+/// Runs a sandbox of `config`, answering its ID.
+pub(crate) async fn run_pod_with(rt: &FakeRuntime, config: cri::PodSandboxConfig) -> String {
     rt.run_pod_sandbox(cri::RunPodSandboxRequest {
-        config: Some(pod_config(name, annotations)),
+        config: Some(config),
         ..Default::default()
     })
     .await

@@ -138,14 +138,7 @@ async fn host_network_sandbox_has_no_pod_ip_and_ignores_network_readiness() {
         }),
         ..Default::default()
     });
-    let id = rt
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(config),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .pod_sandbox_id;
+    let id = run_pod_with(&rt, config).await;
     let s = sandbox(&rt, &id).await;
     assert_eq!(s.network.unwrap().ip, "");
     assert_eq!(

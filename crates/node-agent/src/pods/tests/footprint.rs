@@ -132,9 +132,9 @@ async fn the_pod_sides_joined_task_stays_small() {
     let joined = size_of_val(&crate::join::join3_stop(token, writer, pleg, watch));
     println!("pod side: status writer, PLEG, pod watch {parts:?} bytes, joined {joined} bytes");
     // a task cell is the future and 112 bytes of tokio's, rounded up to 128: at most 912 bytes keeps it in a
-    // 1,024-byte cell (1,000 bytes, a 1,280-byte jemalloc class, while the PLEG and the watch waited on the
-    // agent's token, the writer held a random hasher, an empty flush list and a retry timer's async block in
-    // place, and the watch an empty queue and a copy of its selector)
+    // 1,024-byte cell (a 1,280-byte jemalloc class while the PLEG and the watch each waited on the agent's token;
+    // 1,000 bytes, still that class, while the writer held a random hasher, an empty flush list and a retry
+    // timer's async block in place, and the watch an empty queue and a copy of its selector)
     assert!(
         joined <= 912,
         "the pod side's joined future ({joined} bytes) no longer fits a 1,024-byte task"
