@@ -31,6 +31,8 @@ use node_agent::{KubeletConfig, Metrics};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+mod allocator;
+
 #[derive(Parser)]
 #[command(about = "Thousands of hollow Kubernetes nodes in one process")]
 struct Cli {
@@ -229,33 +231,6 @@ struct RunArgs {
     chaos: ChaosArgs,
 }
 
-/// With the `dhat-heap` feature every allocation is recorded (slow: for profiling only); the profile of what is
-/// live when the fleet is told to stop is written to `dhat-heap.json` (view it with dhat's viewer, or
-/// `hack/dhat-top.py`).
-#[cfg(feature = "dhat-heap")]
-#[global_allocator]
-static ALLOC: dhat::Alloc = dhat::Alloc;
-
-/// jemalloc (the default `jemalloc` feature), see `Cargo.toml`.
-#[cfg(all(feature = "jemalloc", not(feature = "dhat-heap")))]
-#[global_allocator]
-static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// Turns on jemalloc's background threads, unless `_RJEM_MALLOC_CONF` sets `background_thread` itself: they return
-/// freed pages on jemalloc's decay schedule even where the fleet's own threads no longer allocate, which after a
-/// pod burst otherwise leaves the freed pages resident (1,000 nodes × 5 pods: 3.3–3.6 KiB resident per running pod
-/// with them, 3.9–4.0 without; docs/benchmarks.md).
-#[cfg(all(feature = "jemalloc", not(feature = "dhat-heap")))]
-fn allocator_background_threads() {
-    let conf = std::env::var("_RJEM_MALLOC_CONF").unwrap_or_default();
-    if conf.contains("background_thread") {
-        return;
-    }
-    if let Err(error) = tikv_jemalloc_ctl::background_thread::write(true) {
-        tracing::warn!(%error, "jemalloc's background threads did not start: freed memory is returned only as the fleet allocates");
-    }
-}
-
 /// KubeletConfiguration fields only a real node acts on, so `--config` giving them is warned about: the runtime
 /// connection, the host's cgroups and log directories (a hollow node's runtime is in memory), and the per-node
 /// servers (the fleet serves the kubelet API itself, on `--node-ip` and `--kubelet-port` + index, with
@@ -284,7 +259,7 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Run(args) => {
             #[cfg(all(feature = "jemalloc", not(feature = "dhat-heap")))]
-            allocator_background_threads();
+            allocator::background_threads();
             run(args).await
         }
         Command::Slo(args) => {
@@ -608,18 +583,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term => {}
-    }
-}
-
-#[cfg(all(test, feature = "jemalloc", not(feature = "dhat-heap")))]
-mod tests {
-    #[test]
-    fn the_fleet_returns_freed_pages_through_jemallocs_background_threads() {
-        let conf = std::env::var("_RJEM_MALLOC_CONF").unwrap_or_default();
-        super::allocator_background_threads();
-        let on = tikv_jemalloc_ctl::background_thread::read().expect("jemalloc answers");
-        // a `background_thread` the user set in `_RJEM_MALLOC_CONF` is left as it is
-        let want = !conf.contains("background_thread") || conf.contains("background_thread:true");
-        assert_eq!(on, want, "_RJEM_MALLOC_CONF={conf:?}");
     }
 }
