@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, DefaultHasher};
-use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -20,6 +19,7 @@ use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::pods::metrics::{PodMetrics, Timeline};
 use crate::pods::static_pods::{MirrorOf, Mirrors};
+use crate::pods::wake_timer::WakeTimer;
 
 /// Pods written at the same time by one agent.
 pub(crate) const IN_FLIGHT: usize = 4;
@@ -122,16 +122,8 @@ pub(crate) struct StatusManager {
         reason = "8 bytes in the idle writer, which has no flush waiting"
     )]
     flushes: Option<Box<Vec<tokio::sync::oneshot::Sender<()>>>>,
-    /// The timer of the earliest retry, while one is due (boxed, made only then).
-    retry_timer: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-/// Completes when `timer` fires; never while there is none.
-fn retry_wait(timer: &mut Option<Pin<Box<tokio::time::Sleep>>>) -> impl Future<Output = ()> + '_ {
-    std::future::poll_fn(move |cx| match timer.as_mut() {
-        Some(t) => t.as_mut().poll(cx),
-        None => std::task::Poll::Pending,
-    })
+    /// At the earliest retry, while one is due (allocated only then).
+    retry_timer: WakeTimer,
 }
 
 /// Whether a write failed because the pod it was meant for no longer exists: 404; or another pod now has the
@@ -241,7 +233,7 @@ impl StatusManager {
             dirty: Vec::new(),
             mirrors,
             flushes: None,
-            retry_timer: None,
+            retry_timer: WakeTimer::default(),
         }
     }
 
@@ -445,15 +437,7 @@ impl StatusManager {
                         let _ = done.send(());
                     }
                 }
-                match (retry, self.retry_timer.as_mut()) {
-                    (None, _) => self.retry_timer = None,
-                    (Some(at), Some(timer)) => {
-                        if timer.deadline() != at {
-                            timer.as_mut().reset(at);
-                        }
-                    }
-                    (Some(at), None) => self.retry_timer = Some(Box::pin(tokio::time::sleep_until(at))),
-                }
+                self.retry_timer.set(retry);
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     msg = self.rx.recv() => match msg {
@@ -461,7 +445,7 @@ impl StatusManager {
                         None => return,
                     },
                     Some((uid, outcome)) = writes.next(), if !writes.is_empty() => self.finish(uid, outcome),
-                    () = retry_wait(&mut self.retry_timer) => self.requeue_due(),
+                    () = self.retry_timer.fired() => self.requeue_due(),
                 }
             }
         }
