@@ -14,6 +14,7 @@
 //! DENSITY_NODES=1000 DENSITY_IDLE_SECS=60 DENSITY_PODS_PER_NODE=0 cargo bench -p hollow --bench density
 //! DENSITY_FLEETS=hollow cargo bench -p hollow --bench density   # without KWOK
 //! DENSITY_HOLLOW_BIN=/path/to/hollow cargo bench ...   # measure another build of the fleet binary
+//! DENSITY_READY_SECS=1200 cargo bench ...   # how long a fleet may take until all its nodes are Ready (600)
 //! ```
 
 #[path = "density/cluster.rs"]
@@ -34,6 +35,15 @@ use kube::Api;
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// How long a fleet may take until all its nodes are Ready (`DENSITY_READY_SECS`, 600 s): the benchmark stops
+/// at the first fleet that misses it.
+fn ready_limit() -> anyhow::Result<Duration> {
+    let secs: u64 = env_or("DENSITY_READY_SECS", "600")
+        .parse()
+        .context("DENSITY_READY_SECS: whole seconds")?;
+    Ok(Duration::from_secs(secs))
 }
 
 /// node_agent_api_requests_total by (verb, resource), summed over codes.
@@ -186,7 +196,7 @@ async fn measure(
     let out = async {
         let client = cp.admin_client().await?;
         let api: Api<Node> = Api::all(client.clone());
-        cluster::wait_ready(&api, fleet.prefix(), nodes, Duration::from_secs(600)).await?;
+        cluster::wait_ready(&api, fleet.prefix(), nodes, ready_limit()?).await?;
         let ready_secs = start.elapsed().as_secs_f64();
         // let registration bursts settle before the idle window
         tokio::time::sleep(Duration::from_secs(20)).await;

@@ -252,6 +252,9 @@ async fn bootstrap_credentials_come_from_the_csr_api() -> anyhow::Result<()> {
         ..Default::default()
     };
     let boot = kube::Client::try_from(boot)?;
+    // the token and the bindings just made must be in the API server's caches: a refused request ends a node's
+    // bootstrap, as it ends the kubelet's
+    testenv::access::wait_allowed(&boot, &testenv::access::node_bootstrap(), Duration::from_secs(30)).await?;
 
     let spec = spec("boot", BOOTSTRAP_NODES)?;
     let names: Vec<String> = (0..BOOTSTRAP_NODES).map(|i| spec.node_name(i)).collect();

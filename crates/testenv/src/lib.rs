@@ -15,6 +15,7 @@
 //!
 //! This is test and demo tooling; it uses `anyhow` for errors.
 
+pub mod access;
 pub mod assets;
 mod control_plane;
 mod kubeconfig;

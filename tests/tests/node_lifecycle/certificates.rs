@@ -72,6 +72,21 @@ async fn bootstrap_token(admin: &kube::Client) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits until the API server acts on the token and the bindings just made: the token authenticates, may file
+/// CSRs and may have node-client requests approved. A node started before that may meet a 401 or 403 and, as
+/// the kubelet does, exit on its refused bootstrap request.
+async fn wait_bootstrap_allowed(boot: &Path) -> anyhow::Result<()> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(boot)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    let client = kube::Client::try_from(config)?;
+    testenv::access::wait_allowed(
+        &client,
+        &testenv::access::node_bootstrap(),
+        Duration::from_secs(30),
+    )
+    .await
+}
+
 async fn create_or_keep<K>(api: &Api<K>, object: &K) -> anyhow::Result<()>
 where
     K: kube::Resource
@@ -146,6 +161,7 @@ async fn tls_bootstrap_serving_certificate_and_rotation_through_the_csr_api() ->
     std::fs::create_dir_all(&dir)?;
     let boot = dir.join("bootstrap.kubeconfig");
     write_bootstrap_kubeconfig(&boot, cp)?;
+    wait_bootstrap_allowed(&boot).await?;
     let config = dir.join("config.yaml");
     std::fs::write(
         &config,

@@ -32,12 +32,12 @@ pub async fn ready_nodes(api: &Api<Node>, prefix: &str) -> anyhow::Result<(usize
 /// Waits until `nodes` nodes named `<prefix>-…` are Ready (at most `limit`).
 pub async fn wait_ready(api: &Api<Node>, prefix: &str, nodes: usize, limit: Duration) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + limit;
-    let mut listed = 0;
+    let (mut listed, mut seen_ready) = (0, 0);
     loop {
         // a loaded API server may drop a request now and then: poll again rather than give up
         match ready_nodes(api, prefix).await {
             Ok((registered, ready)) => {
-                listed = registered;
+                (listed, seen_ready) = (registered, ready);
                 if ready >= nodes {
                     return Ok(());
                 }
@@ -45,7 +45,7 @@ pub async fn wait_ready(api: &Api<Node>, prefix: &str, nodes: usize, limit: Dura
             Err(e) => eprintln!("density: listing nodes failed ({e}); polling again"),
         }
         if tokio::time::Instant::now() > deadline {
-            bail!("{nodes} nodes not Ready within {limit:?} ({listed} registered)");
+            bail!("{nodes} nodes not Ready within {limit:?} ({listed} registered, {seen_ready} Ready)");
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
