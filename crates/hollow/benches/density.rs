@@ -179,6 +179,7 @@ async fn measure(
     fleet: Fleet,
     cp: &testenv::ControlPlane,
     nodes: usize,
+    ready_limit: Duration,
     idle: Duration,
     pods_per_node: usize,
     kwok_bin: Option<&PathBuf>,
@@ -196,7 +197,7 @@ async fn measure(
     let out = async {
         let client = cp.admin_client().await?;
         let api: Api<Node> = Api::all(client.clone());
-        cluster::wait_ready(&api, fleet.prefix(), nodes, ready_limit()?).await?;
+        cluster::wait_ready(&api, fleet.prefix(), nodes, ready_limit).await?;
         let ready_secs = start.elapsed().as_secs_f64();
         // let registration bursts settle before the idle window
         tokio::time::sleep(Duration::from_secs(20)).await;
@@ -246,6 +247,7 @@ async fn measure(
 async fn run_size(
     fleet: Fleet,
     nodes: usize,
+    ready_limit: Duration,
     idle: Duration,
     pods_per_node: usize,
     kwok_bin: Option<&PathBuf>,
@@ -260,7 +262,7 @@ async fn run_size(
         ..Default::default()
     })
     .await?;
-    let result = measure(fleet, &cp, nodes, idle, pods_per_node, kwok_bin).await;
+    let result = measure(fleet, &cp, nodes, ready_limit, idle, pods_per_node, kwok_bin).await;
     cp.stop().await?;
     result
 }
@@ -384,6 +386,7 @@ async fn main() -> anyhow::Result<()> {
         .collect::<Result<_, _>>()
         .context("DENSITY_NODES: comma-separated node counts")?;
     let idle = Duration::from_secs(env_or("DENSITY_IDLE_SECS", "120").parse()?);
+    let ready = ready_limit()?;
     let pods_per_node: usize = env_or("DENSITY_PODS_PER_NODE", "10").parse()?;
     let pods_max_nodes: usize = env_or("DENSITY_PODS_MAX_NODES", "1000").parse()?;
     let mut fleets = Vec::new();
@@ -404,7 +407,7 @@ async fn main() -> anyhow::Result<()> {
         let ppn = if n <= pods_max_nodes { pods_per_node } else { 0 };
         for &fleet in &fleets {
             eprintln!("density: {} {n} nodes ...", fleet.name());
-            let measured = run_size(fleet, n, idle, ppn, kwok_bin.as_ref())
+            let measured = run_size(fleet, n, ready, idle, ppn, kwok_bin.as_ref())
                 .await
                 .with_context(|| format!("{} {n} nodes", fleet.name()))?;
             for row in measured {
