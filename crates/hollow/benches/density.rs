@@ -15,6 +15,7 @@
 //! DENSITY_FLEETS=hollow cargo bench -p hollow --bench density   # without KWOK
 //! DENSITY_HOLLOW_BIN=/path/to/hollow cargo bench ...   # measure another build of the fleet binary
 //! DENSITY_READY_SECS=1200 cargo bench ...   # how long a fleet may take until all its nodes are Ready (600)
+//! DENSITY_HOLLOW_ARGS="--requests-in-flight-per-connection 64" cargo bench ...   # more flags for the fleet
 //! ```
 
 #[path = "density/cluster.rs"]
@@ -111,6 +112,8 @@ struct Row {
     pods: usize,
     ready_secs: f64,
     rss: u64,
+    /// The process's most RSS so far (start-up and pod bursts included).
+    peak_rss: u64,
     /// RSS with pods minus RSS idle, per pod (pod rows only).
     rss_per_pod: Option<f64>,
     cpu_ms_per_node_minute: f64,
@@ -151,6 +154,8 @@ async fn start_fleet(
                     &format!("{}-{{index}}", fleet.prefix()),
                 ])
                 .args(["--register-qps", "500"])
+                // DENSITY_HOLLOW_ARGS: more flags for the fleet, split at whitespace (one setting against another)
+                .args(env_or("DENSITY_HOLLOW_ARGS", "").split_whitespace())
                 .arg("--kubeconfig")
                 .arg(cp.admin_kubeconfig())
                 .args(["--metrics-address", &format!("127.0.0.1:{port}")])
@@ -209,6 +214,7 @@ async fn measure(
             pods: 0,
             ready_secs,
             rss: w.rss,
+            peak_rss: w.peak_rss,
             rss_per_pod: None,
             cpu_ms_per_node_minute: w.cpu_ms_per_node_minute,
             requests: w.requests,
@@ -228,6 +234,7 @@ async fn measure(
                 pods,
                 ready_secs: pods_secs,
                 rss: w.rss,
+                peak_rss: w.peak_rss,
                 rss_per_pod: Some((w.rss as f64 - idle_rss as f64) / pods as f64),
                 cpu_ms_per_node_minute: w.cpu_ms_per_node_minute,
                 requests: w.requests,
@@ -269,18 +276,19 @@ async fn run_size(
 
 fn print_tables(rows: &[Row]) {
     println!(
-        "\n| fleet | nodes | pods | all Ready (nodes) / Running (pods) after | fleet RSS | RSS per node | RSS per running pod | CPU per node-minute | API requests/s (steady) |"
+        "\n| fleet | nodes | pods | all Ready (nodes) / Running (pods) after | fleet RSS | peak RSS | RSS per node | RSS per running pod | CPU per node-minute | API requests/s (steady) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for r in rows {
         let reqs: Vec<String> = r.requests.iter().map(|(k, v)| format!("{k} {v:.1}")).collect();
         println!(
-            "| {} | {} | {} | {:.1} s | {:.0} MiB | {:.1} KiB | {} | {:.2} ms | {} |",
+            "| {} | {} | {} | {:.1} s | {:.0} MiB | {:.0} MiB | {:.1} KiB | {} | {:.2} ms | {} |",
             r.fleet.name(),
             r.nodes,
             r.pods,
             r.ready_secs,
             r.rss as f64 / 1_048_576.0,
+            r.peak_rss as f64 / 1_048_576.0,
             r.rss_per_node_kib(),
             r.rss_per_pod
                 .map_or("—".to_owned(), |b| format!("{:.1} KiB", b / 1024.0)),
@@ -412,11 +420,12 @@ async fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("{} {n} nodes", fleet.name()))?;
             for row in measured {
                 eprintln!(
-                    "density: {} {n} nodes, {} pods: Ready/Running after {:.1}s, {:.1} KiB/node, {:.3} ms CPU/node-minute",
+                    "density: {} {n} nodes, {} pods: Ready/Running after {:.1}s, {:.1} KiB/node (peak {:.0} MiB), {:.3} ms CPU/node-minute",
                     fleet.name(),
                     row.pods,
                     row.ready_secs,
                     row.rss_per_node_kib(),
+                    row.peak_rss as f64 / 1_048_576.0,
                     row.cpu_ms_per_node_minute
                 );
                 rows.push(row);

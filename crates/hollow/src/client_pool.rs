@@ -59,25 +59,36 @@ pub fn with_node_identity(config: &kube::Config, credential: &NodeCredential) ->
     node_agent::certs::client::with_identity(config, &credential.cert_pem, &credential.key_pem)
 }
 
-/// At most this many requests of one pooled connection wait for their response headers at a time; the rest
-/// wait their turn before they reach the connection.
+/// By default at most this many requests of one pooled connection are in flight (sent, waiting for their
+/// response headers) at a time; the rest wait their turn in the client's queue before they reach the
+/// connection (`--requests-in-flight-per-connection`).
 ///
 /// An HTTP/2 connection keeps a table entry per open stream and buffers the frames of streams waiting to open,
 /// in tables that grow to their peak and never shrink. A thousand agents starting at once put a thousand
 /// requests on a handful of connections, and the tables stayed sized for that burst: ~3.9 KiB per idle node
 /// (dhat, 1,000 nodes) against ~1.0 KiB when the same agents started slowly. A watch holds its permit only
 /// until its response starts, so the cap never holds watches back; it is under the API server's 100 streams.
-pub const REQUESTS_AWAITING_RESPONSE: usize = 64;
+///
+/// A lower cap trades the other way (docs/benchmarks.md, "Requests in flight per connection"): a request in
+/// flight holds more in this process than one waiting in the queue, so when the API server is saturated
+/// (10,000 idle nodes on two shared cores) 16 held 1.7–2.0 KiB per node less than 64; but during a burst of
+/// pod starts on a control plane that keeps up (1,000 nodes, 5,000 pods) 16 let requests pile up in the queue
+/// and cost 1.9 KiB more per running pod.
+pub const REQUESTS_IN_FLIGHT: usize = 64;
 
 /// One `kube::Client` speaking HTTP/2 only over a single connection pool.
-pub fn http2_client(config: &kube::Config) -> Result<kube::Client, PoolError> {
+pub fn http2_client(config: &kube::Config, in_flight: usize) -> Result<kube::Client, PoolError> {
     let tls = config.rustls_client_config().map_err(PoolError::Kube)?;
-    http2_client_with(config, tls)
+    http2_client_with(config, tls, in_flight)
 }
 
 /// As [`http2_client`], with a TLS configuration built once for several connections of the same identity:
 /// its clones share one session-resumption cache (~13 KiB each when every connection built its own).
-fn http2_client_with(config: &kube::Config, tls: rustls::ClientConfig) -> Result<kube::Client, PoolError> {
+fn http2_client_with(
+    config: &kube::Config,
+    tls: rustls::ClientConfig,
+    in_flight: usize,
+) -> Result<kube::Client, PoolError> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -100,7 +111,7 @@ fn http2_client_with(config: &kube::Config, tls: rustls::ClientConfig) -> Result
         .option_layer(config.auth_layer().map_err(PoolError::Kube)?)
         .layer(config.extra_headers_layer().map_err(PoolError::Kube)?)
         .map_err(BoxError::from)
-        .concurrency_limit(REQUESTS_AWAITING_RESPONSE)
+        .concurrency_limit(in_flight.max(1))
         .service(hyper);
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
@@ -114,6 +125,8 @@ pub struct PoolLimits {
     pub agents_per_connection: usize,
     /// At most this many per-node watches share one connection; keep it under the server's stream cap.
     pub watches_per_connection: usize,
+    /// At most this many requests of one connection in flight at a time ([`REQUESTS_IN_FLIGHT`]).
+    pub in_flight: usize,
 }
 
 impl Default for PoolLimits {
@@ -125,6 +138,7 @@ impl Default for PoolLimits {
             // grows to once it holds more than 64 (at 80 a fifth of every table stood empty, at 1,000 idle
             // nodes 0.75 KiB more per node than at 96, from the tables and the four extra connections)
             watches_per_connection: 96,
+            in_flight: REQUESTS_IN_FLIGHT,
         }
     }
 }
@@ -136,6 +150,8 @@ pub struct PoolSize {
     pub request_connections: usize,
     /// Connections for pod watches.
     pub watch_connections: usize,
+    /// Requests in flight per connection.
+    pub in_flight: usize,
 }
 
 impl PoolSize {
@@ -156,6 +172,7 @@ impl PoolSize {
         Self {
             request_connections,
             watch_connections,
+            in_flight: limits.in_flight.max(1),
         }
     }
 }
@@ -167,6 +184,7 @@ pub struct ClientPool {
     requests: Vec<ApiClient>,
     watches: Vec<ApiClient>,
     per_node: bool,
+    in_flight: usize,
     fleet: kube::Client,
 }
 
@@ -179,7 +197,7 @@ impl ClientPool {
         let tls = config.rustls_client_config().map_err(PoolError::Kube)?;
         let build = |n: usize| {
             (0..n)
-                .map(|_| http2_client_with(config, tls.clone()).map(ApiClient::new))
+                .map(|_| http2_client_with(config, tls.clone(), size.in_flight).map(ApiClient::new))
                 .collect::<Result<Vec<_>, _>>()
         };
         let requests = build(size.request_connections)?;
@@ -188,36 +206,49 @@ impl ClientPool {
             requests,
             watches: build(size.watch_connections)?,
             per_node: false,
+            in_flight: size.in_flight,
         })
     }
 
     /// One HTTP/2 client per node, each authenticated as that node's kubelet (`system:node:<name>` in
     /// `system:nodes`) with a client certificate minted from `ca`; agent `i` is `names[i]`. The node's
-    /// requests and its pod watch share its one connection. [`ClientPool::fleet_client`] keeps the
-    /// identity of `config` itself.
-    pub fn per_node(config: &kube::Config, names: &[String], ca: &NodeCa) -> Result<Self, PoolError> {
+    /// requests and its pod watch share its one connection, with at most `in_flight` requests in flight.
+    /// [`ClientPool::fleet_client`] keeps the identity of `config` itself.
+    pub fn per_node(
+        config: &kube::Config,
+        names: &[String],
+        ca: &NodeCa,
+        in_flight: usize,
+    ) -> Result<Self, PoolError> {
         let credentials = names
             .iter()
             .map(|name| ca.issue(name))
             .collect::<Result<Vec<_>, _>>()?;
-        Self::per_node_with(config, &credentials)
+        Self::per_node_with(config, &credentials, in_flight)
     }
 
     /// As [`ClientPool::per_node`], with certificates obtained elsewhere (TLS bootstrap): agent `i` is
     /// `credentials[i]`'s node.
-    pub fn per_node_with(config: &kube::Config, credentials: &[NodeCredential]) -> Result<Self, PoolError> {
+    pub fn per_node_with(
+        config: &kube::Config,
+        credentials: &[NodeCredential],
+        in_flight: usize,
+    ) -> Result<Self, PoolError> {
         if credentials.is_empty() {
             return Err(PoolError::Empty);
         }
         let clients = credentials
             .iter()
-            .map(|credential| http2_client(&with_node_identity(config, credential)).map(ApiClient::new))
+            .map(|credential| {
+                http2_client(&with_node_identity(config, credential), in_flight).map(ApiClient::new)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             watches: clients.clone(),
             requests: clients,
             per_node: true,
-            fleet: http2_client(config)?,
+            in_flight: in_flight.max(1),
+            fleet: http2_client(config, in_flight)?,
         })
     }
 
@@ -252,6 +283,7 @@ impl ClientPool {
         PoolSize {
             request_connections: self.requests.len(),
             watch_connections: if self.per_node { 0 } else { self.watches.len() },
+            in_flight: self.in_flight,
         }
     }
 }
@@ -307,7 +339,8 @@ mod tests {
             PoolSize::for_fleet(1000, true, d),
             PoolSize {
                 request_connections: 5,
-                watch_connections: 21
+                watch_connections: 21,
+                in_flight: 64
             },
             "a pod watch and a Node watch per node, 96 per connection"
         );
@@ -316,14 +349,16 @@ mod tests {
             PoolSize::for_fleet(10, true, d),
             PoolSize {
                 request_connections: 1,
-                watch_connections: 1
+                watch_connections: 1,
+                in_flight: 64
             }
         );
         assert_eq!(
             PoolSize::for_fleet(0, true, d),
             PoolSize {
                 request_connections: 1,
-                watch_connections: 1
+                watch_connections: 1,
+                in_flight: 64
             }
         );
         assert_eq!(
@@ -341,5 +376,11 @@ mod tests {
             "an explicit size wins"
         );
         assert_eq!(PoolSize::for_fleet(10_000, true, explicit).watch_connections, 209);
+        let none = PoolLimits { in_flight: 0, ..d };
+        assert_eq!(
+            PoolSize::for_fleet(10, true, none).in_flight,
+            1,
+            "a connection lets at least one request through"
+        );
     }
 }

@@ -162,6 +162,13 @@ struct RunArgs {
     /// keep this below the server's figure.
     #[arg(long, default_value_t = 96)]
     watches_per_connection: usize,
+    /// At most this many requests of one connection are in flight (sent, waiting for their response headers)
+    /// at a time; the others wait in the fleet's queue. A request in flight holds several KB in this process
+    /// for as long as the API server takes to answer, and a saturated server answers no faster with more of
+    /// them waiting on its side. A watch counts only until its response starts.
+    #[arg(long, default_value_t = hollow::client_pool::REQUESTS_IN_FLIGHT,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    requests_in_flight_per_connection: usize,
     /// Pod watch mode.
     #[arg(long, value_enum, default_value_t = WatchArg::PerNode)]
     watch_mode: WatchArg,
@@ -448,6 +455,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             request_connections: args.clients,
             agents_per_connection: args.agents_per_connection,
             watches_per_connection: args.watches_per_connection,
+            in_flight: args.requests_in_flight_per_connection,
         },
     );
     if args.watches_per_connection > 100 && spec.watch_mode == WatchMode::PerNode {
@@ -462,6 +470,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             tracing::info!(
                 request_connections = size.request_connections,
                 watch_connections = size.watch_connections,
+                in_flight_per_connection = size.in_flight,
                 nodes = args.nodes,
                 "API client pool"
             );
@@ -469,7 +478,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         NodeIdentities::Minted(ca) => {
             let names: Vec<String> = (0..args.nodes).map(|i| spec.node_name(i)).collect();
-            let pool = ClientPool::per_node(&kube_config, &names, ca)?;
+            let pool = ClientPool::per_node(&kube_config, &names, ca, size.in_flight)?;
             tracing::info!(
                 connections = args.nodes,
                 nodes = args.nodes,
@@ -496,7 +505,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 took = ?started.elapsed(),
                 "node client certificates issued by TLS bootstrap"
             );
-            let pool = ClientPool::per_node_with(&kube_config, &credentials)?;
+            let pool = ClientPool::per_node_with(&kube_config, &credentials, size.in_flight)?;
             tracing::info!(
                 connections = args.nodes,
                 nodes = args.nodes,

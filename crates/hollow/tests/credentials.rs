@@ -88,13 +88,14 @@ async fn per_node_credentials_make_every_hollow_node_its_own_kubelet() -> anyhow
     let ca = NodeCa::from_files(&pki.join("ca.crt"), &pki.join("ca.key"))?;
     let spec = spec("cred", NODES)?;
     let names: Vec<String> = (0..NODES).map(|i| spec.node_name(i)).collect();
-    let pool = ClientPool::per_node(&config, &names, &ca)?;
+    let pool = ClientPool::per_node(&config, &names, &ca, hollow::client_pool::REQUESTS_IN_FLIGHT)?;
     assert!(pool.is_per_node());
     assert_eq!(
         pool.size(),
         PoolSize {
             request_connections: NODES,
-            watch_connections: 0
+            watch_connections: 0,
+            in_flight: hollow::client_pool::REQUESTS_IN_FLIGHT
         },
         "one connection per node, its watch included"
     );
@@ -295,7 +296,7 @@ async fn bootstrap_credentials_come_from_the_csr_api() -> anyhow::Result<()> {
         );
     }
 
-    let pool = ClientPool::per_node_with(&config, &credentials)?;
+    let pool = ClientPool::per_node_with(&config, &credentials, hollow::client_pool::REQUESTS_IN_FLIGHT)?;
     let fleet = Fleet::start(
         &spec,
         &pool,

@@ -248,6 +248,9 @@ fn start_binary(kubeconfig: &std::path::Path, port: u16) -> anyhow::Result<Child
             "restart-{index}",
             "--clients",
             "2",
+            // ten nodes per connection, two of their requests in flight at a time: the rest queue in the fleet
+            "--requests-in-flight-per-connection",
+            "2",
         ])
         .arg("--kubeconfig")
         .arg(kubeconfig)
@@ -256,6 +259,20 @@ fn start_binary(kubeconfig: &std::path::Path, port: u16) -> anyhow::Result<Child
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?)
+}
+
+#[test]
+fn a_connection_that_lets_no_request_through_is_refused() -> anyhow::Result<()> {
+    let out = Command::new(env!("CARGO_BIN_EXE_hollow"))
+        .args(["run", "--nodes", "1", "--requests-in-flight-per-connection", "0"])
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--requests-in-flight-per-connection") && stderr.contains("0 is not in 1.."),
+        "{stderr}"
+    );
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -157,12 +157,21 @@ pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
 
 /// VmRSS of a process, in bytes.
 pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    status_bytes(pid, "VmRSS")
+}
+
+/// The most resident memory process `pid` has had since it started (`VmHWM`), in bytes.
+pub fn peak_rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    status_bytes(pid, "VmHWM")
+}
+
+fn status_bytes(pid: u32, field: &str) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kb: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next())
-        .context("VmRSS")?
+        .with_context(|| field.to_owned())?
         .parse()?;
     Ok(kb * 1024)
 }

@@ -4,12 +4,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use testenv::process::{cpu_seconds, rss_bytes};
+pub use testenv::process::{cpu_seconds, peak_rss_bytes, rss_bytes};
 
 /// A fleet process's figures over one window.
 pub struct Window {
     /// RSS at the end of the window.
     pub rss: u64,
+    /// The most RSS the process has had since it started (its start-up and bursts included).
+    pub peak_rss: u64,
     /// CPU milliseconds per node per minute over the window.
     pub cpu_ms_per_node_minute: f64,
     /// API requests per second by "verb resource" (hollow's own accounting; empty for KWOK).
@@ -36,6 +38,7 @@ where
         .collect();
     Ok(Window {
         rss: rss_bytes(pid)?,
+        peak_rss: peak_rss_bytes(pid)?,
         cpu_ms_per_node_minute: cpu * 1000.0 / nodes as f64 / (secs / 60.0),
         requests,
     })
