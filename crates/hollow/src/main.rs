@@ -163,9 +163,10 @@ struct RunArgs {
     #[arg(long, default_value_t = 96)]
     watches_per_connection: usize,
     /// At most this many requests of one connection are in flight (sent, waiting for their response headers)
-    /// at a time; the others wait in the fleet's queue. A request in flight holds several KB in this process
-    /// for as long as the API server takes to answer, and a saturated server answers no faster with more of
-    /// them waiting on its side. A watch counts only until its response starts.
+    /// at a time; the others wait in the fleet's queue. A watch counts only until its response starts. A
+    /// request in flight holds more memory here than one queued, for as long as the API server takes to
+    /// answer: on a saturated API server a lower figure holds less; on one that keeps up, a burst of pod
+    /// starts queues behind a low figure instead (docs/benchmarks.md).
     #[arg(long, default_value_t = hollow::client_pool::REQUESTS_IN_FLIGHT,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     requests_in_flight_per_connection: usize,
