@@ -43,7 +43,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a fleet until interrupted.
-    Run(RunArgs),
+    // boxed: the other commands' arguments are far smaller
+    Run(Box<RunArgs>),
     /// Create pods at a pace, measure their start-up (cluster side and the fleet's stages) and report the
     /// pod start-up SLO verdict; exits 3 when the SLO is not met.
     Slo(hollow::slo::cli::SloArgs),
@@ -268,7 +269,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Run(args) => {
             #[cfg(all(feature = "jemalloc", not(feature = "dhat-heap")))]
             allocator::background_threads();
-            run(args).await
+            run(*args).await
         }
         Command::Slo(args) => {
             if !hollow::slo::cli::main(args).await? {
