@@ -176,6 +176,12 @@ pub(crate) struct RunArgs {
     /// Node registrations started per second.
     #[arg(long, default_value_t = 100.0)]
     pub(crate) register_qps: f64,
+    /// At most this many started nodes wait for their registration at a time; the next node starts when one
+    /// of them is registered. A node's start-up writes wait in the fleet's queues with their bodies while the
+    /// API server is behind, so this keeps a fleet larger than the server registers at once from holding all
+    /// of them (and the memory of that peak). 0: no limit, --register-qps alone paces the start.
+    #[arg(long, default_value_t = hollow::fleet::REGISTRATIONS_IN_FLIGHT)]
+    pub(crate) registrations_in_flight: usize,
     /// Node profiles YAML (capacity, labels, taints, zones, shares of the fleet).
     #[arg(long)]
     pub(crate) profiles: Option<PathBuf>,

@@ -1,5 +1,6 @@
 //! The fleet: N node agents, each with its own fake runtime, node identity, lease and status loop, started at
-//! a bounded registration rate and stopped together.
+//! a bounded registration rate (and no faster than the API server registers them, see [`crate::start_gate`])
+//! and stopped together.
 //!
 //! Shared by every agent: the client pool, one `KubeletConfig` per profile, the runtime profile and the
 //! metrics. Held per agent: its `RunningAgent` handle and its `FakeRuntime`.
@@ -23,6 +24,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client_pool::ClientPool;
 use crate::profiles::{Assignment, Profile};
+use crate::start_gate::StartGate;
+
+/// How many started nodes may wait for their registration by default (`--registrations-in-flight`).
+pub const REGISTRATIONS_IN_FLIGHT: usize = 25;
 
 /// Label every hollow node carries, naming its profile.
 pub const PROFILE_LABEL: &str = "hollow.node-agent.io/profile";
@@ -106,6 +111,9 @@ pub struct FleetSpec {
     pub kubelet_api: Option<KubeletApi>,
     /// Registrations started per second.
     pub register_qps: f64,
+    /// At most this many started nodes wait for their registration; the next starts when one is registered
+    /// (0: no limit; see [`crate::start_gate`]).
+    pub registrations_in_flight: usize,
     /// Base kubelet settings (each profile adjusts max pods and taints).
     pub kubelet: KubeletConfig,
     /// Garbage collection settings of every node (the kubelet's flags; default: the kubelet's defaults).
@@ -143,6 +151,7 @@ impl FleetSpec {
             kubelet_port: 10250,
             kubelet_api: None,
             register_qps: 100.0,
+            registrations_in_flight: REGISTRATIONS_IN_FLIGHT,
             kubelet: KubeletConfig::default(),
             gc: Default::default(),
             profiles,
@@ -482,12 +491,15 @@ impl Fleet {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let step = (spec.nodes / 20).max(1);
+        let mut gate = StartGate::new(spec.registrations_in_flight);
         for index in 0..spec.nodes.min(spec.assignments.len()) {
-            if token.is_cancelled() {
-                break;
+            tokio::select! {
+                () = token.cancelled() => break,
+                () = async { tick.tick().await; gate.admit().await } => {}
             }
-            tick.tick().await;
-            nodes.push(factory.start_node(index)?);
+            let node = factory.start_node(index)?;
+            gate.started(node.agent.context().registered.clone());
+            nodes.push(node);
             if (index + 1) % step == 0 || index + 1 == spec.nodes {
                 tracing::info!(started = index + 1, of = spec.nodes, "starting hollow nodes");
             }

@@ -8,6 +8,7 @@
 //! * [`credentials`] — per-node client certificates (`system:node:<name>`) minted from the cluster's client CA.
 //! * [`bootstrap`] — per-node client certificates requested from the cluster (TLS bootstrap).
 //! * [`fleet`] — building, starting (rate-limited) and stopping the agents.
+//! * [`start_gate`] — the start paced by registrations: at most so many nodes waiting for theirs.
 //! * [`chaos`] — runtime outages, flapping heartbeats and node churn on a running fleet.
 //! * [`cidrs`] — per-node pod CIDRs from a fleet-wide range, for clusters that allocate none.
 //! * [`probes`] — network probes answered from each node's fake runtime script.
@@ -28,4 +29,5 @@ pub mod profiles;
 pub mod progress;
 pub mod server;
 pub mod slo;
+pub mod start_gate;
 pub mod statefulset;

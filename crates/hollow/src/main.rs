@@ -221,6 +221,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         kubelet_port: ports.kubelet,
         kubelet_api: None,
         register_qps: args.register_qps,
+        registrations_in_flight: args.registrations_in_flight,
         kubelet,
         gc: Default::default(),
         profiles: profile_list,

@@ -251,6 +251,9 @@ fn start_binary(kubeconfig: &std::path::Path, port: u16) -> anyhow::Result<Child
             // ten nodes per connection, two of their requests in flight at a time: the rest queue in the fleet
             "--requests-in-flight-per-connection",
             "2",
+            // and one node at a time waiting for its registration: each starts when the one before is registered
+            "--registrations-in-flight",
+            "1",
         ])
         .arg("--kubeconfig")
         .arg(kubeconfig)
