@@ -436,8 +436,9 @@ impl NodeFactory {
 }
 
 impl Fleet {
-    /// Starts every node, at most `register_qps` per second, logging progress; returns once all are started
-    /// (registration itself completes in the background). `fleet_qps` > 0 caps the API requests of all agents
+    /// Starts every node, at most `register_qps` per second and with at most `registrations_in_flight` of them
+    /// waiting for their registration at a time, logging progress; returns once all are started (the last
+    /// registrations complete in the background). `fleet_qps` > 0 caps the API requests of all agents
     /// together (on top of each agent's own kubeAPIQPS), with bursts of the same size.
     pub async fn start(
         spec: &FleetSpec,
