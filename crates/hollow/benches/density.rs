@@ -70,6 +70,20 @@ async fn api_requests(port: u16) -> anyhow::Result<BTreeMap<String, f64>> {
     Ok(out)
 }
 
+/// The fleet's heap figures from its allocator (`hollow_heap_bytes` by kind; empty without jemalloc).
+async fn heap_figures(port: u16) -> anyhow::Result<BTreeMap<String, u64>> {
+    let body = fetch_metrics(port).await?;
+    let mut out = BTreeMap::new();
+    for line in body.lines() {
+        let Some(rest) = line.strip_prefix("hollow_heap_bytes{kind=\"") else {
+            continue;
+        };
+        let (kind, value) = rest.split_once("\"} ").context("heap metric line")?;
+        out.insert(kind.to_owned(), value.trim().parse()?);
+    }
+    Ok(out)
+}
+
 async fn fetch_metrics(port: u16) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
@@ -116,6 +130,10 @@ struct Row {
     peak_rss: u64,
     /// RSS with pods minus RSS idle, per pod (pod rows only).
     rss_per_pod: Option<f64>,
+    /// The file-backed part of `rss` (the binary's pages).
+    file_rss: u64,
+    /// The allocator's figures at the end of the window (hollow with jemalloc): bytes allocated, resident.
+    heap: Option<(u64, u64)>,
     cpu_ms_per_node_minute: f64,
     requests: BTreeMap<String, f64>,
 }
@@ -199,6 +217,11 @@ async fn measure(
             None => Ok(BTreeMap::new()),
         }
     };
+    // the allocator's allocated and resident bytes, if the fleet reports them
+    let read_heap = |port: Option<u16>| async move {
+        let figures = heap_figures(port?).await.ok()?;
+        Some((*figures.get("allocated")?, *figures.get("resident")?))
+    };
     let out = async {
         let client = cp.admin_client().await?;
         let api: Api<Node> = Api::all(client.clone());
@@ -208,6 +231,7 @@ async fn measure(
         tokio::time::sleep(Duration::from_secs(20)).await;
         let w = process::window(pid, nodes, idle, requests).await?;
         let idle_rss = w.rss;
+        let heap = read_heap(port).await;
         let mut rows = vec![Row {
             fleet,
             nodes,
@@ -216,6 +240,8 @@ async fn measure(
             rss: w.rss,
             peak_rss: w.peak_rss,
             rss_per_pod: None,
+            file_rss: w.file_rss,
+            heap,
             cpu_ms_per_node_minute: w.cpu_ms_per_node_minute,
             requests: w.requests,
         }];
@@ -228,6 +254,7 @@ async fn measure(
             let pods_secs = cluster::run_bound_pods(&client, fleet.prefix(), nodes, pods_per_node).await?;
             tokio::time::sleep(Duration::from_secs(20)).await;
             let w = process::window(pid, nodes, idle, requests).await?;
+            let heap = read_heap(port).await;
             rows.push(Row {
                 fleet,
                 nodes,
@@ -236,6 +263,8 @@ async fn measure(
                 rss: w.rss,
                 peak_rss: w.peak_rss,
                 rss_per_pod: Some((w.rss as f64 - idle_rss as f64) / pods as f64),
+                file_rss: w.file_rss,
+                heap,
                 cpu_ms_per_node_minute: w.cpu_ms_per_node_minute,
                 requests: w.requests,
             });
@@ -301,6 +330,7 @@ fn print_tables(rows: &[Row]) {
         );
     }
     print_targets(rows);
+    print_memory_split(rows);
     let pairs: Vec<(&Row, &Row)> = rows
         .iter()
         .filter(|r| r.fleet == Fleet::Hollow)
@@ -330,6 +360,36 @@ fn print_tables(rows: &[Row]) {
             h.rss_per_node_kib() / k.rss_per_node_kib(),
             per_pod,
             h.cpu_ms_per_node_minute / k.cpu_ms_per_node_minute
+        );
+    }
+}
+
+/// Where each hollow row's resident memory is, per node: the live heap (what the allocator has handed out), the
+/// allocator's own share (its resident pages beyond that: size-class rounding, free space in part-used pages,
+/// its metadata), the binary's pages (file-backed) and the rest (thread stacks, anything mapped outside the
+/// allocator).
+fn print_memory_split(rows: &[Row]) {
+    let split: Vec<_> = rows
+        .iter()
+        .filter_map(|r| r.heap.map(|(allocated, resident)| (r, allocated, resident)))
+        .collect();
+    if split.is_empty() {
+        return;
+    }
+    println!("\n| hollow | RSS per node | live heap | allocator's own | binary's pages | rest |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (r, allocated, resident) in split {
+        let per_node = |bytes: f64| bytes / 1024.0 / r.nodes as f64;
+        let rest = r.rss as f64 - resident as f64 - r.file_rss as f64;
+        println!(
+            "| {} nodes, {} pods | {:.1} KiB | {:.1} KiB | {:.1} KiB | {:.1} KiB | {:.1} KiB |",
+            r.nodes,
+            r.pods,
+            r.rss_per_node_kib(),
+            per_node(allocated as f64),
+            per_node(resident.saturating_sub(allocated) as f64),
+            per_node(r.file_rss as f64),
+            per_node(rest),
         );
     }
 }

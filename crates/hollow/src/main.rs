@@ -244,6 +244,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     gauges.register(&mut registry);
     let chaos_metrics = ChaosMetrics::default();
     chaos_metrics.register(&mut registry);
+    #[cfg(all(feature = "jemalloc", not(feature = "dhat-heap")))]
+    registry.register_collector(Box::new(allocator::HeapCollector));
     let registry = Arc::new(registry);
     if args.serve_kubelet_api {
         spec.kubelet_api = Some(KubeletApi {

@@ -165,6 +165,12 @@ pub fn peak_rss_bytes(pid: u32) -> anyhow::Result<u64> {
     status_bytes(pid, "VmHWM")
 }
 
+/// The part of process `pid`'s resident memory that is file-backed (`RssFile`: mostly its binary's and
+/// libraries' pages, which the kernel can drop and read again), in bytes.
+pub fn file_rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    status_bytes(pid, "RssFile")
+}
+
 fn status_bytes(pid: u32, field: &str) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kb: u64 = status

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use testenv::process::{cpu_seconds, peak_rss_bytes, rss_bytes};
+pub use testenv::process::{cpu_seconds, file_rss_bytes, peak_rss_bytes, rss_bytes};
 
 /// A fleet process's figures over one window.
 pub struct Window {
@@ -12,6 +12,8 @@ pub struct Window {
     pub rss: u64,
     /// The most RSS the process has had since it started (its start-up and bursts included).
     pub peak_rss: u64,
+    /// The file-backed part of `rss` (the binary's pages).
+    pub file_rss: u64,
     /// CPU milliseconds per node per minute over the window.
     pub cpu_ms_per_node_minute: f64,
     /// API requests per second by "verb resource" (hollow's own accounting; empty for KWOK).
@@ -39,6 +41,7 @@ where
     Ok(Window {
         rss: rss_bytes(pid)?,
         peak_rss: peak_rss_bytes(pid)?,
+        file_rss: file_rss_bytes(pid)?,
         cpu_ms_per_node_minute: cpu * 1000.0 / nodes as f64 / (secs / 60.0),
         requests,
     })
