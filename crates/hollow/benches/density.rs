@@ -132,8 +132,8 @@ struct Row {
     rss_per_pod: Option<f64>,
     /// The file-backed part of `rss` (the binary's pages).
     file_rss: u64,
-    /// The allocator's figures at the end of the window (hollow with jemalloc): bytes allocated, resident.
-    heap: Option<(u64, u64)>,
+    /// The live heap at the end of the window, as the allocator counts it (hollow with jemalloc).
+    heap: Option<u64>,
     cpu_ms_per_node_minute: f64,
     requests: BTreeMap<String, f64>,
 }
@@ -217,10 +217,10 @@ async fn measure(
             None => Ok(BTreeMap::new()),
         }
     };
-    // the allocator's allocated and resident bytes, if the fleet reports them
+    // the allocator's allocated bytes, if the fleet reports them
     let read_heap = |port: Option<u16>| async move {
         let figures = heap_figures(port?).await.ok()?;
-        Some((*figures.get("allocated")?, *figures.get("resident")?))
+        figures.get("allocated").copied()
     };
     let out = async {
         let client = cp.admin_client().await?;
@@ -365,31 +365,29 @@ fn print_tables(rows: &[Row]) {
 }
 
 /// Where each hollow row's resident memory is, per node: the live heap (what the allocator has handed out), the
-/// allocator's own share (its resident pages beyond that: size-class rounding, free space in part-used pages,
-/// its metadata), the binary's pages (file-backed) and the rest (thread stacks, anything mapped outside the
-/// allocator).
+/// rest of the anonymous memory (the allocator's size-class rounding, free space in its part-used pages and its
+/// metadata, thread stacks) and the binary's pages (file-backed).
 fn print_memory_split(rows: &[Row]) {
     let split: Vec<_> = rows
         .iter()
-        .filter_map(|r| r.heap.map(|(allocated, resident)| (r, allocated, resident)))
+        .filter_map(|r| r.heap.map(|allocated| (r, allocated)))
         .collect();
     if split.is_empty() {
         return;
     }
-    println!("\n| hollow | RSS per node | live heap | allocator's own | binary's pages | rest |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    for (r, allocated, resident) in split {
+    println!("\n| hollow | RSS per node | live heap | other anonymous memory | binary's pages |");
+    println!("|---|---:|---:|---:|---:|");
+    for (r, allocated) in split {
         let per_node = |bytes: f64| bytes / 1024.0 / r.nodes as f64;
-        let rest = r.rss as f64 - resident as f64 - r.file_rss as f64;
+        let anonymous = r.rss.saturating_sub(r.file_rss);
         println!(
-            "| {} nodes, {} pods | {:.1} KiB | {:.1} KiB | {:.1} KiB | {:.1} KiB | {:.1} KiB |",
+            "| {} nodes, {} pods | {:.1} KiB | {:.1} KiB | {:.1} KiB | {:.1} KiB |",
             r.nodes,
             r.pods,
             r.rss_per_node_kib(),
             per_node(allocated as f64),
-            per_node(resident.saturating_sub(allocated) as f64),
+            per_node(anonymous.saturating_sub(allocated) as f64),
             per_node(r.file_rss as f64),
-            per_node(rest),
         );
     }
 }
