@@ -2,9 +2,9 @@
 //! multiplexed over.
 //!
 //! `kube::Client::try_from(config)` speaks HTTP/1.1 only, so a thousand agents each holding a watch would hold
-//! a thousand TCP+TLS connections. Here each pooled client is a `kube::Client` over a hyper client that speaks
-//! only HTTP/2 (ALPN `h2`, set by the connector), built from kube's own TLS configuration, base-URI and auth
-//! layers.
+//! a thousand TCP+TLS connections. Here each pooled client is a `kube::Client` over one HTTP/2 connection
+//! ([`H2Connection`]: ALPN `h2`, set by the connector), built from kube's own TLS configuration, base-URI and
+//! auth layers.
 //!
 //! The API server advertises at most 100 concurrent streams per HTTP/2 connection
 //! (`--http2-max-streams-per-connection`, whose default is 100 since the HTTP/2 rapid-reset fixes), and a
@@ -26,18 +26,13 @@
 //! TCP+TLS connection with its buffers per node, on both sides, where shared credentials put ~200 nodes'
 //! requests on one connection and 80 nodes' watches on another.
 
-use std::time::Duration;
-
-use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use kube::client::{Body, ConfigExt};
+use kube::client::ConfigExt;
 use node_agent::client::ApiClient;
 use tower::ServiceBuilder;
 
 use crate::credentials::{CredentialsError, NodeCa, NodeCredential};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::h2_connection::H2Connection;
 
 /// Errors building pooled clients.
 #[derive(Debug, thiserror::Error)]
@@ -98,21 +93,13 @@ fn http2_client_with(
         .https_or_http()
         .enable_http2()
         .wrap_connector(http);
-    let hyper: HyperClient<_, Body> = HyperClient::builder(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .pool_timer(TokioTimer::new())
-        .http2_only(true)
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .http2_keep_alive_while_idle(true)
-        .pool_max_idle_per_host(1)
-        .build(https);
+    let connection = H2Connection::new(https, config.cluster_url.clone());
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer().map_err(PoolError::Kube)?)
         .layer(config.extra_headers_layer().map_err(PoolError::Kube)?)
-        .map_err(BoxError::from)
         .concurrency_limit(in_flight.max(1))
-        .service(hyper);
+        .service(connection);
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
 

@@ -24,6 +24,7 @@ pub mod cidrs;
 pub mod client_pool;
 pub mod credentials;
 pub mod fleet;
+pub mod h2_connection;
 pub mod probes;
 pub mod profiles;
 pub mod progress;
