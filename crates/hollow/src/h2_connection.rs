@@ -24,9 +24,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, Request, Response, Uri};
-use hyper::body::{Bytes, Frame};
+use http_body::Frame;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
