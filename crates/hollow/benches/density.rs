@@ -147,10 +147,9 @@ impl Row {
 /// The allocator's own figures (`hollow_heap_bytes`), bytes.
 #[derive(Debug, Clone, Copy)]
 struct Heap {
-    /// Handed out and not freed: the live heap.
+    /// Handed out and not freed, each allocation counted at its size class: the live heap.
     allocated: u64,
-    /// In pages holding live allocations (the live heap, its size-class rounding and the free room in part-used
-    /// pages).
+    /// In pages holding live allocations: the live heap and the free room in part-used pages.
     active: u64,
 }
 
@@ -378,8 +377,8 @@ fn print_tables(rows: &[Row]) {
 }
 
 /// Where each hollow row's resident memory is, per node, in parts that add up to it: the live heap (what the
-/// allocator has handed out); the allocator's rounding to size classes and the free room in its part-used pages
-/// (active − allocated); the rest of the anonymous memory (the allocator's metadata and the freed pages it has not
+/// allocator has handed out, at its size classes); the free room in the allocator's part-used pages (active −
+/// allocated); the rest of the anonymous memory (the allocator's metadata and the freed pages it has not
 /// given back yet, thread stacks, memory outside the allocator); and the binary's pages (file-backed).
 fn print_memory_split(rows: &[Row]) {
     let split: Vec<_> = rows.iter().filter_map(|r| r.heap.map(|heap| (r, heap))).collect();
@@ -387,7 +386,7 @@ fn print_memory_split(rows: &[Row]) {
         return;
     }
     println!(
-        "\n| hollow | RSS per node | live heap | rounding, part-used pages | other anonymous | binary's pages |"
+        "\n| hollow | RSS per node | live heap | free room in part-used pages | other anonymous | binary's pages |"
     );
     println!("|---|---:|---:|---:|---:|---:|");
     for (r, heap) in split {
