@@ -272,8 +272,12 @@ async fn init_containers_run_in_order_sidecar_stays_and_oversized_pod_is_refused
                 .starts_with("Pod was rejected: Node didn't have enough resource: cpu, requested: 64000")),
         "{s:?}"
     );
-    let events = pod_events(&admin, "pl-init", "big").await?;
-    assert!(events.iter().any(|(r, _)| r == "OutOfcpu"), "{events:?}");
+    // the event is written on its own, after the status the wait above saw
+    e2e::wait_for("big: an OutOfcpu event", Duration::from_secs(30), || async {
+        let events = pod_events(&admin, "pl-init", "big").await?;
+        Ok(events.iter().any(|(r, _)| r == "OutOfcpu").then_some(()))
+    })
+    .await?;
     stop(a).await;
     Ok(())
 }
