@@ -179,8 +179,12 @@ async fn private_images_pull_only_with_their_secret_and_missing_tags_back_off() 
     })
     .await
     .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
-    let seen = reasons(&events, "with-secret").await?;
-    assert!(seen.iter().any(|s| s == "Pulled"), "{seen:?}");
+    // events are written on their own, after the status the wait above saw
+    wait_for("with-secret: a Pulled event", Duration::from_secs(30), || async {
+        let seen = reasons(&events, "with-secret").await?;
+        Ok(seen.iter().any(|s| s == "Pulled").then_some(()))
+    })
+    .await?;
 
     // a tag that does not exist: ErrImagePull, then back-off
     let missing = format!("{}/private/busybox:nope", registry.addr);
