@@ -190,17 +190,29 @@ async fn readiness_liveness_pod_network_and_oom() -> anyhow::Result<()> {
         "{text}"
     );
 
-    // OOM: terminated by the kernel at its memory limit
-    let terminated = wait_for("oom terminated", Duration::from_secs(60), || async {
+    // OOM: terminated by the kernel at its memory limit. The runtime may see the exit before it learns of the OOM
+    // kill (the container's reason is `Error` until then); the pod's final status, read afresh once its
+    // containers stopped, carries `OOMKilled`.
+    let terminated = wait_for("oom terminated as OOMKilled", Duration::from_secs(60), || async {
         let p = pods.get("oom").await?;
         Ok(p.status
             .and_then(|s| s.container_statuses)
             .and_then(|c| c.into_iter().next())
             .and_then(|c| c.state)
-            .and_then(|s| s.terminated))
+            .and_then(|s| s.terminated)
+            .filter(|t| t.reason.as_deref() == Some("OOMKilled")))
     })
-    .await
-    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    .await;
+    let terminated = match terminated {
+        Ok(t) => t,
+        Err(e) => {
+            let status = pods.get("oom").await?.status;
+            anyhow::bail!(
+                "{e:#}\npod status: {status:?}\nagent log:\n{}",
+                node.agent_log_tail()
+            );
+        }
+    };
     assert_eq!(
         (terminated.reason.as_deref(), terminated.exit_code),
         (Some("OOMKilled"), 137),

@@ -195,6 +195,15 @@ pub struct SandboxRecord {
     pub ips: Vec<String>,
 }
 
+/// Whether [`RuntimeView::refresh`] asks again for the status of containers it saw exited before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reread {
+    /// Known exited containers keep their records (every sync).
+    Kept,
+    /// Their status is read again (the pod's final status, once).
+    Exited,
+}
+
 /// A pod's sandboxes and containers, newest first.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RuntimeView {
@@ -227,8 +236,11 @@ impl RuntimeView {
         self.containers.iter().filter(|c| c.name == name).nth(1)
     }
 
-    /// Re-reads the pod's objects from the runtime.
-    pub async fn refresh(&mut self, ctx: &AgentCtx, uid: &str) -> Result<(), RuntimeError> {
+    /// Re-reads the pod's objects from the runtime. A container seen before in the same state keeps its record,
+    /// unless `exited` is [`Reread::Exited`]: then an exited container's status is asked for again (its reason
+    /// can still change after its exit was first seen, e.g. to `OOMKilled` when the runtime learns of the
+    /// kernel's OOM kill after the exit itself).
+    pub async fn refresh(&mut self, ctx: &AgentCtx, uid: &str, exited: Reread) -> Result<(), RuntimeError> {
         let sandboxes = ctx
             .rt(
                 "list_podsandbox",
@@ -301,10 +313,11 @@ impl RuntimeView {
         let mut fresh = Vec::with_capacity(containers.len());
         for c in containers {
             let state = CState::from_cri(c.state);
+            let reuse = exited == Reread::Kept || state != CState::Exited;
             if let Some(known) = self
                 .containers
                 .iter()
-                .find(|k| *k.id == *c.id && k.state == state)
+                .find(|k| reuse && *k.id == *c.id && k.state == state)
             {
                 fresh.push(known.clone());
                 continue;

@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use super::context::AgentCtx;
 use super::kill;
 use super::labels;
-use super::observed::RuntimeView;
+use super::observed::{Reread, RuntimeView};
 use super::volumes;
 
 /// How often a real node sweeps (the kubelet's housekeeping runs every 2 s; a node-agent pod worker cleans up
@@ -175,7 +175,7 @@ async fn remove(ctx: &AgentCtx, uid: &str, held: Held) {
 /// (which ran out while nobody watched), so containers get the 2 s minimum and no preStop hook.
 async fn remove_from_runtime(ctx: &AgentCtx, uid: &str) -> Result<(), runtime_api::RuntimeError> {
     let mut view = RuntimeView::default();
-    view.refresh(ctx, uid).await?;
+    view.refresh(ctx, uid, Reread::Kept).await?;
     for c in view.containers.iter().filter(|c| c.running()) {
         kill::stop_container(ctx, &c.id, 2).await?;
     }

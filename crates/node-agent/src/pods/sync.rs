@@ -15,6 +15,7 @@ use super::images::ImageState;
 use super::kill;
 use super::labels;
 use super::metrics::Stage;
+use super::observed::Reread;
 use super::plan::{self, Start};
 use super::probes::ProbeOutcome;
 use super::security;
@@ -46,7 +47,7 @@ impl PodWorker {
         }
         let ctx = self.ctx.clone();
         let pod = self.pod.clone();
-        self.view.refresh(&ctx, &pod.uid).await?;
+        self.view.refresh(&ctx, &pod.uid, Reread::Kept).await?;
         if !self.ensure_cgroup().await {
             self.report_status();
             return Ok(());
@@ -83,7 +84,7 @@ impl PodWorker {
                     ctx.events.pod(&pod, EventType::Normal, "SandboxChanged", msg);
                 }
                 self.create_sandbox(attempt).await?;
-                self.view.refresh(&ctx, &pod.uid).await?;
+                self.view.refresh(&ctx, &pod.uid, Reread::Kept).await?;
                 continue;
             }
             let mut changed = !plan.kill.is_empty();
@@ -95,7 +96,7 @@ impl PodWorker {
                 }
             }
             if changed {
-                self.view.refresh(&ctx, &pod.uid).await?;
+                self.view.refresh(&ctx, &pod.uid, Reread::Kept).await?;
             }
             break;
         }

@@ -24,7 +24,7 @@ use super::context::AgentCtx;
 use super::control::KillCause;
 use super::images::Images;
 use super::kill;
-use super::observed::RuntimeView;
+use super::observed::{Reread, RuntimeView};
 use super::probes::ProbeResults;
 use super::probes::prober;
 use super::status::{Phase, StatusMsg};
@@ -218,7 +218,7 @@ impl PodWorker {
     /// Stops everything, reports the final status.
     async fn terminate(&mut self) -> Result<(), runtime_api::RuntimeError> {
         self.stop_prober();
-        self.view.refresh(&self.ctx, &self.pod.uid).await?;
+        self.view.refresh(&self.ctx, &self.pod.uid, Reread::Kept).await?;
         let grace_secs = match self.killed() {
             // the pod's own grace period when shorter, as the kubelet's shutdown manager does
             Some((limit, KillCause::Shutdown)) => self.pod.grace_secs().min(*limit),
@@ -228,7 +228,11 @@ impl PodWorker {
         };
         let grace = Duration::from_secs(u64::try_from(grace_secs).unwrap_or(0));
         kill::kill_pod(&self.ctx, &self.pod, &self.view, grace).await?;
-        self.view.refresh(&self.ctx, &self.pod.uid).await?;
+        // the final view: every exited container's status read again, as the kubelet reads the runtime afresh
+        // for a terminating pod's last status
+        self.view
+            .refresh(&self.ctx, &self.pod.uid, Reread::Exited)
+            .await?;
         if self.killed().is_some() && self.terminal.is_none() {
             self.terminal = Some(Phase::Failed);
         }
@@ -259,13 +263,13 @@ impl PodWorker {
             self.counted_running = false;
             self.ctx.metrics.running_pods(-1);
         }
-        // The final status comes from the view taken right after the containers stopped, once: a terminal
-        // status does not change, and later views lose the containers as they are removed (a retry after a
-        // failed removal would otherwise report them as never started).
-        // A pod whose terminal status is already written (by this worker, or before an agent restart) keeps it:
-        // its containers may be gone from the runtime by now.
-        let reported_terminal = self.last.as_ref().is_some_and(|l| l.terminal);
-        if first && self.rejected.is_none() && !self.removed && !reported_terminal {
+        // The final status comes from the view taken right after the containers stopped, once: later views
+        // lose the containers as they are removed (a retry after a failed removal would otherwise report them
+        // as never started). When this worker already wrote a terminal status it is written again only if that
+        // view changed it (an exit's reason the runtime settled late, e.g. `OOMKilled`). A pod whose terminal
+        // status was written before an agent restart keeps it: its containers may be gone from the runtime.
+        let terminal_before_start = self.last.as_ref().is_some_and(|l| l.terminal && !l.ours);
+        if first && self.rejected.is_none() && !self.removed && !terminal_before_start {
             self.report_status();
         }
         if first {
@@ -277,7 +281,7 @@ impl PodWorker {
         if !(self.removed || self.pod.deletion.is_some()) {
             return Ok(());
         }
-        self.view.refresh(&self.ctx, &self.pod.uid).await?;
+        self.view.refresh(&self.ctx, &self.pod.uid, Reread::Kept).await?;
         kill::remove_pod(&self.ctx, &self.view).await?;
         let uid = self.pod.uid.clone();
         volumes::cleanup(&self.ctx, &uid).await;

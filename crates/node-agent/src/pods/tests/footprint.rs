@@ -12,6 +12,7 @@ use super::super::PodConfig;
 use super::super::context::AgentCtx;
 use super::super::events::{MemoryEvents, Recorder};
 use super::super::metrics::PodMetrics;
+use super::super::observed::Reread;
 use super::super::source::PodEvent;
 use super::super::status::StatusHandle;
 use super::{Harness, fake_probes, node_view, pod};
@@ -74,7 +75,7 @@ async fn an_idle_pod_workers_future_stays_small() {
     // back-off and the relisting loop were held in place
     assert!(pleg <= 528, "the PLEG's run future is {pleg} bytes");
     let mut view = super::super::observed::RuntimeView::default();
-    let refresh = size_of_val(&view.refresh(&ctx, "u1"));
+    let refresh = size_of_val(&view.refresh(&ctx, "u1", Reread::Kept));
     println!("runtime view refresh {refresh} bytes");
     // a sync or a termination holds it (boxed with the step, while the step runs): 3,656 bytes while the status
     // answer was bound apart and the termination message read in place
@@ -159,8 +160,8 @@ async fn runtime_records_share_image_names_and_sandbox_ids() {
         super::super::observed::RuntimeView::default(),
         super::super::observed::RuntimeView::default(),
     );
-    a.refresh(&ctx, "uid-a").await.unwrap();
-    b.refresh(&ctx, "uid-b").await.unwrap();
+    a.refresh(&ctx, "uid-a", Reread::Kept).await.unwrap();
+    b.refresh(&ctx, "uid-b", Reread::Kept).await.unwrap();
     let (ca, cb) = (a.latest("app").unwrap(), b.latest("app").unwrap());
     assert_eq!(ca.image(), reported.image.as_str());
     assert_eq!(ca.image_ref(), reported.image_id.as_str());

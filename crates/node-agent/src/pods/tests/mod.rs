@@ -310,8 +310,22 @@ impl Harness {
 }
 
 /// The fake runtime without an event stream (like containerd 1.6): the agent must fall back to relisting.
+/// With `oom_seen_late`, an OOM-killed container is reported as `Error` (exit 137) the first time its status
+/// is asked for after its exit, and as `OOMKilled` after that: containerd 1.6 when it handles a container's
+/// exit before the kernel's OOM event.
 #[derive(Clone)]
-pub(super) struct NoEventStream(pub FakeRuntime);
+pub(super) struct NoEventStream(pub FakeRuntime, pub Option<Arc<OomSeenLate>>);
+
+/// The containers whose late OOM reason was held back once (see [`NoEventStream`]).
+#[derive(Default)]
+pub(super) struct OomSeenLate(std::sync::Mutex<std::collections::HashSet<String>>);
+
+impl OomSeenLate {
+    /// How many containers were first reported as `Error`.
+    pub(super) fn held_back(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
 
 #[async_trait::async_trait]
 impl Runtime for NoEventStream {
@@ -385,7 +399,15 @@ impl Runtime for NoEventStream {
         &self,
         req: cri::ContainerStatusRequest,
     ) -> runtime_api::Result<cri::ContainerStatusResponse> {
-        self.0.container_status(req).await
+        let id = req.container_id.clone();
+        let mut resp = self.0.container_status(req).await?;
+        if let (Some(late), Some(status)) = (&self.1, resp.status.as_mut())
+            && status.reason == "OOMKilled"
+            && late.0.lock().unwrap().insert(id)
+        {
+            status.reason = "Error".into();
+        }
+        Ok(resp)
     }
     async fn exec_sync(&self, req: cri::ExecSyncRequest) -> runtime_api::Result<cri::ExecSyncResponse> {
         self.0.exec_sync(req).await

@@ -432,7 +432,7 @@ async fn without_runtime_events_a_relist_every_second_notices_exits() {
     let runtime = cri_fake::FakeRuntime::new(cri_fake::FakeConfig::default());
     let mut h = Harness::start_on(
         runtime.clone(),
-        std::sync::Arc::new(super::NoEventStream(runtime)),
+        std::sync::Arc::new(super::NoEventStream(runtime, None)),
     );
     let p = pod(
         "relist",
@@ -447,6 +447,35 @@ async fn without_runtime_events_a_relist_every_second_notices_exits() {
         .await;
     // the exit at 1.5 s is seen by the relist at 2 s
     assert!((1.9..2.3).contains(&secs(t)), "restarted at {t:?}");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_oom_kill_the_runtime_reports_late_still_ends_as_oom_killed() {
+    let runtime = cri_fake::FakeRuntime::new(cri_fake::FakeConfig::default());
+    let late = std::sync::Arc::new(super::OomSeenLate::default());
+    let mut h = Harness::start_on(
+        runtime.clone(),
+        std::sync::Arc::new(super::NoEventStream(runtime, Some(late.clone()))),
+    );
+    let p = pod(
+        "oom",
+        json!({"restartPolicy": "Never", "containers": [{"name": "app", "image": "busybox:1.36"}]}),
+        json!({"cri-fake.node-agent.io/oom-after": "1s"}),
+    );
+    h.send(PodEvent::Snapshot(vec![p])).await;
+    let terminated = |h: &Harness| {
+        let s = h.status("oom")?.container_statuses.as_ref()?.first()?;
+        let t = s.state.as_ref()?.terminated.as_ref()?;
+        Some((t.reason.clone().unwrap_or_default(), t.exit_code))
+    };
+    h.until("the pod's final status", Duration::from_secs(10), |h| {
+        h.phase("oom") == Some("Failed") && terminated(h).is_some_and(|(reason, _)| reason == "OOMKilled")
+    })
+    .await;
+    // the exit was first seen as `Error`, and the pod's final status read the container again
+    assert_eq!(late.held_back(), 1);
+    assert_eq!(terminated(&h), Some(("OOMKilled".to_owned(), 137)));
     h.stop().await;
 }
 
