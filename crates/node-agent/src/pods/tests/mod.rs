@@ -310,9 +310,9 @@ impl Harness {
 }
 
 /// The fake runtime without an event stream (like containerd 1.6): the agent must fall back to relisting.
-/// With `oom_seen_late`, an OOM-killed container is reported as `Error` (exit 137) the first time its status
-/// is asked for after its exit, and as `OOMKilled` after that: containerd 1.6 when it handles a container's
-/// exit before the kernel's OOM event.
+/// Given an [`OomSeenLate`], it reports an OOM-killed container as `Error` (exit 137) the first time its
+/// status is asked for after its exit, and as `OOMKilled` after that: containerd 1.6 when it handles a
+/// container's exit before the kernel's OOM event.
 #[derive(Clone)]
 pub(super) struct NoEventStream(pub FakeRuntime, pub Option<Arc<OomSeenLate>>);
 
