@@ -263,13 +263,14 @@ impl PodWorker {
             self.counted_running = false;
             self.ctx.metrics.running_pods(-1);
         }
-        // The final status comes from the view taken right after the containers stopped, once: later views
-        // lose the containers as they are removed (a retry after a failed removal would otherwise report them
-        // as never started). When this worker already wrote a terminal status it is written again only if that
-        // view changed it (an exit's reason the runtime settled late, e.g. `OOMKilled`). A pod whose terminal
-        // status was written before an agent restart keeps it: its containers may be gone from the runtime.
-        let terminal_before_start = self.last.as_ref().is_some_and(|l| l.terminal && !l.ours);
-        if first && self.rejected.is_none() && !self.removed && !terminal_before_start {
+        // The final status comes from the view taken right after the containers stopped (every exited
+        // container read again there, so an exit's reason the runtime settled late, e.g. `OOMKilled`, is in
+        // it), once: a terminal status does not change, and later views lose the containers as they are
+        // removed (a retry after a failed removal would otherwise report them as never started).
+        // A pod whose terminal status is already written (by this worker, or before an agent restart) keeps it:
+        // its containers may be gone from the runtime by now.
+        let reported_terminal = self.last.as_ref().is_some_and(|l| l.terminal);
+        if first && self.rejected.is_none() && !self.removed && !reported_terminal {
             self.report_status();
         }
         if first {

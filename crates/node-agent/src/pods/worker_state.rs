@@ -103,18 +103,14 @@ pub(super) struct LastReport {
     pub fingerprint: u64,
     /// Its phase was Succeeded or Failed.
     pub terminal: bool,
-    /// This worker wrote it (not: the API server held it when the worker started).
-    pub ours: bool,
     pub previous: Previous,
 }
 
 impl LastReport {
-    /// `status` as this worker writes it, fingerprinted `fingerprint` (see
-    /// [`hash_of`](super::status::canonical::hash_of)).
+    /// `status`, fingerprinted `fingerprint` (see [`hash_of`](super::status::canonical::hash_of)).
     pub(super) fn new(status: &PodStatus, fingerprint: u64) -> Self {
         Self {
             fingerprint,
-            ours: true,
             terminal: status
                 .phase
                 .as_deref()
@@ -124,12 +120,8 @@ impl LastReport {
         }
     }
 
-    /// `status` as the API server held it when the worker started.
     pub(super) fn of(status: &PodStatus) -> Self {
-        Self {
-            ours: false,
-            ..Self::new(status, super::status::canonical::hash_of(status))
-        }
+        Self::new(status, super::status::canonical::hash_of(status))
     }
 }
 
