@@ -108,8 +108,8 @@ async fn node_is_ready_within_five_seconds_with_every_field() -> anyhow::Result<
             .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.0)).collect::<Vec<_>>()),
     );
     let machine = MachineInfo::synthetic(name);
-    assert_eq!(info.machine_id, machine.machine_id);
-    assert_eq!(info.system_uuid, machine.system_uuid);
+    assert_eq!(info.machine_id, *machine.machine_id);
+    assert_eq!(info.system_uuid, *machine.system_uuid);
     assert!(!info.boot_id.is_empty() && !info.kernel_version.is_empty() && !info.os_image.is_empty());
     assert!(
         info.container_runtime_version.starts_with("cri-fake://"),

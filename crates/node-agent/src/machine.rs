@@ -7,6 +7,7 @@
 
 use std::hash::{Hash, Hasher};
 use std::path::Path;
+use std::sync::{Arc, LazyLock};
 
 /// Why reading host facts failed.
 #[derive(Debug, thiserror::Error)]
@@ -31,22 +32,25 @@ pub enum MachineError {
 }
 
 /// Facts about the machine a node runs on.
+///
+/// A hollow fleet holds one per node: what is the same on every node (kernel, OS image, OS and architecture
+/// names) is one shared copy, and each node's own identifiers are exact-size strings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineInfo {
     /// `/etc/machine-id`.
-    pub machine_id: String,
+    pub machine_id: Box<str>,
     /// The SMBIOS product UUID (empty when unreadable).
-    pub system_uuid: String,
+    pub system_uuid: Box<str>,
     /// `/proc/sys/kernel/random/boot_id`; a change between runs is reported as a reboot.
-    pub boot_id: String,
+    pub boot_id: Box<str>,
     /// `uname -r`.
-    pub kernel_version: String,
+    pub kernel_version: Arc<str>,
     /// `PRETTY_NAME` of `/etc/os-release`.
-    pub os_image: String,
+    pub os_image: Arc<str>,
     /// Go-style OS name (`linux`).
-    pub operating_system: String,
+    pub operating_system: &'static str,
     /// Go-style architecture name (`amd64`, `arm64`).
-    pub architecture: String,
+    pub architecture: &'static str,
     /// Logical CPUs, in millicores.
     pub cpu_millis: u64,
     /// Physical memory in bytes.
@@ -112,16 +116,18 @@ impl MachineInfo {
     /// Facts for a simulated node named `node_name`: stable machine ID and system UUID derived from the name, a
     /// boot ID fresh for this process, 4 CPUs, 16 GiB memory, 100 GiB ephemeral storage.
     pub fn synthetic(node_name: &str) -> Self {
-        let machine = hex_id(node_name, 1);
+        // one copy for every simulated node
+        static KERNEL: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("6.1.0-hollow"));
+        static OS_IMAGE: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("node-agent hollow node"));
         let boot: u128 = rand::random();
         Self {
-            system_uuid: as_uuid(&hex_id(node_name, 2)),
-            machine_id: machine,
-            boot_id: as_uuid(&format!("{boot:032x}")),
-            kernel_version: "6.1.0-hollow".into(),
-            os_image: "node-agent hollow node".into(),
-            operating_system: go_os().into(),
-            architecture: go_arch().into(),
+            system_uuid: as_uuid(&hex_id(node_name, 2)).into(),
+            machine_id: hex_id(node_name, 1).into(),
+            boot_id: as_uuid(&format!("{boot:032x}")).into(),
+            kernel_version: KERNEL.clone(),
+            os_image: OS_IMAGE.clone(),
+            operating_system: go_os(),
+            architecture: go_arch(),
             cpu_millis: 4000,
             memory_bytes: 16 << 30,
             ephemeral_storage_bytes: 100 << 30,
@@ -170,13 +176,13 @@ impl MachineInfo {
         let ephemeral_storage_bytes = fs_size(root_dir)?;
         let hugepages = read_hugepages();
         Ok(Self {
-            machine_id,
-            system_uuid,
-            boot_id,
-            kernel_version,
-            os_image,
-            operating_system: go_os().into(),
-            architecture: go_arch().into(),
+            machine_id: machine_id.into(),
+            system_uuid: system_uuid.into(),
+            boot_id: boot_id.into(),
+            kernel_version: kernel_version.into(),
+            os_image: os_image.into(),
+            operating_system: go_os(),
+            architecture: go_arch(),
             cpu_millis: cpus * 1000,
             memory_bytes,
             ephemeral_storage_bytes,

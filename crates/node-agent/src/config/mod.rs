@@ -413,8 +413,8 @@ pub struct AgentConfig {
     pub kubelet: Arc<KubeletConfig>,
     /// Machine facts: capacity and nodeInfo.
     pub machine: MachineInfo,
-    /// `nodeInfo.kubeletVersion`.
-    pub kubelet_version: String,
+    /// `nodeInfo.kubeletVersion` (one shared copy unless changed).
+    pub kubelet_version: Arc<str>,
     /// On graceful stop, mark the Node unschedulable (undone at the next start).
     pub mark_unschedulable_on_shutdown: bool,
     /// Container and image garbage collection (flags; the image thresholds are in `kubelet`).
@@ -439,7 +439,11 @@ impl AgentConfig {
             node_labels: Arc::default(),
             kubelet,
             machine,
-            kubelet_version: KUBELET_VERSION.to_owned(),
+            kubelet_version: {
+                static VERSION: std::sync::LazyLock<Arc<str>> =
+                    std::sync::LazyLock::new(|| Arc::from(KUBELET_VERSION));
+                VERSION.clone()
+            },
             mark_unschedulable_on_shutdown: false,
             gc: GcSettings::default(),
         }

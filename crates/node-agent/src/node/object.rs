@@ -42,10 +42,10 @@ pub const MAX_NAMES_PER_IMAGE: usize = 5;
 pub fn default_labels(cfg: &AgentConfig) -> [(&'static str, String); 5] {
     [
         (LABEL_HOSTNAME, cfg.hostname.clone()),
-        (LABEL_OS, cfg.machine.operating_system.clone()),
-        (LABEL_ARCH, cfg.machine.architecture.clone()),
-        (LABEL_OS_BETA, cfg.machine.operating_system.clone()),
-        (LABEL_ARCH_BETA, cfg.machine.architecture.clone()),
+        (LABEL_OS, cfg.machine.operating_system.to_owned()),
+        (LABEL_ARCH, cfg.machine.architecture.to_owned()),
+        (LABEL_OS_BETA, cfg.machine.operating_system.to_owned()),
+        (LABEL_ARCH_BETA, cfg.machine.architecture.to_owned()),
     ]
 }
 
@@ -170,24 +170,24 @@ pub fn addresses(cfg: &AgentConfig) -> Vec<NodeAddress> {
 pub fn node_info(cfg: &AgentConfig, health: &RuntimeHealth) -> NodeSystemInfo {
     let m = &cfg.machine;
     NodeSystemInfo {
-        architecture: m.architecture.clone(),
-        boot_id: m.boot_id.clone(),
+        architecture: m.architecture.to_owned(),
+        boot_id: m.boot_id.to_string(),
         container_runtime_version: health
             .version
             .as_ref()
             .map(|v| v.node_info_string())
             .unwrap_or_default(),
-        kernel_version: m.kernel_version.clone(),
+        kernel_version: m.kernel_version.to_string(),
         kube_proxy_version: String::new(),
-        kubelet_version: cfg.kubelet_version.clone(),
-        machine_id: m.machine_id.clone(),
-        operating_system: m.operating_system.clone(),
-        os_image: m.os_image.clone(),
+        kubelet_version: cfg.kubelet_version.to_string(),
+        machine_id: m.machine_id.to_string(),
+        operating_system: m.operating_system.to_owned(),
+        os_image: m.os_image.to_string(),
         // The API refuses a zero capacity: no swap is reported as no swap status.
         swap: (m.swap_bytes > 0).then_some(NodeSwapStatus {
             capacity: Some(m.swap_bytes as i64),
         }),
-        system_uuid: m.system_uuid.clone(),
+        system_uuid: m.system_uuid.to_string(),
     }
 }
 

@@ -187,7 +187,7 @@ impl Registrar<'_> {
         let boot = &self.config.machine.boot_id;
         if let Some(old) = old_boot
             && !old.is_empty()
-            && old != boot
+            && old != &**boot
         {
             self.events.warning(
                 &node_reference(name),
