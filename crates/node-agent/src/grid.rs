@@ -38,6 +38,13 @@ fn phase(at: Instant) -> u64 {
     u64::try_from(p).unwrap_or(0)
 }
 
+/// `at` as whole seconds since the grid's origin (0 before it; saturating after ~136 years): a four-byte
+/// timestamp for records kept by the thousand, where a second is precise enough.
+pub fn secs(at: Instant) -> u32 {
+    let since = at.into_std().saturating_duration_since(origin()).as_secs();
+    u32::try_from(since).unwrap_or(u32::MAX)
+}
+
 /// The first grid point at or after `at`.
 pub fn round_up(at: Instant) -> Instant {
     let p = phase(at);
@@ -49,7 +56,7 @@ pub fn round_up(at: Instant) -> Instant {
 }
 
 /// The last grid point at or before `at`.
-fn round_down(at: Instant) -> Instant {
+pub(crate) fn round_down(at: Instant) -> Instant {
     at.checked_sub(Duration::from_nanos(phase(at))).unwrap_or(at)
 }
 
@@ -89,6 +96,18 @@ mod tests {
 
     fn on_grid(at: Instant) -> bool {
         phase(at) == 0
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn seconds_since_the_origin_count_whole_seconds() {
+        // a paused clock may stand before the origin (read from the real clock): start past it
+        let now = Instant::from_std(origin()) + Duration::from_millis(2_500);
+        assert_eq!(secs(now), 2);
+        assert_eq!(secs(now + Duration::from_secs(7)) - secs(now), 7);
+        assert!(secs(now + Duration::from_millis(999)) - secs(now) <= 1);
+        if let Some(before) = Instant::from_std(origin()).checked_sub(Duration::from_secs(5)) {
+            assert_eq!(secs(before), 0, "before the origin");
+        }
     }
 
     #[tokio::test(start_paused = true)]
