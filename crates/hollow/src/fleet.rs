@@ -311,6 +311,8 @@ pub struct NodeFactory {
     shared_limit: Option<Arc<RateLimiter>>,
     kubelet_server: Option<KubeletServer>,
     token: CancellationToken,
+    /// One timer for every node's periodic waits (leases, status, runtime polls, collection and eviction).
+    timer: node_agent::timer::Timer,
 }
 
 impl NodeFactory {
@@ -386,7 +388,8 @@ impl NodeFactory {
             .pods(pods)
             .node_watch_via(self.pool.watch_for_agent(index))
             .token(self.token.child_token())
-            .metrics(self.metrics.clone());
+            .metrics(self.metrics.clone())
+            .timer(self.timer.clone());
         if let Some(limit) = &self.shared_limit {
             builder = builder.shared_limit(limit.clone());
         }
@@ -486,6 +489,7 @@ impl Fleet {
             shared_limit: RateLimiter::new(qps, qps).map(Arc::new),
             kubelet_server,
             token: token.clone(),
+            timer: node_agent::timer::Timer::new(),
         });
         let mut nodes = Vec::with_capacity(spec.nodes);
         let period = Duration::from_secs_f64(1.0 / spec.register_qps.max(0.001));

@@ -31,6 +31,8 @@
 //! * [`intern`] — one shared copy of values many nodes or pods hold the same (allocatable, volume sources).
 //! * [`backoff`] — jittered exponential backoff (registration, lease, CrashLoopBackOff) and jittered intervals.
 //! * [`grid`] — the process-wide 50 ms grid periodic deadlines land on (one wake-up for many agents).
+//! * [`timer`] — one timer for the periodic waits of many agents (a 24-byte wait instead of a tokio `Sleep`).
+//! * [`poke`] — a one-waiter wake-up (an 8-byte wait instead of a `Notified`).
 //! * [`quantity`] — exact resource quantity arithmetic.
 //! * [`machine`] — machine facts (host or synthetic).
 //! * `cri_log` — the CRI container log format.
@@ -67,10 +69,12 @@ pub mod metrics;
 pub mod node;
 pub mod pod_resources;
 pub mod pods;
+pub mod poke;
 pub mod quantity;
 pub mod runtime_health;
 pub mod server;
 pub mod stats;
+pub mod timer;
 pub mod watch;
 
 #[cfg(test)]

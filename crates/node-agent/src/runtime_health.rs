@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::poke::Poke;
 use runtime_api::{Runtime, cri};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backoff::JitteredInterval;
@@ -118,7 +118,8 @@ pub struct RuntimeHealthMonitor {
     runtime: Arc<dyn Runtime>,
     tx: watch::Sender<RuntimeHealth>,
     timeout: Duration,
-    recheck: Arc<Notify>,
+    recheck: Arc<Poke>,
+    timer: crate::timer::Timer,
 }
 
 impl RuntimeHealthMonitor {
@@ -130,14 +131,21 @@ impl RuntimeHealthMonitor {
                 runtime,
                 tx,
                 timeout,
-                recheck: Arc::new(Notify::new()),
+                recheck: Arc::new(Poke::new()),
+                timer: crate::timer::Timer::new(),
             },
             rx,
         )
     }
 
+    /// Wait between polls on `timer` (the agent's, shared by a fleet's agents) instead of one of its own.
+    pub fn with_timer(mut self, timer: crate::timer::Timer) -> Self {
+        self.timer = timer;
+        self
+    }
+
     /// Notifying this makes the monitor poll at once (e.g. after the runtime was given its pod CIDR).
-    pub fn recheck_handle(&self) -> Arc<Notify> {
+    pub fn recheck_handle(&self) -> Arc<Poke> {
         self.recheck.clone()
     }
 
@@ -149,7 +157,7 @@ impl RuntimeHealthMonitor {
             loop {
                 // boxed: the idle task keeps its waits, not room for a poll and its timeout
                 tokio::select! {
-                    _ = interval.tick() => Box::pin(self.poll()).await,
+                    _ = interval.tick_on(&self.timer) => Box::pin(self.poll()).await,
                     () = self.recheck.notified() => Box::pin(self.poll()).await,
                 }
             }

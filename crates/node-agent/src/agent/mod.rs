@@ -29,9 +29,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::poke::Poke;
 use k8s_openapi::api::core::v1::ObjectReference;
 use runtime_api::Runtime;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -101,6 +101,8 @@ pub struct AgentContext {
     pub gc: GarbageCollectors,
     /// This node's per-probe series, served at `/metrics/probes`.
     pub probe_metrics: Arc<crate::pods::ProbeMetrics>,
+    /// What the node-side managers' periodic waits wait on (the agent's own, or a fleet's shared one).
+    pub timer: crate::timer::Timer,
 }
 
 impl std::fmt::Debug for AgentContext {
@@ -126,6 +128,7 @@ impl AgentContext {
             pressure: self.pressure.clone(),
             events: self.events.clone(),
             metrics: self.metrics.clone(),
+            timer: self.timer.clone(),
         }
     }
 
@@ -140,6 +143,7 @@ impl AgentContext {
             self.events.clone(),
             self.config.node_name.clone(),
             periods,
+            self.timer.clone(),
         )
     }
 
@@ -171,9 +175,18 @@ pub struct AgentBuilder {
     node_watch: Option<crate::client::ApiClient>,
     host_stats: Option<Arc<dyn crate::stats::HostStats>>,
     image_fs: Option<Arc<dyn ImageFsSource>>,
+    timer: Option<crate::timer::Timer>,
 }
 
 impl AgentBuilder {
+    /// Wait for the node-side managers' periodic deadlines on `timer`, shared with other agents (default: a
+    /// timer of the agent's own). A shared timer's wait is a fifth of a tokio timer's in each idle manager;
+    /// deadlines are served on the process-wide 50 ms grid either way (see [`crate::timer`]).
+    pub fn timer(mut self, timer: crate::timer::Timer) -> Self {
+        self.timer = Some(timer);
+        self
+    }
+
     /// Read node figures (memory, filesystems, processes) from `host` — a real node passes
     /// [`RealHost`](crate::stats::host::RealHost); default: [`Synthetic`](crate::stats::Synthetic), the
     /// machine facts' capacities used by what the runtime reports.
@@ -250,8 +263,10 @@ impl AgentBuilder {
             k.event_burst,
             token.clone(),
         );
+        let timer = self.timer.unwrap_or_default();
         let (health_monitor, runtime_health) =
             RuntimeHealthMonitor::new(self.runtime.clone(), k.runtime_request_timeout);
+        let health_monitor = health_monitor.with_timer(timer.clone());
         let (registered_tx, registered) = watch::channel(None);
         // the same in every agent of a fleet built from one configuration: one copy
         static ALLOCATABLE: crate::intern::Interner<ResourceList> = crate::intern::Interner::new();
@@ -306,6 +321,7 @@ impl AgentBuilder {
             heartbeats: crate::node::Heartbeats::default(),
             gc,
             probe_metrics: Arc::default(),
+            timer,
         };
         Ok(Agent {
             ctx,
@@ -361,6 +377,7 @@ impl Agent {
             node_watch: None,
             host_stats: None,
             image_fs: None,
+            timer: None,
         }
     }
 
@@ -416,7 +433,7 @@ impl Agent {
             node_watch,
             control,
         } = self;
-        let resync = Arc::new(Notify::new());
+        let resync = Arc::new(Poke::new());
         let resync_status = resync.clone();
         let channels = StatusChannels {
             signals: Signals {
@@ -424,6 +441,7 @@ impl Agent {
                 pressure: pressure_rx,
                 resync: resync.clone(),
                 node: ctx.node.clone(),
+                timer: ctx.timer.clone(),
             },
             checks: ctx.health_checks.clone(),
             registered: registered_tx,
@@ -455,7 +473,8 @@ impl Agent {
             ctx.registered.clone(),
             resync,
         )
-        .with_heartbeats(ctx.heartbeats.clone());
+        .with_heartbeats(ctx.heartbeats.clone())
+        .with_timer(ctx.timer.clone());
         let managers = Managers {
             event_sink,
             health_monitor,
@@ -479,7 +498,7 @@ pub(crate) struct Managers {
     pub(crate) informer: NodeInformer,
     pub(crate) pods: crate::pods::PodOptions,
     /// Wakes the node status loop (a shutdown reports NotReady at once).
-    pub(crate) resync: Arc<Notify>,
+    pub(crate) resync: Arc<Poke>,
     /// The pod manager's control channel.
     pub(crate) control: PodControl,
 }
@@ -489,7 +508,7 @@ pub struct RunningAgent {
     ctx: AgentContext,
     tracker: TaskTracker,
     shutdown_tx: crate::chan::UnboundedSender<crate::pods::ManagerControl>,
-    resync: Arc<Notify>,
+    resync: Arc<Poke>,
 }
 
 impl RunningAgent {

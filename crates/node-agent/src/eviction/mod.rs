@@ -80,6 +80,8 @@ pub struct EvictionInputs {
     pub events: EventRecorder,
     /// Eviction counts (`kubelet_evictions`).
     pub metrics: Arc<Metrics>,
+    /// The timer the manager waits between passes on (the agent's).
+    pub timer: crate::timer::Timer,
 }
 
 impl EvictionInputs {
@@ -98,13 +100,14 @@ pub struct EvictionManager {
 }
 
 /// Waits one monitoring interval (its end on the process-wide [`grid`](crate::grid)).
-async fn next_pass() {
-    tokio::time::sleep_until(crate::backoff::next_tick(
-        Instant::now(),
-        MONITORING_INTERVAL,
-        0.0,
-    ))
-    .await;
+async fn next_pass(timer: &crate::timer::Timer) {
+    timer
+        .sleep_until(crate::backoff::next_tick(
+            Instant::now(),
+            MONITORING_INTERVAL,
+            0.0,
+        ))
+        .await;
 }
 
 fn pod_reference(p: &ActivePod) -> ObjectReference {
@@ -147,19 +150,20 @@ impl EvictionManager {
             }
             // agents of a fleet start together: spread their passes over the interval
             let offset = MONITORING_INTERVAL.mul_f64(rand::random::<f64>());
-            tokio::time::sleep_until(crate::grid::round_up(Instant::now() + offset)).await;
+            self.ctx.timer.sleep_until(Instant::now() + offset).await;
             loop {
                 // boxed: a pass's state lives on the heap only while it runs (thousands of idle agents per fleet)
                 let evicted = Box::pin(self.synchronize(Instant::now())).await;
                 match evicted {
                     Some(done) => {
-                        let stopped = tokio::time::timeout(CLEANUP_WAIT, done).await;
+                        // boxed: its timer is held only while a pod stops
+                        let stopped = Box::pin(tokio::time::timeout(CLEANUP_WAIT, done)).await;
                         // a pod that could not be evicted (gone meanwhile) does not make the next pass come early
                         if !matches!(stopped, Ok(Ok(true))) {
-                            next_pass().await;
+                            next_pass(&self.ctx.timer).await;
                         }
                     }
-                    None => next_pass().await,
+                    None => next_pass(&self.ctx.timer).await,
                 }
             }
         }

@@ -70,6 +70,7 @@ pub fn run(
     events: EventRecorder,
     node: String,
     periods: Periods,
+    timer: crate::timer::Timer,
 ) -> impl Future<Output = ()> + Send + 'static {
     async move {
         let mut containers = JitteredInterval::new(periods.containers, 0.0);
@@ -85,7 +86,7 @@ pub fn run(
             let due = images
                 .as_ref()
                 .map_or(containers.deadline(), |i| i.deadline().min(containers.deadline()));
-            tokio::time::sleep_until(due).await;
+            timer.sleep_until(due).await;
             // the earlier of the two was due; the other, if due too, runs on the next turn
             let now = tokio::time::Instant::now();
             let images_due = match images.as_mut() {

@@ -16,12 +16,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::poke::Poke;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::PostParams;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::kept_lease::KeptLease;
@@ -46,11 +46,12 @@ pub struct LeaseManager<R = ApiLease> {
     renewer: R,
     renew_interval: Duration,
     registered: watch::Receiver<Option<RegisteredNode>>,
-    recovered: Arc<Notify>,
+    recovered: Arc<Poke>,
     /// The retry sequence, made at the first failure and dropped at the next success (boxed: the idle task
     /// holds this for the node's life, and renewals mostly succeed).
     backoff: Option<Box<Backoff>>,
     heartbeats: super::Heartbeats,
+    timer: crate::timer::Timer,
 }
 
 impl LeaseManager {
@@ -64,7 +65,7 @@ impl LeaseManager {
         duration_seconds: u32,
         renew_interval: Duration,
         registered: watch::Receiver<Option<RegisteredNode>>,
-        recovered: Arc<Notify>,
+        recovered: Arc<Poke>,
     ) -> Self {
         let renewer = ApiLease {
             client: client.into(),
@@ -83,7 +84,7 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
         renewer: R,
         renew_interval: Duration,
         registered: watch::Receiver<Option<RegisteredNode>>,
-        recovered: Arc<Notify>,
+        recovered: Arc<Poke>,
     ) -> Self {
         Self {
             renewer,
@@ -92,7 +93,14 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
             recovered,
             backoff: None,
             heartbeats: super::Heartbeats::default(),
+            timer: crate::timer::Timer::new(),
         }
+    }
+
+    /// Wait for the next renewal on `timer` (the agent's, shared by a fleet's agents) instead of one of its own.
+    pub fn with_timer(mut self, timer: crate::timer::Timer) -> Self {
+        self.timer = timer;
+        self
     }
 
     /// Renewals stop while `heartbeats` is paused.
@@ -126,23 +134,31 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
                     (result, owner)
                 })
                 .await;
-                let next = match result {
+                // `None`: the next renewal is periodic
+                let retry = match result {
                     Ok(()) => {
                         if let Some(backoff) = self.backoff.take() {
                             tracing::info!(node = %owner.name, failures = backoff.attempts(), "node lease renewed again");
                             self.recovered.notify_one();
                         }
-                        next_tick(Instant::now(), self.renew_interval, RENEW_JITTER)
+                        None
                     }
                     Err(e) => {
                         let d =
                             Backoff::in_slot(&mut self.backoff, BackoffPolicy::lease_retry()).next_delay();
                         tracing::warn!(node = %owner.name, error = %e, retry_in = ?d, "failed to renew node lease");
-                        Instant::now() + d
+                        Some(d)
                     }
                 };
                 drop(owner);
-                tokio::time::sleep_until(next).await;
+                match retry {
+                    None => {
+                        let next = next_tick(Instant::now(), self.renew_interval, RENEW_JITTER);
+                        self.timer.sleep_until(next).await;
+                    }
+                    // a retry keeps its exact delay (boxed: the idle task holds the shared timer's wait)
+                    Some(d) => Box::pin(tokio::time::sleep(d)).await,
+                }
             }
         }
     }
@@ -360,7 +376,7 @@ mod tests {
     struct Harness {
         rec: Recorder,
         registered: watch::Sender<Option<RegisteredNode>>,
-        recovered: Arc<Notify>,
+        recovered: Arc<Poke>,
         token: CancellationToken,
         task: tokio::task::JoinHandle<()>,
     }
@@ -369,7 +385,7 @@ mod tests {
     fn start(owner: Option<RegisteredNode>) -> Harness {
         let rec = Recorder::default();
         let (registered, rx) = watch::channel(owner);
-        let recovered = Arc::new(Notify::new());
+        let recovered = Arc::new(Poke::new());
         let token = CancellationToken::new();
         let token_for_task = token.clone();
         let interval = crate::config::KubeletConfig::default().lease_renew_interval();

@@ -18,13 +18,13 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use crate::poke::Poke;
 use k8s_openapi::api::core::v1::{ContainerImage, Node, NodeStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use runtime_api::{Runtime, cri};
 use serde_json::{Map, json};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -54,7 +54,7 @@ pub struct StatusChannels {
     /// Where the registered Node identity is published.
     pub registered: watch::Sender<Option<RegisteredNode>>,
     /// Poked after the runtime got a new pod CIDR: ask the runtime for its status now, not at the next poll.
-    pub recheck_runtime: Arc<Notify>,
+    pub recheck_runtime: Arc<Poke>,
 }
 
 /// The node status task of one agent.

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use crate::poke::Poke;
 
 use super::{NodeSnapshot, Pressure};
 use crate::backoff::JitteredInterval;
@@ -59,9 +59,11 @@ pub struct Signals {
     /// Pressure from the eviction manager.
     pub pressure: watch::Receiver<Pressure>,
     /// Poked by the lease task when renewals recover: re-read the Node and report.
-    pub resync: Arc<Notify>,
+    pub resync: Arc<Poke>,
     /// The Node as the node informer last saw it.
     pub node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
+    /// The timer the periodic computation waits on (the agent's, shared by a fleet's agents).
+    pub timer: crate::timer::Timer,
 }
 
 /// The timer of one status loop, and which of its signals are still open.
@@ -88,7 +90,7 @@ impl StatusTriggers {
     pub async fn next(&mut self, signals: &mut Signals) -> Trigger {
         loop {
             tokio::select! {
-                _ = self.interval.tick() => return Trigger::Tick,
+                _ = self.interval.tick_on(&signals.timer) => return Trigger::Tick,
                 r = signals.health.changed(), if self.health_open => {
                     self.health_open = r.is_ok();
                     if self.health_open {
@@ -124,14 +126,14 @@ mod tests {
         signals: Signals,
         health: watch::Sender<RuntimeHealth>,
         pressure: watch::Sender<Pressure>,
-        resync: Arc<Notify>,
+        resync: Arc<Poke>,
         node: watch::Sender<Option<Arc<NodeSnapshot>>>,
     }
 
     fn start() -> Harness {
         let (health, health_rx) = watch::channel(RuntimeHealth::initial());
         let (pressure, pressure_rx) = watch::channel(Pressure::default());
-        let resync = Arc::new(Notify::new());
+        let resync = Arc::new(Poke::new());
         let frequency = KubeletConfig::default().node_status_update_frequency;
         assert_eq!(frequency, Duration::from_secs(10));
         let (node, node_rx) = watch::channel(None);
@@ -141,6 +143,7 @@ mod tests {
             pressure: pressure_rx,
             resync: resync.clone(),
             node: node_rx,
+            timer: crate::timer::Timer::new(),
         };
         Harness {
             triggers,
