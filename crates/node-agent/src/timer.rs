@@ -196,16 +196,21 @@ impl Future for Wait<'_> {
             }
             return Poll::Pending;
         }
+        // the driving task sleeps until the earliest slot: wake it only for an earlier one (waits joining the
+        // slot it sleeps for, the common case, do not)
+        let earlier = state
+            .slots
+            .first_key_value()
+            .is_none_or(|(first, _)| self.slot < *first);
         let list = state.slots.entry(self.slot).or_default();
         let entry = u32::try_from(list.len()).unwrap_or(UNREGISTERED);
         list.push(cx.waker().clone());
-        let earliest = state.slots.first_key_value().map(|(slot, _)| *slot) == Some(self.slot);
         let start = !std::mem::replace(&mut state.driving, true);
         drop(state);
         self.entry = entry;
         if start {
             tokio::spawn(wheel.clone().drive());
-        } else if earliest {
+        } else if earlier {
             wheel.kick.notify_one();
         }
         Poll::Pending
