@@ -9,11 +9,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::poke::Poke;
 use runtime_api::{Runtime, cri};
 use tokio::time::Instant;
 
 use crate::backoff::JitteredInterval;
+use crate::poke::Poke;
 use crate::watch;
 
 /// How often the runtime is asked for its status (the kubelet's value).
@@ -144,7 +144,7 @@ impl RuntimeHealthMonitor {
         self
     }
 
-    /// Notifying this makes the monitor poll at once (e.g. after the runtime was given its pod CIDR).
+    /// Poking this makes the monitor poll at once (e.g. after the runtime was given its pod CIDR).
     pub fn recheck_handle(&self) -> Arc<Poke> {
         self.recheck.clone()
     }

@@ -29,7 +29,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::poke::Poke;
 use k8s_openapi::api::core::v1::ObjectReference;
 use runtime_api::Runtime;
 use tokio::time::Instant;
@@ -47,6 +46,7 @@ use crate::node::{
     HealthChecks, LeaseManager, NodeError, NodeInformer, NodeSnapshot, NodeStatusManager, Pressure,
     RegisteredNode, ResourceList,
 };
+use crate::poke::Poke;
 use crate::runtime_health::{RuntimeHealth, RuntimeHealthMonitor};
 use crate::watch;
 

@@ -16,7 +16,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::poke::Poke;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
@@ -28,6 +27,7 @@ use super::kept_lease::KeptLease;
 use super::{NodeError, RegisteredNode};
 use crate::api::{ApiCalls, is_conflict, is_not_found};
 use crate::backoff::{Backoff, BackoffPolicy, next_tick};
+use crate::poke::Poke;
 use crate::watch;
 
 /// The namespace of node leases.

@@ -18,7 +18,6 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use crate::poke::Poke;
 use k8s_openapi::api::core::v1::{ContainerImage, Node, NodeStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -38,6 +37,7 @@ use crate::api::{ApiCalls, is_not_found};
 use crate::config::AgentConfig;
 use crate::events::{EventRecorder, node_reference};
 use crate::metrics::{Metrics, StartupPhases};
+use crate::poke::Poke;
 use crate::runtime_health::RuntimeHealth;
 use crate::watch;
 

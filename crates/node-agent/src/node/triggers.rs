@@ -12,10 +12,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::poke::Poke;
-
 use super::{NodeSnapshot, Pressure};
 use crate::backoff::JitteredInterval;
+use crate::poke::Poke;
 use crate::runtime_health::RuntimeHealth;
 use crate::watch;
 
