@@ -439,15 +439,6 @@ impl JitteredInterval {
         now
     }
 
-    /// As [`tick`](Self::tick), waiting on `timer` (a shared timer's wait is a fifth of a tokio sleep; the
-    /// tick then comes at the first grid point at or after its deadline).
-    pub async fn tick_on(&mut self, timer: &crate::timer::Timer) -> Instant {
-        timer.sleep_until(self.next).await;
-        let now = Instant::now();
-        self.advance(now);
-        now
-    }
-
     /// Takes the tick that was due and schedules the next one a jittered period after `now`.
     pub fn advance(&mut self, now: Instant) {
         self.next = next_tick(now, self.period, self.jitter);

@@ -157,7 +157,7 @@ impl RuntimeHealthMonitor {
             loop {
                 // boxed: the idle task keeps its waits, not room for a poll and its timeout
                 tokio::select! {
-                    _ = interval.tick_on(&self.timer) => Box::pin(self.poll()).await,
+                    _ = self.timer.tick(&mut interval) => Box::pin(self.poll()).await,
                     () = self.recheck.notified() => Box::pin(self.poll()).await,
                 }
             }

@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::backoff::JitteredInterval;
 use crate::grid::GRID;
 
 /// A timer shared by many waits (cheap to clone; see the module documentation).
@@ -97,6 +98,15 @@ impl Timer {
             slot,
             entry: UNREGISTERED,
         }
+    }
+
+    /// Waits for the next tick of `interval` (at the first grid point at or after its deadline) and schedules
+    /// the one after it, as [`JitteredInterval::tick`] does on a tokio timer.
+    pub async fn tick(&self, interval: &mut JitteredInterval) -> Instant {
+        self.sleep_until(interval.deadline()).await;
+        let now = Instant::now();
+        interval.advance(now);
+        now
     }
 
     /// How many waits are registered (dropped ones included until their slot is due).

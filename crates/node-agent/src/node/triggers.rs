@@ -89,7 +89,7 @@ impl StatusTriggers {
     pub async fn next(&mut self, signals: &mut Signals) -> Trigger {
         loop {
             tokio::select! {
-                _ = self.interval.tick_on(&signals.timer) => return Trigger::Tick,
+                _ = signals.timer.tick(&mut self.interval) => return Trigger::Tick,
                 r = signals.health.changed(), if self.health_open => {
                     self.health_open = r.is_ok();
                     if self.health_open {
