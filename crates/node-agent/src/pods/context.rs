@@ -23,7 +23,7 @@ pub(crate) struct AgentCtx {
     pub config: PodConfig,
     pub runtime: Arc<dyn Runtime>,
     /// `containerID` prefix: the runtime's name, e.g. `containerd` in `containerd://<id>`.
-    pub runtime_type: String,
+    pub runtime_type: Box<str>,
     pub probes: Arc<dyn ProbeTransport>,
     pub events: Recorder,
     pub metrics: Arc<PodMetrics>,
