@@ -106,9 +106,32 @@ pub struct FakeCounts {
 pub(crate) struct Inner {
     state: Mutex<State>,
     pub(crate) clock: Clock,
-    pub(crate) runtime_name: Box<str>,
-    pub(crate) runtime_version: Box<str>,
+    /// `runtime_name` and `runtime_version` in `Version`: one copy for the runtimes of one configuration.
+    pub(crate) names: Arc<Names>,
     pub(crate) profile: Arc<Profile>,
+}
+
+/// A runtime's name and version (`Version`).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Names {
+    pub(crate) name: Box<str>,
+    pub(crate) version: Box<str>,
+}
+
+impl Names {
+    /// The shared copy of `name` and `version` (a fleet makes thousands of runtimes with the same).
+    fn shared(name: String, version: String) -> Arc<Names> {
+        static LAST: Mutex<Option<Arc<Names>>> = Mutex::new(None);
+        let names = Names {
+            name: name.into(),
+            version: version.into(),
+        };
+        let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match last.as_ref() {
+            Some(kept) if **kept == names => kept.clone(),
+            _ => last.insert(Arc::new(names)).clone(),
+        }
+    }
 }
 
 /// An in-memory CRI v1 runtime. Cheap to clone (shared state); implements [`runtime_api::Runtime`].
@@ -120,7 +143,7 @@ pub struct FakeRuntime {
 impl std::fmt::Debug for FakeRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FakeRuntime")
-            .field("name", &self.inner.runtime_name)
+            .field("name", &self.inner.names.name)
             .finish_non_exhaustive()
     }
 }
@@ -188,8 +211,7 @@ impl FakeRuntime {
             inner: Arc::new(Inner {
                 state: Mutex::new(state),
                 clock: Clock::new(),
-                runtime_name: config.runtime_name.into(),
-                runtime_version: config.runtime_version.into(),
+                names: Names::shared(config.runtime_name, config.runtime_version),
                 profile: config.profile,
             }),
         }
@@ -209,20 +231,23 @@ impl FakeRuntime {
 
     /// Make sure the timer task runs while deadlines are pending; `earliest` wakes it for a new first deadline.
     pub(crate) fn arm(&self, st: &mut State, earliest: bool) {
-        if st.timer.running() {
-            if earliest && let Some(wake) = &st.timer.wake {
+        let Some(timers) = st.timers.as_deref_mut() else {
+            return;
+        };
+        if timers.running() {
+            if earliest && let Some(wake) = &timers.wake {
                 wake.notify_one();
             }
             return;
         }
-        if st.deadlines.is_empty() {
+        if timers.deadlines.is_empty() {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let wake = Arc::clone(st.timer.wake.get_or_insert_with(|| Arc::new(Notify::new())));
-        st.timer.task = Some(handle.spawn(timer(Arc::downgrade(&self.inner), wake)));
+        let wake = Arc::clone(timers.wake.get_or_insert_with(|| Arc::new(Notify::new())));
+        timers.task = Some(handle.spawn(timer(Arc::downgrade(&self.inner), wake)));
     }
 
     /// Report `RuntimeReady` as `ready` in `Status` (the agent turns a false one into node NotReady).
@@ -333,10 +358,13 @@ async fn timer(runtime: Weak<Inner>, wake: Arc<Notify>) {
             let Some(inner) = runtime.upgrade() else { return };
             let mut st = inner.lock();
             st.settle(inner.clock.now());
-            match st.deadlines.peek() {
+            let Some(timers) = st.timers.as_deref_mut() else {
+                return;
+            };
+            match timers.deadlines.peek() {
                 Some(Reverse((at, _))) => inner.clock.instant(*at),
                 None => {
-                    st.timer.task = None;
+                    timers.task = None;
                     return;
                 }
             }

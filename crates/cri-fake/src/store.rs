@@ -218,15 +218,18 @@ pub(crate) enum Subject {
     Container(u64),
 }
 
-/// The timer task's bookkeeping (see `runtime.rs`).
+/// Planned transitions and the timer task's bookkeeping (see `runtime.rs`); boxed in the state, made at the first
+/// plan (most runtimes of a fleet plan none).
 #[derive(Debug, Default)]
-pub(crate) struct TimerState {
+pub(crate) struct Timers {
+    /// Planned container ends, earliest first: (Unix nanoseconds, container key).
+    pub(crate) deadlines: BinaryHeap<Reverse<(i64, u64)>>,
     /// The running timer task (none while nothing is pending).
     pub(crate) task: Option<tokio::task::JoinHandle<()>>,
     pub(crate) wake: Option<Arc<tokio::sync::Notify>>,
 }
 
-impl TimerState {
+impl Timers {
     /// Whether a timer task is alive (one whose tokio runtime shut down counts as gone).
     pub(crate) fn running(&self) -> bool {
         self.task.as_ref().is_some_and(|t| !t.is_finished())
@@ -246,8 +249,7 @@ pub(crate) struct State {
     /// `None` until the runtime has a pod CIDR (its pod network is not ready).
     pub(crate) ipam: Option<Ipam>,
     pub(crate) rng: Rng,
-    pub(crate) deadlines: BinaryHeap<Reverse<(i64, u64)>>,
-    pub(crate) timer: TimerState,
+    pub(crate) timers: Option<Box<Timers>>,
     /// Boxed events: a channel allocates a block of 32 slots up front, and an event is ~400 bytes, so
     /// unboxed each node's idle event stream would hold ~13 KiB.
     pub(crate) subscribers: Vec<UnboundedSender<Box<cri::ContainerEventResponse>>>,
@@ -280,8 +282,7 @@ impl State {
             images: Images::default(),
             ipam,
             rng: Rng::new(seed),
-            deadlines: BinaryHeap::new(),
-            timer: TimerState::default(),
+            timers: None,
             subscribers: Vec::new(),
             runtime_ready: true,
             network_ready: true,
@@ -315,11 +316,11 @@ impl State {
     /// Apply every planned transition due at `now`. Returns whether anything changed.
     pub(crate) fn settle(&mut self, now: i64) -> bool {
         let mut changed = false;
-        while let Some(&Reverse((at, key))) = self.deadlines.peek() {
-            if at > now {
-                break;
-            }
-            self.deadlines.pop();
+        while let Some(timers) = self.timers.as_deref_mut()
+            && let Some(&Reverse((at, key))) = timers.deadlines.peek()
+            && at <= now
+        {
+            timers.deadlines.pop();
             let due = self
                 .containers
                 .get(&key)
@@ -342,8 +343,9 @@ impl State {
             return false;
         }
         c.planned = Some(plan);
-        let earliest = self.deadlines.peek().is_none_or(|Reverse((at, _))| plan.at < *at);
-        self.deadlines.push(Reverse((plan.at, key)));
+        let deadlines = &mut self.timers.get_or_insert_with(Box::default).deadlines;
+        let earliest = deadlines.peek().is_none_or(|Reverse((at, _))| plan.at < *at);
+        deadlines.push(Reverse((plan.at, key)));
         earliest
     }
 

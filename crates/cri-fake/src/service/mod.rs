@@ -32,8 +32,8 @@ impl Runtime for FakeRuntime {
         self.check_reachable()?;
         Ok(cri::VersionResponse {
             version: "0.1.0".into(),
-            runtime_name: self.inner.runtime_name.to_string(),
-            runtime_version: self.inner.runtime_version.to_string(),
+            runtime_name: self.inner.names.name.to_string(),
+            runtime_version: self.inner.names.version.to_string(),
             runtime_api_version: "v1".into(),
         })
     }
