@@ -395,10 +395,10 @@ impl Agent {
         let (control_tx, control_rx) = m.control;
         let (gc, eviction) = (ctx.gc_loop(), ctx.eviction_loop(control_tx.clone()));
         // The node-side managers are one task: each mostly sleeps, and one task costs ~112 bytes of tokio's
-        // own and the rounding of its future to 128 bytes, per manager per node (see `future_sizes`). When the
-        // agent's token fires the join drops all but the event writer where they wait (none holds a
-        // cancellation wait of its own) and the writer drains. A join combinator, not an `async` block, which
-        // would hold every manager's future twice.
+        // own and the rounding of its future to 128 bytes, per manager per node (see `future_sizes`). Each is
+        // polled only when woken; when the agent's token fires the join drops all but the event writer where
+        // they wait (none holds a cancellation wait of its own) and the writer drains. A join combinator, not
+        // an `async` block, which would hold every manager's future twice.
         tracker.spawn(crate::join::join7_stop(
             ctx.token.clone(),
             m.event_sink.run(),

@@ -162,8 +162,7 @@ pub struct PodLifecycle {
     companions: Vec<Companion>,
 }
 
-/// A future run beside the lifecycle (in the task of its status writer, PLEG and pod watch) until its token
-/// fires.
+/// A task run beside the lifecycle until its token fires.
 pub type Companion =
     Box<dyn FnOnce(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
@@ -325,14 +324,9 @@ impl PodLifecycle {
             Err(_) if cancel.is_cancelled() => return Ok(None),
             Err(e) => return Err(e),
         };
-        // run in the joined task below, not as tasks of their own (a task is ~112 bytes and the rounding to 128)
-        let companions = self
-            .companions
-            .into_iter()
-            .map(|companion| companion(tasks.clone()))
-            .reduce(|a, b| {
-                futures::FutureExt::boxed(futures::FutureExt::map(futures::future::join(a, b), |_| ()))
-            });
+        for companion in self.companions {
+            tracker.spawn(companion(tasks.clone()));
+        }
         let events: Arc<dyn PodEventSink> = match self.events {
             Some(sink) => sink,
             None => {
@@ -426,17 +420,16 @@ impl PodLifecycle {
                 (rx, Some(watch))
             }
         };
-        // The status writer, the PLEG, the pod watch and the companions run joined in one task (each waits on
-        // its input most of the time; a task each cost tokio's ~112 bytes and the rounding to 128 per node). A
-        // join combinator, not an `async` block, which would hold each future twice. The writer stops on the
-        // agent's token; the join then drops the others where they wait, so the PLEG and the watch hold no
-        // cancellation wait of their own.
-        tracker.spawn(crate::join::join4_stop(
+        // The status writer, the PLEG and the pod watch run joined in one task, each polled when woken (each
+        // waits on its input most of the time; a task each cost tokio's ~112 bytes and the rounding to 128 per
+        // node). A join combinator, not an `async` block, which would hold each future twice. The writer stops
+        // on the agent's token; the join then drops the PLEG and the watch where they wait, so neither holds a
+        // cancellation wait of its own.
+        tracker.spawn(crate::join::join3_stop(
             tasks.clone(),
             status_manager.run(tasks.clone()),
             pleg::Pleg::new(ctx.clone(), pleg_tx).run(std::future::pending()),
             futures::FutureExt::map(futures::future::OptionFuture::from(watch), |_| ()),
-            futures::FutureExt::map(futures::future::OptionFuture::from(companions), |_| ()),
         ));
         let grace = ctx.config.shutdown_grace;
         // without a control channel, one already closed (the manager stops listening to it)

@@ -44,7 +44,7 @@ impl Pleg {
     }
 
     /// Follows the runtime's events (or relists) until `stop` completes. The agent's pod side passes a stop that
-    /// never comes (`std::future::pending`) and drops the PLEG where it waits instead (`join::join4_stop`): no
+    /// never comes (`std::future::pending`) and drops the PLEG where it waits instead (`join::join3_stop`): no
     /// cancellation wait in the idle future.
     pub(crate) fn run<S>(self, stop: S) -> impl Future<Output = ()> + Send + 'static
     where

@@ -103,7 +103,7 @@ where
 
 /// Watches the pods bound to `node` and sends them to `tx` until `stop` completes (e.g. a token's
 /// `cancelled_owned()`; the agent passes `std::future::pending()` and drops the watch instead, see
-/// `join::join4_stop`) or the receiver is dropped.
+/// `join::join3_stop`) or the receiver is dropped.
 pub fn watch_node_pods<S>(
     client: impl Into<crate::client::ApiClient>,
     node: &str,

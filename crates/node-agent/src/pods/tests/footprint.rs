@@ -129,22 +129,13 @@ async fn the_pod_sides_joined_task_stays_small() {
         super::super::pleg::Pleg::new(ctx, pleg_tx).run(std::future::pending()),
         super::super::source::watch_node_pods(client, "n1", tx, std::future::pending()),
     );
-    // an agent's companion (its node view bridge) is boxed
-    let companion: Option<futures::future::BoxFuture<'static, ()>> = Some(Box::pin(std::future::pending()));
-    let companion = futures::FutureExt::map(futures::future::OptionFuture::from(companion), |_| ());
-    let parts = [
-        size_of_val(&writer),
-        size_of_val(&pleg),
-        size_of_val(&watch),
-        size_of_val(&companion),
-    ];
-    let joined = size_of_val(&crate::join::join4_stop(token, writer, pleg, watch, companion));
-    println!("pod side: status writer, PLEG, pod watch, companion {parts:?} bytes, joined {joined} bytes");
+    let parts = [size_of_val(&writer), size_of_val(&pleg), size_of_val(&watch)];
+    let joined = size_of_val(&crate::join::join3_stop(token, writer, pleg, watch));
+    println!("pod side: status writer, PLEG, pod watch {parts:?} bytes, joined {joined} bytes");
     // a task cell is the future and 112 bytes of tokio's, rounded up to 128: at most 912 bytes keeps it in a
     // 1,024-byte cell (a 1,280-byte jemalloc class while the PLEG and the watch each waited on the agent's token;
     // 1,000 bytes, still that class, while the writer held a random hasher, an empty flush list and a retry
-    // timer's async block in place, and the watch an empty queue and a copy of its selector); the companion was a
-    // task of its own (128 bytes) while the join kept a waker per branch
+    // timer's async block in place, and the watch an empty queue and a copy of its selector)
     assert!(
         joined <= 912,
         "the pod side's joined future ({joined} bytes) no longer fits a 1,024-byte task"
