@@ -13,7 +13,6 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
-use tracing::Instrument;
 
 use super::admission::{self, Committed, Rejection};
 use super::context::AgentCtx;
@@ -32,18 +31,17 @@ use super::worker::{PodWorker, WorkerInit, WorkerMsg, WorkerReport};
 
 #[path = "manager_control.rs"]
 mod control;
-#[path = "manager_wakes.rs"]
-mod wakes;
+#[path = "manager_turns.rs"]
+mod turns;
+use turns::{Slot, start_turn};
 
 struct Entry {
-    tx: crate::chan::UnboundedSender<WorkerMsg>,
+    worker: Slot,
     pod: Arc<DesiredPod>,
     /// Counted in `committed`.
     admitted: bool,
     /// The worker reported the pod stopped for good (terminal, or terminated awaiting deletion).
     stopped: bool,
-    /// When the worker asked to be woken (see `wake_timer`).
-    wake: Option<tokio::time::Instant>,
 }
 
 pub(crate) struct PodManager {
@@ -217,10 +215,9 @@ impl PodManager {
                     }
                 }
             }
-            // the workers stop with the manager (their containers keep running)
-            for e in self.workers.values() {
-                let _ = e.tx.send(WorkerMsg::Shutdown);
-            }
+            // the workers stop with the manager (their containers keep running): those waiting here now, those in
+            // a turn when it ends (their report unread)
+            self.workers.clear();
         }
     }
 
@@ -239,9 +236,9 @@ impl PodManager {
                 }
                 if let Some(uid) = pod.metadata.uid.as_deref()
                     && !self.statics.mirrors.is_static(uid)
-                    && let Some(e) = self.workers.get(uid)
+                    && let Some(e) = self.workers.get_mut(uid)
                 {
-                    let _ = e.tx.send(WorkerMsg::Removed);
+                    e.deliver(WorkerMsg::Removed, &self.tracker);
                 }
             }
             PodEvent::Snapshot(pods) => {
@@ -253,9 +250,9 @@ impl PodManager {
                 live.extend(self.statics.uids().cloned());
                 self.finished.retain(|uid| api_live.contains(uid));
                 self.statics.api_live = Some(api_live);
-                for (uid, e) in &self.workers {
+                for (uid, e) in &mut self.workers {
                     if !live.contains(&**uid) {
-                        let _ = e.tx.send(WorkerMsg::Removed);
+                        e.deliver(WorkerMsg::Removed, &self.tracker);
                     }
                 }
                 self.pending
@@ -295,12 +292,13 @@ impl PodManager {
         self.shutting_down = true;
         let pods: Vec<_> = self
             .workers
-            .values()
-            .map(|e| (e.tx.clone(), e.pod.priority))
+            .iter()
+            .map(|(uid, e)| (uid.clone(), e.pod.priority))
             .collect();
         let status = self.ctx.status.clone();
+        let orders = self.ctx.reports.clone();
         self.tracker.spawn(async move {
-            shutdown::run(request.groups, pods).await;
+            shutdown::run(request.groups, pods, orders).await;
             let (flushed, wait) = tokio::sync::oneshot::channel();
             status.send(crate::pods::status::StatusMsg::Flush(flushed));
             if tokio::time::timeout(std::time::Duration::from_secs(5), wait)
@@ -339,9 +337,9 @@ impl PodManager {
                 if let Some(slot) = now.get_mut(&uid) {
                     // keep the first-seen copy (its config.seen)
                     *slot = pod;
-                } else if let Some(e) = self.workers.get(uid.as_str()) {
+                } else if let Some(e) = self.workers.get_mut(uid.as_str()) {
                     tracing::info!(pod = %e.pod.name, source = %update.source, "static pod removed");
-                    let _ = e.tx.send(WorkerMsg::Removed);
+                    e.deliver(WorkerMsg::Removed, &self.tracker);
                 } else {
                     self.statics.mirrors.remove_static(&uid);
                 }
@@ -369,16 +367,16 @@ impl PodManager {
         }
     }
 
-    fn on_runtime(&self, uid: PlegEvent) {
+    fn on_runtime(&mut self, uid: PlegEvent) {
         match uid {
             Some(uid) => {
-                if let Some(e) = self.workers.get(uid.as_str()) {
-                    let _ = e.tx.send(WorkerMsg::Runtime);
+                if let Some(e) = self.workers.get_mut(uid.as_str()) {
+                    e.deliver(WorkerMsg::Runtime, &self.tracker);
                 }
             }
             None => {
-                for e in self.workers.values() {
-                    let _ = e.tx.send(WorkerMsg::Runtime);
+                for e in self.workers.values_mut() {
+                    e.deliver(WorkerMsg::Runtime, &self.tracker);
                 }
             }
         }
@@ -388,10 +386,17 @@ impl PodManager {
         let (uid, gone, in_api) = match report {
             WorkerReport::Stopped { uid } => (uid, false, false),
             WorkerReport::Gone { uid, in_api } => (uid, true, in_api),
-            WorkerReport::WakeAt { uid, at } => return self.wake_at(&uid, at),
+            WorkerReport::Turned(worker) => return self.turned(worker),
             WorkerReport::Probe { uid, update } => {
-                if let Some(e) = self.workers.get(&uid) {
-                    let _ = e.tx.send(WorkerMsg::Probe(update));
+                if let Some(e) = self.workers.get_mut(&uid) {
+                    e.deliver(WorkerMsg::Probe(update), &self.tracker);
+                }
+                return;
+            }
+            WorkerReport::Kill { uid, order } => {
+                // a worker already gone drops the order, and its waiter sees it as done
+                if let Some(e) = self.workers.get_mut(&uid) {
+                    e.deliver(WorkerMsg::Kill(order), &self.tracker);
                 }
                 return;
             }
@@ -440,7 +445,7 @@ impl PodManager {
                 fresh.uid = e.pod.uid.clone();
             }
             e.pod = desired.clone();
-            let _ = e.tx.send(WorkerMsg::Update(desired));
+            e.deliver(WorkerMsg::Update(desired), &self.tracker);
             return;
         }
         let observed = Timeline::observed(desired.created);
@@ -517,28 +522,15 @@ impl PodManager {
     }
 
     fn spawn(&mut self, desired: Arc<DesiredPod>, init: WorkerInit, admitted: bool) {
-        let (worker, tx) = PodWorker::new(self.ctx.clone(), init);
-        let span = tracing::debug_span!(
-            "pod",
-            pod = %desired.name,
-            namespace = %desired.namespace,
-            node = %self.ctx.config.node_name
-        );
-        let run = worker.run();
-        // a span only where it records: a disabled one is still 40 bytes in every pod's task
-        if span.is_disabled() {
-            self.tracker.spawn(run);
-        } else {
-            self.tracker.spawn(run.instrument(span));
-        }
+        let worker = Box::new(PodWorker::new(self.ctx.clone(), init));
+        start_turn(worker, &self.tracker);
         self.workers.insert(
             desired.uid.clone(),
             Entry {
-                tx,
+                worker: Slot::Busy(Vec::new()),
                 pod: desired,
                 admitted,
                 stopped: false,
-                wake: None,
             },
         );
     }

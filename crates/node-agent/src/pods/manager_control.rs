@@ -73,7 +73,7 @@ impl PodManager {
             message,
             done,
         } = order;
-        let Some(e) = self.workers.get(uid.as_str()).filter(|e| e.admitted) else {
+        let Some(e) = self.workers.get_mut(uid.as_str()).filter(|e| e.admitted) else {
             let _ = done.send(false);
             return;
         };
@@ -83,10 +83,7 @@ impl PodManager {
             cause: KillCause::Evicted { reason, message },
             done: stopped,
         };
-        if e.tx.send(WorkerMsg::Kill(Box::new(order))).is_err() {
-            let _ = done.send(false);
-            return;
-        }
+        e.deliver(WorkerMsg::Kill(Box::new(order)), &self.tracker);
         self.tracker.spawn(async move {
             let _ = done.send(wait.await.is_ok());
         });

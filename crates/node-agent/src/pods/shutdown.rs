@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use super::control::KillCause;
 use super::spec::SYSTEM_CRITICAL_PRIORITY;
-use super::worker::{KillOrder, WorkerMsg};
+use super::worker::{KillOrder, WorkerReport};
 
 /// `status.reason` of a pod stopped by a node shutdown.
 pub const REASON: &str = "Terminated";
@@ -70,15 +70,16 @@ pub struct ShutdownRequest {
     pub done: oneshot::Sender<()>,
 }
 
-/// Stops `pods` (worker, priority) group by group; returns when the last group is done and the pods still
-/// stopping then have stopped (or [`STOP_SLACK`] has passed).
+/// Stops `pods` (UID, priority) group by group, through the pod manager (`orders`); returns when the last group
+/// is done and the pods still stopping then have stopped (or [`STOP_SLACK`] has passed).
 pub(crate) async fn run(
     groups: Vec<ShutdownGroup>,
-    pods: Vec<(crate::chan::UnboundedSender<WorkerMsg>, i32)>,
+    pods: Vec<(std::sync::Arc<str>, i32)>,
+    orders: crate::chan::UnboundedSender<WorkerReport>,
 ) {
-    let mut by_group: Vec<Vec<crate::chan::UnboundedSender<WorkerMsg>>> = vec![Vec::new(); groups.len()];
-    for (tx, priority) in pods {
-        by_group[group_of(&groups, priority)].push(tx);
+    let mut by_group: Vec<Vec<std::sync::Arc<str>>> = vec![Vec::new(); groups.len()];
+    for (uid, priority) in pods {
+        by_group[group_of(&groups, priority)].push(uid);
     }
     let mut late = Vec::new();
     for (group, workers) in groups.iter().zip(by_group) {
@@ -87,14 +88,15 @@ pub(crate) async fn run(
         }
         let grace_secs = i64::try_from(group.grace.as_secs()).unwrap_or(i64::MAX);
         let mut waits = Vec::new();
-        for tx in workers {
+        for uid in workers {
             let (done, wait) = oneshot::channel();
-            let order = KillOrder {
+            let order = Box::new(KillOrder {
                 grace_secs,
                 cause: KillCause::Shutdown,
                 done,
-            };
-            if tx.send(WorkerMsg::Kill(Box::new(order))).is_ok() {
+            });
+            // a pod whose worker is gone by then drops its order: its wait ends at once
+            if orders.send(WorkerReport::Kill { uid, order }).is_ok() {
                 waits.push(wait);
             }
         }

@@ -1,10 +1,9 @@
 //! The pod manager's one timer for the wake times of all its workers ([`WakeTimer`]).
 //!
-//! Each worker tells the manager when it next wants to sync (its periodic sync, or the end of a back-off) and
-//! then waits for messages only; the manager keeps those times beside its workers and this timer at the
-//! earliest, and wakes the workers that are due (the kubelet's pod workers likewise wait on a channel, woken
-//! through its work queue). A worker's task so holds no timer of its own, ~128 bytes per running pod, and a
-//! node's timer is allocated only while some worker waits for a time.
+//! Each worker, handed back to the manager after a turn, carries when it next wants to sync (its periodic sync, or
+//! the end of a back-off); the manager keeps this timer at the earliest of those times and wakes the workers
+//! that are due (the kubelet's pod workers are woken through its work queue likewise). A worker so holds no
+//! timer of its own, and a node's timer is allocated only while some worker waits for a time.
 
 use std::pin::Pin;
 

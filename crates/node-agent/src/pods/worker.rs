@@ -1,4 +1,4 @@
-//! The pod worker: one task per pod UID, so syncs of one pod never overlap.
+//! The pod worker: one per pod UID, so syncs of one pod never overlap.
 //!
 //! A worker moves through the kubelet's three states:
 //! * **syncing** — make the runtime match the spec ([`sync`](super::sync)): sandbox, init containers,
@@ -6,13 +6,17 @@
 //! * **terminating** — the pod is being deleted, was removed, or finished for good: stop every container
 //!   (preStop, grace period) and the sandbox ([`kill`](super::kill)); report the final status;
 //! * **terminated** — nothing runs. Once the object is being deleted (or is gone): remove containers and
-//!   sandbox, ask the status manager to delete the object, tell the manager, and exit.
+//!   sandbox, ask the status manager to delete the object, tell the manager, and end.
 //!
-//! Inputs are coalesced: any number of updates, runtime events and probe results since the last sync cause
-//! one sync. Besides inputs, a worker wakes for a back-off expiring, after an error (with back-off) and every
-//! `syncFrequency` (jittered) while syncing: it tells the pod manager when, and the manager's one timer for all
-//! of the agent's workers sends it [`WorkerMsg::Wake`] then. What a worker holds between syncs, and the messages
-//! it takes, are in `worker_state`.
+//! A worker runs in turns: the pod manager holds it (boxed, in its table) while it waits, hands it its input and
+//! spawns a task for one turn — a step, and more at once while a step changed the state — and the turn hands
+//! the worker back ([`WorkerReport::Turned`]) with when to wake it. Inputs are coalesced: any number of
+//! updates, runtime events and probe results that arrive while a turn runs cause one more step, after it.
+//! Besides inputs, a worker wakes for a back-off expiring, after an error (with back-off) and every
+//! `syncFrequency` (jittered) while syncing: the manager's one timer for all of the agent's workers hands it
+//! [`WorkerMsg::Wake`] then. So a waiting pod costs its worker's state and its entry in the manager's table —
+//! no task, channel or timer. What a worker holds between turns, and the messages it takes, are in
+//! `worker_state`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,11 +38,7 @@ use super::worker_state::{LastReport, State};
 use crate::backoff::{Backoff, BackoffPolicy, next_tick};
 
 impl PodWorker {
-    pub(crate) fn new(
-        ctx: Arc<AgentCtx>,
-        init: WorkerInit,
-    ) -> (Self, crate::chan::UnboundedSender<WorkerMsg>) {
-        let (tx, rx) = crate::chan::unbounded_channel();
+    pub(crate) fn new(ctx: Arc<AgentCtx>, init: WorkerInit) -> Self {
         let api_phase = init
             .api_status
             .as_ref()
@@ -69,10 +69,9 @@ impl PodWorker {
         } else {
             State::Syncing
         };
-        let worker = Self {
+        Self {
             ctx,
             pod: init.pod,
-            rx,
             state,
             removed: false,
             rejected: init.rejected.map(Box::new),
@@ -90,19 +89,18 @@ impl PodWorker {
             errors: None,
             stopped_reported: false,
             counted_running: false,
-            shutdown: false,
+            stepped: false,
             stop: None,
             volumes: None,
-        };
-        (worker, tx)
+        }
     }
 
-    fn handle(&mut self, msg: WorkerMsg) {
+    /// Takes one input (the manager hands them over between turns; the next turn acts on them).
+    pub(crate) fn handle(&mut self, msg: WorkerMsg) {
         match msg {
             WorkerMsg::Update(pod) => self.pod = pod,
             WorkerMsg::Removed => self.removed = true,
             WorkerMsg::Runtime | WorkerMsg::Wake => {}
-            WorkerMsg::Shutdown => self.shutdown = true,
             WorkerMsg::Probe(update) => self.probes.apply(&update),
             WorkerMsg::Kill(order) => {
                 let KillOrder {
@@ -123,78 +121,64 @@ impl PodWorker {
         }
     }
 
-    /// Syncs until the pod is gone, or [`WorkerMsg::Shutdown`] arrives or every sender is gone (agent shutdown:
-    /// containers keep running).
-    ///
-    /// The future is written as a block that works on the captured worker in place: an `async fn` taking
-    /// `self` would keep a second copy of it (its argument, and the binding its body moves that into) for the
-    /// pod's whole life.
-    pub(crate) fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
+    /// The pod's UID (the manager's key for the worker).
+    pub(crate) fn uid(&self) -> &Arc<str> {
+        &self.pod.uid
+    }
+
+    /// The worker ended (the pod is gone; it told the manager so): nothing more for it to do.
+    pub(crate) fn ended(&self) -> bool {
+        self.state == State::Exit
+    }
+
+    /// When the manager is to wake the worker, if nothing else does first.
+    pub(crate) fn wake_at(&self) -> Option<Instant> {
+        self.wake_at
+    }
+
+    /// One turn: a step, and another at once while a step changed the state (e.g. syncing → terminating);
+    /// then the worker goes back to the manager ([`WorkerReport::Turned`]) with, in `wake_at`, the next
+    /// periodic sync (while syncing) or a back-off's end, whichever comes first.
+    pub(crate) fn turn(mut self: Box<Self>) -> impl Future<Output = ()> + Send + 'static {
         async move {
-            // a flag, not the operation's name: it lives across every wait of the pod's life
-            let created_here = self.timeline.is_some();
-            let mut first = true;
             loop {
-                // in a block of its own: a value still in scope at the wait for messages is kept across it, in
-                // the idle future, even when no longer used
-                {
-                    let wake = {
-                        self.wake_at = None;
-                        // boxed: the sync's state (and its start) lives on the heap only while a sync runs
-                        let (result, before, took) = Box::pin(self.timed_step()).await;
-                        let op = if first {
-                            if created_here { "create" } else { "sync" }
-                        } else if self.state == State::Syncing {
-                            "sync"
-                        } else {
-                            "update"
-                        };
-                        first = false;
-                        self.ctx.metrics.worker_sync(op, took);
-                        let period = self.ctx.config.sync_frequency;
-                        let resync_at = next_tick(Instant::now(), period, 0.5);
-                        match result {
-                            Ok(()) => {
-                                self.errors = None;
-                                // a state change (e.g. syncing -> terminating) is acted on at once
-                                if self.state != before && self.state != State::Exit {
-                                    continue;
-                                }
-                            }
-                            Err(error) => {
-                                tracing::warn!(pod = %self.pod.name, namespace = %self.pod.namespace, %error, "pod sync failed, will retry");
-                                let retry = Instant::now()
-                                    + Backoff::in_slot(&mut self.errors, BackoffPolicy::api_retry())
-                                        .next_delay();
-                                self.wake_at = Some(self.wake_at.map_or(retry, |w| w.min(retry)));
-                            }
+                self.wake_at = None;
+                let created = !self.stepped && self.timeline.is_some();
+                // boxed: the turn's task stays small while its step waits
+                let (result, before, took) = Box::pin(self.timed_step()).await;
+                let op = if !self.stepped {
+                    if created { "create" } else { "sync" }
+                } else if self.state == State::Syncing {
+                    "sync"
+                } else {
+                    "update"
+                };
+                self.stepped = true;
+                self.ctx.metrics.worker_sync(op, took);
+                let period = self.ctx.config.sync_frequency;
+                let resync_at = next_tick(Instant::now(), period, 0.5);
+                match result {
+                    Ok(()) => {
+                        self.errors = None;
+                        // a state change (e.g. syncing -> terminating) is acted on at once
+                        if self.state != before && self.state != State::Exit {
+                            continue;
                         }
-                        // the next periodic sync (while syncing) or a back-off's end, whichever comes first
-                        let resync = (self.state == State::Syncing).then_some(resync_at);
-                        [self.wake_at, resync].into_iter().flatten().min()
-                    };
-                    if self.state == State::Exit {
-                        break;
                     }
-                    // the manager wakes the worker (a message) then
-                    let _ = self.ctx.reports.send(WorkerReport::WakeAt {
-                        uid: self.pod.uid.clone(),
-                        at: wake,
-                    });
+                    Err(error) => {
+                        tracing::warn!(pod = %self.pod.name, namespace = %self.pod.namespace, %error, "pod sync failed, will retry");
+                        let retry = Instant::now()
+                            + Backoff::in_slot(&mut self.errors, BackoffPolicy::api_retry()).next_delay();
+                        self.wake_at = Some(self.wake_at.map_or(retry, |w| w.min(retry)));
+                    }
                 }
-                let Some(msg) = self.rx.recv().await else { break };
-                self.handle(msg);
-                while let Ok(more) = self.rx.try_recv() {
-                    self.handle(more);
-                }
-                if self.shutdown {
-                    break;
-                }
+                let resync = (self.state == State::Syncing).then_some(resync_at);
+                self.wake_at = [self.wake_at, resync].into_iter().flatten().min();
+                break;
             }
-            self.stop_prober();
-            if self.counted_running {
-                self.ctx.metrics.running_pods(-1);
-            }
+            // the manager gone (the agent stopping) drops the report, and the worker with it
+            let reports = self.ctx.reports.clone();
+            let _ = reports.send(WorkerReport::Turned(self));
         }
     }
 

@@ -38,15 +38,11 @@ pub(crate) enum WorkerMsg {
     Runtime,
     /// A probe result changed.
     Probe(Box<ProbeUpdate>),
-    /// The time the worker last asked to be woken at ([`WorkerReport::WakeAt`]) has come.
+    /// The time the worker asked to be woken at (its `wake_at` when its last turn ended) has come.
     Wake,
     /// Stop the pod on request (graceful node shutdown, eviction) and report why, then fire the order's
     /// sender (boxed: messages stay small).
     Kill(Box<KillOrder>),
-    /// The agent is stopping: stop syncing and leave the containers running (the pod manager sends it to every
-    /// worker when it stops; a message, not a cancellation wait, so an idle worker's future holds no ~80-byte
-    /// wait for it).
-    Shutdown,
 }
 
 /// A request to stop the pod.
@@ -60,19 +56,22 @@ pub(crate) struct KillOrder {
     pub done: tokio::sync::oneshot::Sender<()>,
 }
 
-/// What the worker tells the pod manager.
-#[derive(Debug)]
+/// What the workers (and the pod side's other tasks) tell the pod manager.
 pub(crate) enum WorkerReport {
     /// The pod is terminated and its object deleted (`in_api`: the DELETE is still to land) or gone: forget it.
     Gone { uid: Arc<str>, in_api: bool },
     /// The pod no longer runs anything (terminal or terminated): release its admitted resources.
     Stopped { uid: Arc<str> },
-    /// After each sync: send [`WorkerMsg::Wake`] at `at` (the next periodic sync, or a back-off's end), unless
-    /// a later report replaces it; `None` wakes it for messages only. The manager keeps every worker's time
-    /// and one timer for them all (as the kubelet's work queue does), so an idle worker holds no timer.
-    WakeAt { uid: Arc<str>, at: Option<Instant> },
+    /// A turn ended (see [`worker`](super::worker)): the worker, handed back to wait in the manager's table
+    /// for its next input — [`WorkerMsg::Wake`] at its `wake_at` (the next periodic sync, or a back-off's
+    /// end), or any message before. The manager keeps one timer for every worker's time (as the kubelet's work
+    /// queue does), so an idle worker holds no timer, no task and no channel. A worker that reached its end
+    /// (it reported [`Gone`](Self::Gone) first) is dropped.
+    Turned(Box<PodWorker>),
     /// A probe result changed (from the pod's prober): pass it to the worker as [`WorkerMsg::Probe`].
     Probe { uid: Arc<str>, update: Box<ProbeUpdate> },
+    /// Stop the pod (from the graceful node shutdown's sequence): pass it to the worker as [`WorkerMsg::Kill`].
+    Kill { uid: Arc<str>, order: Box<KillOrder> },
 }
 
 /// How a worker starts.
@@ -129,7 +128,6 @@ impl LastReport {
 pub(crate) struct PodWorker {
     pub(super) ctx: Arc<AgentCtx>,
     pub(super) pod: Arc<DesiredPod>,
-    pub(super) rx: crate::chan::UnboundedReceiver<WorkerMsg>,
     pub(super) state: State,
     pub(super) removed: bool,
     /// Admission refused the pod (boxed: rare).
@@ -150,13 +148,15 @@ pub(crate) struct PodWorker {
     pub(super) timeline: Option<Box<Timeline>>,
     /// The link to the pod's prober, made when the first probed container runs (boxed: most pods have none).
     pub(super) prober: Option<Box<(watch::Sender<Targets>, CancellationToken)>>,
+    /// During a turn, the earliest back-off's end a step asked for; between turns, when the manager wakes the
+    /// worker (that or the next periodic sync).
     pub(super) wake_at: Option<Instant>,
     /// Back-off between failed syncs, made at the first failure.
     pub(super) errors: Option<Box<Backoff>>,
     pub(super) stopped_reported: bool,
     pub(super) counted_running: bool,
-    /// [`WorkerMsg::Shutdown`] arrived.
-    pub(super) shutdown: bool,
+    /// A step has run (the first is named `create` for a pod admitted just now, else `sync`).
+    pub(super) stepped: bool,
     /// Stops on request (graceful node shutdown, eviction), made at the first (most pods never get one).
     pub(super) stop: Option<Box<StopRequests>>,
     /// The pod's volumes, once it has any.
@@ -206,6 +206,7 @@ impl PodWorker {
         self.stop.as_ref()?.order.as_ref()
     }
 
+    /// Stops the pod's prober, if it has one.
     pub(super) fn stop_prober(&mut self) {
         if let Some(link) = self.prober.take() {
             link.1.cancel();
@@ -251,5 +252,16 @@ impl PodWorker {
         let prober = Prober::new(self.ctx.clone(), self.pod.clone(), rx, seeds);
         tokio::spawn(prober.run(cancel.clone()));
         self.prober = Some(Box::new((tx, cancel)));
+    }
+}
+
+/// However a worker ends — its pod gone, the pod manager stopped (the containers keep running), its turn's report
+/// left unread — its prober stops and the running pods' count no longer holds it.
+impl Drop for PodWorker {
+    fn drop(&mut self) {
+        self.stop_prober();
+        if self.counted_running {
+            self.ctx.metrics.running_pods(-1);
+        }
     }
 }

@@ -51,11 +51,11 @@ fn bare_ctx(runtime: &FakeRuntime) -> AgentCtx {
     }
 }
 
-/// A pod worker's task holds its future for the pod's whole life (most of it idle between syncs): the
-/// worker's state once and its wait for a message (its wake times are the manager's, see `wake_timer`); a sync's
-/// own state is boxed apart.
+/// A waiting pod costs its worker's state, boxed in the pod manager's table (no task, channel or timer: the
+/// manager holds its wake time and spawns a task for each turn); a turn's task holds the worker's box and its
+/// step, boxed apart.
 #[tokio::test]
-async fn an_idle_pod_workers_future_stays_small() {
+async fn a_waiting_pod_worker_stays_small() {
     let ctx = Arc::new(bare_ctx(&FakeRuntime::new(FakeConfig::default())));
     let p = pod(
         "sized",
@@ -80,28 +80,18 @@ async fn an_idle_pod_workers_future_stays_small() {
     // a sync or a termination holds it (boxed with the step, while the step runs): 3,656 bytes while the status
     // answer was bound apart and the termination message read in place
     assert!(refresh <= 1_792, "a runtime view refresh is {refresh} bytes");
-    let (worker, _tx) = super::super::worker::PodWorker::new(ctx, init);
-    let worker_size = size_of_val(&worker);
-    let future = size_of_val(&worker.run());
-    println!("PodWorker {worker_size} bytes, its run future {future} bytes");
-    // a task cell is the future and ~112 bytes of tokio's, in multiples of 128: 616 bytes (a 768-byte task) while
-    // the worker waited on the agent's cancellation (now a message) and kept its first operation's name; 520 (a
-    // 640-byte task) while it held a timer of its own (the manager's one timer wakes it now); 368 (a 512-byte
-    // task) while the worker kept empty probe and waiting maps, its prober link in place, its start time to the
-    // nanosecond, senders to itself and to the manager, and its wait for messages and a sync's start across
-    // the wait
+    let worker = Box::new(super::super::worker::PodWorker::new(ctx, init));
+    let worker_size = size_of_val(&*worker);
+    let turn = size_of_val(&worker.turn());
+    println!("PodWorker {worker_size} bytes, a turn's future {turn} bytes");
+    // in jemalloc's 256-byte class; while a task per pod held the worker and its wait for messages, the task was
+    // 384 bytes (the future 272, with tokio's ~112), and a channel to it 72 more
     assert!(
-        future <= 272,
-        "the run future ({future} bytes) no longer fits a 384-byte task"
+        worker_size <= 256,
+        "a pod worker is {worker_size} bytes (past jemalloc's 256-byte class)"
     );
-    // 1,792 bytes when the worker was moved from the future's arguments into its body (held twice)
-    assert!(
-        future <= worker_size + 512,
-        "the run future ({future} bytes) holds more than the worker ({worker_size}) and its waits"
-    );
-    // with the task's own ~112 bytes, within a 768-byte task (tokio rounds task cells up to 128 bytes); 816
-    // bytes, a 1,024-byte task, while rare state (a rejection, stop orders, empty maps) was held in place
-    assert!(future <= 656, "the run future is {future} bytes");
+    // a turn's task (alive only while a step runs) in a 256-byte cell, with tokio's ~112 bytes
+    assert!(turn <= 144, "a turn's future is {turn} bytes");
 }
 
 /// The pod side's three long-lived futures (status writer, PLEG, pod watch) run joined in one task for the
