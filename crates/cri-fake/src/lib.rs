@@ -102,6 +102,7 @@ mod clock;
 mod ids;
 mod images;
 mod ipam;
+mod keymap;
 mod pairs;
 mod runtime;
 mod script;

@@ -8,7 +8,7 @@
 //! on who gets there first.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -18,6 +18,7 @@ use runtime_api::{RuntimeError, cri};
 use crate::ids::{self, IdCodec};
 use crate::images::Images;
 use crate::ipam::Ipam;
+use crate::keymap::KeyMap;
 use crate::pairs::{Meta, Pairs};
 use crate::script::{Rng, Script};
 
@@ -241,10 +242,9 @@ impl Timers {
 pub(crate) struct State {
     pub(crate) codec: IdCodec,
     pub(crate) next_key: u64,
-    /// Boxed values: a B-tree leaf has room for eleven entries, allocated with the first; inline, a node's
-    /// first pod cost a leaf of eleven sandboxes (~1.3 KiB) and one of eleven containers (~1.8 KiB).
-    pub(crate) sandboxes: BTreeMap<u64, Box<Sandbox>>,
-    pub(crate) containers: BTreeMap<u64, Box<Container>>,
+    /// Boxed records in a vector that grows with them (see [`KeyMap`]).
+    pub(crate) sandboxes: KeyMap<Sandbox>,
+    pub(crate) containers: KeyMap<Container>,
     pub(crate) images: Images,
     /// `None` until the runtime has a pod CIDR (its pod network is not ready).
     pub(crate) ipam: Option<Ipam>,
@@ -277,8 +277,8 @@ impl State {
         State {
             codec,
             next_key: 1,
-            sandboxes: BTreeMap::new(),
-            containers: BTreeMap::new(),
+            sandboxes: KeyMap::default(),
+            containers: KeyMap::default(),
             images: Images::default(),
             ipam,
             rng: Rng::new(seed),

@@ -57,7 +57,7 @@ pub(super) async fn run_pod_sandbox(
     };
     let latency = {
         let (mut st, _) = rt.settled();
-        if st.sandboxes.values().any(|sb| same_name(sb)) {
+        if st.sandboxes.values().any(&same_name) {
             return Err(reserved());
         }
         pod_script.sandbox_latency.sample(&mut st.rng)
@@ -65,7 +65,7 @@ pub(super) async fn run_pod_sandbox(
     FakeRuntime::pause(latency).await;
 
     let (mut st, now) = rt.settled();
-    if st.sandboxes.values().any(|sb| same_name(sb)) {
+    if st.sandboxes.values().any(same_name) {
         return Err(reserved());
     }
     let linux = config.linux.as_ref();
