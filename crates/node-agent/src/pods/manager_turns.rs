@@ -25,14 +25,18 @@ impl Entry {
                 start_turn(worker, tracker);
             }
             Slot::Busy(mut pending) => {
-                pending.push(msg);
+                // a runtime event or a wake-up only asks for a step: one queued input already brings one (a
+                // relist's event for every pod adds nothing to a queue that holds any)
+                if pending.is_empty() || !matches!(msg, WorkerMsg::Runtime | WorkerMsg::Wake) {
+                    pending.push(msg);
+                }
                 self.worker = Slot::Busy(pending);
             }
         }
     }
 
     /// The worker's wake time, while it waits.
-    pub(super) fn wake_at(&self) -> Option<tokio::time::Instant> {
+    pub(super) fn wake_at(&self) -> Option<Instant> {
         match &self.worker {
             Slot::Idle(worker) => worker.wake_at(),
             Slot::Busy(_) => None,
