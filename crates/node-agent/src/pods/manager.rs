@@ -153,15 +153,20 @@ impl PodManager {
     }
 
     /// Runs until the PLEG stops (it stops when the agent's token fires, and its channel closes then: the idle
-    /// manager so holds no ~72-byte wait on the token of its own) or the source ends.
+    /// manager so holds no ~72-byte wait on the token of its own) or the source ends, taking `first` (what
+    /// arrived before the pod side was built) before anything else.
     pub(crate) fn run(
         mut self,
+        first: Option<Box<super::first_pod::Taken>>,
         mut source: crate::chan::Receiver<PodEvent>,
         mut statics: Option<mpsc::Receiver<StaticUpdate>>,
         mut pleg: crate::chan::UnboundedReceiver<PlegEvent>,
         mut control: crate::chan::UnboundedReceiver<ManagerControl>,
     ) -> impl Future<Output = ()> + Send + 'static {
         async move {
+            if let Some(first) = first {
+                Box::pin(self.take_first(*first)).await;
+            }
             let mut node = self.ctx.node.clone();
             let mut statics_open = statics.is_some();
             let mut control_open = true;

@@ -7,6 +7,16 @@ use crate::pods::control::{ActivePod, EvictOrder, KillCause, KnownPods, ManagerC
 use crate::pods::worker::{KillOrder, WorkerMsg};
 
 impl PodManager {
+    /// Takes what arrived before the pod side was built (see `first_pod`), before anything else.
+    pub(in crate::pods) async fn take_first(&mut self, first: crate::pods::first_pod::Taken) {
+        for event in first.events {
+            self.on_source(event).await;
+        }
+        if let Some(request) = first.control {
+            self.on_control(request);
+        }
+    }
+
     pub(super) fn on_control(&mut self, request: ManagerControl) {
         match request {
             ManagerControl::Shutdown(request) => self.on_shutdown(*request),

@@ -11,6 +11,7 @@
 //! | pod workers | `worker`, `sync`, `plan`, `kill` | sync / terminate / terminated per pod |
 //! | prober | [`probes`] | one timer per probe; results to the pod's worker |
 //! | PLEG | `pleg` | runtime events (or a 1 s relist) to workers |
+//! | (until the first pod) | `first_pod` | the source alone; the rest is built at the node's first pod |
 //! | status manager | `status` | PATCH `pods/status` on change; final DELETE |
 //!
 //! From outside, [`control`] carries graceful shutdown requests, the garbage collector's question which
@@ -40,6 +41,7 @@ pub mod control;
 pub mod dns;
 mod env;
 pub mod events;
+mod first_pod;
 pub(crate) mod gofmt;
 mod images;
 mod kill;
@@ -293,13 +295,14 @@ impl PodLifecycle {
                 };
                 let Started {
                     manager,
+                    first,
                     source,
                     statics,
                     pleg,
                     control,
                     grace,
                 } = started;
-                (manager.run(source, statics, pleg, control), grace)
+                (manager.run(first, source, statics, pleg, control), grace)
             };
             run.await;
             tasks.cancel();
@@ -314,16 +317,48 @@ impl PodLifecycle {
     /// Starts every task of the lifecycle on `tracker` (cancelled by `tasks`) once the runtime answers; `None`:
     /// `cancel` fired first.
     async fn start(
-        self: Box<Self>,
+        mut self: Box<Self>,
         cancel: &CancellationToken,
         tracker: &TaskTracker,
         tasks: &CancellationToken,
     ) -> Result<Option<Started>, PodError> {
-        let runtime_type = match self.runtime_type(cancel).await {
+        let runtime_type = match Box::pin(self.runtime_type(cancel)).await {
             Ok(t) => t,
             Err(_) if cancel.is_cancelled() => return Ok(None),
             Err(e) => return Err(e),
         };
+        let watch_client = match std::mem::replace(&mut self.source, PodSource::Watch) {
+            PodSource::Feed(rx) => Err(rx),
+            PodSource::Watch => Ok(self.client.clone()),
+            PodSource::WatchVia(client) => Ok(client),
+        };
+        let (mut source, mut watch) = match watch_client {
+            Err(rx) => (rx, None),
+            Ok(client) => {
+                let (tx, rx) = crate::chan::channel(256);
+                let watch =
+                    source::watch_node_pods(client, &self.config.node_name, tx, std::future::pending());
+                (rx, Some(Box::pin(watch)))
+            }
+        };
+        // without a control channel, one already closed (the manager stops listening to it)
+        let mut control = self
+            .control
+            .take()
+            .unwrap_or_else(|| crate::chan::unbounded_channel().1);
+        // a node with nothing to find waits for its first pod with its source alone (see `first_pod`)
+        let layout = &self.config.layout;
+        let sweeps = layout.pods_dir.is_some() || layout.cgroups.is_some();
+        let mut first = None;
+        if self.config.static_pods.sources() == 0
+            && !sweeps
+            && first_pod::runtime_is_empty(&*self.runtime).await
+        {
+            match first_pod::wait(cancel, &mut source, &mut control, &mut watch).await {
+                Some(taken) => first = Some(Box::new(taken)),
+                None => return Ok(None),
+            }
+        }
         for companion in self.companions {
             tracker.spawn(companion(tasks.clone()));
         }
@@ -406,20 +441,6 @@ impl PodLifecycle {
             mirrors,
         );
         let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
-        let watch_client = match self.source {
-            PodSource::Feed(rx) => Err(rx),
-            PodSource::Watch => Ok(self.client.clone()),
-            PodSource::WatchVia(client) => Ok(client),
-        };
-        let (source, watch) = match watch_client {
-            Err(rx) => (rx, None),
-            Ok(client) => {
-                let (tx, rx) = crate::chan::channel(256);
-                let watch =
-                    source::watch_node_pods(client, &ctx.config.node_name, tx, std::future::pending());
-                (rx, Some(watch))
-            }
-        };
         // The status writer, the PLEG and the pod watch run joined in one task, each polled when woken (each
         // waits on its input most of the time; a task each cost tokio's ~112 bytes and the rounding to 128 per
         // node). A join combinator, not an `async` block, which would hold each future twice. The writer stops
@@ -432,10 +453,9 @@ impl PodLifecycle {
             futures::FutureExt::map(futures::future::OptionFuture::from(watch), |_| ()),
         ));
         let grace = ctx.config.shutdown_grace;
-        // without a control channel, one already closed (the manager stops listening to it)
-        let control = self.control.unwrap_or_else(|| crate::chan::unbounded_channel().1);
         Ok(Some(Started {
             manager: manager::PodManager::new(ctx, reports_rx, tracker.clone(), statics),
+            first,
             source,
             statics: statics_rx,
             pleg: pleg_rx,
@@ -448,6 +468,8 @@ impl PodLifecycle {
 /// What a started lifecycle runs: the pod manager and its inputs.
 struct Started {
     manager: manager::PodManager,
+    /// What arrived before the pod side was built (boxed: the idle manager keeps a pointer for it).
+    first: Option<Box<first_pod::Taken>>,
     source: crate::chan::Receiver<PodEvent>,
     statics: Option<tokio::sync::mpsc::Receiver<static_pods::StaticUpdate>>,
     pleg: crate::chan::UnboundedReceiver<pleg::PlegEvent>,

@@ -3,6 +3,7 @@
 
 mod admitted;
 mod evict;
+mod first_pod;
 mod footprint;
 mod gc;
 mod orphans;
@@ -165,6 +166,7 @@ impl Harness {
         let (control, control_rx) = crate::chan::unbounded_channel();
         tracker.spawn(
             PodManager::new(ctx, reports_rx, tracker.clone(), manager_statics).run(
+                None,
                 source,
                 Some(statics_rx),
                 pleg_rx,
