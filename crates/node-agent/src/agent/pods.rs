@@ -130,7 +130,7 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
         "Get" => std::time::Duration::ZERO,
         _ => k.sync_frequency,
     };
-    config.static_pods = StaticPodConfig {
+    let statics = StaticPodConfig {
         path: k.static_pod_path.clone(),
         file_check_frequency: k.file_check_frequency,
         url: k.static_pod_url.clone(),
@@ -138,6 +138,7 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
         http_check_frequency: k.http_check_frequency,
         manifests: options.static_manifests.clone(),
     };
+    config.static_pods = (statics.sources() > 0).then(|| Box::new(statics));
     let (tx, rx) = watch::channel(None);
     let (node, allocatable, pressure) = (
         ctx.node.clone(),

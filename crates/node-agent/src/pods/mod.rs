@@ -113,8 +113,9 @@ pub struct PodConfig {
     pub shutdown_grace: Duration,
     /// Paths for sandbox logs.
     pub layout: RuntimeLayout,
-    /// Static pod sources (default: none).
-    pub static_pods: StaticPodConfig,
+    /// Static pod sources (default: none; boxed, and taken when the pod side is built: most nodes of a fleet
+    /// have none, and no pod worker reads it).
+    pub static_pods: Option<Box<StaticPodConfig>>,
     /// How long a read ConfigMap or Secret is reused (0: read at every use); see [`objects`].
     pub object_ttl: Duration,
     /// How image pulls are paced (default: no limit).
@@ -131,7 +132,7 @@ impl PodConfig {
             relist_period: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(5),
             layout: RuntimeLayout::default(),
-            static_pods: StaticPodConfig::default(),
+            static_pods: None,
             object_ttl: Duration::from_secs(60),
             pulls: Arc::default(),
         }
@@ -350,7 +351,7 @@ impl PodLifecycle {
         let layout = &self.config.layout;
         let sweeps = layout.pods_dir.is_some() || layout.cgroups.is_some();
         let mut first = None;
-        if self.config.static_pods.sources() == 0
+        if self.config.static_pods.as_ref().is_none_or(|c| c.sources() == 0)
             && !sweeps
             && first_pod::runtime_is_empty(&*self.runtime).await
         {
@@ -359,6 +360,7 @@ impl PodLifecycle {
                 None => return Ok(None),
             }
         }
+        let statics_config = self.config.static_pods.take().map(|c| *c).unwrap_or_default();
         for companion in self.companions {
             tracker.spawn(companion(tasks.clone()));
         }
@@ -381,13 +383,8 @@ impl PodLifecycle {
         let (status, status_rx) = status::StatusHandle::channel();
         let mirrors = static_pods::Mirrors::default();
         let problems = static_pods::Problems::new(self.config.node_name.clone(), events.clone());
-        let statics_rx = static_pods::spawn_sources(
-            &self.config.static_pods,
-            &self.config.node_name,
-            &problems,
-            tracker,
-            tasks,
-        );
+        let statics_rx =
+            static_pods::spawn_sources(&statics_config, &self.config.node_name, &problems, tracker, tasks);
         let (desired_tx, desired_rx) = watch::channel(Default::default());
         let start_mirrors: static_pods::mirror::StartMirrors = {
             let (client, api, node_name, node) = (
@@ -408,10 +405,10 @@ impl PodLifecycle {
             })
         };
         let statics = manager::Statics::new(
-            self.config.static_pods.sources(),
+            statics_config.sources(),
             mirrors.clone(),
             desired_tx,
-            static_pods::mirror::MirrorLink::new(start_mirrors, self.config.static_pods.sources() > 0),
+            static_pods::mirror::MirrorLink::new(start_mirrors, statics_config.sources() > 0),
         );
         let objects = Arc::new(objects::ApiObjects::new(
             self.client.clone(),

@@ -145,7 +145,8 @@ async fn a_node_whose_runtime_holds_a_sandbox_builds_its_pod_side_at_once() {
 
 /// What a node without pods holds of its pod side while it waits, besides the source's watch and the lifecycle's
 /// task: the lifecycle's parts (boxed) and this wait, the boxed future that builds the rest. 656 bytes (jemalloc's
-/// 768 class) while the wait for the runtime's first answer, with its back-off, was held in place.
+/// 768 class) while the wait for the runtime's first answer, with its back-off, was held in place; the parts 464
+/// (the 512 class) while the static pod sources' settings were held in place.
 #[tokio::test]
 async fn a_node_without_pods_waits_in_little() {
     let runtime = FakeRuntime::new(FakeConfig::default());
@@ -162,6 +163,6 @@ async fn a_node_without_pods_waits_in_little() {
     let parts = size_of::<PodLifecycle>();
     let wait = size_of_val(&Box::new(lifecycle).start(&cancel, &tracker, &tasks));
     println!("lifecycle parts {parts} bytes, wait {wait} bytes");
-    assert!(parts <= 512, "the lifecycle's parts grew: {parts} bytes");
+    assert!(parts <= 384, "the lifecycle's parts grew: {parts} bytes");
     assert!(wait <= 384, "the wait for the first pod grew: {wait} bytes");
 }
