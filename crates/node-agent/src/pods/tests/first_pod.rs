@@ -35,24 +35,29 @@ struct Node {
     _view: watch::Sender<Option<super::super::NodeView>>,
 }
 
+/// Node n1's pod lifecycle over `runtime`; its node view is `view`.
+fn lifecycle(runtime: &FakeRuntime, view: watch::Receiver<Option<super::super::NodeView>>) -> PodLifecycle {
+    PodLifecycle::new(
+        PodConfig::new("n1"),
+        client(),
+        Arc::new(runtime.clone()),
+        Arc::new(fake_probes(runtime.clone())),
+        view,
+    )
+}
+
 fn start(runtime: FakeRuntime) -> Node {
     let (feed, source) = PodSource::channel(8);
     let (view, view_rx) = watch::channel(Some(node_view()));
     let built = Arc::new(AtomicBool::new(false));
     let flag = built.clone();
-    let lifecycle = PodLifecycle::new(
-        PodConfig::new("n1"),
-        client(),
-        Arc::new(runtime.clone()),
-        Arc::new(fake_probes(runtime.clone())),
-        view_rx,
-    )
-    .with_events(Arc::new(MemoryEvents::default()))
-    .with_source(source)
-    .with_companion(Box::new(move |cancel: CancellationToken| {
-        flag.store(true, Ordering::SeqCst);
-        async move { cancel.cancelled().await }.boxed()
-    }));
+    let lifecycle = lifecycle(&runtime, view_rx)
+        .with_events(Arc::new(MemoryEvents::default()))
+        .with_source(source)
+        .with_companion(Box::new(move |cancel: CancellationToken| {
+            flag.store(true, Ordering::SeqCst);
+            async move { cancel.cancelled().await }.boxed()
+        }));
     let cancel = CancellationToken::new();
     let run = tokio::spawn(
         lifecycle
@@ -151,13 +156,7 @@ async fn a_node_whose_runtime_holds_a_sandbox_builds_its_pod_side_at_once() {
 async fn a_node_without_pods_waits_in_little() {
     let runtime = FakeRuntime::new(FakeConfig::default());
     let (_view, view_rx) = watch::channel(Some(node_view()));
-    let lifecycle = PodLifecycle::new(
-        PodConfig::new("n1"),
-        client(),
-        Arc::new(runtime.clone()),
-        Arc::new(fake_probes(runtime.clone())),
-        view_rx,
-    );
+    let lifecycle = lifecycle(&runtime, view_rx);
     let (cancel, tasks) = (CancellationToken::new(), CancellationToken::new());
     let tracker = tokio_util::task::TaskTracker::new();
     let parts = size_of::<PodLifecycle>();
