@@ -123,21 +123,7 @@ async fn a_node_builds_its_pod_side_at_its_first_pod_and_runs_it() {
 #[tokio::test(start_paused = true)]
 async fn a_node_whose_runtime_holds_a_sandbox_builds_its_pod_side_at_once() {
     let runtime = FakeRuntime::new(FakeConfig::default());
-    runtime
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(cri::PodSandboxConfig {
-                metadata: Some(cri::PodSandboxMetadata {
-                    name: "left".into(),
-                    namespace: "default".into(),
-                    uid: "uid-left".into(),
-                    attempt: 0,
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    super::leftover_sandbox(&runtime, "left").await;
     let node = start(runtime);
     settle().await;
     assert!(

@@ -35,22 +35,7 @@ async fn what_pods_deleted_while_the_agent_was_down_left_is_swept() {
         ..Default::default()
     });
     // a pod deleted while the agent was down: its sandbox still runs, its directory is still there
-    runtime
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(cri::PodSandboxConfig {
-                metadata: Some(cri::PodSandboxMetadata {
-                    name: "gone".into(),
-                    uid: "uid-gone".into(),
-                    namespace: "default".into(),
-                    attempt: 0,
-                }),
-                labels: [(POD_UID.to_owned(), "uid-gone".to_owned())].into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    super::leftover_sandbox(&runtime, "gone").await;
     std::fs::create_dir_all(pods_dir.join("uid-gone/containers/app")).unwrap();
     std::fs::write(pods_dir.join("uid-gone/containers/app/0"), "bye").unwrap();
     // and one the runtime no longer knows either
