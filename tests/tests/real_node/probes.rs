@@ -80,10 +80,14 @@ async fn readiness_liveness_pod_network_and_oom() -> anyhow::Result<()> {
     })
     .await
     .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
-    wait_for("web Ready", Duration::from_secs(30), || async {
+    let waited = wait_for("web Ready", Duration::from_secs(30), || async {
         Ok(ready(&pods.get("web").await?).then_some(()))
     })
-    .await?;
+    .await;
+    if let Err(e) = waited {
+        let report = e2e::pod_report(&node.cp.admin_client().await?, NS, "web").await;
+        return Err(e.context(format!("{report}\nagent log:\n{}", node.agent_log_tail())));
+    }
     let ready_after = t0.elapsed();
     println!("[real_node] web Ready {ready_after:?} after creation (its server listens after 4 s)");
     assert!(
