@@ -36,6 +36,27 @@ pub fn setup(containerd_dir: &Path, bridge: &str, subnet: &str, containerd: &str
     Ok(())
 }
 
+/// Tears down what one real node left below `$1` (the directory; `$2` its bridge, `$3` teardown.sh, then the
+/// cgroups): the caller's undo script (`on-exit.sh`), mounts below the directory, the containerd instance, the
+/// cgroups, and at last the directory itself after a clean teardown unless `NA_CRI_KEEP=1`.
+const REAP: &str = r#"reap() {
+  [ -f "$1/on-exit.sh" ] && bash "$1/on-exit.sh" >>"$1/teardown.log" 2>&1
+  grep -F " $1/" /proc/mounts | cut -d" " -f2 | sort -r | xargs -r -n1 umount -l
+  NA_CRI_DIR="$1/containerd" NA_CRI_BRIDGE="$2" bash "$3" >>"$1/teardown.log" 2>&1
+  local ok=$? dir=$1
+  shift 3
+  for cg in "$@"; do
+    for d in /sys/fs/cgroup/*/"$cg"; do [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>>"$dir/teardown.log"; done
+  done
+  [ $ok = 0 ] && [ "${NA_CRI_KEEP:-0}" != 1 ] && rm -rf "$dir"
+  return $ok
+}
+"#;
+
+/// What [`start_reaper`] records in its directory for [`reap_leftovers`]: the owner's PID and start time, the
+/// bridge, then the cgroups, a line each.
+const REAPER_ARGS: &str = "reaper.args";
+
 /// Starts the process that tears everything below `dir` down when the calling process exits (however it
 /// exits), or when it is stopped ([`testenv::process::Proc::stop`]: SIGTERM): a shell that the kernel sends
 /// SIGTERM when its parent goes (`setpriv --pdeathsig`) and that then runs `dir/on-exit.sh` if the caller wrote
@@ -43,38 +64,124 @@ pub fn setup(containerd_dir: &Path, bridge: &str, subnet: &str, containerd: &str
 /// volumes of pods not deleted, an agent's root directory bind mount), runs `tests/containerd/teardown.sh` for
 /// the containerd in `dir/containerd` (containers killed, containerd and its shims stopped by PID, mounts,
 /// bridge and state directory removed), and then removes the `cgroups` (paths below every mounted hierarchy,
-/// deepest first). After a clean teardown `dir` goes too, unless `NA_CRI_KEEP=1`.
+/// deepest first). After a clean teardown `dir` goes too, unless `NA_CRI_KEEP=1`. What it needs is also written
+/// to `dir`, so that a later run tears down a node whose process and reaper were both killed
+/// ([`reap_leftovers`]).
 pub fn start_reaper(dir: &Path, bridge: &str, cgroups: &[String]) -> anyhow::Result<testenv::process::Proc> {
-    let script = r#"trap 'kill $! 2>/dev/null
-[ -f "$1/on-exit.sh" ] && bash "$1/on-exit.sh" >>"$1/teardown.log" 2>&1
-grep -F " $1/" /proc/mounts | cut -d" " -f2 | sort -r | xargs -r -n1 umount -l
-NA_CRI_DIR="$1/containerd" NA_CRI_BRIDGE="$2" bash "$3" >>"$1/teardown.log" 2>&1
-ok=$?
-shift 3
-for cg in "$@"; do
-  for d in /sys/fs/cgroup/*/"$cg"; do [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>>"$DIR/teardown.log"; done
-done
-[ $ok = 0 ] && [ "${NA_CRI_KEEP:-0}" != 1 ] && rm -rf "$DIR"
-exit' TERM
-DIR=$1
-while :; do sleep 3600 & wait $!; done"#;
+    let me = std::process::id();
+    let mut record = format!("{me} {}\n{bridge}\n", start_time(me).unwrap_or_default());
+    for cg in cgroups {
+        record.push_str(cg);
+        record.push('\n');
+    }
+    std::fs::write(dir.join(REAPER_ARGS), record).context("recording the reaper's arguments")?;
+    let script = format!(
+        "{REAP}trap 'kill $! 2>/dev/null; reap \"$@\"; exit' TERM\nwhile :; do sleep 3600 & wait $!; done"
+    );
     let mut args: Vec<String> = vec![
         "--pdeathsig".into(),
         "TERM".into(),
         "--".into(),
         "bash".into(),
         "-c".into(),
-        script.into(),
+        script,
         "real-node-reaper".into(),
-        dir.display().to_string(),
-        bridge.into(),
-        scripts().join("teardown.sh").display().to_string(),
     ];
-    args.extend(cgroups.iter().cloned());
+    args.extend(reap_args(dir, bridge, cgroups));
     testenv::process::Proc::start(
         "real-node-reaper",
         Path::new("setpriv"),
         &args,
         &dir.join("reaper.log"),
     )
+}
+
+fn reap_args(dir: &Path, bridge: &str, cgroups: &[String]) -> Vec<String> {
+    let mut args = vec![
+        dir.display().to_string(),
+        bridge.to_owned(),
+        scripts().join("teardown.sh").display().to_string(),
+    ];
+    args.extend(cgroups.iter().cloned());
+    args
+}
+
+/// A process's start time (clock ticks after boot, `/proc/PID/stat` field 22): with the PID, it names the
+/// process (a PID alone may have been reused).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // the command name (field 2) is in parentheses and may hold spaces: count from the last ')'
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Tears down the real nodes earlier runs left behind, in the system's temporary directory: a directory made by
+/// [`start_reaper`] whose owner and reaper were both killed (e.g. the whole process group at once) keeps its
+/// containerd, containers and bridge — and a bridge left with an address in a pod subnet takes the route of a
+/// later node on that subnet (its pods then unreachable from the host: `No route to host`). A directory whose
+/// owner still runs is left alone. Directories from before the arguments were recorded are recognised by name
+/// (`na-real-node-PID`: bridge `narn` and the PID in hex, cgroup named as the directory). Returns the
+/// directories torn down; one that could not be is reported on standard error and kept.
+pub fn reap_leftovers() -> Vec<PathBuf> {
+    let mut reaped = Vec::new();
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return reaped;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let Some((owner, bridge, cgroups)) = leftover(&dir) else {
+            continue;
+        };
+        if owner
+            .is_some_and(|(pid, started)| start_time(pid).is_some_and(|now| started == 0 || now == started))
+        {
+            continue;
+        }
+        let status = Command::new("bash")
+            .args(["-c", &format!("{REAP}reap \"$@\"")])
+            .arg("reap-leftover")
+            .args(reap_args(&dir, &bridge, &cgroups))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        match status {
+            Ok(s) if s.success() => {
+                eprintln!(
+                    "[containerd] tore down a real node an earlier run left: {}",
+                    dir.display()
+                );
+                reaped.push(dir);
+            }
+            Ok(s) => eprintln!(
+                "[containerd] could not tear down {} ({s}): see its teardown.log",
+                dir.display()
+            ),
+            Err(e) => eprintln!("[containerd] could not tear down {}: {e}", dir.display()),
+        }
+    }
+    reaped
+}
+
+/// `dir`'s owner (PID and start time, when recorded), bridge and cgroups, if it is a real node's directory.
+#[allow(clippy::type_complexity, reason = "one private helper")]
+fn leftover(dir: &Path) -> Option<(Option<(u32, u64)>, String, Vec<String>)> {
+    let name = dir.file_name()?.to_str()?;
+    if let Ok(record) = std::fs::read_to_string(dir.join(REAPER_ARGS)) {
+        let mut lines = record.lines();
+        let mut owner = lines.next()?.split_whitespace();
+        let pid = owner.next()?.parse().ok()?;
+        let started = owner.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let bridge = lines.next()?.to_owned();
+        return Some((Some((pid, started)), bridge, lines.map(str::to_owned).collect()));
+    }
+    let pid: u32 = name.strip_prefix("na-real-node-")?.parse().ok()?;
+    if !dir.join("containerd").is_dir() {
+        return None;
+    }
+    Some((
+        Some((pid, 0)),
+        format!("narn{:x}", pid % 0xfffff),
+        vec![name.to_owned()],
+    ))
 }

@@ -161,6 +161,7 @@ fn run_undo(dir: &Path) -> anyhow::Result<()> {
 }
 
 async fn run(settings: &Settings, kubelet: &Path) -> anyhow::Result<Vec<Figures>> {
+    e2e::containerd::reap_leftovers();
     let pid = std::process::id();
     let dir = std::env::temp_dir().join(format!("na-kbench-{pid}"));
     std::fs::create_dir_all(&dir)?;

@@ -143,6 +143,8 @@ impl RealNode {
         }
         let subnet_text = std::env::var("NA_CRI_SUBNET").unwrap_or_else(|_| "10.90.0.0/16".into());
         let subnet = parse_cidr(&subnet_text).context("NA_CRI_SUBNET")?;
+        // a node an earlier run left (its process group killed) may hold a bridge on this binary's subnet
+        e2e::containerd::reap_leftovers();
         let pid = std::process::id();
         let dir = std::env::temp_dir().join(format!("na-real-node-{pid}"));
         std::fs::create_dir_all(&dir)?;
