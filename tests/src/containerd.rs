@@ -119,9 +119,9 @@ fn start_time(pid: u32) -> Option<u64> {
 /// [`start_reaper`] whose owner and reaper were both killed (e.g. the whole process group at once) keeps its
 /// containerd, containers and bridge — and a bridge left with an address in a pod subnet takes the route of a
 /// later node on that subnet (its pods then unreachable from the host: `No route to host`). A directory whose
-/// owner still runs is left alone. Directories from before the arguments were recorded are recognised by name
-/// (`na-real-node-PID`: bridge `narn` and the PID in hex, cgroup named as the directory). Returns the
-/// directories torn down; one that could not be is reported on standard error and kept.
+/// owner still runs, or whose reaper is still at work, is left alone. Directories from before the arguments were
+/// recorded are recognised by name (`na-real-node-PID`: bridge `narn` and the PID in hex, cgroup named as the
+/// directory). Returns the directories torn down; one that could not be is reported on standard error and kept.
 pub fn reap_leftovers() -> Vec<PathBuf> {
     let mut reaped = Vec::new();
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
@@ -129,18 +129,16 @@ pub fn reap_leftovers() -> Vec<PathBuf> {
     };
     for entry in entries.flatten() {
         let dir = entry.path();
-        let Some((owner, bridge, cgroups)) = leftover(&dir) else {
+        let Some(left) = Leftover::of(&dir) else {
             continue;
         };
-        if owner
-            .is_some_and(|(pid, started)| start_time(pid).is_some_and(|now| started == 0 || now == started))
-        {
+        if left.owner_runs() || reaper_runs(&dir) {
             continue;
         }
         let status = Command::new("bash")
             .args(["-c", &format!("{REAP}reap \"$@\"")])
             .arg("reap-leftover")
-            .args(reap_args(&dir, &bridge, &cgroups))
+            .args(reap_args(&dir, &left.bridge, &left.cgroups))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -163,25 +161,56 @@ pub fn reap_leftovers() -> Vec<PathBuf> {
     reaped
 }
 
-/// `dir`'s owner (PID and start time, when recorded), bridge and cgroups, if it is a real node's directory.
-#[allow(clippy::type_complexity, reason = "one private helper")]
-fn leftover(dir: &Path) -> Option<(Option<(u32, u64)>, String, Vec<String>)> {
-    let name = dir.file_name()?.to_str()?;
-    if let Ok(record) = std::fs::read_to_string(dir.join(REAPER_ARGS)) {
-        let mut lines = record.lines();
-        let mut owner = lines.next()?.split_whitespace();
-        let pid = owner.next()?.parse().ok()?;
-        let started = owner.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-        let bridge = lines.next()?.to_owned();
-        return Some((Some((pid, started)), bridge, lines.map(str::to_owned).collect()));
+/// What a real node's directory says of its owner and of what to tear down.
+struct Leftover {
+    pid: u32,
+    /// The owner's start time; 0 when not recorded (then any process of that PID counts as the owner).
+    started: u64,
+    bridge: String,
+    cgroups: Vec<String>,
+}
+
+impl Leftover {
+    fn of(dir: &Path) -> Option<Self> {
+        if let Ok(record) = std::fs::read_to_string(dir.join(REAPER_ARGS)) {
+            let mut lines = record.lines();
+            let mut owner = lines.next()?.split_whitespace();
+            let pid = owner.next()?.parse().ok()?;
+            let started = owner.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+            let bridge = lines.next()?.to_owned();
+            let cgroups = lines.map(str::to_owned).collect();
+            return Some(Self {
+                pid,
+                started,
+                bridge,
+                cgroups,
+            });
+        }
+        let name = dir.file_name()?.to_str()?;
+        let pid: u32 = name.strip_prefix("na-real-node-")?.parse().ok()?;
+        dir.join("containerd").is_dir().then(|| Self {
+            pid,
+            started: 0,
+            bridge: format!("narn{:x}", pid % 0xfffff),
+            cgroups: vec![name.to_owned()],
+        })
     }
-    let pid: u32 = name.strip_prefix("na-real-node-")?.parse().ok()?;
-    if !dir.join("containerd").is_dir() {
-        return None;
+
+    fn owner_runs(&self) -> bool {
+        start_time(self.pid).is_some_and(|now| self.started == 0 || now == self.started)
     }
-    Some((
-        Some((pid, 0)),
-        format!("narn{:x}", pid % 0xfffff),
-        vec![name.to_owned()],
-    ))
+}
+
+/// Whether a reaper started for `dir` still runs (its owner just exited: it is tearing the node down).
+fn reaper_runs(dir: &Path) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    let dir = dir.display().to_string();
+    procs.flatten().any(|p| {
+        std::fs::read(p.path().join("cmdline")).is_ok_and(|cmdline| {
+            let mut args = cmdline.split(|b| *b == 0);
+            args.any(|a| a == b"real-node-reaper") && args.next() == Some(dir.as_bytes())
+        })
+    })
 }
