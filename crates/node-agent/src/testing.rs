@@ -119,3 +119,24 @@ runtime_impl! {
     remove_image(cri::RemoveImageRequest) -> cri::RemoveImageResponse;
     image_fs_info(cri::ImageFsInfoRequest) -> cri::ImageFsInfoResponse;
 }
+
+/// Runs a sandbox on `rt` for pod `name` of UID `uid` (namespace `default`, labelled with the UID as the agent
+/// labels its own) and returns its ID: a sandbox the tests' pod events did not make.
+pub(crate) async fn run_sandbox(rt: &dyn Runtime, name: &str, uid: &str) -> String {
+    rt.run_pod_sandbox(cri::RunPodSandboxRequest {
+        config: Some(cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: name.into(),
+                uid: uid.into(),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            labels: crate::pods::labels::selector(uid),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .pod_sandbox_id
+}

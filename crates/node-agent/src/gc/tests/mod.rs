@@ -62,22 +62,7 @@ pub(super) async fn pull(rt: &FakeRuntime, image: &str, size: &str) {
 }
 
 pub(super) async fn sandbox(rt: &FakeRuntime, uid: &str) -> String {
-    rt.run_pod_sandbox(cri::RunPodSandboxRequest {
-        config: Some(cri::PodSandboxConfig {
-            metadata: Some(cri::PodSandboxMetadata {
-                name: uid.into(),
-                uid: uid.into(),
-                namespace: "default".into(),
-                attempt: 0,
-            }),
-            labels: labels::selector(uid),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .await
-    .unwrap()
-    .pod_sandbox_id
+    crate::testing::run_sandbox(rt, uid, uid).await
 }
 
 /// Starts instance `restart` of container `name` of pod `uid` from `image`; it exits a second later unless

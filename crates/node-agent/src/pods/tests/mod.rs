@@ -82,23 +82,7 @@ pub(super) fn pod(name: &str, spec: serde_json::Value, annotations: serde_json::
 /// A sandbox `runtime` runs for pod `name` (UID `uid-<name>`) that no pod event made: what an agent's
 /// previous run left behind.
 pub(super) async fn leftover_sandbox(runtime: &FakeRuntime, name: &str) {
-    let uid = format!("uid-{name}");
-    runtime
-        .run_pod_sandbox(cri::RunPodSandboxRequest {
-            config: Some(cri::PodSandboxConfig {
-                metadata: Some(cri::PodSandboxMetadata {
-                    name: name.into(),
-                    uid: uid.clone(),
-                    namespace: "default".into(),
-                    attempt: 0,
-                }),
-                labels: [(super::labels::POD_UID.to_owned(), uid)].into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    crate::testing::run_sandbox(runtime, name, &format!("uid-{name}")).await;
 }
 
 pub(super) struct Harness {
