@@ -121,11 +121,10 @@ fn start_time(pid: u32) -> Option<u64> {
 /// later node on that subnet (its pods then unreachable from the host: `No route to host`). A directory whose
 /// owner still runs, or whose reaper is still at work, is left alone. Directories from before the arguments were
 /// recorded are recognised by name (`na-real-node-PID`: bridge `narn` and the PID in hex, cgroup named as the
-/// directory). Returns the directories torn down; one that could not be is reported on standard error and kept.
-pub fn reap_leftovers() -> Vec<PathBuf> {
-    let mut reaped = Vec::new();
+/// directory). Each one torn down is reported on standard error; one that could not be is reported and kept.
+pub fn reap_leftovers() {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return reaped;
+        return;
     };
     for entry in entries.flatten() {
         let dir = entry.path();
@@ -144,13 +143,10 @@ pub fn reap_leftovers() -> Vec<PathBuf> {
             .stderr(Stdio::null())
             .status();
         match status {
-            Ok(s) if s.success() => {
-                eprintln!(
-                    "[containerd] tore down a real node an earlier run left: {}",
-                    dir.display()
-                );
-                reaped.push(dir);
-            }
+            Ok(s) if s.success() => eprintln!(
+                "[containerd] tore down a real node an earlier run left: {}",
+                dir.display()
+            ),
             Ok(s) => eprintln!(
                 "[containerd] could not tear down {} ({s}): see its teardown.log",
                 dir.display()
@@ -158,7 +154,6 @@ pub fn reap_leftovers() -> Vec<PathBuf> {
             Err(e) => eprintln!("[containerd] could not tear down {}: {e}", dir.display()),
         }
     }
-    reaped
 }
 
 /// What a real node's directory says of its owner and of what to tear down.
