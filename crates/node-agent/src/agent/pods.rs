@@ -11,7 +11,10 @@ use tokio_util::sync::CancellationToken;
 use super::AgentContext;
 use crate::node::{NodeSnapshot, Pressure, ResourceList};
 use crate::pods::dns::NodeDns;
-use crate::pods::{NodeView, PodConfig, PodLifecycle, PodOptions, StaticPodConfig, pull_gate::PullGate};
+use crate::pods::{
+    Companion, NodeView, NodeViewFeed, PodConfig, PodLifecycle, PodOptions, StaticPodConfig,
+    pull_gate::PullGate,
+};
 use crate::watch;
 
 /// The node view from the registered Node and the allocatable the agent computed.
@@ -139,27 +142,29 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
         manifests: options.static_manifests.clone(),
     };
     config.static_pods = (statics.sources() > 0).then(|| Box::new(statics));
-    let (tx, rx) = watch::channel(None);
     let (node, allocatable, pressure) = (
         ctx.node.clone(),
         ctx.allocatable.clone(),
         ctx.pressure.subscribe(),
     );
+    // the view and its bridge are made with the pod side (a node without pods has neither)
+    let view = NodeViewFeed::Bridge(Box::new(move || {
+        let (tx, rx) = watch::channel(None);
+        let task: Companion = Box::new(move |cancel| bridge(node, allocatable, pressure, tx, cancel).boxed());
+        (rx, task)
+    }));
     PodLifecycle::new(
         config,
         ctx.client.clone(),
         ctx.runtime.clone(),
         options.probes,
-        rx,
+        view,
     )
     .with_metrics(options.metrics)
     .with_probe_metrics(ctx.probe_metrics.clone())
     .with_events(Arc::new(ctx.events.clone()))
     .with_api(ctx.api.clone())
     .with_source(options.source)
-    .with_companion(Box::new(move |cancel| {
-        bridge(node, allocatable, pressure, tx, cancel).boxed()
-    }))
 }
 
 /// Runs the pod lifecycle of the agent behind `ctx` until the agent's token fires (errors are logged).

@@ -153,7 +153,7 @@ pub struct PodLifecycle {
     client: crate::client::ApiClient,
     runtime: Arc<dyn Runtime>,
     probes: Arc<dyn ProbeTransport>,
-    node: watch::Receiver<Option<NodeView>>,
+    node: NodeViewFeed,
     metrics: Arc<PodMetrics>,
     probe_metrics: Arc<ProbeMetrics>,
     events: Option<Arc<dyn PodEventSink>>,
@@ -161,13 +161,26 @@ pub struct PodLifecycle {
     source: PodSource,
     /// Graceful node shutdown requests, questions about the node's pods, evictions.
     control: Option<crate::chan::UnboundedReceiver<ManagerControl>>,
-    /// Extra tasks to run alongside (an agent's node view bridge).
-    companions: Vec<Companion>,
 }
 
-/// A task run beside the lifecycle until its token fires.
+/// A task run beside the lifecycle until its token fires (the node view's bridge, see [`NodeViewFeed`]).
 pub type Companion =
     Box<dyn FnOnce(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// Where the lifecycle's view of its node (allocatable, labels, taints, addresses) comes from.
+pub enum NodeViewFeed {
+    /// A channel kept current by someone else.
+    Channel(watch::Receiver<Option<NodeView>>),
+    /// Made when the pod side is built (see `first_pod`): the channel, and the task that keeps it current (an
+    /// agent's bridge from its node's state), so that a node without pods holds neither.
+    Bridge(Box<dyn FnOnce() -> (watch::Receiver<Option<NodeView>>, Companion) + Send + Sync>),
+}
+
+impl From<watch::Receiver<Option<NodeView>>> for NodeViewFeed {
+    fn from(rx: watch::Receiver<Option<NodeView>>) -> Self {
+        NodeViewFeed::Channel(rx)
+    }
+}
 
 impl std::fmt::Debug for PodLifecycle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -181,28 +194,27 @@ impl PodLifecycle {
     /// A lifecycle for `config.node_name`, watching its own pods, writing events to the API server and keeping
     /// its own metrics; see the `with_*` methods to share metrics or feed pods from elsewhere.
     ///
-    /// `node` carries the node's allocatable, labels, taints and addresses; pods wait for admission until it
-    /// holds a value.
+    /// `node` carries the node's allocatable, labels, taints and addresses (or makes the channel that does);
+    /// pods wait for admission until it holds a value.
     pub fn new(
         config: PodConfig,
         client: impl Into<crate::client::ApiClient>,
         runtime: Arc<dyn Runtime>,
         probes: Arc<dyn ProbeTransport>,
-        node: watch::Receiver<Option<NodeView>>,
+        node: impl Into<NodeViewFeed>,
     ) -> Self {
         Self {
             config,
             client: client.into(),
             runtime,
             probes,
-            node,
+            node: node.into(),
             metrics: Arc::new(PodMetrics::new()),
             probe_metrics: Arc::default(),
             events: None,
             api: ApiCalls::new(Arc::new(Metrics::unregistered()), 0, 0),
             source: PodSource::Watch,
             control: None,
-            companions: Vec::new(),
         }
     }
 
@@ -234,13 +246,6 @@ impl PodLifecycle {
     /// Sends API requests through `api` (the agent's rate limit and request accounting).
     pub fn with_api(mut self, api: ApiCalls) -> Self {
         self.api = api;
-        self
-    }
-
-    /// Runs `companion` alongside the lifecycle, with the lifecycle's token (an agent keeps the node view fresh
-    /// this way).
-    pub fn with_companion(mut self, companion: Companion) -> Self {
-        self.companions.push(companion);
         self
     }
 
@@ -361,9 +366,14 @@ impl PodLifecycle {
             }
         }
         let statics_config = self.config.static_pods.take().map(|c| *c).unwrap_or_default();
-        for companion in self.companions {
-            tracker.spawn(companion(tasks.clone()));
-        }
+        let node = match self.node {
+            NodeViewFeed::Channel(rx) => rx,
+            NodeViewFeed::Bridge(make) => {
+                let (rx, bridge) = make();
+                tracker.spawn(bridge(tasks.clone()));
+                rx
+            }
+        };
         let events: Arc<dyn PodEventSink> = match self.events {
             Some(sink) => sink,
             None => {
@@ -391,7 +401,7 @@ impl PodLifecycle {
                 self.client.clone(),
                 self.api.clone(),
                 self.config.node_name.clone(),
-                self.node.clone(),
+                node.clone(),
             );
             let (mirrors, status, tracker, tasks) =
                 (mirrors.clone(), status.clone(), tracker.clone(), tasks.clone());
@@ -427,7 +437,7 @@ impl PodLifecycle {
             metrics: self.metrics.clone(),
             probe_metrics: self.probe_metrics,
             status,
-            node: self.node,
+            node,
             reports,
         });
         let status_manager = status::StatusManager::new(

@@ -1,6 +1,7 @@
 //! The pod side of a node without pods: only the source runs until the first pod arrives (see `first_pod`).
-//! Seen here through a companion task (an agent's node view bridge is one), which the lifecycle starts when it
-//! builds its pod side, and through the first pod's sandbox in the fake runtime.
+//! Seen here through the node view's bridge (`NodeViewFeed::Bridge`, as an agent's), which the lifecycle makes
+//! when it builds its pod side, and through the first pod's sandbox in the fake runtime (admitted on the view the
+//! bridge made).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::events::MemoryEvents;
 use super::super::source::{PodEvent, PodSource};
-use super::super::{PodConfig, PodLifecycle};
+use super::super::{Companion, NodeViewFeed, PodConfig, PodLifecycle};
 use super::{fake_probes, node_view, pod};
 use crate::watch;
 
@@ -32,11 +33,10 @@ struct Node {
     built: Arc<AtomicBool>,
     cancel: CancellationToken,
     run: tokio::task::JoinHandle<()>,
-    _view: watch::Sender<Option<super::super::NodeView>>,
 }
 
-/// Node n1's pod lifecycle over `runtime`; its node view is `view`.
-fn lifecycle(runtime: &FakeRuntime, view: watch::Receiver<Option<super::super::NodeView>>) -> PodLifecycle {
+/// Node n1's pod lifecycle over `runtime`; its node view comes from `view`.
+fn lifecycle(runtime: &FakeRuntime, view: impl Into<NodeViewFeed>) -> PodLifecycle {
     PodLifecycle::new(
         PodConfig::new("n1"),
         client(),
@@ -48,16 +48,24 @@ fn lifecycle(runtime: &FakeRuntime, view: watch::Receiver<Option<super::super::N
 
 fn start(runtime: FakeRuntime) -> Node {
     let (feed, source) = PodSource::channel(8);
-    let (view, view_rx) = watch::channel(Some(node_view()));
     let built = Arc::new(AtomicBool::new(false));
     let flag = built.clone();
-    let lifecycle = lifecycle(&runtime, view_rx)
+    // the bridge's channel is the only node view: a pod admitted on it shows the lifecycle took the bridge's
+    let view = NodeViewFeed::Bridge(Box::new(move || {
+        flag.store(true, Ordering::SeqCst);
+        let (view, view_rx) = watch::channel(Some(node_view()));
+        let task: Companion = Box::new(move |cancel: CancellationToken| {
+            async move {
+                cancel.cancelled().await;
+                drop(view);
+            }
+            .boxed()
+        });
+        (view_rx, task)
+    }));
+    let lifecycle = lifecycle(&runtime, view)
         .with_events(Arc::new(MemoryEvents::default()))
-        .with_source(source)
-        .with_companion(Box::new(move |cancel: CancellationToken| {
-            flag.store(true, Ordering::SeqCst);
-            async move { cancel.cancelled().await }.boxed()
-        }));
+        .with_source(source);
     let cancel = CancellationToken::new();
     let run = tokio::spawn(
         lifecycle
@@ -70,7 +78,6 @@ fn start(runtime: FakeRuntime) -> Node {
         built,
         cancel,
         run,
-        _view: view,
     }
 }
 
