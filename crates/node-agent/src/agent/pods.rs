@@ -12,8 +12,7 @@ use super::AgentContext;
 use crate::node::{NodeSnapshot, Pressure, ResourceList};
 use crate::pods::dns::NodeDns;
 use crate::pods::{
-    Companion, NodeView, NodeViewFeed, PodConfig, PodLifecycle, PodOptions, StaticPodConfig,
-    pull_gate::PullGate,
+    NodeView, NodeViewFeed, PodConfig, PodLifecycle, PodOptions, StaticPodConfig, pull_gate::PullGate,
 };
 use crate::watch;
 
@@ -148,10 +147,9 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
         ctx.pressure.subscribe(),
     );
     // the view and its bridge are made with the pod side (a node without pods has neither)
-    let view = NodeViewFeed::Bridge(Box::new(move || {
+    let view = NodeViewFeed::Bridge(Box::new(move |cancel| {
         let (tx, rx) = watch::channel(None);
-        let task: Companion = Box::new(move |cancel| bridge(node, allocatable, pressure, tx, cancel).boxed());
-        (rx, task)
+        (rx, bridge(node, allocatable, pressure, tx, cancel).boxed())
     }));
     PodLifecycle::new(
         config,

@@ -77,6 +77,7 @@ mod worker_state;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use runtime_api::{Runtime, RuntimeError, cri};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -163,17 +164,17 @@ pub struct PodLifecycle {
     control: Option<crate::chan::UnboundedReceiver<ManagerControl>>,
 }
 
-/// A task run beside the lifecycle until its token fires (the node view's bridge, see [`NodeViewFeed`]).
-pub type Companion =
-    Box<dyn FnOnce(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+/// The receiving end of a node view channel.
+type NodeViewRx = watch::Receiver<Option<NodeView>>;
 
 /// Where the lifecycle's view of its node (allocatable, labels, taints, addresses) comes from.
 pub enum NodeViewFeed {
     /// A channel kept current by someone else.
     Channel(watch::Receiver<Option<NodeView>>),
-    /// Made when the pod side is built (see `first_pod`): the channel, and the task that keeps it current (an
-    /// agent's bridge from its node's state), so that a node without pods holds neither.
-    Bridge(Box<dyn FnOnce() -> (watch::Receiver<Option<NodeView>>, Companion) + Send + Sync>),
+    /// Made when the pod side is built (see `first_pod`), given the pod side's token: the channel, and the task
+    /// that keeps it current until the token fires (an agent's bridge from its node's state), so that a node
+    /// without pods holds neither.
+    Bridge(Box<dyn FnOnce(CancellationToken) -> (NodeViewRx, BoxFuture<'static, ()>) + Send + Sync>),
 }
 
 impl From<watch::Receiver<Option<NodeView>>> for NodeViewFeed {
@@ -369,8 +370,8 @@ impl PodLifecycle {
         let node = match self.node {
             NodeViewFeed::Channel(rx) => rx,
             NodeViewFeed::Bridge(make) => {
-                let (rx, bridge) = make();
-                tracker.spawn(bridge(tasks.clone()));
+                let (rx, bridge) = make(tasks.clone());
+                tracker.spawn(bridge);
                 rx
             }
         };

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::events::MemoryEvents;
 use super::super::source::{PodEvent, PodSource};
-use super::super::{Companion, NodeViewFeed, PodConfig, PodLifecycle};
+use super::super::{NodeViewFeed, PodConfig, PodLifecycle};
 use super::{fake_probes, node_view, pod};
 use crate::watch;
 
@@ -51,17 +51,14 @@ fn start(runtime: FakeRuntime) -> Node {
     let built = Arc::new(AtomicBool::new(false));
     let flag = built.clone();
     // the bridge's channel is the only node view: a pod admitted on it shows the lifecycle took the bridge's
-    let view = NodeViewFeed::Bridge(Box::new(move || {
+    let view = NodeViewFeed::Bridge(Box::new(move |cancel: CancellationToken| {
         flag.store(true, Ordering::SeqCst);
         let (view, view_rx) = watch::channel(Some(node_view()));
-        let task: Companion = Box::new(move |cancel: CancellationToken| {
-            async move {
-                cancel.cancelled().await;
-                drop(view);
-            }
-            .boxed()
-        });
-        (view_rx, task)
+        let task = async move {
+            cancel.cancelled().await;
+            drop(view);
+        };
+        (view_rx, task.boxed())
     }));
     let lifecycle = lifecycle(&runtime, view)
         .with_events(Arc::new(MemoryEvents::default()))
