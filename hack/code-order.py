@@ -15,6 +15,7 @@ their hash; the instances of one generic function share a path, so all of them a
 """
 import bisect
 import collections
+import os
 import re
 import subprocess
 import sys
@@ -92,6 +93,11 @@ def write(binary, out, inputs):
 def faults(binary, order_file, perf_data, list_file):
     syms = functions(binary)
     starts = [a for a, _, _ in syms]
+    # the code segment's addresses in the file (symbols) less its offsets (the mapping)
+    segments = subprocess.run(['readelf', '-lW', binary], capture_output=True, text=True, check=True).stdout
+    loads = [l.split() for l in segments.splitlines() if l.split()[:1] == ['LOAD']]
+    code = next(f for f in loads if 'E' in f[6:-1])  # flags between the sizes and the alignment: R E
+    code_shift = int(code[2], 16) - int(code[1], 16)
     ordered = {l.strip() for l in open(order_file) if l.strip()}
     end = max((a + s for a, s, n in syms if n in ordered), default=0)
     script = subprocess.run(['perf', 'script', '-i', perf_data, '-F', 'addr', '--show-mmap-events'],
@@ -110,12 +116,11 @@ def faults(binary, order_file, perf_data, list_file):
         addr = int(line.split()[0], 16)
         if not text[0] <= addr < text[0] + text[1]:
             continue
-        # the code's file offset is its address less one page here (the text segment's own alignment)
-        vaddr = addr - text[0] + text[2] + 0x1000
+        vaddr = addr - text[0] + text[2] + code_shift
         i = bisect.bisect_right(starts, vaddr) - 1
         if vaddr >= end and i >= 0 and syms[i][0] <= vaddr < syms[i][0] + syms[i][1]:
             culprits[syms[i][2]] += 1
-    old = [l.strip() for l in open(list_file) if l.strip()] if __import__('os').path.exists(list_file) else []
+    old = [l.strip() for l in open(list_file) if l.strip()] if os.path.exists(list_file) else []
     new = [n for n in culprits if n not in ordered and n not in old]
     with open(list_file, 'w') as f:
         f.write(''.join(n + '\n' for n in old + new))
