@@ -170,15 +170,15 @@ type NodeViewRx = watch::Receiver<Option<NodeView>>;
 /// Where the lifecycle's view of its node (allocatable, labels, taints, addresses) comes from.
 pub enum NodeViewFeed {
     /// A channel kept current by someone else.
-    Channel(watch::Receiver<Option<NodeView>>),
+    Channel(NodeViewRx),
     /// Made when the pod side is built (see `first_pod`), given the pod side's token: the channel, and the task
     /// that keeps it current until the token fires (an agent's bridge from its node's state), so that a node
     /// without pods holds neither.
     Bridge(Box<dyn FnOnce(CancellationToken) -> (NodeViewRx, BoxFuture<'static, ()>) + Send + Sync>),
 }
 
-impl From<watch::Receiver<Option<NodeView>>> for NodeViewFeed {
-    fn from(rx: watch::Receiver<Option<NodeView>>) -> Self {
+impl From<NodeViewRx> for NodeViewFeed {
+    fn from(rx: NodeViewRx) -> Self {
         NodeViewFeed::Channel(rx)
     }
 }
