@@ -274,6 +274,8 @@ impl Images {
                         i
                     }
                     None => {
+                        // grown one at a time: a node holds a few images, and doubling left room for several more
+                        self.list.reserve_exact(1);
                         self.list.push(Image {
                             refs: Box::new([meta]),
                             size,

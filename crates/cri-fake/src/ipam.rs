@@ -2,7 +2,6 @@
 //! network address, the gateway `.1` and the IPv4 broadcast address are never handed out), like the host-local
 //! IPAM plugin a real node uses. Dual-stack: one address from each configured range.
 
-use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 /// A CIDR that cannot be used.
@@ -23,7 +22,36 @@ struct Range {
     first: u128,
     last: u128,
     cursor: u128,
-    used: BTreeSet<u128>,
+    used: Offsets,
+}
+
+/// The host offsets in use, sorted, in a vector grown one entry at a time: a node runs a few pods to a hundred,
+/// and a `BTreeSet` took a 192-byte node for its first.
+#[derive(Debug, Default)]
+struct Offsets(Vec<u128>);
+
+impl Offsets {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Adds `offset`; `false` if it was in use already.
+    fn insert(&mut self, offset: u128) -> bool {
+        match self.0.binary_search(&offset) {
+            Ok(_) => false,
+            Err(at) => {
+                self.0.reserve_exact(1);
+                self.0.insert(at, offset);
+                true
+            }
+        }
+    }
+
+    fn remove(&mut self, offset: &u128) {
+        if let Ok(at) = self.0.binary_search(offset) {
+            self.0.remove(at);
+        }
+    }
 }
 
 impl Range {
@@ -63,7 +91,7 @@ impl Range {
             first: 2,
             last,
             cursor: 1,
-            used: BTreeSet::new(),
+            used: Offsets::default(),
         })
     }
 
@@ -143,7 +171,7 @@ impl Ipam {
             first: 2,
             last: 0xfffe,
             cursor: 1,
-            used: BTreeSet::new(),
+            used: Offsets::default(),
         };
         Ipam {
             ranges: Box::new([range]),
