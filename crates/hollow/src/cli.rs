@@ -117,21 +117,23 @@ pub(crate) struct RunArgs {
     /// authorization of --config (self-signed certificate unless tlsCertFile is set).
     #[arg(long)]
     pub(crate) serve_kubelet_api: bool,
-    /// HTTP/2 connections for the nodes' requests; nodes are sharded over them. 0 (the default) sizes them
-    /// from --agents-per-connection. Pod watches have connections of their own (--watches-per-connection).
+    /// HTTP/2 connections for the nodes' requests (a watch's LIST among them), taken in turn. 0 (the default)
+    /// sizes them from --agents-per-connection. Watches have connections of their own
+    /// (--watches-per-connection).
     #[arg(long, default_value_t = 0)]
     pub(crate) clients: usize,
-    /// With --clients 0: at most this many nodes send their requests over one connection.
+    /// With --clients 0: one request connection per this many nodes.
     #[arg(long, default_value_t = 200)]
     pub(crate) agents_per_connection: usize,
     /// At most this many per-node watches (every node's watch of its Node object, and its pod watch in
-    /// per-node watch mode) share one connection. A watch holds an HTTP/2 stream for its life and the API
+    /// per-node watch mode) share one connection: the fleet opens one watch connection per this many watches
+    /// and sends each watch to the one with the fewest. A watch holds an HTTP/2 stream for its life and the API
     /// server allows 100 concurrent streams per connection by default (--http2-max-streams-per-connection);
     /// keep this below the server's figure.
     #[arg(long, default_value_t = 96)]
     pub(crate) watches_per_connection: usize,
     /// At most this many requests of one connection are in flight (sent, waiting for their response headers)
-    /// at a time; the others wait in the fleet's queue. A watch counts only until its response starts. A
+    /// at a time; the others wait their turn, in order. A watch counts only until its response starts. A
     /// request in flight holds more memory here than one queued, for as long as the API server takes to
     /// answer: on a saturated API server a lower figure holds less; on one that keeps up, a burst of pod
     /// starts queues behind a low figure instead (docs/benchmarks.md).

@@ -2,9 +2,9 @@
 //! multiplexed over.
 //!
 //! `kube::Client::try_from(config)` speaks HTTP/1.1 only, so a thousand agents each holding a watch would hold
-//! a thousand TCP+TLS connections. Here each pooled client is a `kube::Client` over one HTTP/2 connection
-//! ([`H2Connection`]: ALPN `h2`, set by the connector), built from kube's own TLS configuration, base-URI and
-//! auth layers.
+//! a thousand TCP+TLS connections. Here the fleet's agents share one `kube::Client` over a few HTTP/2
+//! connections ([`H2Connection`]: ALPN `h2`, set by the connector; [`Connections`] picks one per request),
+//! built from kube's own TLS configuration, base-URI and auth layers.
 //!
 //! The API server advertises at most 100 concurrent streams per HTTP/2 connection
 //! (`--http2-max-streams-per-connection`, whose default is 100 since the HTTP/2 rapid-reset fixes), and a
@@ -12,25 +12,26 @@
 //! one connection carrying 100 agents' pod watches has no stream left for anything else: every request on it
 //! (registrations, lease renewals) waits forever. The pool therefore keeps two kinds of connection:
 //!
-//! * request connections carry the short requests of up to `agents_per_connection` agents (queueing there
-//!   only adds latency, every stream ends);
+//! * request connections carry the short requests, one `agents_per_connection` agents' worth each, taken in
+//!   turn (queueing there only adds latency, every stream ends); a watch's LIST is such a request;
 //! * watch connections carry the per-node watches — each node's pod watch and the watch of its own Node
-//!   object — at most `watches_per_connection` per connection, well under the server's cap (a watcher's
-//!   relisting LIST uses the same connection, one at a time per watch).
+//!   object — each watch on the connection with the fewest, at most `watches_per_connection` per connection
+//!   when the pool is sized for the fleet, well under the server's cap.
 //!
 //! In `shared` watch mode there is one pod watch for the whole process; the per-node Node watches remain.
 //!
 //! With per-node credentials ([`ClientPool::per_node`]) none of that sharing is possible: a TLS client
-//! certificate authenticates a connection, not a request, so every node gets one HTTP/2 connection of its own,
-//! carrying its requests and its one pod watch (a watch takes 1 of the server's 100 streams). That costs a
-//! TCP+TLS connection with its buffers per node, on both sides, where shared credentials put ~200 nodes'
-//! requests on one connection and 80 nodes' watches on another.
+//! certificate authenticates a connection, not a request, so every node gets a client and one HTTP/2
+//! connection of its own, carrying its requests and its one pod watch (a watch takes 1 of the server's 100
+//! streams). That costs a TCP+TLS connection with its buffers per node, on both sides, where shared
+//! credentials put ~200 nodes' requests on one connection and 48 nodes' watches on another.
 
 use hyper_util::client::legacy::connect::HttpConnector;
 use kube::client::ConfigExt;
 use node_agent::client::ApiClient;
 use tower::ServiceBuilder;
 
+use crate::connections::Connections;
 use crate::credentials::{CredentialsError, NodeCa, NodeCredential};
 use crate::h2_connection::H2Connection;
 
@@ -55,8 +56,8 @@ pub fn with_node_identity(config: &kube::Config, credential: &NodeCredential) ->
 }
 
 /// By default at most this many requests of one pooled connection are in flight (sent, waiting for their
-/// response headers) at a time; the rest wait their turn in the client's queue before they reach the
-/// connection (`--requests-in-flight-per-connection`).
+/// response headers) at a time; the rest wait their turn, in order, before they reach the connection
+/// (`--requests-in-flight-per-connection`).
 ///
 /// An HTTP/2 connection keeps a table entry per open stream and buffers the frames of streams waiting to open,
 /// in tables that grow to their peak and never shrink. A thousand agents starting at once put a thousand
@@ -71,19 +72,15 @@ pub fn with_node_identity(config: &kube::Config, credential: &NodeCredential) ->
 /// and cost 1.9 KiB more per running pod.
 pub const REQUESTS_IN_FLIGHT: usize = 64;
 
-/// One `kube::Client` speaking HTTP/2 only over a single connection pool.
+/// One `kube::Client` speaking HTTP/2 only over a single connection, which carries its requests and watches.
 pub fn http2_client(config: &kube::Config, in_flight: usize) -> Result<kube::Client, PoolError> {
     let tls = config.rustls_client_config().map_err(PoolError::Kube)?;
-    http2_client_with(config, tls, in_flight)
+    client_over(config, tls, 1, 0, in_flight)
 }
 
-/// As [`http2_client`], with a TLS configuration built once for several connections of the same identity:
-/// its clones share one session-resumption cache (~13 KiB each when every connection built its own).
-fn http2_client_with(
-    config: &kube::Config,
-    tls: rustls::ClientConfig,
-    in_flight: usize,
-) -> Result<kube::Client, PoolError> {
+/// One HTTP/2 connection to the configuration's server; `tls` is built once for all the connections of one
+/// identity, so that they share one session-resumption cache (~13 KiB each when every connection built its own).
+fn connection(config: &kube::Config, tls: rustls::ClientConfig, in_flight: usize) -> H2Connection {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -93,13 +90,29 @@ fn http2_client_with(
         .https_or_http()
         .enable_http2()
         .wrap_connector(http);
-    let connection = H2Connection::new(https, config.cluster_url.clone());
+    H2Connection::new(https, config.cluster_url.clone(), in_flight)
+}
+
+/// One `kube::Client` over `requests` request connections and `watches` watch connections (0: the watches share
+/// the request connections), each with at most `in_flight` requests in flight; see [`Connections`].
+fn client_over(
+    config: &kube::Config,
+    tls: rustls::ClientConfig,
+    requests: usize,
+    watches: usize,
+    in_flight: usize,
+) -> Result<kube::Client, PoolError> {
+    let make = |n: usize| {
+        (0..n)
+            .map(|_| connection(config, tls.clone(), in_flight))
+            .collect::<Vec<_>>()
+    };
+    let connections = Connections::new(make(requests), make(watches)).ok_or(PoolError::Empty)?;
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer().map_err(PoolError::Kube)?)
         .layer(config.extra_headers_layer().map_err(PoolError::Kube)?)
-        .concurrency_limit(in_flight.max(1))
-        .service(connection);
+        .service(connections);
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
 
@@ -164,36 +177,39 @@ impl PoolSize {
     }
 }
 
-/// A fixed set of HTTP/2 clients; agents are sharded over them by index (or, per node, each has its own).
+/// The fleet's API clients: one over a fixed set of HTTP/2 connections that every agent shares, or, per node,
+/// one each.
 #[derive(Clone)]
 pub struct ClientPool {
-    // shared handles: the agents of one connection hold one client between them
-    requests: Vec<ApiClient>,
-    watches: Vec<ApiClient>,
+    // shared credentials: one client (every agent holds a handle on it); per node: agent `i`'s is `clients[i]`
+    clients: Vec<ApiClient>,
     per_node: bool,
-    in_flight: usize,
+    size: PoolSize,
     fleet: kube::Client,
 }
 
 impl ClientPool {
-    /// HTTP/2 clients for the same configuration, each with its own connection.
+    /// One client for the same configuration over `size`'s request and watch connections.
     pub fn new(config: &kube::Config, size: PoolSize) -> Result<Self, PoolError> {
         if size.request_connections == 0 || size.watch_connections == 0 {
             return Err(PoolError::Empty);
         }
         let tls = config.rustls_client_config().map_err(PoolError::Kube)?;
-        let build = |n: usize| {
-            (0..n)
-                .map(|_| http2_client_with(config, tls.clone(), size.in_flight).map(ApiClient::new))
-                .collect::<Result<Vec<_>, _>>()
-        };
-        let requests = build(size.request_connections)?;
+        let client = client_over(
+            config,
+            tls,
+            size.request_connections,
+            size.watch_connections,
+            size.in_flight,
+        )?;
         Ok(Self {
-            fleet: requests[0].kube(),
-            requests,
-            watches: build(size.watch_connections)?,
+            fleet: client.clone(),
+            clients: vec![ApiClient::new(client)],
             per_node: false,
-            in_flight: size.in_flight,
+            size: PoolSize {
+                in_flight: size.in_flight.max(1),
+                ..size
+            },
         })
     }
 
@@ -231,18 +247,20 @@ impl ClientPool {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
-            watches: clients.clone(),
-            requests: clients,
+            size: PoolSize {
+                request_connections: clients.len(),
+                watch_connections: 0,
+                in_flight: in_flight.max(1),
+            },
+            clients,
             per_node: true,
-            in_flight: in_flight.max(1),
             fleet: http2_client(config, in_flight)?,
         })
     }
 
     /// A client with the configuration's own identity, for requests on behalf of the fleet rather than of a
     /// node (deleting Node objects on exit: the Node authorizer does not let a node delete even its own).
-    /// Shared credentials: the first request connection. Per node: a connection of its own, opened on first
-    /// use.
+    /// Shared credentials: the agents' own client. Per node: a connection of its own, opened on first use.
     pub fn fleet_client(&self) -> kube::Client {
         self.fleet.clone()
     }
@@ -252,26 +270,23 @@ impl ClientPool {
         self.per_node
     }
 
-    /// The client agent number `index` sends its requests over (per node: its own; an index past the pool's
-    /// nodes wraps round to another node's identity, which the API server refuses for a different node).
+    /// The client agent number `index` sends its requests over (shared credentials: the one client; per node:
+    /// its own; an index past the pool's nodes wraps round to another node's identity, which the API server
+    /// refuses for a different node).
     pub fn for_agent(&self, index: usize) -> ApiClient {
-        self.requests[index % self.requests.len()].clone()
+        self.clients[index % self.clients.len()].clone()
     }
 
     /// The client agent number `index` holds its watches on (its pod watch and its Node watch; for the shared
-    /// pod watch: index 0; per node: the node's own, the one [`ClientPool::for_agent`] gives).
+    /// pod watch: index 0): the one [`ClientPool::for_agent`] gives, whose watches go to the watch connections.
     pub fn watch_for_agent(&self, index: usize) -> ApiClient {
-        self.watches[index % self.watches.len()].clone()
+        self.for_agent(index)
     }
 
     /// How many connections the pool holds. Per node, watches share each node's one connection, so
     /// `watch_connections` is 0 and `request_connections` is the number of nodes.
     pub fn size(&self) -> PoolSize {
-        PoolSize {
-            request_connections: self.requests.len(),
-            watch_connections: if self.per_node { 0 } else { self.watches.len() },
-            in_flight: self.in_flight,
-        }
+        self.size
     }
 }
 

@@ -12,14 +12,19 @@
 //!
 //! The connection is made on first use and again on the first request after it closed (the API server went
 //! away, a keep-alive ping went unanswered for 20 s); requests in flight on a connection that closes fail, and
-//! their callers retry as after any failed request. Settings as hyper's client had them: 2 MiB stream and
+//! their callers retry as after any failed request. At most `in_flight` requests of a connection are sent and
+//! waiting for their response headers at a time; the others wait their turn, in order, before they reach h2
+//! (h2 keeps a table entry per stream and buffers the frames of streams waiting to open, in tables that grow
+//! to their peak and never shrink). The connection counts its open watches (a request with `watch=true` or
+//! `watch=1`, from when it is sent until its response body is dropped), so that a pool can spread watches
+//! over its connections ([`crate::connections`]). Settings as hyper's client had them: 2 MiB stream and
 //! 5 MiB connection windows, 16 KiB frames and header lists, a 1 MiB send buffer per stream, keep-alive pings
-//! every 30 s whether requests are in flight or not. Connection-specific headers, which HTTP/2 forbids, are
+//! every 30 s whether requests are in flight or not; no HPACK dynamic table for response headers. Connection-specific headers, which HTTP/2 forbids, are
 //! dropped from requests. Response bodies give their flow-control window back as they are read.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -54,6 +59,10 @@ struct Shared {
     open: Mutex<Option<Open>>,
     /// Held while connecting, so that requests arriving meanwhile wait for one connection, not make several.
     connecting: tokio::sync::Mutex<()>,
+    /// One permit per request in flight (sent, waiting for its response headers).
+    permits: tokio::sync::Semaphore,
+    /// Watches sent and not yet ended (their response body not dropped).
+    open_watches: AtomicUsize,
 }
 
 /// A connection's request handle, and whether its connection has ended.
@@ -63,16 +72,47 @@ struct Open {
 }
 
 impl H2Connection {
-    /// A connection to `server` made through `connector` (which must negotiate `h2`).
-    pub fn new(connector: HttpsConnector<HttpConnector>, server: Uri) -> Self {
+    /// A connection to `server` made through `connector` (which must negotiate `h2`), with at most `in_flight`
+    /// requests in flight (at least one).
+    pub fn new(connector: HttpsConnector<HttpConnector>, server: Uri, in_flight: usize) -> Self {
         Self {
             shared: Arc::new(Shared {
                 connector,
                 server,
                 open: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
+                permits: tokio::sync::Semaphore::new(in_flight.clamp(1, tokio::sync::Semaphore::MAX_PERMITS)),
+                open_watches: AtomicUsize::new(0),
             }),
         }
+    }
+
+    /// How many watches are open on this connection (sent and not ended).
+    pub fn open_watches(&self) -> usize {
+        self.shared.open_watches.load(Ordering::Acquire)
+    }
+}
+
+/// Whether `uri` asks for a watch (`watch=true` or `watch=1` in its query).
+pub fn is_watch(uri: &Uri) -> bool {
+    uri.query()
+        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"))
+}
+
+/// A watch counted open on its connection until this is dropped (with the watch's response body, or with the
+/// request when it fails).
+struct OpenWatch(Arc<Shared>);
+
+impl OpenWatch {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.open_watches.fetch_add(1, Ordering::AcqRel);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        self.0.open_watches.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -98,6 +138,9 @@ impl Shared {
             .max_frame_size(16 << 10)
             .max_header_list_size(16 << 10)
             .max_send_buffer_size(1 << 20)
+            // no dynamic table for the server's response headers: a connection's decoder then keeps none (~4.6
+            // KiB each, its entries the headers every response repeats), for a few bytes more per response
+            .header_table_size(0)
             .enable_push(false)
             .handshake::<_, Bytes>(TokioIo::new(io))
             .await?;
@@ -171,13 +214,14 @@ impl tower::Service<Request<Body>> for H2Connection {
     type Future = Pin<Box<dyn Future<Output = Result<Response<RecvBody>, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        // HTTP/2 queues streams past the server's limit itself; the pool caps requests in flight in front of this
+        // a request waits for its permit in its own future, in order
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let open = self.shared.open();
         let shared = self.shared.clone();
+        // counted at once: a pool choosing the connection with the fewest watches sees it before the next choice
+        let watch = is_watch(request.uri()).then(|| OpenWatch::new(&shared));
         let (mut head, body) = request.into_parts();
         strip_connection_headers(&mut head.headers);
         let body = whole(body);
@@ -187,7 +231,9 @@ impl tower::Service<Request<Body>> for H2Connection {
                 // not reached through kube's API calls; read in a box of its own so it costs nothing otherwise
                 Err(body) => Box::pin(body.collect_bytes()).await?,
             };
-            let sender = match open {
+            // the semaphore is never closed
+            let permit = shared.permits.acquire().await?;
+            let sender = match shared.open() {
                 Some(sender) => sender,
                 None => Box::pin(shared.connect()).await?,
             };
@@ -202,8 +248,9 @@ impl tower::Service<Request<Body>> for H2Connection {
                 response
             };
             drop(sender);
-            let response = response.await?;
-            Ok(response.map(|recv| RecvBody { recv }))
+            let response = response.await;
+            drop(permit);
+            Ok(response?.map(|recv| RecvBody { recv, _watch: watch }))
         })
     }
 }
@@ -212,6 +259,8 @@ impl tower::Service<Request<Body>> for H2Connection {
 /// connection's flow-control windows.
 pub struct RecvBody {
     recv: h2::RecvStream,
+    /// A watch's place in its connection's count of open watches.
+    _watch: Option<OpenWatch>,
 }
 
 impl http_body::Body for RecvBody {
@@ -308,7 +357,7 @@ mod tests {
             .https_or_http()
             .enable_http2()
             .wrap_connector(http);
-        H2Connection::new(https, server.clone())
+        H2Connection::new(https, server.clone(), 64)
     }
 
     async fn send(connection: &H2Connection, request: Request<Body>) -> Result<Bytes, BoxError> {
@@ -366,6 +415,79 @@ mod tests {
         }
         assert_eq!(get(&connection, &server).await.unwrap(), "connection 2");
         assert_eq!(get(&connection, &server).await.unwrap(), "connection 2");
+    }
+
+    #[tokio::test]
+    async fn at_most_in_flight_requests_wait_for_headers_and_the_rest_wait_their_turn() {
+        // a server that answers a request only when the test lets it, counting the requests that reached it
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server: Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let (seen, gate) = (arrived.clone(), release.clone());
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                let (seen, gate) = (seen.clone(), gate.clone());
+                async move {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    gate.acquire().await.unwrap().forget();
+                    Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from("done"))))
+                }
+            });
+            let _ = http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+        let mut plain = HttpConnector::new();
+        plain.enforce_http(false);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(
+                rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+            )
+            .https_or_http()
+            .enable_http2()
+            .wrap_connector(plain);
+        let connection = H2Connection::new(https, server.clone(), 2);
+        let requests: Vec<_> = (0..5)
+            .map(|_| {
+                let (connection, server) = (connection.clone(), server.clone());
+                tokio::spawn(async move { get(&connection, &server).await.unwrap() })
+            })
+            .collect();
+        let guard = Duration::from_secs(30);
+        let until = |n: usize| {
+            let arrived = arrived.clone();
+            tokio::time::timeout(guard, async move {
+                while arrived.load(Ordering::SeqCst) < n {
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        until(2).await.unwrap();
+        // both permits are taken: the other three wait for one, unsent
+        assert_eq!(connection.shared.permits.available_permits(), 0);
+        assert_eq!(arrived.load(Ordering::SeqCst), 2);
+        // an answer lets the next one through
+        release.add_permits(1);
+        until(3).await.unwrap();
+        release.add_permits(4);
+        for request in requests {
+            assert_eq!(
+                tokio::time::timeout(guard, request).await.unwrap().unwrap(),
+                "done"
+            );
+        }
+        assert_eq!(arrived.load(Ordering::SeqCst), 5);
+        assert_eq!(connection.shared.permits.available_permits(), 2);
     }
 
     #[tokio::test]

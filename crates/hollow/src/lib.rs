@@ -3,8 +3,8 @@
 //! many kubelets would do.
 //!
 //! * [`profiles`] — node profiles (capacity, labels, taints, zones, extended resources) and who gets which.
-//! * [`client_pool`] — a few HTTP/2 API connections the agents are sharded over (or one per node, with
-//!   per-node credentials).
+//! * [`client_pool`] — the agents' API client over a few HTTP/2 connections (or one per node, with per-node
+//!   credentials); [`connections`] picks a connection per request, [`h2_connection`] is one connection.
 //! * [`credentials`] — per-node client certificates (`system:node:<name>`) minted from the cluster's client CA.
 //! * [`bootstrap`] — per-node client certificates requested from the cluster (TLS bootstrap).
 //! * [`fleet`] — building, starting (rate-limited) and stopping the agents.
@@ -22,6 +22,7 @@ pub mod bootstrap;
 pub mod chaos;
 pub mod cidrs;
 pub mod client_pool;
+pub mod connections;
 pub mod credentials;
 pub mod fleet;
 pub mod h2_connection;
