@@ -313,6 +313,8 @@ pub struct NodeFactory {
     token: CancellationToken,
     /// One timer for every node's periodic waits (leases, status, runtime polls, collection and eviction).
     timer: node_agent::timer::Timer,
+    /// One copy of the collection settings for every node.
+    gc: Arc<node_agent::config::GcSettings>,
 }
 
 impl NodeFactory {
@@ -337,7 +339,7 @@ impl NodeFactory {
         machine.ephemeral_storage_bytes = t.ephemeral_storage_bytes;
         machine.extended_resources = t.extended_resources.clone();
         let mut config = AgentConfig::new(name.clone(), spec.node_ip, t.kubelet.clone(), machine);
-        config.gc = spec.gc;
+        config.gc = self.gc.clone();
         if self.kubelet_server.is_some() {
             config.kubelet_port = u16::try_from(index)
                 .ok()
@@ -490,6 +492,7 @@ impl Fleet {
             kubelet_server,
             token: token.clone(),
             timer: node_agent::timer::Timer::new(),
+            gc: Arc::new(spec.gc),
         });
         let mut nodes = Vec::with_capacity(spec.nodes);
         let period = Duration::from_secs_f64(1.0 / spec.register_qps.max(0.001));

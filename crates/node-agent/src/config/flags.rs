@@ -422,7 +422,7 @@ impl Flags {
         cfg.node_labels = Arc::new(self.node_labels.clone().map(|l| l.0).unwrap_or_default());
         cfg.mark_unschedulable_on_shutdown = self.mark_unschedulable_on_shutdown;
         let defaults = super::GcSettings::default();
-        cfg.gc = super::GcSettings {
+        cfg.gc = Arc::new(super::GcSettings {
             minimum_container_ttl: self
                 .minimum_container_ttl_duration
                 .unwrap_or(defaults.minimum_container_ttl),
@@ -434,7 +434,7 @@ impl Flags {
                 .unwrap_or(defaults.max_dead_containers),
             container_gc_period: self.container_gc_period,
             image_gc_period: self.image_gc_period,
-        };
+        });
         cfg.validate()?;
         Ok(cfg)
     }
@@ -530,7 +530,7 @@ mod tests {
         assert_eq!(cfg.node_name, "my-host");
         assert!(cfg.node_ip.is_loopback());
         assert_eq!(
-            cfg.gc,
+            *cfg.gc,
             crate::config::GcSettings::default(),
             "the kubelet's GC defaults"
         );

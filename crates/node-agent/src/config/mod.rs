@@ -417,8 +417,9 @@ pub struct AgentConfig {
     pub kubelet_version: Arc<str>,
     /// On graceful stop, mark the Node unschedulable (undone at the next start).
     pub mark_unschedulable_on_shutdown: bool,
-    /// Container and image garbage collection (flags; the image thresholds are in `kubelet`).
-    pub gc: GcSettings,
+    /// Container and image garbage collection (flags; the image thresholds are in `kubelet`). Shared: a fleet's
+    /// nodes hold one copy.
+    pub gc: Arc<GcSettings>,
 }
 
 impl AgentConfig {
@@ -445,7 +446,7 @@ impl AgentConfig {
                 VERSION.clone()
             },
             mark_unschedulable_on_shutdown: false,
-            gc: GcSettings::default(),
+            gc: Arc::default(),
         }
     }
 
