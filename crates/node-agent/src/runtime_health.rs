@@ -155,11 +155,23 @@ impl RuntimeHealthMonitor {
         async move {
             let mut interval = JitteredInterval::immediate(POLL_PERIOD, 0.1);
             loop {
-                // boxed: the idle task keeps its waits, not room for a poll and its timeout
-                tokio::select! {
-                    _ = self.timer.tick(&mut interval) => Box::pin(self.poll()).await,
-                    () = self.recheck.notified() => Box::pin(self.poll()).await,
+                // the timer's wait and the poke polled by hand: `tokio::select!`'s branch futures and
+                // bookkeeping were 80 bytes of the idle task
+                let mut tick = self.timer.sleep_until(interval.deadline());
+                let recheck = &self.recheck;
+                let due = std::future::poll_fn(|cx| {
+                    if std::pin::Pin::new(&mut tick).poll(cx).is_ready() {
+                        return std::task::Poll::Ready(true);
+                    }
+                    std::pin::pin!(recheck.notified()).poll(cx).map(|()| false)
+                })
+                .await;
+                drop(tick);
+                if due {
+                    interval.advance(Instant::now());
                 }
+                // boxed: the idle task keeps its waits, not room for a poll and its timeout
+                Box::pin(self.poll()).await;
             }
         }
     }

@@ -61,21 +61,25 @@ async fn the_agents_long_lived_futures_stay_small() {
             size_of_val(&m.health_monitor.run()),
             // 632 bytes (a 768-byte task) while a poll and its timeout were held in place; 400 while it waited
             // on the agent's token itself (the node side's join stops it now, see `join::join7_stop`); 312 while
-            // its wait held a tokio `Sleep` and a `Notified` (see `crate::timer`, `crate::poke`)
-            192,
+            // its wait held a tokio `Sleep` and a `Notified` (see `crate::timer`, `crate::poke`); 184 while the
+            // timer's wait and the poke were raced in `tokio::select!`
+            144,
         ),
         // 2,328 and 1,320 bytes while written as `async fn`s taking `self` (kept twice); then 1,472 (a
         // 1,664-byte task) while the start-up clock and full transition timestamps were kept; 1,368 while it kept
         // its own `kube::Client` and waited on three channels through `Notified` futures (~80 bytes each); 1,040
         // while its idle wait included the agent's token; 960 while its trigger wait kept a second receiver of
         // each signal and its image list and pod CIDR were held in place
-        // 888 while its wait held a tokio `Sleep` and a `Notified`
-        ("node status", size_of_val(&m.status.run()), 768),
+        // 888 while its wait held a tokio `Sleep` and a `Notified`; 768 while its four conditions kept two `Cow`s
+        // each; 640 while its triggers were raced in `tokio::select!` (144 bytes; now polled by hand) and the
+        // first wait for the runtime's answer, with its timeout, was held in place
+        ("node status", size_of_val(&m.status.run()), 528),
         // 784 bytes (an 896-byte task) while it kept an `Api` (272 bytes; now built per request), a retry
         // back-off every renewal resets, and the Node's name twice; 640 with a `kube::Client` of its own; 552
         // while it waited on the agent's token; 448 while the Lease it last wrote was held in place
-        // 376 while it slept on a tokio `Sleep` of its own
-        ("lease", size_of_val(&m.lease.run()), 320),
+        // 376 while it slept on a tokio `Sleep` of its own; 312 while a renewal's result and the Node's copy
+        // stayed in scope across the wait for the next one
+        ("lease", size_of_val(&m.lease.run()), 168),
         (
             "node informer",
             size_of_val(&m.informer.run()),
@@ -91,8 +95,8 @@ async fn the_agents_long_lived_futures_stay_small() {
             size_of_val(&ctx.eviction_loop(crate::chan::unbounded_channel().0)),
             // its own context clone, thresholds and state, one sleep or cleanup wait (a pass is boxed); 680
             // bytes while each wait was raced against the agent's token in a second future; 352 while it slept on a
-            // tokio `Sleep` of its own
-            280,
+            // tokio `Sleep` of its own; 280 while a pass's answer stayed in scope across the wait
+            264,
         ),
         (
             "pod lifecycle",
@@ -114,8 +118,9 @@ async fn the_agents_long_lived_futures_stay_small() {
             "garbage collectors",
             size_of_val(&ctx.gc_loop()),
             // 568 bytes (a 768-byte task) while its two timers each kept a sleep; 520 while it raced its sleep
-            // and its passes against the agent's token; 288 while that sleep was a tokio `Sleep`
-            208,
+            // and its passes against the agent's token; 288 while that sleep was a tokio `Sleep`; 208 while it kept
+            // the periods its timers are made from
+            176,
         ),
     ];
     check(&sizes);
@@ -130,7 +135,9 @@ async fn the_agents_long_lived_futures_stay_small() {
 /// the 3,584 class) while the join's branch wakers, the status task's second receivers and the lease task's
 /// kept Lease were held in place. Under 2,944 bytes the cell (the future and ~112 bytes of tokio's, in
 /// multiples of 128) fits jemalloc's 3,072-byte class; under 2,432 (since the managers wait on a shared
-/// timer) its 2,560-byte class.
+/// timer) its 2,560-byte class; under 1,936 its 2,048-byte class (2,384 bytes while the status task's conditions
+/// kept two `Cow`s each, its triggers and the runtime monitor's waits were raced in `tokio::select!`, and the
+/// lease, eviction and collection loops kept what they no longer needed across their waits).
 #[tokio::test]
 async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
     let (ctx, m) = agent().managers();
@@ -174,8 +181,9 @@ async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
         ),
         // 2,848 bytes (a cell in jemalloc's 3,072-byte class) while five managers each held a tokio `Sleep` (112
         // bytes; now a shared timer's 24-byte wait, see `crate::timer`) and two a `Notified` (64; now a `Poke`'s
-        // 8); under 2,432 the cell fits the 2,560-byte class
-        ("node side (joined)", size_of_val(&joined), 2_432),
+        // 8); 2,384 (the 2,560-byte class) before the changes listed above; under 1,936 the cell fits the
+        // 2,048-byte class
+        ("node side (joined)", size_of_val(&joined), 1_936),
     ]);
 }
 
@@ -204,8 +212,9 @@ fn per_node_and_per_pod_structures_stay_small() {
     let mut sizes = vec![
         ("AgentContext", size_of::<crate::AgentContext>(), 320),
         // one per node in a shared `Arc` (16 bytes more): 416 bytes (jemalloc's 448-byte class) while the machine
-        // facts and the kubelet version kept a `String` each, the fleet-wide ones allocated per node too
-        ("AgentConfig", size_of::<AgentConfig>(), 368),
+        // facts and the kubelet version kept a `String` each, the fleet-wide ones allocated per node too; 352 (the
+        // 384 class) while each node kept its own copy of the collection settings; under 304 the 320 class
+        ("AgentConfig", size_of::<AgentConfig>(), 304),
         ("MachineInfo", size_of::<MachineInfo>(), 192),
         ("NodeSnapshot", size_of::<crate::node::NodeSnapshot>(), 256),
     ];

@@ -100,14 +100,12 @@ pub struct EvictionManager {
 }
 
 /// Waits one monitoring interval (its end on the process-wide [`grid`](crate::grid)).
-async fn next_pass(timer: &crate::timer::Timer) {
-    timer
-        .sleep_until(crate::backoff::next_tick(
-            Instant::now(),
-            MONITORING_INTERVAL,
-            0.0,
-        ))
-        .await;
+fn next_pass(timer: &crate::timer::Timer) -> crate::timer::Wait<'_> {
+    timer.sleep_until(crate::backoff::next_tick(
+        Instant::now(),
+        MONITORING_INTERVAL,
+        0.0,
+    ))
 }
 
 fn pod_reference(p: &ActivePod) -> ObjectReference {
@@ -154,16 +152,19 @@ impl EvictionManager {
             loop {
                 // boxed: a pass's state lives on the heap only while it runs (thousands of idle agents per fleet)
                 let evicted = Box::pin(self.synchronize(Instant::now())).await;
-                match evicted {
-                    Some(done) => {
-                        // boxed: its timer is held only while a pod stops
-                        let stopped = Box::pin(tokio::time::timeout(CLEANUP_WAIT, done)).await;
-                        // a pod that could not be evicted (gone meanwhile) does not make the next pass come early
-                        if !matches!(stopped, Ok(Ok(true))) {
-                            next_pass(&self.ctx.timer).await;
-                        }
-                    }
-                    None => next_pass(&self.ctx.timer).await,
+                // whether a pod was evicted and has stopped: then the next pass comes at once (one that could not
+                // be evicted, gone meanwhile, does not make it come early); the pass's answer is gone before
+                // the wait
+                let stopped = match evicted {
+                    // boxed: its timer is held only while a pod stops
+                    Some(done) => matches!(
+                        Box::pin(tokio::time::timeout(CLEANUP_WAIT, done)).await,
+                        Ok(Ok(true))
+                    ),
+                    None => false,
+                };
+                if !stopped {
+                    next_pass(&self.ctx.timer).await;
                 }
             }
         }

@@ -72,14 +72,15 @@ pub fn run(
     periods: Periods,
     timer: crate::timer::Timer,
 ) -> impl Future<Output = ()> + Send + 'static {
+    // made before the loop's future: the periods they are made from would be kept in it for good
+    let mut containers = JitteredInterval::new(periods.containers, 0.0);
+    let mut images = if gc.images.policy().disabled() {
+        tracing::info!(%node, "imageGCHighThresholdPercent is 100 and imageMaximumGCAge is 0: image garbage collection is off");
+        None
+    } else {
+        Some(JitteredInterval::new(periods.images, 0.0))
+    };
     async move {
-        let mut containers = JitteredInterval::new(periods.containers, 0.0);
-        let mut images = if gc.images.policy().disabled() {
-            tracing::info!(%node, "imageGCHighThresholdPercent is 100 and imageMaximumGCAge is 0: image garbage collection is off");
-            None
-        } else {
-            Some(JitteredInterval::new(periods.images, 0.0))
-        };
         let (mut containers_failed, mut images_failed) = (false, false);
         loop {
             // one sleep for both timers: each would otherwise keep a sleep of its own in the idle task

@@ -5,7 +5,6 @@
 //! API server has it, so a restart after the controller-manager set `Unknown` produces the same events
 //! (NodeReady, NodeHasSufficientMemory, ...) the kubelet would.
 
-use std::borrow::Cow;
 use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::core::v1::NodeCondition;
@@ -44,9 +43,54 @@ impl CondStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Cond {
     status: CondStatus,
-    reason: Cow<'static, str>,
-    message: Cow<'static, str>,
+    text: Text,
     transition: Transition,
+}
+
+/// A condition's reason and message: a pair the kubelet's own states use (static), or texts of their own (a
+/// NotReady message, a condition seeded from the API) in a box. Two words where two `Cow`s were six: the node
+/// status task holds four for the node's life. Compared and hashed by the texts, not by where they are kept.
+#[derive(Debug, Clone)]
+enum Text {
+    Static(&'static (&'static str, &'static str)),
+    Own(Box<(Box<str>, Box<str>)>),
+}
+
+impl Text {
+    const NONE: Text = Text::Static(&("", ""));
+
+    fn own(reason: &str, message: &str) -> Self {
+        Text::Own(Box::new((reason.into(), message.into())))
+    }
+
+    fn reason(&self) -> &str {
+        match self {
+            Text::Static((reason, _)) => reason,
+            Text::Own(texts) => &texts.0,
+        }
+    }
+
+    fn message(&self) -> &str {
+        match self {
+            Text::Static((_, message)) => message,
+            Text::Own(texts) => &texts.1,
+        }
+    }
+}
+
+impl PartialEq for Text {
+    fn eq(&self, other: &Self) -> bool {
+        self.reason() == other.reason() && self.message() == other.message()
+    }
+}
+
+impl Eq for Text {}
+
+impl Hash for Text {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.reason().hash(h);
+        self.message().hash(h);
+    }
 }
 
 /// A condition's last transition time at the API's one-second resolution, in one word (the node status task
@@ -74,8 +118,7 @@ impl Cond {
     fn unknown() -> Self {
         Self {
             status: CondStatus::Unknown,
-            reason: Cow::Borrowed(""),
-            message: Cow::Borrowed(""),
+            text: Text::NONE,
             transition: Transition::NONE,
         }
     }
@@ -112,64 +155,61 @@ pub const MESSAGE_READY: &str = "kubelet is posting ready status";
 
 struct PressureText {
     cond_type: &'static str,
-    ok_reason: &'static str,
-    ok_message: &'static str,
+    /// Reason and message without pressure.
+    ok: (&'static str, &'static str),
     ok_event: &'static str,
-    bad_reason: &'static str,
-    bad_message: &'static str,
+    /// Reason and message under pressure.
+    bad: (&'static str, &'static str),
     bad_event: &'static str,
 }
 
 const MEMORY: PressureText = PressureText {
     cond_type: "MemoryPressure",
-    ok_reason: "KubeletHasSufficientMemory",
-    ok_message: "kubelet has sufficient memory available",
+    ok: (
+        "KubeletHasSufficientMemory",
+        "kubelet has sufficient memory available",
+    ),
     ok_event: "NodeHasSufficientMemory",
-    bad_reason: "KubeletHasInsufficientMemory",
-    bad_message: "kubelet has insufficient memory available",
+    bad: (
+        "KubeletHasInsufficientMemory",
+        "kubelet has insufficient memory available",
+    ),
     bad_event: "NodeHasInsufficientMemory",
 };
 const DISK: PressureText = PressureText {
     cond_type: "DiskPressure",
-    ok_reason: "KubeletHasNoDiskPressure",
-    ok_message: "kubelet has no disk pressure",
+    ok: ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
     ok_event: "NodeHasNoDiskPressure",
-    bad_reason: "KubeletHasDiskPressure",
-    bad_message: "kubelet has disk pressure",
+    bad: ("KubeletHasDiskPressure", "kubelet has disk pressure"),
     bad_event: "NodeHasDiskPressure",
 };
 const PID: PressureText = PressureText {
     cond_type: "PIDPressure",
-    ok_reason: "KubeletHasSufficientPID",
-    ok_message: "kubelet has sufficient PID available",
+    ok: ("KubeletHasSufficientPID", "kubelet has sufficient PID available"),
     ok_event: "NodeHasSufficientPID",
-    bad_reason: "KubeletHasInsufficientPID",
-    bad_message: "kubelet has insufficient PID available",
+    bad: (
+        "KubeletHasInsufficientPID",
+        "kubelet has insufficient PID available",
+    ),
     bad_event: "NodeHasInsufficientPID",
 };
 
 fn update_pressure(
     c: &mut Cond,
-    text: &PressureText,
+    text: &'static PressureText,
     pressure: bool,
     now: Timestamp,
     events: &mut Vec<&'static str>,
 ) {
-    let (want, reason, message, event) = if pressure {
-        (
-            CondStatus::True,
-            text.bad_reason,
-            text.bad_message,
-            text.bad_event,
-        )
+    let (want, texts, event) = if pressure {
+        (CondStatus::True, &text.bad, text.bad_event)
     } else {
-        (CondStatus::False, text.ok_reason, text.ok_message, text.ok_event)
+        (CondStatus::False, &text.ok, text.ok_event)
     };
     if c.status != want {
         *c = Cond {
             status: want,
-            reason: Cow::Borrowed(reason),
-            message: Cow::Borrowed(message),
+            text: Text::Static(texts),
             transition: Transition::at(now),
         };
         events.push(event);
@@ -216,8 +256,10 @@ impl NodeConditions {
             };
             *slot = Cond {
                 status: CondStatus::parse(&c.status),
-                reason: Cow::Owned(c.reason.clone().unwrap_or_default()),
-                message: Cow::Owned(c.message.clone().unwrap_or_default()),
+                text: Text::own(
+                    c.reason.as_deref().unwrap_or_default(),
+                    c.message.as_deref().unwrap_or_default(),
+                ),
                 transition: c
                     .last_transition_time
                     .as_ref()
@@ -241,16 +283,14 @@ impl NodeConditions {
         update_pressure(&mut self.disk, &DISK, inputs.disk_pressure, now, &mut events);
         update_pressure(&mut self.pid, &PID, inputs.pid_pressure, now, &mut events);
 
-        let (status, reason, message): (CondStatus, &'static str, Cow<'static, str>) =
-            if inputs.not_ready.is_empty() {
-                (CondStatus::True, REASON_READY, Cow::Borrowed(MESSAGE_READY))
-            } else {
-                (
-                    CondStatus::False,
-                    REASON_NOT_READY,
-                    Cow::Owned(aggregate(&inputs.not_ready)),
-                )
-            };
+        let (status, text) = if inputs.not_ready.is_empty() {
+            (CondStatus::True, Text::Static(&(REASON_READY, MESSAGE_READY)))
+        } else {
+            (
+                CondStatus::False,
+                Text::own(REASON_NOT_READY, &aggregate(&inputs.not_ready)),
+            )
+        };
         let had_ready = self.ready.transition.is_some() || self.ready.status != CondStatus::Unknown;
         if self.ready.status != status {
             // A status change is a transition; the kubelet records an event only when a Ready condition existed.
@@ -263,14 +303,12 @@ impl NodeConditions {
             }
             self.ready = Cond {
                 status,
-                reason: Cow::Borrowed(reason),
-                message,
+                text,
                 transition: Transition::at(now),
             };
         } else {
             // Same status: reason/message refresh, transition time kept.
-            self.ready.reason = Cow::Borrowed(reason);
-            self.ready.message = message;
+            self.ready.text = text;
             if !self.ready.transition.is_some() {
                 self.ready.transition = Transition::at(now);
             }
@@ -285,7 +323,11 @@ impl NodeConditions {
 
     /// The Ready condition's status, reason and message.
     pub fn ready(&self) -> (CondStatus, &str, &str) {
-        (self.ready.status, &self.ready.reason, &self.ready.message)
+        (
+            self.ready.status,
+            self.ready.text.reason(),
+            self.ready.text.message(),
+        )
     }
 
     /// A fingerprint of everything but heartbeat times: equal fingerprints mean nothing to report.
@@ -313,8 +355,8 @@ impl NodeConditions {
         .map(|(t, c)| NodeCondition {
             type_: t.into(),
             status: c.status.as_str().into(),
-            reason: Some(c.reason.to_string()),
-            message: Some(c.message.to_string()),
+            reason: Some(c.text.reason().to_owned()),
+            message: Some(c.text.message().to_owned()),
             last_heartbeat_time: Some(Time(heartbeat)),
             last_transition_time: Some(Time(c.transition.get().unwrap_or(heartbeat))),
         })

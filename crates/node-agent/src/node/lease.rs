@@ -128,29 +128,27 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
                     // not reached: registration only ever publishes a Node
                     return;
                 };
-                let renewer = &mut self.renewer;
-                let (result, owner) = Box::pin(async move {
-                    let result = renewer.renew(&owner).await;
-                    (result, owner)
+                // the renewal and what it decides, in a box: its result and the Node's copy are gone before the
+                // wait for the next one (held in the idle task they were 150 bytes of it)
+                let (renewer, backoff, recovered) = (&mut self.renewer, &mut self.backoff, &self.recovered);
+                // `None`: the next renewal is periodic
+                let retry = Box::pin(async move {
+                    match renewer.renew(&owner).await {
+                        Ok(()) => {
+                            if let Some(backoff) = backoff.take() {
+                                tracing::info!(node = %owner.name, failures = backoff.attempts(), "node lease renewed again");
+                                recovered.notify_one();
+                            }
+                            None
+                        }
+                        Err(e) => {
+                            let d = Backoff::in_slot(backoff, BackoffPolicy::lease_retry()).next_delay();
+                            tracing::warn!(node = %owner.name, error = %e, retry_in = ?d, "failed to renew node lease");
+                            Some(d)
+                        }
+                    }
                 })
                 .await;
-                // `None`: the next renewal is periodic
-                let retry = match result {
-                    Ok(()) => {
-                        if let Some(backoff) = self.backoff.take() {
-                            tracing::info!(node = %owner.name, failures = backoff.attempts(), "node lease renewed again");
-                            self.recovered.notify_one();
-                        }
-                        None
-                    }
-                    Err(e) => {
-                        let d =
-                            Backoff::in_slot(&mut self.backoff, BackoffPolicy::lease_retry()).next_delay();
-                        tracing::warn!(node = %owner.name, error = %e, retry_in = ?d, "failed to renew node lease");
-                        Some(d)
-                    }
-                };
-                drop(owner);
                 match retry {
                     None => {
                         let next = next_tick(Instant::now(), self.renew_interval, RENEW_JITTER);

@@ -150,7 +150,8 @@ impl NodeStatusManager {
     pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             // Give the runtime monitor a moment for its first answer, so the Node is created with real readiness.
-            wait_for_first_health(&self.channels.signals.health).await;
+            // boxed: its timeout is not kept in the idle task
+            Box::pin(wait_for_first_health(&self.channels.signals.health)).await;
             // The calls below are boxed: between them the task holds only its state, not room for their requests.
             if !Box::pin(self.register()).await {
                 return;

@@ -9,8 +9,13 @@
 //!   not a period later); a re-read when the lease task asks; and a look at the Node whenever the node informer
 //!   saw it change (a pod CIDR assigned after registration is handed to the runtime at once).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::{NodeSnapshot, Pressure};
 use crate::backoff::JitteredInterval;
@@ -86,31 +91,49 @@ impl StatusTriggers {
     }
 
     /// Waits for the next thing to do: the timer, or a change of `signals` not yet seen.
-    pub async fn next(&mut self, signals: &mut Signals) -> Trigger {
-        loop {
-            tokio::select! {
-                _ = signals.timer.tick(&mut self.interval) => return Trigger::Tick,
-                r = signals.health.changed(), if self.health_open => {
-                    self.health_open = r.is_ok();
-                    if self.health_open {
-                        return Trigger::InputsChanged;
-                    }
-                }
-                r = signals.pressure.changed(), if self.pressure_open => {
-                    self.pressure_open = r.is_ok();
-                    if self.pressure_open {
-                        return Trigger::InputsChanged;
-                    }
-                }
-                r = signals.node.changed(), if self.node_open => {
-                    self.node_open = r.is_ok();
-                    if self.node_open {
-                        return Trigger::NodeChanged;
-                    }
-                }
-                () = signals.resync.notified() => return Trigger::Resync,
+    ///
+    /// Polled by hand rather than through `tokio::select!`, whose branch futures and bookkeeping were 144 bytes
+    /// of the idle status task: the timer's wait is the one thing kept between polls (the channels' and the
+    /// poke's waits hold nothing of their own); when several are ready at once they are taken in this order.
+    pub fn next<'a>(&'a mut self, signals: &'a mut Signals) -> impl Future<Output = Trigger> + Send + 'a {
+        // the wait holds a handle of its own on the timer, so that the closure takes `signals` whole (one
+        // reference, where its fields taken apart were five)
+        let mut tick = signals.timer.sleep_until_owned(self.interval.deadline());
+        std::future::poll_fn(move |cx| {
+            if Pin::new(&mut tick).poll(cx).is_ready() {
+                self.interval.advance(Instant::now());
+                return Poll::Ready(Trigger::Tick);
             }
+            let signals = &mut *signals;
+            if poll_changed(&mut signals.health, &mut self.health_open, cx)
+                || poll_changed(&mut signals.pressure, &mut self.pressure_open, cx)
+            {
+                return Poll::Ready(Trigger::InputsChanged);
+            }
+            if poll_changed(&mut signals.node, &mut self.node_open, cx) {
+                return Poll::Ready(Trigger::NodeChanged);
+            }
+            if std::pin::pin!(signals.resync.notified()).poll(cx).is_ready() {
+                return Poll::Ready(Trigger::Resync);
+            }
+            Poll::Pending
+        })
+    }
+}
+
+/// Whether `rx` has a version not yet seen, marking it seen (a pending poll lists the task for the next one);
+/// once every sender is gone the channel is marked closed in `open` and counts no more.
+fn poll_changed<T>(rx: &mut watch::Receiver<T>, open: &mut bool, cx: &mut Context<'_>) -> bool {
+    if !*open {
+        return false;
+    }
+    match Pin::new(&mut rx.changed()).poll(cx) {
+        Poll::Ready(Ok(())) => true,
+        Poll::Ready(Err(_)) => {
+            *open = false;
+            false
         }
+        Poll::Pending => false,
     }
 }
 
