@@ -11,6 +11,7 @@
 //! while `capacity` messages are queued (~160 bytes idle; tokio's bounded channel is ~1.3 KiB).
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::StreamExt;
 use futures::channel::mpsc;
@@ -61,7 +62,13 @@ impl<T> UnboundedReceiver<T> {
     /// The next message; `None` once every sender is gone and the queue is empty. Cancel-safe. The wait is one
     /// pointer (a long-lived task waiting here keeps nothing else for it).
     pub fn recv(&mut self) -> impl Future<Output = Option<T>> + '_ {
-        std::future::poll_fn(move |cx| self.0.poll_next_unpin(cx))
+        std::future::poll_fn(move |cx| self.poll_recv(cx))
+    }
+
+    /// [`recv`](Self::recv) for a future polled by hand: the next message, or `Pending` with `cx` woken when one
+    /// is queued.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        self.0.poll_next_unpin(cx)
     }
 
     /// A message queued now, if any.
@@ -138,12 +145,14 @@ impl<T> Receiver<T> {
     /// The next message (its room freed); `None` once every sender is gone and the queue is empty.
     /// Cancel-safe. The wait is one pointer.
     pub fn recv(&mut self) -> impl Future<Output = Option<T>> + '_ {
-        std::future::poll_fn(move |cx| {
-            self.rx
-                .0
-                .poll_next_unpin(cx)
-                .map(|next| next.map(|(value, _permit)| value))
-        })
+        std::future::poll_fn(move |cx| self.poll_recv(cx))
+    }
+
+    /// [`recv`](Self::recv) for a future polled by hand (its room freed when it is ready).
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|next| next.map(|(value, _permit)| value))
     }
 
     /// A message queued now, if any.

@@ -1,87 +1,17 @@
 //! The agent's side of running the pod lifecycle as one of its managers: the pod configuration from the agent's
 //! KubeletConfiguration, events through the agent's recorder, API calls through its rate limit, and the
-//! [`NodeView`] kept equal to the Node the node half registered, the agent's allocatable and its pressure.
+//! node's view composed from the Node the node half registered, the agent's allocatable and its pressure.
 //! The dependency runs one way: the agent knows the pod lifecycle, the pod lifecycle knows nothing of the agent.
 
 use std::sync::Arc;
 
 use futures::FutureExt;
-use tokio_util::sync::CancellationToken;
 
 use super::AgentContext;
-use crate::node::{NodeSnapshot, Pressure, ResourceList};
 use crate::pods::dns::NodeDns;
 use crate::pods::{
-    NodeView, NodeViewFeed, PodConfig, PodLifecycle, PodOptions, StaticPodConfig, pull_gate::PullGate,
+    NodeViewFeed, NodeViews, PodConfig, PodLifecycle, PodOptions, StaticPodConfig, pull_gate::PullSettings,
 };
-use crate::watch;
-
-/// The node view from the registered Node and the allocatable the agent computed.
-fn node_view(node: &NodeSnapshot, allocatable: &ResourceList, pressure: Pressure) -> NodeView {
-    let get = |key: &str, milli: bool| {
-        allocatable
-            .get(key)
-            .and_then(|q| i64::try_from(if milli { q.milli() } else { q.value() }).ok())
-            .unwrap_or(0)
-    };
-    let mut host_ips: Vec<String> = Vec::new();
-    for kind in ["InternalIP", "ExternalIP"] {
-        for (t, addr) in &node.addresses {
-            if t == kind && !host_ips.contains(addr) {
-                host_ips.push(addr.clone());
-            }
-        }
-    }
-    NodeView {
-        name: node.name.clone(),
-        uid: node.uid.clone(),
-        cpu_milli: get("cpu", true),
-        memory: get("memory", false),
-        ephemeral: get("ephemeral-storage", false),
-        pods: get("pods", false),
-        labels: node.labels.clone(),
-        no_execute_taints: node
-            .taints
-            .iter()
-            .filter(|t| t.effect == "NoExecute")
-            .map(|t| (t.key.clone(), t.value.clone().unwrap_or_default()))
-            .collect(),
-        host_ips,
-        pressure,
-    }
-}
-
-/// Keeps `tx` equal to the view of the agent's latest Node and allocatable.
-async fn bridge(
-    mut node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
-    mut allocatable: watch::Receiver<Arc<ResourceList>>,
-    mut pressure: watch::Receiver<Pressure>,
-    tx: watch::Sender<Option<NodeView>>,
-    cancel: CancellationToken,
-) {
-    let (mut node_open, mut alloc_open, mut pressure_open) = (true, true, true);
-    loop {
-        let now = *pressure.borrow_and_update();
-        let view = node
-            .borrow_and_update()
-            .as_ref()
-            .map(|n| node_view(n, &allocatable.borrow_and_update(), now));
-        tx.send_if_modified(|cur| {
-            let changed = *cur != view;
-            *cur = view;
-            changed
-        });
-        if !node_open && !alloc_open {
-            return;
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            r = node.changed(), if node_open => node_open = r.is_ok(),
-            r = allocatable.changed(), if alloc_open => alloc_open = r.is_ok(),
-            r = pressure.changed(), if pressure_open => pressure_open = r.is_ok(),
-        }
-    }
-}
 
 /// The node's DNS settings: `clusterDNS`, `clusterDomain` and the `resolvConf` file, read once per process
 /// (every agent of a fleet has the same).
@@ -122,12 +52,12 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
     config.layout.pods_dir = options.root_dir.as_ref().map(|r| r.join("pods"));
     config.layout.cgroups = options.cgroups.clone();
     config.layout.dns = node_dns(k);
-    config.pulls = Arc::new(PullGate::new(
-        k.serialize_image_pulls,
-        k.max_parallel_image_pulls,
-        k.registry_pull_qps,
-        k.registry_burst,
-    ));
+    config.pulls = PullSettings {
+        serialize: k.serialize_image_pulls,
+        max_parallel: k.max_parallel_image_pulls,
+        qps: k.registry_pull_qps,
+        burst: k.registry_burst,
+    };
     config.object_ttl = match k.config_map_and_secret_change_detection_strategy.as_str() {
         "Get" => std::time::Duration::ZERO,
         _ => k.sync_frequency,
@@ -146,11 +76,8 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
         ctx.allocatable.clone(),
         ctx.pressure.subscribe(),
     );
-    // the view and its bridge are made with the pod side (a node without pods has neither)
-    let view = NodeViewFeed::Bridge(Box::new(move |cancel| {
-        let (tx, rx) = watch::channel(None);
-        (rx, bridge(node, allocatable, pressure, tx, cancel).boxed())
-    }));
+    // the view is composed from the agent's channels at each read, from when the pod side is built
+    let view = NodeViewFeed::Make(Box::new(move || NodeViews::agent(node, allocatable, pressure)));
     PodLifecycle::new(
         config,
         ctx.client.clone(),

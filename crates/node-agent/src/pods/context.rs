@@ -8,7 +8,6 @@ use std::sync::Arc;
 use runtime_api::{Runtime, RuntimeError};
 
 use super::PodConfig;
-use super::admission::NodeView;
 use super::events::Recorder;
 use super::metrics::PodMetrics;
 use super::objects::PodObjects;
@@ -17,7 +16,6 @@ use super::probes::{ProbeMetrics, ProbeTransport};
 use super::spec::DesiredPod;
 use super::status::StatusHandle;
 use super::worker_state::WorkerReport;
-use crate::watch;
 
 pub(crate) struct AgentCtx {
     pub config: PodConfig,
@@ -30,11 +28,13 @@ pub(crate) struct AgentCtx {
     /// This node's per-probe series (`/metrics/probes`).
     pub probe_metrics: Arc<ProbeMetrics>,
     pub status: StatusHandle,
-    pub node: watch::Receiver<Option<NodeView>>,
+    pub node: super::NodeViews,
     /// ConfigMaps, Secrets and tokens that pods' volumes and environment name.
     pub objects: Arc<dyn PodObjects>,
     /// Where pod workers report to the pod manager (one sender for the agent's workers, not one each).
     pub reports: crate::chan::UnboundedSender<WorkerReport>,
+    /// The node's image pull gate.
+    pub pulls: Arc<super::pull_gate::PullGate>,
 }
 
 impl AgentCtx {
@@ -59,10 +59,6 @@ impl AgentCtx {
 
     /// The node's host IPs (InternalIP first).
     pub fn host_ips(&self) -> Vec<String> {
-        self.node
-            .borrow()
-            .as_ref()
-            .map(|n| n.host_ips.clone())
-            .unwrap_or_default()
+        self.node.get().map(|n| n.host_ips).unwrap_or_default()
     }
 }

@@ -136,7 +136,7 @@ pub async fn resolve(
             EnvValue::Expand(v) => expand(v, |n| env.get(n)),
             EnvValue::PodIp => pod_ip.to_owned(),
             EnvValue::HostIp => host_ip.to_owned(),
-            EnvValue::Resource(r) => content::resource_value(pod, Some(c), r, ctx.node.borrow().as_ref())?,
+            EnvValue::Resource(r) => content::resource_value(pod, Some(c), r, ctx.node.get().as_ref())?,
             EnvValue::ConfigMapKey(r) | EnvValue::SecretKey(r) => {
                 let kind = if matches!(value, EnvValue::SecretKey(_)) {
                     ObjectKind::Secret

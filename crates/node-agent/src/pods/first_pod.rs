@@ -14,6 +14,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::task::Poll;
 
 use runtime_api::{Runtime, cri};
 use tokio_util::sync::CancellationToken;
@@ -54,37 +55,53 @@ where
 {
     let mut taken = Taken::default();
     let mut control_open = true;
-    loop {
-        // in this order: a question is answered after the pod events that came before it
-        tokio::select! {
-            biased;
-            () = cancel.cancelled() => return None,
+    let mut cancelled = std::pin::pin!(cancel.cancelled());
+    // polled by hand, not through `tokio::select!` (its branch futures and bookkeeping were a third of this
+    // wait, which a node without pods holds for as long as it has none); the channels' waits hold nothing
+    std::future::poll_fn(|cx| {
+        loop {
+            // in this order: a question is answered after the pod events that came before it
+            if cancelled.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(None);
+            }
             // the watch ends only when its channel is gone; the source's end is read below
-            () = std::future::poll_fn(|cx| match watch.as_mut() {
-                Some(w) => w.as_mut().poll(cx),
-                None => std::task::Poll::Pending,
-            }), if watch.is_some() => *watch = None,
-            event = source.recv() => match event {
-                Some(PodEvent::Snapshot(pods)) if pods.is_empty() => {
+            if let Some(w) = watch.as_mut()
+                && w.as_mut().poll(cx).is_ready()
+            {
+                *watch = None;
+            }
+            match source.poll_recv(cx) {
+                Poll::Ready(Some(PodEvent::Snapshot(pods))) if pods.is_empty() => {
                     taken.events = vec![PodEvent::Snapshot(pods)];
+                    continue;
                 }
-                Some(event) => {
+                Poll::Ready(Some(event)) => {
                     taken.events.push(event);
-                    return Some(taken);
+                    return Poll::Ready(Some(std::mem::take(&mut taken)));
                 }
-                None => return Some(taken),
-            },
-            request = control.recv(), if control_open => match request {
-                Some(request) => {
-                    if let Some(shutdown) = answer(request, !taken.events.is_empty()) {
-                        taken.control = Some(shutdown);
-                        return Some(taken);
+                Poll::Ready(None) => return Poll::Ready(Some(std::mem::take(&mut taken))),
+                Poll::Pending => {}
+            }
+            if control_open {
+                match control.poll_recv(cx) {
+                    Poll::Ready(Some(request)) => {
+                        if let Some(shutdown) = answer(request, !taken.events.is_empty()) {
+                            taken.control = Some(shutdown);
+                            return Poll::Ready(Some(std::mem::take(&mut taken)));
+                        }
+                        continue;
                     }
+                    Poll::Ready(None) => {
+                        control_open = false;
+                        continue;
+                    }
+                    Poll::Pending => {}
                 }
-                None => control_open = false,
-            },
+            }
+            return Poll::Pending;
         }
-    }
+    })
+    .await
 }
 
 /// Answers a question as a pod manager without pods does (`listed`: the API server's list has arrived); a

@@ -149,7 +149,7 @@ impl Images {
         );
         // the node's pull pacing (serializeImagePulls, maxParallelImagePulls, registryPullQPS/Burst)
         let queued = Instant::now();
-        let _slot = ctx.config.pulls.acquire().await;
+        let _slot = ctx.pulls.acquire().await;
         let started = Instant::now();
         // each matching credential of the pod's imagePullSecrets in turn, or one anonymous pull
         let creds = if pod.image_pull_secrets().is_empty() {

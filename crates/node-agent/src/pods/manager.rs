@@ -468,7 +468,7 @@ impl PodManager {
             );
             return;
         }
-        let view = self.ctx.node.borrow().clone();
+        let view = self.ctx.node.get();
         let is_static = self.statics.mirrors.is_static(&desired.uid);
         let verdict: Result<(), Rejection> = match view {
             _ if self.shutting_down && !started_before(&pod) => Err(Rejection {

@@ -48,6 +48,7 @@ mod kill;
 pub mod labels;
 mod manager;
 pub mod metrics;
+pub mod node_view;
 pub mod objects;
 mod observed;
 mod options;
@@ -77,7 +78,6 @@ mod worker_state;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use runtime_api::{Runtime, RuntimeError, cri};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -87,6 +87,7 @@ pub use control::{KnownPods, ManagerControl, PodsQuery};
 pub use events::{MemoryEvents, NoEvents, PodEvent as PodEventRecord, PodEventSink};
 pub use labels::RuntimeLayout;
 pub use metrics::{PodMetrics, Stage, StageReport};
+pub use node_view::NodeViews;
 pub use options::PodOptions;
 pub use probes::{
     NetTarget, NetworkProbes, ProbeMetrics, ProbeOutcome, ProbeTarget, ProbeTransport, ScriptedProbes,
@@ -119,8 +120,8 @@ pub struct PodConfig {
     pub static_pods: Option<Box<StaticPodConfig>>,
     /// How long a read ConfigMap or Secret is reused (0: read at every use); see [`objects`].
     pub object_ttl: Duration,
-    /// How image pulls are paced (default: no limit).
-    pub pulls: Arc<pull_gate::PullGate>,
+    /// How image pulls are paced (default: no limit); the gate is made with the pod side.
+    pub pulls: pull_gate::PullSettings,
 }
 
 impl PodConfig {
@@ -135,7 +136,7 @@ impl PodConfig {
             layout: RuntimeLayout::default(),
             static_pods: None,
             object_ttl: Duration::from_secs(60),
-            pulls: Arc::default(),
+            pulls: pull_gate::PullSettings::default(),
         }
     }
 }
@@ -171,10 +172,8 @@ type NodeViewRx = watch::Receiver<Option<NodeView>>;
 pub enum NodeViewFeed {
     /// A channel kept current by someone else.
     Channel(NodeViewRx),
-    /// Made when the pod side is built (see `first_pod`), given the pod side's token: the channel, and the task
-    /// that keeps it current until the token fires (an agent's bridge from its node's state), so that a node
-    /// without pods holds neither.
-    Bridge(Box<dyn FnOnce(CancellationToken) -> (NodeViewRx, BoxFuture<'static, ()>) + Send + Sync>),
+    /// Made when the pod side is built (see `first_pod`): an agent's views, composed from its own channels.
+    Make(Box<dyn FnOnce() -> NodeViews + Send + Sync>),
 }
 
 impl From<NodeViewRx> for NodeViewFeed {
@@ -292,12 +291,10 @@ impl PodLifecycle {
     ) -> impl Future<Output = Result<(), PodError>> + Send + 'static {
         let this = Box::new(self);
         async move {
-            let tracker = TaskTracker::new();
-            let tasks = cancel.child_token();
             // the manager's future is made in a block of its own: the parts moved into it would otherwise stay in
             // scope, and be kept a second time, while it runs
-            let (run, grace) = {
-                let Some(started) = Box::pin(this.start(&cancel, &tracker, &tasks)).await? else {
+            let (run, grace, tracker, tasks) = {
+                let Some(started) = Box::pin(this.start(&cancel)).await? else {
                     return Ok(());
                 };
                 let Started {
@@ -308,8 +305,15 @@ impl PodLifecycle {
                     pleg,
                     control,
                     grace,
+                    tracker,
+                    tasks,
                 } = started;
-                (manager.run(first, source, statics, pleg, control), grace)
+                (
+                    manager.run(first, source, statics, pleg, control),
+                    grace,
+                    tracker,
+                    tasks,
+                )
             };
             run.await;
             tasks.cancel();
@@ -321,27 +325,24 @@ impl PodLifecycle {
         }
     }
 
-    /// Starts every task of the lifecycle on `tracker` (cancelled by `tasks`) once the runtime answers; `None`:
-    /// `cancel` fired first.
-    async fn start(
-        mut self: Box<Self>,
-        cancel: &CancellationToken,
-        tracker: &TaskTracker,
-        tasks: &CancellationToken,
-    ) -> Result<Option<Started>, PodError> {
+    /// Starts every task of the lifecycle (on a tracker of its own, cancelled by a child of `cancel`) once the
+    /// runtime answers and, for a node with nothing to find, its first pod has arrived; `None`: `cancel` fired
+    /// first.
+    async fn start(mut self: Box<Self>, cancel: &CancellationToken) -> Result<Option<Started>, PodError> {
         let runtime_type = match Box::pin(self.runtime_type(cancel)).await {
             Ok(t) => t,
             Err(_) if cancel.is_cancelled() => return Ok(None),
             Err(e) => return Err(e),
         };
-        let watch_client = match std::mem::replace(&mut self.source, PodSource::Watch) {
-            PodSource::Feed(rx) => Err(rx),
-            PodSource::Watch => Ok(self.client.clone()),
-            PodSource::WatchVia(client) => Ok(client),
-        };
-        let (mut source, mut watch) = match watch_client {
-            Err(rx) => (rx, None),
-            Ok(client) => {
+        // the runtime's name in its final form before the wait below (which holds it)
+        let runtime_type = runtime_type.into_boxed_str();
+        let (mut source, mut watch) = match std::mem::replace(&mut self.source, PodSource::Watch) {
+            PodSource::Feed(rx) => (rx, None),
+            source => {
+                let client = match source {
+                    PodSource::WatchVia(client) => client,
+                    _ => self.client.clone(),
+                };
                 let (tx, rx) = crate::chan::channel(256);
                 let watch =
                     source::watch_node_pods(client, &self.config.node_name, tx, std::future::pending());
@@ -366,14 +367,12 @@ impl PodLifecycle {
                 None => return Ok(None),
             }
         }
+        // made only now: a node waiting for its first pod holds neither
+        let (tracker, tasks) = (&TaskTracker::new(), &cancel.child_token());
         let statics_config = self.config.static_pods.take().map(|c| *c).unwrap_or_default();
         let node = match self.node {
-            NodeViewFeed::Channel(rx) => rx,
-            NodeViewFeed::Bridge(make) => {
-                let (rx, bridge) = make(tasks.clone());
-                tracker.spawn(bridge);
-                rx
-            }
+            NodeViewFeed::Channel(rx) => NodeViews::from(rx),
+            NodeViewFeed::Make(make) => make(),
         };
         let events: Arc<dyn PodEventSink> = match self.events {
             Some(sink) => sink,
@@ -430,9 +429,10 @@ impl PodLifecycle {
         let (reports, reports_rx) = crate::chan::unbounded_channel();
         let ctx = Arc::new(context::AgentCtx {
             objects,
+            pulls: Arc::new(pull_gate::PullGate::new(self.config.pulls)),
             config: self.config,
             runtime: self.runtime,
-            runtime_type: runtime_type.into_boxed_str(),
+            runtime_type,
             probes: self.probes,
             events: events::Recorder::new(events),
             metrics: self.metrics.clone(),
@@ -469,6 +469,8 @@ impl PodLifecycle {
             pleg: pleg_rx,
             control,
             grace,
+            tracker: tracker.clone(),
+            tasks: tasks.clone(),
         }))
     }
 }
@@ -483,6 +485,9 @@ struct Started {
     pleg: crate::chan::UnboundedReceiver<pleg::PlegEvent>,
     control: crate::chan::UnboundedReceiver<ManagerControl>,
     grace: std::time::Duration,
+    /// The lifecycle's tasks, and what stops them.
+    tracker: TaskTracker,
+    tasks: CancellationToken,
 }
 
 /// The in-memory size of each per-pod structure (printed by the size tests).

@@ -1,11 +1,24 @@
 //! How many image pulls one node runs at once and how fast it starts them, as the kubelet paces them:
 //! `serializeImagePulls` (default true: one at a time), else at most `maxParallelImagePulls` (unlimited when
 //! unset), and `registryPullQPS` / `registryBurst` (5 / 10; 0 QPS: no limit). One gate per node, shared by its
-//! pod workers.
+//! pod workers, made with the node's pod side (a node without pods holds only its [`PullSettings`]).
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::api::RateLimiter;
+
+/// The KubeletConfiguration values a node's gate is made from (default: no limits).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PullSettings {
+    /// `serializeImagePulls`: one pull at a time.
+    pub serialize: bool,
+    /// `maxParallelImagePulls` (when not serialized; `None`: unlimited).
+    pub max_parallel: Option<u32>,
+    /// `registryPullQPS` (0: no rate limit).
+    pub qps: u32,
+    /// `registryBurst`.
+    pub burst: u32,
+}
 
 /// One node's image pull gate.
 #[derive(Debug)]
@@ -26,7 +39,13 @@ impl Default for PullGate {
 
 impl PullGate {
     /// A gate from the KubeletConfiguration values.
-    pub fn new(serialize: bool, max_parallel: Option<u32>, qps: u32, burst: u32) -> Self {
+    pub fn new(settings: PullSettings) -> Self {
+        let PullSettings {
+            serialize,
+            max_parallel,
+            qps,
+            burst,
+        } = settings;
         let parallel = if serialize { Some(1) } else { max_parallel };
         Self {
             parallel: parallel.map(|n| Semaphore::new(usize::try_from(n.max(1)).unwrap_or(usize::MAX))),
@@ -78,20 +97,44 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn serialized_parallel_and_rate_limited_pulls() {
         assert_eq!(
-            six_pulls(PullGate::new(true, None, 0, 0)).await,
+            six_pulls(PullGate::new(PullSettings {
+                serialize: true,
+                max_parallel: None,
+                qps: 0,
+                burst: 0
+            }))
+            .await,
             Duration::from_secs(6)
         );
         assert_eq!(
-            six_pulls(PullGate::new(false, Some(3), 0, 0)).await,
+            six_pulls(PullGate::new(PullSettings {
+                serialize: false,
+                max_parallel: Some(3),
+                qps: 0,
+                burst: 0
+            }))
+            .await,
             Duration::from_secs(2)
         );
         assert_eq!(
-            six_pulls(PullGate::new(false, None, 0, 0)).await,
+            six_pulls(PullGate::new(PullSettings {
+                serialize: false,
+                max_parallel: None,
+                qps: 0,
+                burst: 0
+            }))
+            .await,
             Duration::from_secs(1)
         );
         // 2 per second after a burst of 2: starts at 0, 0, 0.5, 1, 1.5, 2 s; the last ends at 3 s
         assert_eq!(
-            six_pulls(PullGate::new(false, None, 2, 2)).await,
+            six_pulls(PullGate::new(PullSettings {
+                serialize: false,
+                max_parallel: None,
+                qps: 2,
+                burst: 2
+            }))
+            .await,
             Duration::from_secs(3)
         );
     }

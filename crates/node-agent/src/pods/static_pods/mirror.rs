@@ -25,7 +25,6 @@ use super::Mirrors;
 use super::manifest::{HASH_ANNOTATION, MIRROR_ANNOTATION};
 use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
-use crate::pods::admission::NodeView;
 use crate::pods::status::{StatusHandle, StatusMsg};
 use crate::watch;
 
@@ -111,7 +110,7 @@ pub(crate) struct MirrorManager {
     client: crate::client::ApiClient,
     api: ApiCalls,
     node_name: String,
-    node: watch::Receiver<Option<NodeView>>,
+    node: crate::pods::NodeViews,
     desired: watch::Receiver<Desired>,
     rx: crate::chan::UnboundedReceiver<MirrorMsg>,
     observed: HashMap<Key, Observed>,
@@ -132,7 +131,7 @@ impl MirrorManager {
         client: impl Into<crate::client::ApiClient>,
         api: ApiCalls,
         node_name: String,
-        node: watch::Receiver<Option<NodeView>>,
+        node: crate::pods::NodeViews,
         desired: watch::Receiver<Desired>,
         rx: crate::chan::UnboundedReceiver<MirrorMsg>,
         mirrors: Mirrors,
@@ -209,12 +208,7 @@ impl MirrorManager {
         if !self.listed {
             return true;
         }
-        let node_uid = self
-            .node
-            .borrow()
-            .as_ref()
-            .map(|n| n.uid.clone())
-            .unwrap_or_default();
+        let node_uid = self.node.get().map(|n| n.uid).unwrap_or_default();
         let desired = self.desired.borrow().clone();
         let mut ok = true;
         for (key, pod) in desired.iter() {

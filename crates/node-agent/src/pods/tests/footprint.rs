@@ -45,9 +45,10 @@ fn bare_ctx(runtime: &FakeRuntime) -> AgentCtx {
         metrics: Arc::new(PodMetrics::new()),
         probe_metrics: Arc::new(crate::pods::ProbeMetrics::default()),
         status,
-        node: node_rx,
+        node: node_rx.into(),
         objects: Arc::new(super::super::objects::NoObjects),
         reports: crate::chan::unbounded_channel().0,
+        pulls: Arc::default(),
     }
 }
 

@@ -139,6 +139,7 @@ impl Harness {
         let events = Arc::new(MemoryEvents::default());
         let metrics = Arc::new(PodMetrics::new());
         let probe_metrics = Arc::new(crate::pods::ProbeMetrics::default());
+        let pulls = config.pulls;
         let (status, status_rx) = StatusHandle::channel();
         let (node_tx, node_rx) = watch::channel(Some(node_view()));
         let (reports, reports_rx) = crate::chan::unbounded_channel();
@@ -151,9 +152,10 @@ impl Harness {
             metrics: metrics.clone(),
             probe_metrics: probe_metrics.clone(),
             status,
-            node: node_rx,
+            node: node_rx.into(),
             objects: Arc::new(super::objects::NoObjects),
             reports,
+            pulls: Arc::new(crate::pods::pull_gate::PullGate::new(pulls)),
         });
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();

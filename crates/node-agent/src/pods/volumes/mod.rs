@@ -216,7 +216,7 @@ impl PodVolumes {
                 VolumeSource::ConfigMap(o) => object(ctx, pod, ObjectKind::ConfigMap, o, v.default_mode).await,
                 VolumeSource::Secret(o) => object(ctx, pod, ObjectKind::Secret, o, v.default_mode).await,
                 VolumeSource::DownwardApi(items) => {
-                    content::downward_files(pod, items, v.default_mode, ctx.node.borrow().as_ref())
+                    content::downward_files(pod, items, v.default_mode, ctx.node.get().as_ref())
                 }
                 VolumeSource::Projected(sources) => {
                     let mut files = Vec::new();
@@ -227,7 +227,7 @@ impl PodVolumes {
                             }
                             Projection::Secret(o) => object(ctx, pod, ObjectKind::Secret, o, v.default_mode).await,
                             Projection::DownwardApi(items) => {
-                                content::downward_files(pod, items, v.default_mode, ctx.node.borrow().as_ref())
+                                content::downward_files(pod, items, v.default_mode, ctx.node.get().as_ref())
                             }
                             Projection::Token {
                                 audience,
