@@ -238,6 +238,31 @@ async fn gpu_profile_nodes_get_gpus_and_gpu_pods_land_only_there() -> anyhow::Re
     Ok(())
 }
 
+/// How long the restart test waits for its 20 nodes to be Ready (after each start).
+const READY_WAIT: Duration = Duration::from_secs(180);
+
+/// The nodes named `prefix-*` that are not Ready, with their Ready condition's reason and message and their
+/// podCIDR: what a timed-out wait for readiness reports.
+async fn not_ready_report(nodes: &Api<Node>, prefix: &str) -> anyhow::Result<String> {
+    let all = nodes_with_prefix(nodes, prefix).await?;
+    let not_ready: Vec<String> = all
+        .iter()
+        .filter(|n| !node_is_ready(n))
+        .map(|n| {
+            let ready = ready_condition(n);
+            let cidr = n.spec.as_ref().and_then(|s| s.pod_cidr.clone());
+            format!(
+                "{} (Ready {:?}: {:?} {:?}; podCIDR {cidr:?})",
+                name_of(n),
+                ready.map(|c| c.status.clone()),
+                ready.and_then(|c| c.reason.clone()),
+                ready.and_then(|c| c.message.clone()),
+            )
+        })
+        .collect();
+    Ok(format!("{} nodes, not Ready: {not_ready:?}", all.len()))
+}
+
 fn start_binary(kubeconfig: &std::path::Path, port: u16) -> anyhow::Result<Child> {
     Ok(Command::new(env!("CARGO_BIN_EXE_hollow"))
         .args([
@@ -286,11 +311,17 @@ async fn a_killed_fleet_comes_back_to_the_same_nodes() -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(admin.clone());
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let mut first = start_binary(&cp.admin_kubeconfig(), port)?;
-    let before = wait_for("20 nodes Ready", Duration::from_secs(60), || async {
+    // generous: the test binary's other fleets (a thousand nodes) share the control plane, whose
+    // controller-manager hands out every node's podCIDR (NotReady until then) on a loaded machine
+    let before = wait_for("20 nodes Ready", READY_WAIT, || async {
         let all = nodes_with_prefix(&nodes, "restart").await?;
         Ok((all.len() == 20 && all.iter().all(node_is_ready)).then_some(all))
     })
-    .await?;
+    .await;
+    let before = match before {
+        Ok(before) => before,
+        Err(e) => anyhow::bail!("{e:#}; {}", not_ready_report(&nodes, "restart").await?),
+    };
     let uids: BTreeSet<String> = before.iter().filter_map(|n| n.metadata.uid.clone()).collect();
     first.kill().context("SIGKILL the fleet")?;
     first.wait()?;
@@ -308,7 +339,7 @@ async fn a_killed_fleet_comes_back_to_the_same_nodes() -> anyhow::Result<()> {
     let mut second = start_binary(&cp.admin_kubeconfig(), port)?;
     let after = wait_for(
         "the same 20 nodes Ready again with new boot IDs",
-        Duration::from_secs(60),
+        READY_WAIT,
         || async {
             let all = nodes_with_prefix(&nodes, "restart").await?;
             let rebooted = all.iter().all(|n| {
@@ -331,7 +362,11 @@ async fn a_killed_fleet_comes_back_to_the_same_nodes() -> anyhow::Result<()> {
                     format!("{} (heartbeat {beat:?})", name_of(n))
                 })
                 .collect();
-            anyhow::bail!("{e:#}; {} nodes, still on the old boot ID: {stale:?}", now.len());
+            anyhow::bail!(
+                "{e:#}; {} nodes, still on the old boot ID: {stale:?}; {}",
+                now.len(),
+                not_ready_report(&nodes, "restart").await?
+            );
         }
     };
     let uids_after: BTreeSet<String> = after.iter().filter_map(|n| n.metadata.uid.clone()).collect();
