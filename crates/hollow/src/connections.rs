@@ -99,7 +99,6 @@ mod tests {
     use http_body_util::{BodyExt, Full, StreamBody};
     use hyper::body::Incoming;
     use hyper::server::conn::http2;
-    use hyper_util::client::legacy::connect::HttpConnector;
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use tower::ServiceExt;
 
@@ -139,22 +138,7 @@ mod tests {
     }
 
     fn connection(server: &http::Uri) -> H2Connection {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(
-                rustls::ClientConfig::builder_with_provider(Arc::new(
-                    rustls::crypto::ring::default_provider(),
-                ))
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth(),
-            )
-            .https_or_http()
-            .enable_http2()
-            .wrap_connector(http);
-        H2Connection::new(https, server.clone(), 64)
+        crate::h2_connection::tests::plain_connection(server, 64)
     }
 
     /// Sends a request for `path`; the first chunk of its body, and the body (a watch's stays open while held).

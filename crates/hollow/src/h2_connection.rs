@@ -294,7 +294,7 @@ impl http_body::Body for RecvBody {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use http_body_util::{BodyExt, Full};
@@ -341,7 +341,9 @@ mod tests {
         (format!("http://{addr}").parse().unwrap(), rx)
     }
 
-    fn connection(server: &Uri) -> H2Connection {
+    /// A connection to a plain-HTTP/2 test server (prior knowledge, no TLS) with `in_flight` requests in
+    /// flight at most.
+    pub(crate) fn plain_connection(server: &Uri, in_flight: usize) -> H2Connection {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         let https = hyper_rustls::HttpsConnectorBuilder::new()
@@ -357,7 +359,11 @@ mod tests {
             .https_or_http()
             .enable_http2()
             .wrap_connector(http);
-        H2Connection::new(https, server.clone(), 64)
+        H2Connection::new(https, server.clone(), in_flight)
+    }
+
+    fn connection(server: &Uri) -> H2Connection {
+        plain_connection(server, 64)
     }
 
     async fn send(connection: &H2Connection, request: Request<Body>) -> Result<Bytes, BoxError> {
@@ -441,22 +447,7 @@ mod tests {
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
-        let mut plain = HttpConnector::new();
-        plain.enforce_http(false);
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(
-                rustls::ClientConfig::builder_with_provider(Arc::new(
-                    rustls::crypto::ring::default_provider(),
-                ))
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth(),
-            )
-            .https_or_http()
-            .enable_http2()
-            .wrap_connector(plain);
-        let connection = H2Connection::new(https, server.clone(), 2);
+        let connection = plain_connection(&server, 2);
         let requests: Vec<_> = (0..5)
             .map(|_| {
                 let (connection, server) = (connection.clone(), server.clone());

@@ -94,48 +94,23 @@ mod tests {
         start.elapsed()
     }
 
+    /// Six one-second pulls through a gate of these settings: how long until the last ends.
+    async fn six_pulls_with(serialize: bool, max_parallel: Option<u32>, qps: u32, burst: u32) -> Duration {
+        six_pulls(PullGate::new(PullSettings {
+            serialize,
+            max_parallel,
+            qps,
+            burst,
+        }))
+        .await
+    }
+
     #[tokio::test(start_paused = true)]
     async fn serialized_parallel_and_rate_limited_pulls() {
-        assert_eq!(
-            six_pulls(PullGate::new(PullSettings {
-                serialize: true,
-                max_parallel: None,
-                qps: 0,
-                burst: 0
-            }))
-            .await,
-            Duration::from_secs(6)
-        );
-        assert_eq!(
-            six_pulls(PullGate::new(PullSettings {
-                serialize: false,
-                max_parallel: Some(3),
-                qps: 0,
-                burst: 0
-            }))
-            .await,
-            Duration::from_secs(2)
-        );
-        assert_eq!(
-            six_pulls(PullGate::new(PullSettings {
-                serialize: false,
-                max_parallel: None,
-                qps: 0,
-                burst: 0
-            }))
-            .await,
-            Duration::from_secs(1)
-        );
+        assert_eq!(six_pulls_with(true, None, 0, 0).await, Duration::from_secs(6));
+        assert_eq!(six_pulls_with(false, Some(3), 0, 0).await, Duration::from_secs(2));
+        assert_eq!(six_pulls_with(false, None, 0, 0).await, Duration::from_secs(1));
         // 2 per second after a burst of 2: starts at 0, 0, 0.5, 1, 1.5, 2 s; the last ends at 3 s
-        assert_eq!(
-            six_pulls(PullGate::new(PullSettings {
-                serialize: false,
-                max_parallel: None,
-                qps: 2,
-                burst: 2
-            }))
-            .await,
-            Duration::from_secs(3)
-        );
+        assert_eq!(six_pulls_with(false, None, 2, 2).await, Duration::from_secs(3));
     }
 }
