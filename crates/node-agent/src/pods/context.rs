@@ -59,6 +59,6 @@ impl AgentCtx {
 
     /// The node's host IPs (InternalIP first).
     pub fn host_ips(&self) -> Vec<String> {
-        self.node.get().map(|n| n.host_ips).unwrap_or_default()
+        self.node.host_ips()
     }
 }

@@ -71,6 +71,19 @@ impl NodeViews {
         }
     }
 
+    /// The node's host IPs (InternalIP addresses first), read without composing the whole view: a pod's status
+    /// asks for them at every report.
+    pub fn host_ips(&self) -> Vec<String> {
+        match &self.0 {
+            Source::Channel(rx) => rx
+                .borrow()
+                .as_ref()
+                .map(|n| n.host_ips.clone())
+                .unwrap_or_default(),
+            Source::Agent(inputs) => inputs.node.borrow().as_deref().map(host_ips).unwrap_or_default(),
+        }
+    }
+
     /// Waits until the view may have changed since this handle last waited (composed: any of its inputs
     /// changed); an error once the Node's channel (or the view's) is closed with nothing new.
     pub fn changed(&mut self) -> impl Future<Output = Result<(), watch::RecvError>> + Send + '_ {
@@ -104,14 +117,6 @@ pub fn compose(node: &NodeSnapshot, allocatable: &ResourceList, pressure: Pressu
             .and_then(|q| i64::try_from(if milli { q.milli() } else { q.value() }).ok())
             .unwrap_or(0)
     };
-    let mut host_ips: Vec<String> = Vec::new();
-    for kind in ["InternalIP", "ExternalIP"] {
-        for (t, addr) in &node.addresses {
-            if t == kind && !host_ips.contains(addr) {
-                host_ips.push(addr.clone());
-            }
-        }
-    }
     NodeView {
         name: node.name.clone(),
         uid: node.uid.clone(),
@@ -126,9 +131,22 @@ pub fn compose(node: &NodeSnapshot, allocatable: &ResourceList, pressure: Pressu
             .filter(|t| t.effect == "NoExecute")
             .map(|t| (t.key.clone(), t.value.clone().unwrap_or_default()))
             .collect(),
-        host_ips,
+        host_ips: host_ips(node),
         pressure,
     }
+}
+
+/// `node`'s InternalIP addresses, then its ExternalIP ones, each once.
+fn host_ips(node: &NodeSnapshot) -> Vec<String> {
+    let mut ips: Vec<String> = Vec::new();
+    for kind in ["InternalIP", "ExternalIP"] {
+        for (t, addr) in &node.addresses {
+            if t == kind && !ips.contains(addr) {
+                ips.push(addr.clone());
+            }
+        }
+    }
+    ips
 }
 
 #[cfg(test)]
@@ -200,6 +218,7 @@ mod tests {
         let (pressure_tx, pressure_rx) = watch::channel(Pressure::default());
         let mut views = NodeViews::agent(node_rx, alloc_rx, pressure_rx);
         assert!(views.get().is_none(), "no view before the Node is known");
+        assert!(views.host_ips().is_empty());
 
         node_tx.send_replace(Some(snapshot()));
         tokio::time::timeout(Duration::from_secs(1), views.changed())
@@ -211,6 +230,7 @@ mod tests {
         assert_eq!((view.cpu_milli, view.memory, view.pods), (2000, 1 << 30, 110));
         assert_eq!(view.no_execute_taints, [("gone".to_owned(), "yes".to_owned())]);
         assert_eq!(view.host_ips, ["127.0.0.1"]);
+        assert_eq!(views.host_ips(), view.host_ips, "read alone as in the view");
         assert!(!view.pressure.memory);
 
         // nothing new: the wait waits
@@ -255,6 +275,7 @@ mod tests {
         let view = compose(&snapshot(), &allocatable("1"), Pressure::default());
         tx.send_replace(Some(view.clone()));
         views.changed().await.unwrap();
+        assert_eq!(views.host_ips(), view.host_ips);
         assert_eq!(views.get(), Some(view));
         drop(tx);
         assert!(views.changed().await.is_err());
