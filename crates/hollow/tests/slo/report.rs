@@ -201,19 +201,27 @@ async fn two_more_seconds_of_container_start_show_in_schedule_to_run_and_decide_
     let node = |r: &SloResult| {
         r.fleet
             .as_ref()
-            .map(|f| f.stage("containers_started").p50)
+            .map(|f| f.stage("containers_started"))
             .unwrap_or_default()
     };
-    let node_moved = node(slow) - node(quick);
+    let (quick_start, slow_start) = (node(quick), node(slow));
+    let node_moved = slow_start.p50 - quick_start.p50;
     println!("schedule_to_run p50 moved {moved:.0} ms; node containers_started p50 moved {node_moved:.0} ms");
     // startedAt has one-second resolution, so the cluster side moves by 2 s ± 1 s
     assert!(
         (1000.0..=3000.0).contains(&moved),
         "schedule_to_run moved {moved} ms"
     );
+    // The scripted 2 s is a floor of every slow start; above it the slow run may lose to load what the quick
+    // run lost (a loaded CI machine: quick p50 332 ms, p90 663), so the ceiling is 2 s over the quick run's p90
+    // plus a margin, not over its p50.
+    let ceiling = 2000.0 + quick_start.p90 + 300.0;
     assert!(
-        (1900.0..=2300.0).contains(&node_moved),
-        "containers_started moved {node_moved} ms"
+        (1950.0..=ceiling).contains(&slow_start.p50),
+        "containers_started p50 {} ms with 2 s more per start (quick run p50 {}, p90 {}): outside 1950..={ceiling}",
+        slow_start.p50,
+        quick_start.p50,
+        quick_start.p90
     );
     assert!(!slow.verdicts[0].pass, "2 s more start fails p99 <= 1 s");
     assert!(slow.verdicts[1].pass, "and passes p99 <= 5 s");
