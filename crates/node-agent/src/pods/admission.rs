@@ -54,14 +54,13 @@ impl NodeView {
                 .and_then(|q| i64::try_from(if milli { q.milli() } else { q.value() }).ok())
                 .unwrap_or(0)
         };
-        let mut host_ips: Vec<String> = Vec::new();
-        for kind in ["InternalIP", "ExternalIP"] {
-            for a in status.and_then(|s| s.addresses.as_deref()).unwrap_or_default() {
-                if a.type_ == kind && !host_ips.contains(&a.address) {
-                    host_ips.push(a.address.clone());
-                }
-            }
-        }
+        let host_ips = super::node_view::ordered_host_ips(
+            status
+                .and_then(|s| s.addresses.as_deref())
+                .unwrap_or_default()
+                .iter()
+                .map(|a| (a.type_.as_str(), a.address.as_str())),
+        );
         Self {
             name: node.metadata.name.clone().unwrap_or_default(),
             uid: node.metadata.uid.clone().unwrap_or_default(),

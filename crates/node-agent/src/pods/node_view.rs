@@ -138,11 +138,18 @@ pub fn compose(node: &NodeSnapshot, allocatable: &ResourceList, pressure: Pressu
 
 /// `node`'s InternalIP addresses, then its ExternalIP ones, each once.
 fn host_ips(node: &NodeSnapshot) -> Vec<String> {
+    ordered_host_ips(node.addresses.iter().map(|(t, a)| (t.as_str(), a.as_str())))
+}
+
+/// From a node's (type, address) pairs: the InternalIP addresses, then the ExternalIP ones, each once.
+pub(crate) fn ordered_host_ips<'a>(
+    addresses: impl Iterator<Item = (&'a str, &'a str)> + Clone,
+) -> Vec<String> {
     let mut ips: Vec<String> = Vec::new();
     for kind in ["InternalIP", "ExternalIP"] {
-        for (t, addr) in &node.addresses {
-            if t == kind && !ips.contains(addr) {
-                ips.push(addr.clone());
+        for (t, addr) in addresses.clone() {
+            if t == kind && !ips.iter().any(|ip| ip == addr) {
+                ips.push(addr.to_owned());
             }
         }
     }
