@@ -43,6 +43,66 @@ where
     }
 }
 
+/// Polls `check` like [`wait_for`] until it yields `Some`, for as long as it makes progress: `check` also says
+/// how many of the awaited things are done, and the wait fails (naming `what`) when that count has not grown
+/// for `stall`, or after `limit` in all. For starts that go one node at a time, whose length follows the
+/// machine's load, where only a start that stops moving is a failure.
+pub async fn wait_for_progress<T, F, Fut>(
+    what: &str,
+    stall: Duration,
+    limit: Duration,
+    mut check: F,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<(usize, Option<T>)>>,
+{
+    let started = tokio::time::Instant::now();
+    let mut best = 0;
+    let mut last_progress = started;
+    let mut pause = Duration::from_millis(200);
+    loop {
+        let (done, result) = check().await?;
+        if let Some(v) = result {
+            return Ok(v);
+        }
+        let now = tokio::time::Instant::now();
+        if done > best {
+            best = done;
+            last_progress = now;
+        }
+        if now.duration_since(last_progress) >= stall {
+            anyhow::bail!(
+                "no progress for {stall:?} waiting for {what} ({best} done after {:?})",
+                now - started
+            );
+        }
+        if now.duration_since(started) >= limit {
+            anyhow::bail!("timed out after {limit:?} waiting for {what} ({best} done)");
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 3 / 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Every object `api` lists with `params`, read 500 at a time: one list of thousands of pods can outlast the
+/// API server's request timeout on a loaded machine (it then cuts the body mid-stream), a page cannot.
+pub async fn list_paged<K>(api: &kube::Api<K>, params: &kube::api::ListParams) -> anyhow::Result<Vec<K>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let mut items = Vec::new();
+    let mut page = params.clone().limit(500);
+    loop {
+        let list = api.list(&page).await?;
+        items.extend(list.items);
+        match list.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => page = page.continue_token(&token),
+            None => return Ok(items),
+        }
+    }
+}
+
 /// What a user would read in `kubectl describe pod` when a wait for a pod failed: phase, conditions, each
 /// container's state and the pod's events (errors reading them are part of the text).
 pub async fn pod_report(client: &kube::Client, namespace: &str, name: &str) -> String {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use e2e::{init_logging, wait_for};
+use e2e::{init_logging, list_paged, wait_for};
 use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
 use hollow::fleet::{Fleet, FleetSpec, WatchMode};
 use hollow::{profiles, server};
@@ -83,11 +83,8 @@ async fn deploy(client: &kube::Client, name: &str, fleet: &str, replicas: i32) -
 
 async fn running(client: &kube::Client, app: &str) -> anyhow::Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let list = pods
-        .list(&ListParams::default().labels(&format!("app={app}")))
-        .await?;
+    let list = list_paged(&pods, &ListParams::default().labels(&format!("app={app}"))).await?;
     Ok(list
-        .items
         .into_iter()
         .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         .collect())
