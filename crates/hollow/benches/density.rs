@@ -135,6 +135,10 @@ struct Row {
     /// The allocator's figures at the end of the window (hollow with jemalloc).
     heap: Option<Heap>,
     cpu_ms_per_node_minute: f64,
+    /// The kernel's part of that CPU time.
+    system_share: f64,
+    /// The machine's CPU time its hypervisor took over the window.
+    stolen_share: f64,
     requests: BTreeMap<String, f64>,
 }
 
@@ -239,6 +243,10 @@ async fn measure(
         let api: Api<Node> = Api::all(client.clone());
         cluster::wait_ready(&api, fleet.prefix(), nodes, ready_limit).await?;
         let ready_secs = start.elapsed().as_secs_f64();
+        eprintln!(
+            "density: {} {nodes} nodes Ready after {ready_secs:.1} s; the idle window opens in 20 s",
+            fleet.name()
+        );
         // let registration bursts settle before the idle window
         tokio::time::sleep(Duration::from_secs(20)).await;
         let w = process::window(pid, nodes, idle, requests).await?;
@@ -255,6 +263,8 @@ async fn measure(
             file_rss: w.file_rss,
             heap,
             cpu_ms_per_node_minute: w.cpu_ms_per_node_minute,
+            system_share: w.system_share,
+            stolen_share: w.stolen_share,
             requests: w.requests,
         }];
         if pods_per_node > 0 {
@@ -278,6 +288,8 @@ async fn measure(
                 file_rss: w.file_rss,
                 heap,
                 cpu_ms_per_node_minute: w.cpu_ms_per_node_minute,
+                system_share: w.system_share,
+                stolen_share: w.stolen_share,
                 requests: w.requests,
             });
         }
@@ -343,6 +355,7 @@ fn print_tables(rows: &[Row]) {
     }
     print_targets(rows);
     print_memory_split(rows);
+    print_cpu_split(rows);
     let pairs: Vec<(&Row, &Row)> = rows
         .iter()
         .filter(|r| r.fleet == Fleet::Hollow)
@@ -402,6 +415,27 @@ fn print_memory_split(rows: &[Row]) {
             per_node(active.saturating_sub(heap.allocated)),
             per_node(anonymous - active),
             per_node(r.file_rss),
+        );
+    }
+}
+
+/// Each row's CPU time split into the fleet's own and the kernel's work for it, beside the share of the whole
+/// machine's CPU its hypervisor took meanwhile: a figure measured while much was stolen says as much about the
+/// machine's host as about the fleet.
+fn print_cpu_split(rows: &[Row]) {
+    println!(
+        "\n| fleet | nodes | pods | CPU per node-minute | of it in the kernel | machine's CPU stolen meanwhile |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {:.2} ms | {:.0} % | {:.1} % |",
+            r.fleet.name(),
+            r.nodes,
+            r.pods,
+            r.cpu_ms_per_node_minute,
+            r.system_share * 100.0,
+            r.stolen_share * 100.0
         );
     }
 }

@@ -146,13 +146,35 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 
 /// utime+stime of a process, in seconds (from `/proc/<pid>/stat`, in clock ticks of 1/100 s).
 pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let (user, system) = cpu_split(pid)?;
+    Ok(user + system)
+}
+
+/// utime and stime of a process apart (its own code, and the kernel's work for it), in seconds.
+pub fn cpu_split(pid: u32) -> anyhow::Result<(f64, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let after = stat.rsplit_once(')').map(|(_, r)| r).context("stat format")?;
     let fields: Vec<&str> = after.split_whitespace().collect();
     // after the command name: state is field 3 (index 0); utime is field 14, stime 15
     let utime: f64 = fields.get(11).context("utime")?.parse()?;
     let stime: f64 = fields.get(12).context("stime")?.parse()?;
-    Ok((utime + stime) / 100.0)
+    Ok((utime / 100.0, stime / 100.0))
+}
+
+/// The machine's CPU time so far in clock ticks, all of it and the part stolen by the hypervisor (the first line
+/// of `/proc/stat`): over a window, a large stolen share means the figures measured the machine's host too.
+pub fn machine_ticks() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("/proc/stat is empty")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .context("/proc/stat's cpu line")?;
+    // user nice system idle iowait irq softirq steal guest guest_nice: guest time is counted in user already
+    let total = ticks.iter().take(8).sum();
+    Ok((total, ticks.get(7).copied().unwrap_or(0)))
 }
 
 /// VmRSS of a process, in bytes.
