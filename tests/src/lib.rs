@@ -29,18 +29,12 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<Option<T>>>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut pause = Duration::from_millis(200);
-    loop {
-        if let Some(v) = check().await? {
-            return Ok(v);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            anyhow::bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 3 / 2).min(Duration::from_secs(2));
-    }
+    // no count of progress: the stall is the whole wait
+    wait_for_progress(what, timeout, timeout, || {
+        let next = check();
+        async move { Ok((0, next.await?)) }
+    })
+    .await
 }
 
 /// Polls `check` like [`wait_for`] until it yields `Some`, for as long as it makes progress: `check` also says
@@ -71,14 +65,14 @@ where
             best = done;
             last_progress = now;
         }
+        if now.duration_since(started) >= limit {
+            anyhow::bail!("timed out after {limit:?} waiting for {what}");
+        }
         if now.duration_since(last_progress) >= stall {
             anyhow::bail!(
                 "no progress for {stall:?} waiting for {what} ({best} done after {:?})",
                 now - started
             );
-        }
-        if now.duration_since(started) >= limit {
-            anyhow::bail!("timed out after {limit:?} waiting for {what} ({best} done)");
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 3 / 2).min(Duration::from_secs(2));

@@ -6,7 +6,8 @@
 //! kind. Then, unless the size is above `DENSITY_PODS_MAX_NODES`, it creates `DENSITY_PODS_PER_NODE` pods per
 //! node bound straight to the nodes (`spec.nodeName`, the same pods for both fleets), waits for all of them
 //! Running and measures the same window again. It prints a table per fleet and the ratio hollow/KWOK of each
-//! figure, and each window's CPU split into the fleet's own and the kernel's beside the machine's stolen share. KWOK (`hack/build-kwok.sh`, a pinned release from the Go module proxy) is built on the first run.
+//! figure, and each window's CPU split into the fleet's own and the kernel's beside the machine's stolen share.
+//! KWOK (`hack/build-kwok.sh`, a pinned release from the Go module proxy) is built on the first run.
 //! Bounded: every wait has a deadline and all processes are stopped afterwards.
 //!
 //! ```sh
