@@ -123,3 +123,27 @@ pub async fn run_bound_pods(
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
+
+/// Requests the API server has answered so far, from its own `apiserver_request_total` (every client's, watches
+/// left out: a watch is counted when it ends). Read before and after a window, the difference is what the
+/// fleet asked of the server in it on the same footing for both fleets (the control plane's own requests in an
+/// idle window are a few per second).
+pub async fn server_requests_answered(client: &kube::Client) -> anyhow::Result<f64> {
+    let body = client
+        .request_text(http::Request::get("/metrics").body(Vec::new())?)
+        .await?;
+    let mut total = 0.0;
+    for line in body.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        if labels.contains("verb=\"WATCH") {
+            continue;
+        }
+        total += value.trim().parse::<f64>()?;
+    }
+    Ok(total)
+}
