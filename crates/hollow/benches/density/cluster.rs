@@ -124,11 +124,11 @@ pub async fn run_bound_pods(
     }
 }
 
-/// Requests the API server has answered so far, from its own `apiserver_request_total` (every client's, watches
-/// left out: a watch is counted when it ends). Read before and after a window, the difference is what the
-/// fleet asked of the server in it on the same footing for both fleets (the control plane's own requests in an
-/// idle window are a few per second).
-pub async fn server_requests_answered(client: &kube::Client) -> anyhow::Result<f64> {
+/// Lease updates the API server has answered so far (`PUT` on `leases`, from its own `apiserver_request_total`).
+/// Read before and after a window, the difference is the renewals both fleets make, on the same footing; an
+/// idle fleet makes little else, and the controller-manager's own requests (after a registration burst its TTL
+/// controller patches every Node, its node controller posts an event for each) stay out of the count.
+pub async fn server_lease_updates(client: &kube::Client) -> anyhow::Result<f64> {
     let body = client
         .request_text(http::Request::get("/metrics").body(Vec::new())?)
         .await?;
@@ -140,10 +140,9 @@ pub async fn server_requests_answered(client: &kube::Client) -> anyhow::Result<f
         let Some((labels, value)) = rest.rsplit_once("} ") else {
             continue;
         };
-        if labels.contains("verb=\"WATCH") {
-            continue;
+        if labels.contains("resource=\"leases\"") && labels.contains("verb=\"PUT\"") {
+            total += value.trim().parse::<f64>()?;
         }
-        total += value.trim().parse::<f64>()?;
     }
     Ok(total)
 }
