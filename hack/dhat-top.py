@@ -15,6 +15,10 @@ OURS = ("node_agent::", "hollow::", "cri_fake::", "runtime_api::")
 SKIP = ("alloc::", "core::", "dhat::", "std::", "<alloc::", "<core::", "<std::", "__rust", "hashbrown::raw",
         "<dhat::", "bytes::bytes_mut::BytesMut::reserve", "[root]")
 
+# frames named without their crate (`alloc (alloc/src/alloc.rs:95)`): the allocator's, std's and hashbrown's
+LIBRARY = re.compile(r"\((dhat-[0-9.]+|alloc|core|std)/src/|allocator\.rs:|\((src/)?(raw_vec|vec|boxed|alloc|slice|fmt|"
+                     r"collections|convert|sync|string)[/.]")
+
 
 def frame_name(f):
     # "0x55...: crate::path::fn (file.rs:10:5)" -> "crate::path::fn (file.rs:10)"
@@ -34,8 +38,10 @@ def our_sources():
         paths.add(str(rel))
         paths.add(str(Path(*rel.parts[1:])))
         paths.add(str(Path(*rel.parts[2:])))
-    # names every crate has: they say nothing about whose frame it is
-    return {p for p in paths if p.count("/") >= 1 and not p.endswith(("src/lib.rs", "src/main.rs", "mod.rs"))}
+    # names every crate has say nothing about whose frame it is; the fleet's global allocator is every
+    # allocation's first frame
+    return {p for p in paths
+            if p.count("/") >= 1 and not p.endswith(("src/lib.rs", "src/main.rs", "mod.rs", "allocator.rs"))}
 
 
 def is_ours(name, sources):
@@ -66,7 +72,8 @@ def main():
             continue
         names = [frame_name(ftbl[i]) for i in pp["fs"]]
         ours = next((n for n in names if is_ours(n, sources)), "(no frame of ours)")
-        first = next((n for n in names if not n.startswith(SKIP)), names[0] if names else "?")
+        first = next((n for n in names if not n.startswith(SKIP) and not LIBRARY.search(n)),
+                     names[0] if names else "?")
         by_ours[ours] += pp["eb"]
         by_first[first] += pp["eb"]
         by_pp.append((pp["eb"], pp["ebk"], first, ours))
