@@ -15,7 +15,7 @@ OURS = ("node_agent::", "hollow::", "cri_fake::", "runtime_api::")
 SKIP = ("alloc::", "core::", "dhat::", "std::", "<alloc::", "<core::", "<std::", "__rust", "hashbrown::raw",
         "<dhat::", "bytes::bytes_mut::BytesMut::reserve", "[root]")
 
-# frames named without their crate (`alloc (alloc/src/alloc.rs:95)`): the allocator's, std's and hashbrown's
+# frames named without their crate (`alloc (alloc/src/alloc.rs:95)`): the allocators' and the standard library's
 LIBRARY = re.compile(r"\((dhat-[0-9.]+|alloc|core|std)/src/|allocator\.rs:|\((src/)?(raw_vec|vec|boxed|alloc|slice|fmt|"
                      r"collections|convert|sync|string)[/.]")
 
