@@ -127,7 +127,8 @@ pub async fn run_bound_pods(
 /// Lease updates the API server has answered so far (`PUT` on `leases`, from its own `apiserver_request_total`).
 /// Read before and after a window, the difference is the renewals both fleets make, on the same footing; an
 /// idle fleet makes little else, and the controller-manager's own requests (after a registration burst its TTL
-/// controller patches every Node, its node controller posts an event for each) stay out of the count.
+/// controller patches every Node, its node controller posts an event for each) stay out of the count. The control
+/// plane's own leader-election and identity leases are in it: a few a second, beside hundreds.
 pub async fn server_lease_updates(client: &kube::Client) -> anyhow::Result<f64> {
     let body = client
         .request_text(http::Request::get("/metrics").body(Vec::new())?)
