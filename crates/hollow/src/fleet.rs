@@ -14,7 +14,7 @@ use cri_fake::{FakeConfig, FakeRuntime};
 use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use node_agent::api::RateLimiter;
-use node_agent::intern::Interner;
+use node_agent::density::intern::Interner;
 use node_agent::pods::{PodMetrics, PodOptions, PodSource, SharedPodFeed};
 use node_agent::quantity::Quantity;
 use node_agent::server::{KubeletServer, NodeEndpoint, ScriptedLogs, ServingIdentity};
@@ -186,7 +186,7 @@ pub struct FleetNode {
 pub struct FleetView {
     nodes: Arc<
         Vec<(
-            node_agent::watch::Receiver<Option<node_agent::node::RegisteredNode>>,
+            node_agent::density::watch::Receiver<Option<node_agent::node::RegisteredNode>>,
             FakeRuntime,
         )>,
     >,
@@ -312,7 +312,7 @@ pub struct NodeFactory {
     kubelet_server: Option<KubeletServer>,
     token: CancellationToken,
     /// One timer for every node's periodic waits (leases, status, runtime polls, collection and eviction).
-    timer: node_agent::timer::Timer,
+    timer: node_agent::density::timer::Timer,
     /// One copy of the collection settings for every node.
     gc: Arc<node_agent::config::GcSettings>,
 }
@@ -491,7 +491,7 @@ impl Fleet {
             shared_limit: RateLimiter::new(qps, qps).map(Arc::new),
             kubelet_server,
             token: token.clone(),
-            timer: node_agent::timer::Timer::new(),
+            timer: node_agent::density::timer::Timer::new(),
             gc: Arc::new(spec.gc),
         });
         let mut nodes = Vec::with_capacity(spec.nodes);

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use node_agent::density::watch;
 use node_agent::node::RegisteredNode;
-use node_agent::watch;
 
 /// How long the gate waits without any registration before it says so (once per stall).
 const STALL_WARNING: Duration = Duration::from_secs(60);

@@ -379,10 +379,10 @@ impl<K: Hash + Eq + Clone> KeyedBackoff<K> {
     }
 }
 
-/// One jittered period after `now`, on the [`grid`](crate::grid) shared with other agents: the deadline of every
+/// One jittered period after `now`, on the [`grid`](crate::density::grid) shared with other agents: the deadline of every
 /// periodic loop's next round.
 pub fn next_tick(now: Instant, period: Duration, jitter: f64) -> Instant {
-    crate::grid::periodic(now, period, jitter, jittered(period, jitter))
+    crate::density::grid::periodic(now, period, jitter, jittered(period, jitter))
 }
 
 /// A periodic timer whose every period is jittered, for loops that thousands of agents run side by side.
@@ -390,7 +390,7 @@ pub fn next_tick(now: Instant, period: Duration, jitter: f64) -> Instant {
 /// The first tick comes after a random phase within one period (or immediately, see
 /// [`immediate`](Self::immediate)); every following tick comes `jittered(period, jitter)` after the previous
 /// tick *completed* (sliding, like the kubelet's `JitterUntil`). Ticks of periods of a second and more land on
-/// the process-wide [`grid`](crate::grid), within their jitter.
+/// the process-wide [`grid`](crate::density::grid), within their jitter.
 #[derive(Debug)]
 pub struct JitteredInterval {
     period: Duration,
@@ -406,7 +406,7 @@ impl JitteredInterval {
             period,
             jitter,
             next: if period >= Duration::from_secs(1) {
-                crate::grid::round_up(first)
+                crate::density::grid::round_up(first)
             } else {
                 first
             },
@@ -567,7 +567,7 @@ mod tests {
         let t0 = Instant::now();
         let first = t.tick().await;
         assert!(
-            first - t0 <= Duration::from_secs(10) + crate::grid::GRID,
+            first - t0 <= Duration::from_secs(10) + crate::density::grid::GRID,
             "first tick within one period (and a grid step)"
         );
         let mut prev = first;
@@ -588,13 +588,17 @@ mod tests {
         let second = imm.tick().await;
         let due = now + Duration::from_secs(5);
         assert!(
-            second >= due && second <= due + crate::grid::GRID + ms(1),
+            second >= due && second <= due + crate::density::grid::GRID + ms(1),
             "{:?}",
             second - now
         );
         let mut tight = JitteredInterval::immediate(Duration::from_secs(5), 0.0);
         tight.tick().await;
         let set = tight.next;
-        assert_eq!(crate::grid::round_up(set), set, "the next tick sits on the grid");
+        assert_eq!(
+            crate::density::grid::round_up(set),
+            set,
+            "the next tick sits on the grid"
+        );
     }
 }

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{ApiCalls, RateLimiter, is_already_exists, is_not_found};
 use crate::backoff::{Backoff, BackoffPolicy};
-use crate::chan;
+use crate::density::chan;
 
 /// The component name events are reported under.
 pub const COMPONENT: &str = "kubelet";
@@ -235,7 +235,7 @@ struct Recent {
     /// name ([`event_name`]); kept instead of the name (a string per remembered event, per node).
     first_at: i64,
     count: i32,
-    /// When it was last written, in [`grid::secs`](crate::grid::secs).
+    /// When it was last written, in [`grid::secs`](crate::density::grid::secs).
     seen: u32,
 }
 
@@ -329,7 +329,7 @@ impl EventSink {
         if let Some(l) = &self.limiter {
             l.acquire().await;
         }
-        let now = crate::grid::secs(Instant::now());
+        let now = crate::density::grid::secs(Instant::now());
         let ttl = RECENT_TTL.as_secs() as u32;
         self.recent.retain(|r| now.saturating_sub(r.seen) < ttl);
         let key = Self::key(&ev);

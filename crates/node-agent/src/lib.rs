@@ -26,13 +26,9 @@
 //! * [`events`] — the event recorder and its sink.
 //! * [`api`] — rate limit and request accounting for API calls.
 //! * [`metrics`] — Prometheus metrics registered into a caller's registry.
-//! * [`chan`] — the small queues every node and pod keeps (unbounded, and bounded for the pod source and events).
-//! * [`watch`] — the small latest-value channels nodes and pods publish their state on.
-//! * [`intern`] — one shared copy of values many nodes or pods hold the same (allocatable, volume sources).
+//! * [`density`] — the seam below the kubelet logic: the small channels, latest-value watches, joins, shared
+//!   timers, interning and lean watches that let thousands of agents share one process (docs/density.md).
 //! * [`backoff`] — jittered exponential backoff (registration, lease, CrashLoopBackOff) and jittered intervals.
-//! * [`grid`] — the process-wide 50 ms grid periodic deadlines land on (one wake-up for many agents).
-//! * [`timer`] — one timer for the periodic waits of many agents (a 24-byte wait instead of a tokio `Sleep`).
-//! * [`poke`] — a one-waiter wake-up (an 8-byte wait instead of a `Notified`).
 //! * [`quantity`] — exact resource quantity arithmetic.
 //! * [`machine`] — machine facts (host or synthetic).
 //! * `cri_log` — the CRI container log format.
@@ -41,7 +37,6 @@
 //! * [`eviction`] — node-pressure eviction: thresholds, pressure conditions, ranking, one eviction per pass.
 //! * [`gc`] — container and image garbage collection.
 //! * [`pod_resources`] — the pod-resources gRPC API on `<root-dir>/pod-resources/kubelet.sock`.
-//! * [`lean_watch`] — the list+watch every agent keeps for its pods and its Node, holding nothing between events.
 
 // Long-lived tasks are written as functions returning `async move` blocks, not as `async fn`s: an `async fn`
 // keeps its arguments twice in its future (as arguments, and as the bindings its body moves them into), for
@@ -53,29 +48,22 @@ pub mod agent;
 pub mod api;
 pub mod backoff;
 pub mod certs;
-pub mod chan;
 pub mod client;
 pub mod config;
 mod cri_log;
+pub mod density;
 pub mod events;
 pub mod eviction;
 pub mod gc;
-pub mod grid;
-pub mod intern;
-mod join;
-pub mod lean_watch;
 pub mod machine;
 pub mod metrics;
 pub mod node;
 pub mod pod_resources;
 pub mod pods;
-pub mod poke;
 pub mod quantity;
 pub mod runtime_health;
 pub mod server;
 pub mod stats;
-pub mod timer;
-pub mod watch;
 
 #[cfg(test)]
 mod layering;

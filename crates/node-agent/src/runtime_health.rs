@@ -13,8 +13,8 @@ use runtime_api::{Runtime, cri};
 use tokio::time::Instant;
 
 use crate::backoff::JitteredInterval;
-use crate::poke::Poke;
-use crate::watch;
+use crate::density::poke::Poke;
+use crate::density::watch;
 
 /// How often the runtime is asked for its status (the kubelet's value).
 pub const POLL_PERIOD: Duration = Duration::from_secs(5);
@@ -119,7 +119,7 @@ pub struct RuntimeHealthMonitor {
     tx: watch::Sender<RuntimeHealth>,
     timeout: Duration,
     recheck: Arc<Poke>,
-    timer: crate::timer::Timer,
+    timer: crate::density::timer::Timer,
 }
 
 impl RuntimeHealthMonitor {
@@ -132,14 +132,14 @@ impl RuntimeHealthMonitor {
                 tx,
                 timeout,
                 recheck: Arc::new(Poke::new()),
-                timer: crate::timer::Timer::new(),
+                timer: crate::density::timer::Timer::new(),
             },
             rx,
         )
     }
 
     /// Wait between polls on `timer` (the agent's, shared by a fleet's agents) instead of one of its own.
-    pub fn with_timer(mut self, timer: crate::timer::Timer) -> Self {
+    pub fn with_timer(mut self, timer: crate::density::timer::Timer) -> Self {
         self.timer = timer;
         self
     }

@@ -61,7 +61,7 @@ async fn the_agents_long_lived_futures_stay_small() {
             size_of_val(&m.health_monitor.run()),
             // 632 bytes (a 768-byte task) while a poll and its timeout were held in place; 400 while it waited
             // on the agent's token itself (the node side's join stops it now, see `join::join7_stop`); 312 while
-            // its wait held a tokio `Sleep` and a `Notified` (see `crate::timer`, `crate::poke`); 184 while the
+            // its wait held a tokio `Sleep` and a `Notified` (see `crate::density::timer`, `crate::density::poke`); 184 while the
             // timer's wait and the poke were raced in `tokio::select!`
             144,
         ),
@@ -92,7 +92,7 @@ async fn the_agents_long_lived_futures_stay_small() {
         ),
         (
             "eviction manager",
-            size_of_val(&ctx.eviction_loop(crate::chan::unbounded_channel().0)),
+            size_of_val(&ctx.eviction_loop(crate::density::chan::unbounded_channel().0)),
             // its own context clone, thresholds and state, one sleep or cleanup wait (a pass is boxed); 680
             // bytes while each wait was raced against the agent's token in a second future; 352 while it slept on a
             // tokio `Sleep` of its own; 280 while a pass's answer stayed in scope across the wait
@@ -161,7 +161,7 @@ async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
     ]
     .iter()
     .sum::<usize>();
-    let joined = crate::join::join7_stop(
+    let joined = crate::density::join::join7_stop(
         ctx.token.clone(),
         events,
         health,
@@ -180,7 +180,7 @@ async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
             7 * 8 + 8 + 8 + 8,
         ),
         // 2,848 bytes (a cell in jemalloc's 3,072-byte class) while five managers each held a tokio `Sleep` (112
-        // bytes; now a shared timer's 24-byte wait, see `crate::timer`) and two a `Notified` (64; now a `Poke`'s
+        // bytes; now a shared timer's 24-byte wait, see `crate::density::timer`) and two a `Notified` (64; now a `Poke`'s
         // 8); 2,384 (the 2,560-byte class) before the changes listed above; under 1,936 the cell fits the
         // 2,048-byte class
         ("node side (joined)", size_of_val(&joined), 1_936),
@@ -189,7 +189,7 @@ async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
 
 #[tokio::test]
 async fn the_pod_sides_long_lived_futures_stay_small() {
-    let (tx, _rx) = crate::chan::channel(1);
+    let (tx, _rx) = crate::density::chan::channel(1);
     let sizes = [(
         "pod watch",
         size_of_val(&crate::pods::source::watch_node_pods(
@@ -252,7 +252,7 @@ fn per_node_and_per_pod_structures_stay_small() {
 
 #[test]
 fn queued_messages_stay_small() {
-    // a pod event waits in the pod source's channel, one linked-queue node each (`crate::chan`: the channel
+    // a pod event waits in the pod source's channel, one linked-queue node each (`crate::density::chan`: the channel
     // costs ~160 bytes idle, where tokio's bounded channel allocated a 512-byte core and 32 slots up front)
     check(&[("PodEvent", size_of::<crate::pods::PodEvent>(), 32)]);
 }

@@ -37,6 +37,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::api::ApiCalls;
 use crate::config::{AgentConfig, ConfigError};
+use crate::density::poke::Poke;
+use crate::density::watch;
 use crate::events::{EventRecorder, EventSink, node_reference};
 use crate::gc::{ContainerGc, GarbageCollectors, ImageFsSource, ImageGc, ImagePolicy};
 use crate::metrics::Metrics;
@@ -46,9 +48,7 @@ use crate::node::{
     HealthChecks, LeaseManager, NodeError, NodeInformer, NodeSnapshot, NodeStatusManager, Pressure,
     RegisteredNode, ResourceList,
 };
-use crate::poke::Poke;
 use crate::runtime_health::{RuntimeHealth, RuntimeHealthMonitor};
-use crate::watch;
 
 /// Why an agent could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +102,7 @@ pub struct AgentContext {
     /// This node's per-probe series, served at `/metrics/probes`.
     pub probe_metrics: Arc<crate::pods::ProbeMetrics>,
     /// What the node-side managers' periodic waits wait on (the agent's own, or a fleet's shared one).
-    pub timer: crate::timer::Timer,
+    pub timer: crate::density::timer::Timer,
 }
 
 impl std::fmt::Debug for AgentContext {
@@ -150,7 +150,7 @@ impl AgentContext {
     /// The eviction manager's loop (it stops pods through `control`, and reclaims through the collectors).
     fn eviction_loop(
         &self,
-        control: crate::chan::UnboundedSender<crate::pods::ManagerControl>,
+        control: crate::density::chan::UnboundedSender<crate::pods::ManagerControl>,
     ) -> impl Future<Output = ()> + Send + 'static {
         crate::eviction::EvictionManager::new(self.eviction_inputs(), control)
             .with_reclaim(Arc::new(self.gc.clone()))
@@ -175,14 +175,14 @@ pub struct AgentBuilder {
     node_watch: Option<crate::client::ApiClient>,
     host_stats: Option<Arc<dyn crate::stats::HostStats>>,
     image_fs: Option<Arc<dyn ImageFsSource>>,
-    timer: Option<crate::timer::Timer>,
+    timer: Option<crate::density::timer::Timer>,
 }
 
 impl AgentBuilder {
     /// Wait for the node-side managers' periodic deadlines on `timer`, shared with other agents (default: a
     /// timer of the agent's own). A shared timer's wait is a fifth of a tokio timer's in each idle manager;
-    /// deadlines are served on the process-wide 50 ms grid either way (see [`crate::timer`]).
-    pub fn timer(mut self, timer: crate::timer::Timer) -> Self {
+    /// deadlines are served on the process-wide 50 ms grid either way (see [`crate::density::timer`]).
+    pub fn timer(mut self, timer: crate::density::timer::Timer) -> Self {
         self.timer = Some(timer);
         self
     }
@@ -269,7 +269,8 @@ impl AgentBuilder {
         let health_monitor = health_monitor.with_timer(timer.clone());
         let (registered_tx, registered) = watch::channel(None);
         // the same in every agent of a fleet built from one configuration: one copy
-        static ALLOCATABLE: crate::intern::Interner<ResourceList> = crate::intern::Interner::new();
+        static ALLOCATABLE: crate::density::intern::Interner<ResourceList> =
+            crate::density::intern::Interner::new();
         let (_allocatable_tx, allocatable) =
             watch::channel(ALLOCATABLE.intern(NodeStatusManager::allocatable(&config)));
         let (pressure_tx, pressure_rx) = watch::channel(Pressure::default());
@@ -283,7 +284,7 @@ impl AgentBuilder {
         let pods = self.pods.unwrap_or_default();
         // a real node keeps pod files under its root directory; an in-memory one writes nothing
         let real = pods.root_dir.is_some();
-        let (control_tx, control_rx) = crate::chan::unbounded_channel();
+        let (control_tx, control_rx) = crate::density::chan::unbounded_channel();
         let image_fs = self
             .image_fs
             .unwrap_or_else(|| Arc::new(stats.clone()) as Arc<dyn ImageFsSource>);
@@ -354,8 +355,8 @@ pub struct Agent {
 
 /// The pod manager's control channel: shutdown requests and the garbage collector's questions.
 type PodControl = (
-    crate::chan::UnboundedSender<crate::pods::ManagerControl>,
-    crate::chan::UnboundedReceiver<crate::pods::ManagerControl>,
+    crate::density::chan::UnboundedSender<crate::pods::ManagerControl>,
+    crate::density::chan::UnboundedReceiver<crate::pods::ManagerControl>,
 );
 
 impl Agent {
@@ -399,7 +400,7 @@ impl Agent {
         // polled only when woken; when the agent's token fires the join drops all but the event writer where
         // they wait (none holds a cancellation wait of its own) and the writer drains. A join combinator, not
         // an `async` block, which would hold every manager's future twice.
-        tracker.spawn(crate::join::join7_stop(
+        tracker.spawn(crate::density::join::join7_stop(
             ctx.token.clone(),
             m.event_sink.run(),
             m.health_monitor.run(),
@@ -507,7 +508,7 @@ pub(crate) struct Managers {
 pub struct RunningAgent {
     ctx: AgentContext,
     tracker: TaskTracker,
-    shutdown_tx: crate::chan::UnboundedSender<crate::pods::ManagerControl>,
+    shutdown_tx: crate::density::chan::UnboundedSender<crate::pods::ManagerControl>,
     resync: Arc<Poke>,
 }
 

@@ -99,7 +99,7 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
 pub fn run_for_agent(
     ctx: AgentContext,
     options: PodOptions,
-    control: crate::chan::UnboundedReceiver<crate::pods::ManagerControl>,
+    control: crate::density::chan::UnboundedReceiver<crate::pods::ManagerControl>,
 ) -> impl Future<Output = ()> + Send + 'static {
     let token = ctx.token.clone();
     let config = ctx.config.clone();

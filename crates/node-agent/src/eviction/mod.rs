@@ -27,12 +27,12 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::config::AgentConfig;
+use crate::density::watch;
 use crate::events::{EventRecorder, node_reference};
 use crate::metrics::Metrics;
 use crate::node::{Pressure, ResourceList};
 use crate::pods::control::{ActivePod, EvictOrder, ManagerControl};
 use crate::stats::PodUsage;
-use crate::watch;
 
 use self::signals::{Observations, State, ThresholdSpec};
 
@@ -81,7 +81,7 @@ pub struct EvictionInputs {
     /// Eviction counts (`kubelet_evictions`).
     pub metrics: Arc<Metrics>,
     /// The timer the manager waits between passes on (the agent's).
-    pub timer: crate::timer::Timer,
+    pub timer: crate::density::timer::Timer,
 }
 
 impl EvictionInputs {
@@ -93,14 +93,14 @@ impl EvictionInputs {
 /// The eviction manager of one agent.
 pub struct EvictionManager {
     ctx: EvictionInputs,
-    control: crate::chan::UnboundedSender<ManagerControl>,
+    control: crate::density::chan::UnboundedSender<ManagerControl>,
     thresholds: Arc<[ThresholdSpec]>,
     state: State,
     reclaim: Option<Arc<dyn NodeReclaim>>,
 }
 
-/// Waits one monitoring interval (its end on the process-wide [`grid`](crate::grid)).
-fn next_pass(timer: &crate::timer::Timer) -> crate::timer::Wait<'_> {
+/// Waits one monitoring interval (its end on the process-wide [`grid`](crate::density::grid)).
+fn next_pass(timer: &crate::density::timer::Timer) -> crate::density::timer::Wait<'_> {
     timer.sleep_until(crate::backoff::next_tick(
         Instant::now(),
         MONITORING_INTERVAL,
@@ -122,7 +122,7 @@ fn pod_reference(p: &ActivePod) -> ObjectReference {
 impl EvictionManager {
     /// The eviction manager of the agent `ctx` describes; it asks the pod manager over `control`. Without
     /// [`with_reclaim`](Self::with_reclaim) disk pressure goes straight to evicting pods.
-    pub fn new(ctx: EvictionInputs, control: crate::chan::UnboundedSender<ManagerControl>) -> Self {
+    pub fn new(ctx: EvictionInputs, control: crate::density::chan::UnboundedSender<ManagerControl>) -> Self {
         let thresholds = signals::shared_thresholds(&ctx.config.kubelet);
         Self {
             ctx,

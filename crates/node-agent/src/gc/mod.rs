@@ -70,7 +70,7 @@ pub fn run(
     events: EventRecorder,
     node: String,
     periods: Periods,
-    timer: crate::timer::Timer,
+    timer: crate::density::timer::Timer,
 ) -> impl Future<Output = ()> + Send + 'static {
     // made before the loop's future: the periods they are made from would be kept in it for good
     let mut containers = JitteredInterval::new(periods.containers, 0.0);

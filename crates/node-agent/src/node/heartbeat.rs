@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::watch;
+use crate::density::watch;
 
 /// The pause switch of one agent's heartbeats (clones share it).
 #[derive(Clone, Debug)]

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Node;
 
 use super::NodeSnapshot;
-use crate::lean_watch::{Change, LeanWatch};
-use crate::watch;
+use crate::density::lean_watch::{Change, LeanWatch};
+use crate::density::watch;
 
 /// The watch of one node's Node object.
 pub struct NodeInformer {

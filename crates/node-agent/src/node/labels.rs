@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::intern::Interner;
+use crate::density::intern::Interner;
 
 /// The label whose value is the node's own hostname: the one value not worth sharing.
 const UNIQUE_VALUE: &str = "kubernetes.io/hostname";

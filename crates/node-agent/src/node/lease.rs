@@ -3,7 +3,7 @@
 //! This module owns [`LeaseManager`]: once the Node exists it gets or creates the Lease (holder = node name,
 //! `leaseDurationSeconds`, owner reference to the Node), then renews `spec.renewTime` with an optimistic-
 //! concurrency PUT every `nodeLeaseDurationSeconds / 4` (10 s by default) with 4 % jitter, as the kubelet does
-//! (the deadline on the process-wide [`grid`](crate::grid), within the jitter).
+//! (the deadline on the process-wide [`grid`](crate::density::grid), within the jitter).
 //! A failed renewal is logged and retried with backoff (200 ms doubling to 7 s); a conflict re-reads the Lease.
 //! When renewals succeed again after failing, the status loop is asked to re-check the Node (the
 //! controller-manager may have marked it Unknown meanwhile).
@@ -27,8 +27,8 @@ use super::kept_lease::KeptLease;
 use super::{NodeError, RegisteredNode};
 use crate::api::{ApiCalls, is_conflict, is_not_found};
 use crate::backoff::{Backoff, BackoffPolicy, next_tick};
-use crate::poke::Poke;
-use crate::watch;
+use crate::density::poke::Poke;
+use crate::density::watch;
 
 /// The namespace of node leases.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -51,7 +51,7 @@ pub struct LeaseManager<R = ApiLease> {
     /// holds this for the node's life, and renewals mostly succeed).
     backoff: Option<Box<Backoff>>,
     heartbeats: super::Heartbeats,
-    timer: crate::timer::Timer,
+    timer: crate::density::timer::Timer,
 }
 
 impl LeaseManager {
@@ -93,12 +93,12 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
             recovered,
             backoff: None,
             heartbeats: super::Heartbeats::default(),
-            timer: crate::timer::Timer::new(),
+            timer: crate::density::timer::Timer::new(),
         }
     }
 
     /// Wait for the next renewal on `timer` (the agent's, shared by a fleet's agents) instead of one of its own.
-    pub fn with_timer(mut self, timer: crate::timer::Timer) -> Self {
+    pub fn with_timer(mut self, timer: crate::density::timer::Timer) -> Self {
         self.timer = timer;
         self
     }

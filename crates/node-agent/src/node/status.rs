@@ -35,11 +35,11 @@ use super::triggers::{Signals, StatusTriggers, Trigger, wait_for_first_health};
 use super::{HealthChecks, NodeError, NodeSnapshot, RegisteredNode};
 use crate::api::{ApiCalls, is_not_found};
 use crate::config::AgentConfig;
+use crate::density::poke::Poke;
+use crate::density::watch;
 use crate::events::{EventRecorder, node_reference};
 use crate::metrics::{Metrics, StartupPhases};
-use crate::poke::Poke;
 use crate::runtime_health::RuntimeHealth;
-use crate::watch;
 
 /// Immediate attempts per status write before waiting for the next tick (the kubelet's).
 pub const PATCH_ATTEMPTS: u32 = 5;

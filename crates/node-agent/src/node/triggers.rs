@@ -19,9 +19,9 @@ use tokio::time::Instant;
 
 use super::{NodeSnapshot, Pressure};
 use crate::backoff::JitteredInterval;
-use crate::poke::Poke;
+use crate::density::poke::Poke;
+use crate::density::watch;
 use crate::runtime_health::RuntimeHealth;
-use crate::watch;
 
 /// Jitter of the status loop (the kubelet's).
 pub const STATUS_JITTER: f64 = 0.04;
@@ -67,7 +67,7 @@ pub struct Signals {
     /// The Node as the node informer last saw it.
     pub node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
     /// The timer the periodic computation waits on (the agent's, shared by a fleet's agents).
-    pub timer: crate::timer::Timer,
+    pub timer: crate::density::timer::Timer,
 }
 
 /// The timer of one status loop, and which of its signals are still open.
@@ -165,7 +165,7 @@ mod tests {
             pressure: pressure_rx,
             resync: resync.clone(),
             node: node_rx,
-            timer: crate::timer::Timer::new(),
+            timer: crate::density::timer::Timer::new(),
         };
         Harness {
             triggers,

@@ -97,7 +97,7 @@ async fn the_rate_limit_allows_a_burst_of_ten_then_a_hundred_a_second() {
 
 /// A pod manager's control channel that answers `AdmittedPods` with `pods` until dropped.
 fn manager_answering(pods: Vec<Arc<DesiredPod>>) -> PodsQuery {
-    let (tx, mut rx) = crate::chan::unbounded_channel();
+    let (tx, mut rx) = crate::density::chan::unbounded_channel();
     tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
             if let ManagerControl::AdmittedPods(answer) = msg {
@@ -179,7 +179,7 @@ async fn list_get_and_allocatable_over_the_socket() -> anyhow::Result<()> {
 async fn a_stopped_pod_manager_is_unavailable() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = socket_path(dir.path());
-    let (tx, rx) = crate::chan::unbounded_channel();
+    let (tx, rx) = crate::density::chan::unbounded_channel();
     drop(rx);
     let token = CancellationToken::new();
     let serving = tokio::spawn(PodResourcesServer::bind(&path, PodsQuery::new(tx))?.run(token.clone()));

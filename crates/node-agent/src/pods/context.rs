@@ -32,7 +32,7 @@ pub(crate) struct AgentCtx {
     /// ConfigMaps, Secrets and tokens that pods' volumes and environment name.
     pub objects: Arc<dyn PodObjects>,
     /// Where pod workers report to the pod manager (one sender for the agent's workers, not one each).
-    pub reports: crate::chan::UnboundedSender<WorkerReport>,
+    pub reports: crate::density::chan::UnboundedSender<WorkerReport>,
     /// The node's image pull gate.
     pub pulls: Arc<super::pull_gate::PullGate>,
 }

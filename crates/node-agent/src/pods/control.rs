@@ -87,12 +87,12 @@ impl KnownPods {
 /// Asks a pod manager which pods it has. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct PodsQuery {
-    tx: crate::chan::UnboundedSender<ManagerControl>,
+    tx: crate::density::chan::UnboundedSender<ManagerControl>,
 }
 
 impl PodsQuery {
     /// Asks the manager reading `tx`.
-    pub fn new(tx: crate::chan::UnboundedSender<ManagerControl>) -> Self {
+    pub fn new(tx: crate::density::chan::UnboundedSender<ManagerControl>) -> Self {
         Self { tx }
     }
 

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::control::{KnownPods, ManagerControl};
 use super::source::PodEvent;
-use crate::chan;
+use crate::density::chan;
 
 /// What arrived before the pod side was built, for the pod manager to take first (in this order).
 #[derive(Debug, Default)]

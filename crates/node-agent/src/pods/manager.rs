@@ -26,8 +26,8 @@ use super::source::PodEvent;
 use super::spec::DesiredPod;
 use super::static_pods::mirror::{Desired, MirrorLink, MirrorMsg};
 use super::static_pods::{Mirrors, StaticUpdate, manifest};
-use super::wake_timer::WakeTimer;
 use super::worker::{PodWorker, WorkerInit, WorkerMsg, WorkerReport};
+use crate::density::wake_timer::WakeTimer;
 
 #[path = "manager_control.rs"]
 mod control;
@@ -52,7 +52,7 @@ pub(crate) struct PodManager {
     /// Pods waiting for the node view before admission.
     pending: Vec<Pod>,
     /// What the workers report (they send through the agent context's sender).
-    reports: crate::chan::UnboundedReceiver<WorkerReport>,
+    reports: crate::density::chan::UnboundedReceiver<WorkerReport>,
     /// At the earliest wake time of the workers.
     wakes: WakeTimer,
     tracker: TaskTracker,
@@ -75,7 +75,7 @@ pub(crate) struct Statics {
     /// Sources that have not sent a first set yet.
     unseen: usize,
     pub(crate) mirrors: Mirrors,
-    desired: crate::watch::Sender<Desired>,
+    desired: crate::density::watch::Sender<Desired>,
     to_mirror: MirrorLink,
     /// The UIDs of the API server's pods as of the last list (orphan cleanup waits for every source).
     api_live: Option<HashSet<String>>,
@@ -85,7 +85,7 @@ impl Statics {
     pub(crate) fn new(
         sources: usize,
         mirrors: Mirrors,
-        desired: crate::watch::Sender<Desired>,
+        desired: crate::density::watch::Sender<Desired>,
         to_mirror: MirrorLink,
     ) -> Self {
         Self {
@@ -133,7 +133,7 @@ fn started_before(pod: &Pod) -> bool {
 impl PodManager {
     pub(crate) fn new(
         ctx: Arc<AgentCtx>,
-        reports: crate::chan::UnboundedReceiver<WorkerReport>,
+        reports: crate::density::chan::UnboundedReceiver<WorkerReport>,
         tracker: TaskTracker,
         statics: Statics,
     ) -> Self {
@@ -158,10 +158,10 @@ impl PodManager {
     pub(crate) fn run(
         mut self,
         first: Option<Box<super::first_pod::Taken>>,
-        mut source: crate::chan::Receiver<PodEvent>,
+        mut source: crate::density::chan::Receiver<PodEvent>,
         mut statics: Option<mpsc::Receiver<StaticUpdate>>,
-        mut pleg: crate::chan::UnboundedReceiver<PlegEvent>,
-        mut control: crate::chan::UnboundedReceiver<ManagerControl>,
+        mut pleg: crate::density::chan::UnboundedReceiver<PlegEvent>,
+        mut control: crate::density::chan::UnboundedReceiver<ManagerControl>,
     ) -> impl Future<Output = ()> + Send + 'static {
         async move {
             if let Some(first) = first {
@@ -278,7 +278,7 @@ impl PodManager {
     /// (or after) the request is refused, whichever channel the select happened to poll first.
     fn shutdown_first(
         &mut self,
-        control: &mut crate::chan::UnboundedReceiver<ManagerControl>,
+        control: &mut crate::density::chan::UnboundedReceiver<ManagerControl>,
         open: &mut bool,
     ) {
         if !*open {
@@ -286,8 +286,8 @@ impl PodManager {
         }
         match control.try_recv() {
             Ok(request) => self.on_control(request),
-            Err(crate::chan::TryRecvError::Disconnected) => *open = false,
-            Err(crate::chan::TryRecvError::Empty) => {}
+            Err(crate::density::chan::TryRecvError::Disconnected) => *open = false,
+            Err(crate::density::chan::TryRecvError::Empty) => {}
         }
     }
 

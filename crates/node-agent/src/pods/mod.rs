@@ -71,7 +71,6 @@ pub mod status;
 mod sync;
 mod termination;
 mod volumes;
-mod wake_timer;
 pub(crate) mod worker;
 mod worker_state;
 
@@ -97,8 +96,8 @@ pub use static_pods::StaticPodConfig;
 
 use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
+use crate::density::watch;
 use crate::metrics::Metrics;
-use crate::watch;
 
 /// Settings of the pod lifecycle. `PodConfig::new(node)` gives the kubelet's defaults.
 #[derive(Debug, Clone)]
@@ -162,7 +161,7 @@ pub struct PodLifecycle {
     api: ApiCalls,
     source: PodSource,
     /// Graceful node shutdown requests, questions about the node's pods, evictions.
-    control: Option<crate::chan::UnboundedReceiver<ManagerControl>>,
+    control: Option<crate::density::chan::UnboundedReceiver<ManagerControl>>,
 }
 
 /// The receiving end of a node view channel.
@@ -220,7 +219,7 @@ impl PodLifecycle {
 
     /// Takes graceful node shutdown requests (see [`shutdown`]) questions about the node's pods and evictions (see
     /// [`control`]) from `control`.
-    pub fn with_control(mut self, control: crate::chan::UnboundedReceiver<ManagerControl>) -> Self {
+    pub fn with_control(mut self, control: crate::density::chan::UnboundedReceiver<ManagerControl>) -> Self {
         self.control = Some(control);
         self
     }
@@ -343,7 +342,7 @@ impl PodLifecycle {
                     PodSource::WatchVia(client) => client,
                     _ => self.client.clone(),
                 };
-                let (tx, rx) = crate::chan::channel(256);
+                let (tx, rx) = crate::density::chan::channel(256);
                 let watch =
                     source::watch_node_pods(client, &self.config.node_name, tx, std::future::pending());
                 (rx, Some(Box::pin(watch)))
@@ -353,7 +352,7 @@ impl PodLifecycle {
         let mut control = self
             .control
             .take()
-            .unwrap_or_else(|| crate::chan::unbounded_channel().1);
+            .unwrap_or_else(|| crate::density::chan::unbounded_channel().1);
         // a node with nothing to find waits for its first pod with its source alone (see `first_pod`)
         let layout = &self.config.layout;
         let sweeps = layout.pods_dir.is_some() || layout.cgroups.is_some();
@@ -406,7 +405,7 @@ impl PodLifecycle {
             let (mirrors, status, tracker, tasks) =
                 (mirrors.clone(), status.clone(), tracker.clone(), tasks.clone());
             Box::new(move || {
-                let (mirror_tx, mirror_rx) = crate::chan::unbounded_channel();
+                let (mirror_tx, mirror_rx) = crate::density::chan::unbounded_channel();
                 let manager = static_pods::mirror::MirrorManager::new(
                     client, api, node_name, node, desired_rx, mirror_rx, mirrors, status,
                 );
@@ -426,7 +425,7 @@ impl PodLifecycle {
             self.config.object_ttl,
             self.config.sync_frequency,
         ));
-        let (reports, reports_rx) = crate::chan::unbounded_channel();
+        let (reports, reports_rx) = crate::density::chan::unbounded_channel();
         let ctx = Arc::new(context::AgentCtx {
             objects,
             pulls: Arc::new(pull_gate::PullGate::new(self.config.pulls)),
@@ -448,13 +447,13 @@ impl PodLifecycle {
             self.metrics,
             mirrors,
         );
-        let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
+        let (pleg_tx, pleg_rx) = crate::density::chan::unbounded_channel();
         // The status writer, the PLEG and the pod watch run joined in one task, each polled when woken (each
         // waits on its input most of the time; a task each cost tokio's ~112 bytes and the rounding to 128 per
         // node). A join combinator, not an `async` block, which would hold each future twice. The writer stops
         // on the agent's token; the join then drops the PLEG and the watch where they wait, so neither holds a
         // cancellation wait of its own.
-        tracker.spawn(crate::join::join3_stop(
+        tracker.spawn(crate::density::join::join3_stop(
             tasks.clone(),
             status_manager.run(tasks.clone()),
             pleg::Pleg::new(ctx.clone(), pleg_tx).run(std::future::pending()),
@@ -480,10 +479,10 @@ struct Started {
     manager: manager::PodManager,
     /// What arrived before the pod side was built (boxed: the idle manager keeps a pointer for it).
     first: Option<Box<first_pod::Taken>>,
-    source: crate::chan::Receiver<PodEvent>,
+    source: crate::density::chan::Receiver<PodEvent>,
     statics: Option<tokio::sync::mpsc::Receiver<static_pods::StaticUpdate>>,
-    pleg: crate::chan::UnboundedReceiver<pleg::PlegEvent>,
-    control: crate::chan::UnboundedReceiver<ManagerControl>,
+    pleg: crate::density::chan::UnboundedReceiver<pleg::PlegEvent>,
+    control: crate::density::chan::UnboundedReceiver<ManagerControl>,
     grace: std::time::Duration,
     /// The lifecycle's tasks, and what stops them.
     tracker: TaskTracker,

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::context::AgentCtx;
 use super::labels;
-use crate::intern::Interner;
+use crate::density::intern::Interner;
 
 /// A container's state as the runtime reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

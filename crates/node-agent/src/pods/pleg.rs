@@ -21,7 +21,7 @@ pub(crate) type PlegEvent = Option<String>;
 
 pub(crate) struct Pleg {
     ctx: Arc<AgentCtx>,
-    tx: crate::chan::UnboundedSender<PlegEvent>,
+    tx: crate::density::chan::UnboundedSender<PlegEvent>,
 }
 
 fn event_uid(e: &cri::ContainerEventResponse) -> Option<String> {
@@ -39,7 +39,7 @@ fn event_uid(e: &cri::ContainerEventResponse) -> Option<String> {
 }
 
 impl Pleg {
-    pub(crate) fn new(ctx: Arc<AgentCtx>, tx: crate::chan::UnboundedSender<PlegEvent>) -> Self {
+    pub(crate) fn new(ctx: Arc<AgentCtx>, tx: crate::density::chan::UnboundedSender<PlegEvent>) -> Self {
         Self { ctx, tx }
     }
 

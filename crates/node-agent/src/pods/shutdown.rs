@@ -75,7 +75,7 @@ pub struct ShutdownRequest {
 pub(crate) async fn run(
     groups: Vec<ShutdownGroup>,
     pods: Vec<(std::sync::Arc<str>, i32)>,
-    orders: crate::chan::UnboundedSender<WorkerReport>,
+    orders: crate::density::chan::UnboundedSender<WorkerReport>,
 ) {
     let mut by_group: Vec<Vec<std::sync::Arc<str>>> = vec![Vec::new(); groups.len()];
     for (uid, priority) in pods {

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 
-use crate::chan;
-use crate::lean_watch::{Change, LeanWatch};
+use crate::density::chan;
+use crate::density::lean_watch::{Change, LeanWatch};
 
 /// One change of the pods bound to a node.
 #[derive(Debug, Clone)]

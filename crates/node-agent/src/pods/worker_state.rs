@@ -25,7 +25,7 @@ use super::status::Phase;
 use super::status::generate::Previous;
 use super::volumes::PodVolumes;
 use crate::backoff::Backoff;
-use crate::watch;
+use crate::density::watch;
 
 /// Input to a pod worker.
 #[derive(Debug)]

@@ -160,7 +160,7 @@ async fn the_container_loop_runs_once_a_period_and_reports_failures_on_the_node(
         events,
         "n1".into(),
         periods(60, 300),
-        crate::timer::Timer::new(),
+        crate::density::timer::Timer::new(),
     )));
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(containers(&rt).await.len(), 2, "one pass within the first period");

@@ -219,7 +219,7 @@ async fn the_image_loop_reports_a_repeated_failure_as_image_gc_failed() {
         t.recorder.clone(),
         "n1".into(),
         periods(86_400, 300),
-        crate::timer::Timer::new(),
+        crate::density::timer::Timer::new(),
     )));
     tokio::time::sleep(period).await;
     let reasons: Vec<String> = t.events.drain().into_iter().map(|e| e.1).collect();
@@ -255,7 +255,7 @@ async fn a_high_threshold_of_100_without_a_maximum_age_turns_image_gc_off() {
         events,
         "n1".into(),
         periods(86_400, 300),
-        crate::timer::Timer::new(),
+        crate::density::timer::Timer::new(),
     )));
     // were it on, its passes would fail (the filesystem cannot be measured) and say so from the second one
     tokio::time::sleep(Duration::from_secs(1800)).await;

@@ -20,7 +20,7 @@ pub(super) const MI: u64 = 1 << 20;
 
 /// A stand-in pod manager answering with whatever `known` holds at the time of the question.
 pub(super) fn pods_answering(known: Arc<Mutex<Option<KnownPods>>>) -> PodsQuery {
-    let (tx, mut rx) = crate::chan::unbounded_channel();
+    let (tx, mut rx) = crate::density::chan::unbounded_channel();
     tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
             if let ManagerControl::KnownPods(answer) = msg {

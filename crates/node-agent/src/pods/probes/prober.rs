@@ -21,12 +21,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::PodProbeMetrics;
 use super::{ProbeKind, ProbeOutcome};
+use crate::density::watch;
 use crate::pods::actions::{self, Where};
 use crate::pods::context::AgentCtx;
 use crate::pods::events::EventType;
 use crate::pods::spec::{DesiredPod, ProbeSpec};
 use crate::pods::worker::WorkerReport;
-use crate::watch;
 
 /// A container the prober should watch.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -273,10 +273,11 @@ impl std::hash::Hash for ContainerSpec {
 pub type Containers = Arc<Vec<ContainerSpec>>;
 
 /// Service account names, one copy each.
-static NAMES: crate::intern::Interner<str> = crate::intern::Interner::new();
+static NAMES: crate::density::intern::Interner<str> = crate::density::intern::Interner::new();
 
 fn intern_containers(list: Vec<ContainerSpec>) -> Containers {
-    static LISTS: crate::intern::Interner<Vec<ContainerSpec>> = crate::intern::Interner::new();
+    static LISTS: crate::density::intern::Interner<Vec<ContainerSpec>> =
+        crate::density::intern::Interner::new();
     LISTS.intern(list)
 }
 

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::intern::Interner;
+use crate::density::intern::Interner;
 
 /// String pairs sorted by key, looked up by binary search.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{
     VolumeMount, VolumeProjection,
 };
 
-use crate::intern::Interner;
+use crate::density::intern::Interner;
 
 /// One `KeyToPath` item of a configMap / secret volume.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -25,8 +25,8 @@ use super::Mirrors;
 use super::manifest::{HASH_ANNOTATION, MIRROR_ANNOTATION};
 use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
+use crate::density::watch;
 use crate::pods::status::{StatusHandle, StatusMsg};
-use crate::watch;
 
 /// namespace, name.
 pub(crate) type Key = (String, String);
@@ -112,7 +112,7 @@ pub(crate) struct MirrorManager {
     node_name: String,
     node: crate::pods::NodeViews,
     desired: watch::Receiver<Desired>,
-    rx: crate::chan::UnboundedReceiver<MirrorMsg>,
+    rx: crate::density::chan::UnboundedReceiver<MirrorMsg>,
     observed: HashMap<Key, Observed>,
     listed: bool,
     mirrors: Mirrors,
@@ -133,7 +133,7 @@ impl MirrorManager {
         node_name: String,
         node: crate::pods::NodeViews,
         desired: watch::Receiver<Desired>,
-        rx: crate::chan::UnboundedReceiver<MirrorMsg>,
+        rx: crate::density::chan::UnboundedReceiver<MirrorMsg>,
         mirrors: Mirrors,
         status: StatusHandle,
     ) -> Self {
@@ -319,7 +319,8 @@ impl MirrorManager {
 }
 
 /// Starts the mirror manager and returns its input.
-pub(crate) type StartMirrors = Box<dyn FnOnce() -> crate::chan::UnboundedSender<MirrorMsg> + Send + Sync>;
+pub(crate) type StartMirrors =
+    Box<dyn FnOnce() -> crate::density::chan::UnboundedSender<MirrorMsg> + Send + Sync>;
 
 /// The pod manager's way to the mirror manager, which runs only where there is work for it: a node with static
 /// pod sources starts it at once; any other node starts it when the first mirror pod bound to it shows up (a
@@ -327,7 +328,7 @@ pub(crate) type StartMirrors = Box<dyn FnOnce() -> crate::chan::UnboundedSender<
 /// keep no mirror task (its state is ~8 KiB per node).
 pub(crate) enum MirrorLink {
     /// The manager runs; its input.
-    Running(crate::chan::UnboundedSender<MirrorMsg>),
+    Running(crate::density::chan::UnboundedSender<MirrorMsg>),
     /// Not started; how to start it, and whether a (mirror-free) snapshot went by unsent.
     Idle {
         start: Option<StartMirrors>,
@@ -348,7 +349,7 @@ impl MirrorLink {
         link
     }
 
-    fn start(&mut self) -> Option<&crate::chan::UnboundedSender<MirrorMsg>> {
+    fn start(&mut self) -> Option<&crate::density::chan::UnboundedSender<MirrorMsg>> {
         if let Self::Idle { start, listed } = self {
             let listed = *listed;
             let tx = start.take()?();

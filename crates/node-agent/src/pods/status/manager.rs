@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 use super::{StatusMsg, canonical};
 use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
+use crate::density::wake_timer::WakeTimer;
 use crate::pods::metrics::{PodMetrics, Timeline};
 use crate::pods::static_pods::{MirrorOf, Mirrors};
-use crate::pods::wake_timer::WakeTimer;
 
 /// Pods written at the same time by one agent.
 pub(crate) const IN_FLIGHT: usize = 4;

@@ -49,16 +49,16 @@ pub(crate) enum StatusMsg {
 /// The pod workers' handle on the status manager.
 #[derive(Debug, Clone)]
 pub(crate) struct StatusHandle {
-    tx: crate::chan::UnboundedSender<Box<StatusMsg>>,
+    tx: crate::density::chan::UnboundedSender<Box<StatusMsg>>,
 }
 
 /// The status manager's end of the channel. Messages are boxed: a channel allocates a block of 32 slots when
 /// it is made, and an idle node keeps this one for its whole life.
-pub(crate) type StatusReceiver = crate::chan::UnboundedReceiver<Box<StatusMsg>>;
+pub(crate) type StatusReceiver = crate::density::chan::UnboundedReceiver<Box<StatusMsg>>;
 
 impl StatusHandle {
     pub(crate) fn channel() -> (Self, StatusReceiver) {
-        let (tx, rx) = crate::chan::unbounded_channel();
+        let (tx, rx) = crate::density::chan::unbounded_channel();
         (Self { tx }, rx)
     }
 

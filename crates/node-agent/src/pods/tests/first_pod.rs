@@ -16,7 +16,7 @@ use super::super::events::MemoryEvents;
 use super::super::source::{PodEvent, PodSource};
 use super::super::{NodeViewFeed, NodeViews, PodConfig, PodLifecycle};
 use super::{fake_probes, node_view, pod};
-use crate::watch;
+use crate::density::watch;
 
 /// A client whose requests never get an answer (the status writer's patches wait forever).
 fn client() -> kube::Client {
@@ -29,7 +29,7 @@ fn client() -> kube::Client {
 struct Node {
     runtime: FakeRuntime,
     _view: watch::Sender<Option<super::super::NodeView>>,
-    feed: crate::chan::Sender<PodEvent>,
+    feed: crate::density::chan::Sender<PodEvent>,
     built: Arc<AtomicBool>,
     cancel: CancellationToken,
     run: tokio::task::JoinHandle<()>,

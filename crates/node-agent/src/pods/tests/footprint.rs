@@ -16,7 +16,7 @@ use super::super::observed::Reread;
 use super::super::source::PodEvent;
 use super::super::status::StatusHandle;
 use super::{Harness, fake_probes, node_view, pod};
-use crate::watch;
+use crate::density::watch;
 
 /// Channels allocate their buffers up front (tokio: 32 slots), so messages must stay small: one agent per
 /// hollow node, one worker per pod.
@@ -47,7 +47,7 @@ fn bare_ctx(runtime: &FakeRuntime) -> AgentCtx {
         status,
         node: node_rx.into(),
         objects: Arc::new(super::super::objects::NoObjects),
-        reports: crate::chan::unbounded_channel().0,
+        reports: crate::density::chan::unbounded_channel().0,
         pulls: Arc::default(),
     }
 }
@@ -69,7 +69,7 @@ async fn a_waiting_pod_worker_stays_small() {
         rejected: None,
         timeline: None,
     };
-    let (pleg_tx, _pleg_rx) = crate::chan::unbounded_channel();
+    let (pleg_tx, _pleg_rx) = crate::density::chan::unbounded_channel();
     let pleg = size_of_val(&super::super::pleg::Pleg::new(ctx.clone(), pleg_tx).run(std::future::pending()));
     println!("PLEG run future {pleg} bytes");
     // within a 640-byte task (with the task's own ~112 bytes); 688 bytes, an 896-byte task, while its retry
@@ -113,15 +113,15 @@ async fn the_pod_sides_joined_task_stays_small() {
         super::super::static_pods::Mirrors::default(),
     );
     let token = tokio_util::sync::CancellationToken::new();
-    let (pleg_tx, _pleg_rx) = crate::chan::unbounded_channel();
-    let (tx, _rx) = crate::chan::channel(1);
+    let (pleg_tx, _pleg_rx) = crate::density::chan::unbounded_channel();
+    let (tx, _rx) = crate::density::chan::channel(1);
     let (writer, pleg, watch) = (
         writer.run(token.clone()),
         super::super::pleg::Pleg::new(ctx, pleg_tx).run(std::future::pending()),
         super::super::source::watch_node_pods(client, "n1", tx, std::future::pending()),
     );
     let parts = [size_of_val(&writer), size_of_val(&pleg), size_of_val(&watch)];
-    let joined = size_of_val(&crate::join::join3_stop(token, writer, pleg, watch));
+    let joined = size_of_val(&crate::density::join::join3_stop(token, writer, pleg, watch));
     println!("pod side: status writer, PLEG, pod watch {parts:?} bytes, joined {joined} bytes");
     // a task cell is the future and 112 bytes of tokio's, rounded up to 128: at most 912 bytes keeps it in a
     // 1,024-byte cell (a 1,280-byte jemalloc class while the PLEG and the watch each waited on the agent's token;

@@ -87,7 +87,7 @@ async fn a_crash_loop_keeps_its_restart_count_and_last_state_while_dead_instance
         events,
         "n1".into(),
         periods,
-        crate::timer::Timer::new(),
+        crate::density::timer::Timer::new(),
     )));
     let p = pod(
         "crash",

@@ -39,7 +39,7 @@ use super::static_pods::mirror::{Desired, MirrorMsg};
 use super::static_pods::{Mirrors, StaticUpdate};
 use super::status::{StatusHandle, StatusMsg};
 
-use crate::watch;
+use crate::density::watch;
 
 /// Network probes answered by `fake`'s script.
 pub(super) fn fake_probes(
@@ -87,15 +87,15 @@ pub(super) async fn leftover_sandbox(runtime: &FakeRuntime, name: &str) {
 
 pub(super) struct Harness {
     pub runtime: FakeRuntime,
-    pub feed: crate::chan::Sender<PodEvent>,
+    pub feed: crate::density::chan::Sender<PodEvent>,
     /// Static pod sets (no source is waited for before orphan cleanup).
     pub statics: mpsc::Sender<StaticUpdate>,
     /// The static pods that should have mirror pods.
     pub desired: watch::Receiver<Desired>,
     /// Mirror pods the manager passed on instead of running them.
-    pub mirror_rx: crate::chan::UnboundedReceiver<MirrorMsg>,
+    pub mirror_rx: crate::density::chan::UnboundedReceiver<MirrorMsg>,
     /// Graceful node shutdown requests and pod queries.
-    pub control: crate::chan::UnboundedSender<crate::pods::ManagerControl>,
+    pub control: crate::density::chan::UnboundedSender<crate::pods::ManagerControl>,
     pub statuses: HashMap<String, PodStatus>,
     /// How many statuses were reported (any pod).
     pub sets: usize,
@@ -142,7 +142,7 @@ impl Harness {
         let pulls = config.pulls;
         let (status, status_rx) = StatusHandle::channel();
         let (node_tx, node_rx) = watch::channel(Some(node_view()));
-        let (reports, reports_rx) = crate::chan::unbounded_channel();
+        let (reports, reports_rx) = crate::density::chan::unbounded_channel();
         let ctx = Arc::new(AgentCtx {
             config,
             runtime: cri,
@@ -159,19 +159,19 @@ impl Harness {
         });
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let (pleg_tx, pleg_rx) = crate::chan::unbounded_channel();
+        let (pleg_tx, pleg_rx) = crate::density::chan::unbounded_channel();
         tracker.spawn(Pleg::new(ctx.clone(), pleg_tx).run(cancel.clone().cancelled_owned()));
-        let (feed, source) = crate::chan::channel(16);
+        let (feed, source) = crate::density::chan::channel(16);
         let (statics, statics_rx) = mpsc::channel(4);
         let (desired_tx, desired) = watch::channel(Default::default());
-        let (mirror_tx, mirror_rx) = crate::chan::unbounded_channel();
+        let (mirror_tx, mirror_rx) = crate::density::chan::unbounded_channel();
         let manager_statics = Statics::new(
             0,
             Mirrors::default(),
             desired_tx,
             crate::pods::static_pods::mirror::MirrorLink::Running(mirror_tx),
         );
-        let (control, control_rx) = crate::chan::unbounded_channel();
+        let (control, control_rx) = crate::density::chan::unbounded_channel();
         tracker.spawn(
             PodManager::new(ctx, reports_rx, tracker.clone(), manager_statics).run(
                 None,

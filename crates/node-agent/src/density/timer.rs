@@ -4,7 +4,7 @@
 //! runtime poll, collection or eviction pass. A tokio `Sleep` held in the waiting future is 112 bytes, and a
 //! hollow fleet's agents hold five each. A [`Wait`] on a [`Timer`] is 24 bytes (a reference and two integers):
 //! the timer keeps each waiting task's waker (16 bytes) in a table of deadlines on the process-wide
-//! [`grid`](crate::grid), and one task sleeps until the earliest of them and wakes every waiter due then.
+//! [`grid`](crate::density::grid), and one task sleeps until the earliest of them and wakes every waiter due then.
 //! Deadlines are served at the first grid point at or after them (at most [`GRID`] late; periodic deadlines
 //! already sit on it), and a deadline already past is ready at once.
 //!
@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backoff::JitteredInterval;
-use crate::grid::GRID;
+use crate::density::grid::GRID;
 
 /// A timer shared by many waits (cheap to clone; see the module documentation).
 #[derive(Clone)]
@@ -76,7 +76,7 @@ impl Default for Timer {
 impl Timer {
     /// A new timer (its task starts at the first wait).
     pub fn new() -> Self {
-        let origin = crate::grid::round_down(Instant::now());
+        let origin = crate::density::grid::round_down(Instant::now());
         Self(Arc::new(Handle(Arc::new(Wheel {
             origin,
             state: Mutex::new(State::default()),
@@ -321,7 +321,7 @@ mod tests {
         let now = Instant::now();
         assert!(now >= at, "not before its deadline");
         // on the grid (tokio's own timers, which the driving task sleeps on, round up to the millisecond)
-        let point = crate::grid::round_up(at);
+        let point = crate::density::grid::round_up(at);
         assert!(
             now >= point && now - point < Duration::from_millis(1),
             "{:?} after the grid point",

@@ -284,5 +284,4 @@ async fn send(
 }
 
 #[cfg(test)]
-#[path = "lean_watch_tests.rs"]
 mod tests;
