@@ -1,14 +1,14 @@
 //! Running one probe or lifecycle-hook [`Action`] against a container: `Exec` through the runtime's
-//! `ExecSync`, `Http`/`Tcp`/`Grpc` through the [`ProbeTransport`](super::probes::ProbeTransport), `Sleep` on
+//! `ExecSync`, `Http`/`Tcp`/`Grpc` through the [`ProbeTransport`](crate::pods::probes::ProbeTransport), `Sleep` on
 //! the tokio clock.
 
 use std::time::Duration;
 
 use runtime_api::{Code, cri};
 
-use super::context::AgentCtx;
-use super::probes::{ProbeOutcome, ProbeTarget};
-use super::spec::{Action, DesiredPod};
+use crate::pods::context::AgentCtx;
+use crate::pods::probes::{ProbeOutcome, ProbeTarget};
+use crate::pods::spec::{Action, DesiredPod};
 
 /// Where an action runs.
 #[derive(Debug, Clone, Copy)]

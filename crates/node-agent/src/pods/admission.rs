@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, Toleration}
 
 use crate::quantity::Quantity;
 
-use super::resources::PodRequests;
-use super::spec::DesiredPod;
+use crate::pods::resources::PodRequests;
+use crate::pods::spec::DesiredPod;
 
 /// What admission and status need to know about the node. Built by the node half (or a test) and handed to
 /// the pod lifecycle through a `watch` channel.
@@ -54,7 +54,7 @@ impl NodeView {
                 .and_then(|q| i64::try_from(if milli { q.milli() } else { q.value() }).ok())
                 .unwrap_or(0)
         };
-        let host_ips = super::node_view::ordered_host_ips(
+        let host_ips = crate::pods::node_view::ordered_host_ips(
             status
                 .and_then(|s| s.addresses.as_deref())
                 .unwrap_or_default()
@@ -201,7 +201,7 @@ pub fn admit(
     admit_under_pressure(
         node.pressure,
         critical,
-        desired.qos == super::resources::QosClass::BestEffort,
+        desired.qos == crate::pods::resources::QosClass::BestEffort,
         tolerates_memory_pressure,
     )
     .map_err(|message| Rejection {

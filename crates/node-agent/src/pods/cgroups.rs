@@ -21,8 +21,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::resources::{self, QosClass};
-use super::spec::DesiredPod;
+use crate::pods::resources::{self, QosClass};
+use crate::pods::spec::DesiredPod;
 
 /// The kernel's smallest `cpu.shares`.
 const MIN_SHARES: i64 = 2;

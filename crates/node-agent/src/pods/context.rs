@@ -7,15 +7,15 @@ use std::sync::Arc;
 
 use runtime_api::{Runtime, RuntimeError};
 
-use super::PodConfig;
-use super::events::Recorder;
-use super::metrics::PodMetrics;
-use super::objects::PodObjects;
-use super::observed::SandboxRecord;
-use super::probes::{ProbeMetrics, ProbeTransport};
-use super::spec::DesiredPod;
-use super::status::StatusHandle;
-use super::worker_state::WorkerReport;
+use crate::pods::PodConfig;
+use crate::pods::events::Recorder;
+use crate::pods::metrics::PodMetrics;
+use crate::pods::objects::PodObjects;
+use crate::pods::observed::SandboxRecord;
+use crate::pods::probes::{ProbeMetrics, ProbeTransport};
+use crate::pods::spec::DesiredPod;
+use crate::pods::status::StatusHandle;
+use crate::pods::worker_state::WorkerReport;
 
 pub(crate) struct AgentCtx {
     pub config: PodConfig,
@@ -28,13 +28,13 @@ pub(crate) struct AgentCtx {
     /// This node's per-probe series (`/metrics/probes`).
     pub probe_metrics: Arc<ProbeMetrics>,
     pub status: StatusHandle,
-    pub node: super::NodeViews,
+    pub node: crate::pods::NodeViews,
     /// ConfigMaps, Secrets and tokens that pods' volumes and environment name.
     pub objects: Arc<dyn PodObjects>,
     /// Where pod workers report to the pod manager (one sender for the agent's workers, not one each).
     pub reports: crate::density::chan::UnboundedSender<WorkerReport>,
     /// The node's image pull gate.
-    pub pulls: Arc<super::pull_gate::PullGate>,
+    pub pulls: Arc<crate::pods::pull_gate::PullGate>,
 }
 
 impl AgentCtx {

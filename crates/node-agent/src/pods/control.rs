@@ -14,13 +14,13 @@ use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::oneshot;
 
-use super::shutdown::ShutdownRequest;
-use super::spec::DesiredPod;
+use crate::pods::shutdown::ShutdownRequest;
+use crate::pods::spec::DesiredPod;
 
 /// A request to the pod manager.
 #[derive(Debug)]
 pub enum ManagerControl {
-    /// Graceful node shutdown (see [`shutdown`](super::shutdown); boxed: an idle node keeps this channel's first
+    /// Graceful node shutdown (see [`shutdown`](crate::pods::shutdown); boxed: an idle node keeps this channel's first
     /// block of 32 messages for its whole life).
     Shutdown(Box<ShutdownRequest>),
     /// Which pods the manager has; `None` until every pod source (the API server's list and each static
@@ -164,7 +164,7 @@ pub(crate) enum KillCause {
 /// the reason and message, and a `DisruptionTarget` condition (reason `TerminationByKubelet`).
 pub(crate) fn mark_status(status: &mut PodStatus, cause: &KillCause, generation: Option<i64>) {
     let (reason, message) = match cause {
-        KillCause::Shutdown => (super::shutdown::REASON, super::shutdown::MESSAGE),
+        KillCause::Shutdown => (crate::pods::shutdown::REASON, crate::pods::shutdown::MESSAGE),
         KillCause::Evicted { reason, message } => (reason.as_str(), message.as_str()),
     };
     if *cause != KillCause::Shutdown || status.phase.as_deref() != Some("Succeeded") {

@@ -6,7 +6,7 @@
 
 use runtime_api::cri;
 
-use super::spec::{DesiredPod, DnsPolicy};
+use crate::pods::spec::{DesiredPod, DnsPolicy};
 
 /// The node's DNS settings, read once per agent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! A container's environment, command and arguments as the kubelet builds them when it creates the container:
-//! service links first ([`service_links`](super::service_links)), then `envFrom` sources (ConfigMap / Secret keys with their prefix), then `env` in order — literal values
+//! service links first ([`service_links`](crate::pods::service_links)), then `envFrom` sources (ConfigMap / Secret keys with their prefix), then `env` in order — literal values
 //! with `$(VAR)` references expanded against the variables before them, pod fields, the pod and host IPs,
 //! ConfigMap and Secret keys, requests and limits — and finally `$(VAR)` expanded in command and args.
 //!
@@ -10,10 +10,10 @@ use std::collections::HashMap;
 
 use runtime_api::cri;
 
-use super::context::AgentCtx;
-use super::objects::ObjectKind;
-use super::spec::{ContainerSpec, DesiredPod, EnvValue};
-use super::volumes::content;
+use crate::pods::context::AgentCtx;
+use crate::pods::objects::ObjectKind;
+use crate::pods::spec::{ContainerSpec, DesiredPod, EnvValue};
+use crate::pods::volumes::content;
 
 /// What the container is created with.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -106,7 +106,7 @@ pub async fn resolve(
     host_ip: &str,
 ) -> Result<Resolved, String> {
     let mut env = Env::default();
-    for (name, value) in super::service_links::vars(ctx, pod).await? {
+    for (name, value) in crate::pods::service_links::vars(ctx, pod).await? {
         env.set(name, value);
     }
     for from in &c.env_from {

@@ -19,9 +19,9 @@ use std::task::Poll;
 use runtime_api::{Runtime, cri};
 use tokio_util::sync::CancellationToken;
 
-use super::control::{KnownPods, ManagerControl};
-use super::source::PodEvent;
 use crate::density::chan;
+use crate::pods::control::{KnownPods, ManagerControl};
+use crate::pods::source::PodEvent;
 
 /// What arrived before the pod side was built, for the pod manager to take first (in this order).
 #[derive(Debug, Default)]

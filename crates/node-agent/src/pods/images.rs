@@ -8,11 +8,11 @@ use std::time::Duration;
 use runtime_api::cri;
 use tokio::time::Instant;
 
-use super::context::AgentCtx;
-use super::events::EventType;
-use super::gofmt;
-use super::spec::{ContainerSpec, DesiredPod, PullPolicy};
 use crate::backoff::{BackoffPolicy, KeyedBackoff};
+use crate::pods::context::AgentCtx;
+use crate::pods::events::EventType;
+use crate::pods::gofmt;
+use crate::pods::spec::{ContainerSpec, DesiredPod, PullPolicy};
 
 /// The image is there, or why the container has to wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,8 +155,13 @@ impl Images {
         let creds = if pod.image_pull_secrets().is_empty() {
             Vec::new()
         } else {
-            super::pull_secrets::credentials(&*ctx.objects, &pod.namespace, pod.image_pull_secrets(), image)
-                .await
+            crate::pods::pull_secrets::credentials(
+                &*ctx.objects,
+                &pod.namespace,
+                pod.image_pull_secrets(),
+                image,
+            )
+            .await
         };
         let attempts: Vec<Option<cri::AuthConfig>> = if creds.is_empty() {
             vec![None]

@@ -13,12 +13,12 @@ use futures::future::join_all;
 use runtime_api::{RuntimeError, cri};
 use tokio::time::Instant;
 
-use super::actions::{self, Where};
-use super::context::AgentCtx;
-use super::events::EventType;
-use super::observed::{CState, ContainerRecord, RuntimeView};
-use super::probes::ProbeOutcome;
-use super::spec::DesiredPod;
+use crate::pods::actions::{self, Where};
+use crate::pods::context::AgentCtx;
+use crate::pods::events::EventType;
+use crate::pods::observed::{CState, ContainerRecord, RuntimeView};
+use crate::pods::probes::ProbeOutcome;
+use crate::pods::spec::DesiredPod;
 
 /// The kubelet's floor for `StopContainer`'s timeout.
 const MIN_GRACE: Duration = Duration::from_secs(2);

@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use runtime_api::cri;
 
-use super::cgroups::QosCgroups;
-use super::dns::{self, NodeDns};
-use super::env::Resolved;
-use super::security;
-use super::spec::{ContainerSpec, DesiredPod};
+use crate::pods::cgroups::QosCgroups;
+use crate::pods::dns::{self, NodeDns};
+use crate::pods::env::Resolved;
+use crate::pods::security;
+use crate::pods::spec::{ContainerSpec, DesiredPod};
 
 /// Label: the pod's UID.
 pub const POD_UID: &str = "io.kubernetes.pod.uid";
@@ -175,7 +175,7 @@ pub fn container_config(
         (
             TERMINATION_MESSAGE_POLICY.to_owned(),
             if c.termination_fallback_to_logs {
-                super::termination::FALLBACK_TO_LOGS
+                crate::pods::termination::FALLBACK_TO_LOGS
             } else {
                 "File"
             }

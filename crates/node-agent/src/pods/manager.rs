@@ -14,20 +14,20 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use super::admission::{self, Committed, Rejection};
-use super::context::AgentCtx;
-use super::control::ManagerControl;
-use super::events::EventType;
-use super::metrics::{Stage, Timeline};
-use super::orphans::{self, Orphans};
-use super::pleg::PlegEvent;
-use super::shutdown::{self, ShutdownRequest};
-use super::source::PodEvent;
-use super::spec::DesiredPod;
-use super::static_pods::mirror::{Desired, MirrorLink, MirrorMsg};
-use super::static_pods::{Mirrors, StaticUpdate, manifest};
-use super::worker::{PodWorker, WorkerInit, WorkerMsg, WorkerReport};
 use crate::density::wake_timer::WakeTimer;
+use crate::pods::admission::{self, Committed, Rejection};
+use crate::pods::context::AgentCtx;
+use crate::pods::control::ManagerControl;
+use crate::pods::events::EventType;
+use crate::pods::metrics::{Stage, Timeline};
+use crate::pods::orphans::{self, Orphans};
+use crate::pods::pleg::PlegEvent;
+use crate::pods::shutdown::{self, ShutdownRequest};
+use crate::pods::source::PodEvent;
+use crate::pods::spec::DesiredPod;
+use crate::pods::static_pods::mirror::{Desired, MirrorLink, MirrorMsg};
+use crate::pods::static_pods::{Mirrors, StaticUpdate, manifest};
+use crate::pods::worker::{PodWorker, WorkerInit, WorkerMsg, WorkerReport};
 
 #[path = "manager_control.rs"]
 mod control;
@@ -157,7 +157,7 @@ impl PodManager {
     /// arrived before the pod side was built) before anything else.
     pub(crate) fn run(
         mut self,
-        first: Option<Box<super::first_pod::Taken>>,
+        first: Option<Box<crate::pods::first_pod::Taken>>,
         mut source: crate::density::chan::Receiver<PodEvent>,
         mut statics: Option<mpsc::Receiver<StaticUpdate>>,
         mut pleg: crate::density::chan::UnboundedReceiver<PlegEvent>,
@@ -486,7 +486,7 @@ impl PodManager {
                 if view.pods <= 0 {
                     view.pods = i64::from(self.ctx.config.max_pods);
                 }
-                let critical = is_static || desired.priority >= super::spec::SYSTEM_CRITICAL_PRIORITY;
+                let critical = is_static || desired.priority >= crate::pods::spec::SYSTEM_CRITICAL_PRIORITY;
                 admission::admit(&pod, &desired, &view, &self.committed, critical)
             }
         };

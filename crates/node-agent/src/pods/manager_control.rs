@@ -2,8 +2,8 @@
 //! has (garbage collection), which run (eviction ranking), evicting one, and which hold the node's resources
 //! (the pod-resources API).
 
-use super::PodManager;
 use crate::pods::control::{ActivePod, EvictOrder, KillCause, KnownPods, ManagerControl};
+use crate::pods::manager::PodManager;
 use crate::pods::worker::{KillOrder, WorkerMsg};
 
 impl PodManager {

@@ -1,4 +1,4 @@
-//! The pod manager's side of its workers' turns (see [`worker`](super::super::worker)): where each worker is
+//! The pod manager's side of its workers' turns (see [`worker`](crate::pods::worker)): where each worker is
 //! ([`Slot`]), inputs handed to it or kept for after its turn, a turn's end (the worker back in its entry, its
 //! wake time in it), and the one timer at the earliest wake time (see `wake_timer`).
 
@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::{Entry, PodManager, PodWorker, WorkerMsg};
+use crate::pods::manager::{Entry, PodManager, PodWorker, WorkerMsg};
 
 /// Where a pod's worker is.
 pub(super) enum Slot {

@@ -12,9 +12,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::admission::NodeView;
 use crate::density::watch;
 use crate::node::{NodeSnapshot, Pressure, ResourceList};
+use crate::pods::admission::NodeView;
 
 /// Where the pod side reads its node's view (cheap to clone: a clone waits for changes on its own).
 #[derive(Clone)]

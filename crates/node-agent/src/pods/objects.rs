@@ -25,8 +25,8 @@ use kube::api::{ListParams, PostParams};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::read_cache::ReadCache;
 use crate::api::{ApiCalls, is_not_found};
+use crate::pods::read_cache::ReadCache;
 
 /// The keys and values of a ConfigMap (`data` and `binaryData`) or a Secret.
 pub type ObjectData = BTreeMap<String, Vec<u8>>;

@@ -3,7 +3,7 @@
 //!
 //! [`RuntimeView::refresh`] lists the pod's sandboxes and containers and asks for the status only of objects
 //! that are new or changed state since the last refresh, so a steady pod costs two list calls per sync. On a
-//! real node an exited container's message gets its [termination message](super::termination), read once.
+//! real node an exited container's message gets its [termination message](crate::pods::termination), read once.
 
 use std::sync::Arc;
 
@@ -11,9 +11,9 @@ use k8s_openapi::jiff::Timestamp;
 use runtime_api::{RuntimeError, cri};
 use tokio::time::Instant;
 
-use super::context::AgentCtx;
-use super::labels;
 use crate::density::intern::Interner;
+use crate::pods::context::AgentCtx;
+use crate::pods::labels;
 
 /// A container's state as the runtime reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -372,6 +372,6 @@ impl RuntimeView {
 
 /// `status` with the message its container left in its termination message file.
 async fn with_termination_message(mut status: cri::ContainerStatus) -> cri::ContainerStatus {
-    status.message = super::termination::read(&status).await;
+    status.message = crate::pods::termination::read(&status).await;
     status
 }

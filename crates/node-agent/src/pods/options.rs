@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use super::cgroups::QosCgroups;
-use super::{NetworkProbes, PodMetrics, PodSource, ProbeTransport};
+use crate::pods::cgroups::QosCgroups;
+use crate::pods::{NetworkProbes, PodMetrics, PodSource, ProbeTransport};
 
 /// What an agent's pod lifecycle uses besides the agent context.
 pub struct PodOptions {
@@ -28,7 +28,7 @@ pub struct PodOptions {
 
 impl PodOptions {
     /// Network probes through `probes`, own start-up metrics, the agent's own watch. An agent on an in-memory
-    /// runtime passes a [`ScriptedProbes`](super::ScriptedProbes) here: nothing of the real network is built.
+    /// runtime passes a [`ScriptedProbes`](crate::pods::ScriptedProbes) here: nothing of the real network is built.
     pub fn with_probes(probes: Arc<dyn ProbeTransport>) -> Self {
         Self {
             probes,

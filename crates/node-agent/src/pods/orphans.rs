@@ -19,11 +19,11 @@ use std::time::Duration;
 use runtime_api::cri;
 use tokio_util::task::TaskTracker;
 
-use super::context::AgentCtx;
-use super::kill;
-use super::labels;
-use super::observed::{Reread, RuntimeView};
-use super::volumes;
+use crate::pods::context::AgentCtx;
+use crate::pods::kill;
+use crate::pods::labels;
+use crate::pods::observed::{Reread, RuntimeView};
+use crate::pods::volumes;
 
 /// How often a real node sweeps (the kubelet's housekeeping runs every 2 s; a node-agent pod worker cleans up
 /// after its own pod, so the sweep only catches what was left while the agent was down or could not be

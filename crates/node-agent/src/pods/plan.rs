@@ -11,11 +11,11 @@
 
 use tokio::time::Instant;
 
-use super::observed::{CState, RuntimeView};
-use super::probes::{ProbeKind, ProbeResults};
-use super::spec::{DesiredPod, RestartPolicy};
-use super::status::Phase;
-use super::status::generate::initialized;
+use crate::pods::observed::{CState, RuntimeView};
+use crate::pods::probes::{ProbeKind, ProbeResults};
+use crate::pods::spec::{DesiredPod, RestartPolicy};
+use crate::pods::status::Phase;
+use crate::pods::status::generate::initialized;
 
 /// A container to stop.
 #[derive(Debug, Clone, PartialEq)]
@@ -254,7 +254,10 @@ fn finished_never(pod: &DesiredPod, view: &RuntimeView) -> Phase {
     if all_ok { Phase::Succeeded } else { Phase::Failed }
 }
 
-fn running_kills(view: &RuntimeView, pick: impl Fn(&super::observed::ContainerRecord) -> bool) -> Vec<Kill> {
+fn running_kills(
+    view: &RuntimeView,
+    pick: impl Fn(&crate::pods::observed::ContainerRecord) -> bool,
+) -> Vec<Kill> {
     view.containers
         .iter()
         .filter(|r| matches!(r.state, CState::Running | CState::Created | CState::Unknown) && pick(r))
@@ -269,8 +272,8 @@ fn running_kills(view: &RuntimeView, pick: impl Fn(&super::observed::ContainerRe
 
 #[cfg(test)]
 mod tests {
-    use super::super::observed::{ContainerRecord, ImageNames, SandboxRecord};
     use super::*;
+    use crate::pods::observed::{ContainerRecord, ImageNames, SandboxRecord};
     use serde_json::json;
     use std::sync::Arc;
 

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use futures::StreamExt;
 use runtime_api::{Code, cri};
 
-use super::context::AgentCtx;
-use super::labels;
 use crate::backoff::{Backoff, BackoffPolicy};
+use crate::pods::context::AgentCtx;
+use crate::pods::labels;
 
 /// A pod whose runtime objects changed; `None` = every pod (after events may have been missed).
 pub(crate) type PlegEvent = Option<String>;

@@ -11,7 +11,7 @@ use base64::Engine;
 use runtime_api::cri;
 use serde::Deserialize;
 
-use super::objects::{ObjectData, ObjectKind, PodObjects};
+use crate::pods::objects::{ObjectData, ObjectKind, PodObjects};
 
 #[derive(Debug, Default, Deserialize)]
 struct Entry {
@@ -167,7 +167,7 @@ mod tests {
                 _: ObjectKind,
                 _: &str,
                 name: &str,
-            ) -> Result<Option<std::sync::Arc<ObjectData>>, super::super::objects::ObjectError> {
+            ) -> Result<Option<std::sync::Arc<ObjectData>>, crate::pods::objects::ObjectError> {
                 let (key, json) = match name {
                     "json" => (
                         ".dockerconfigjson",
@@ -187,8 +187,8 @@ mod tests {
 
             async fn token(
                 &self,
-                _: super::super::objects::TokenFor<'_>,
-            ) -> Result<super::super::objects::Token, super::super::objects::ObjectError> {
+                _: crate::pods::objects::TokenFor<'_>,
+            ) -> Result<crate::pods::objects::Token, crate::pods::objects::ObjectError> {
                 unreachable!()
             }
         }

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
 use crate::quantity::Quantity;
 
-use super::spec::ContainerSpec;
+use crate::pods::spec::ContainerSpec;
 
 /// A container's requests and limits (cpu in millicores, the rest in bytes). `None` = not set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -225,8 +225,8 @@ pub fn pod_limits(init: &[ContainerSpec], app: &[ContainerSpec], requests: PodRe
 
 #[cfg(test)]
 mod tests {
-    use super::super::spec::DesiredPod;
     use super::*;
+    use crate::pods::spec::DesiredPod;
     use serde_json::json;
 
     fn desired(spec: serde_json::Value) -> std::sync::Arc<DesiredPod> {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{PodSecurityContext, SeccompProfile, SecurityContext};
 use runtime_api::cri;
 
-use super::spec::DesiredPod;
+use crate::pods::spec::DesiredPod;
 
 /// A seccomp profile choice.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,7 +228,7 @@ pub fn sandbox(
 /// The container's effective security context: its own settings over the pod's.
 pub fn container(
     pod: &DesiredPod,
-    c: &super::spec::ContainerSpec,
+    c: &crate::pods::spec::ContainerSpec,
     root_dir: &str,
 ) -> Result<cri::LinuxContainerSecurityContext, String> {
     let p = pod.security.as_deref();
@@ -283,7 +283,7 @@ pub fn container(
 }
 
 /// Whether `c` runs with `runAsNonRoot` and no `runAsUser`, so its image's user must be checked.
-pub fn needs_image_user(pod: &DesiredPod, c: &super::spec::ContainerSpec) -> bool {
+pub fn needs_image_user(pod: &DesiredPod, c: &crate::pods::spec::ContainerSpec) -> bool {
     let p = pod.security.as_deref();
     let own = c.security.as_deref();
     let non_root = own
@@ -297,7 +297,7 @@ pub fn needs_image_user(pod: &DesiredPod, c: &super::spec::ContainerSpec) -> boo
 /// `uid`, else its `username`; an image naming neither runs as root. The kubelet's messages.
 pub fn verify_image_user(
     pod: &DesiredPod,
-    c: &super::spec::ContainerSpec,
+    c: &crate::pods::spec::ContainerSpec,
     uid: Option<i64>,
     username: &str,
 ) -> Result<(), String> {

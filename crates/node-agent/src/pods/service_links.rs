@@ -5,14 +5,14 @@
 //! pod's own namespace replaces a `default/kubernetes` of the same name.
 //!
 //! The variables go in before the container's own, so its `envFrom` and `env` override them and can refer to
-//! them with `$(VAR)`. Services come from [`PodObjects::services`](super::objects::PodObjects), cached per agent.
+//! them with `$(VAR)`. Services come from [`PodObjects::services`](crate::pods::objects::PodObjects), cached per agent.
 
 use std::collections::BTreeMap;
 
-use super::context::AgentCtx;
-use super::objects::ServiceLink;
-use super::spec::DesiredPod;
-use super::static_pods::manifest::SOURCE_ANNOTATION;
+use crate::pods::context::AgentCtx;
+use crate::pods::objects::ServiceLink;
+use crate::pods::spec::DesiredPod;
+use crate::pods::static_pods::manifest::SOURCE_ANNOTATION;
 
 /// The namespace and name of the Service every pod gets links to.
 const MASTER: (&str, &str) = ("default", "kubernetes");

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::control::KillCause;
-use super::spec::SYSTEM_CRITICAL_PRIORITY;
-use super::worker::{KillOrder, WorkerReport};
+use crate::pods::control::KillCause;
+use crate::pods::spec::SYSTEM_CRITICAL_PRIORITY;
+use crate::pods::worker::{KillOrder, WorkerReport};
 
 /// `status.reason` of a pod stopped by a node shutdown.
 pub const REASON: &str = "Terminated";

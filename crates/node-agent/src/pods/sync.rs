@@ -7,23 +7,23 @@ use std::time::Duration;
 use runtime_api::{Code, RuntimeError, cri};
 use tokio::time::Instant;
 
-use super::actions::{self, Where};
-use super::env;
-use super::events::EventType;
-use super::gofmt;
-use super::images::ImageState;
-use super::kill;
-use super::labels;
-use super::metrics::Stage;
-use super::observed::Reread;
-use super::plan::{self, Start};
-use super::probes::ProbeOutcome;
-use super::security;
-use super::status::generate::{self, Inputs};
-use super::status::{Phase, StatusMsg};
-use super::termination;
-use super::volumes;
-use super::worker_state::{LastReport, PodWorker, State};
+use crate::pods::actions::{self, Where};
+use crate::pods::env;
+use crate::pods::events::EventType;
+use crate::pods::gofmt;
+use crate::pods::images::ImageState;
+use crate::pods::kill;
+use crate::pods::labels;
+use crate::pods::metrics::Stage;
+use crate::pods::observed::Reread;
+use crate::pods::plan::{self, Start};
+use crate::pods::probes::ProbeOutcome;
+use crate::pods::security;
+use crate::pods::status::generate::{self, Inputs};
+use crate::pods::status::{Phase, StatusMsg};
+use crate::pods::termination;
+use crate::pods::volumes;
+use crate::pods::worker_state::{LastReport, PodWorker, State};
 
 impl PodWorker {
     fn wake(&mut self, at: Instant) {
@@ -392,7 +392,7 @@ impl PodWorker {
                 waiting: self
                     .waiting
                     .as_deref()
-                    .unwrap_or(&super::worker_state::NO_WAITING),
+                    .unwrap_or(&crate::pods::worker_state::NO_WAITING),
                 host_ips: &host_ips,
                 start_time: Some(self.start_time()),
                 old: self.last.as_ref().map(|l| &l.previous),
@@ -408,7 +408,7 @@ impl PodWorker {
         if let Some((_, cause)) = self.killed()
             && phase.is_terminal()
         {
-            super::control::mark_status(&mut status, cause, self.pod.generation);
+            crate::pods::control::mark_status(&mut status, cause, self.pod.generation);
         }
         let timeline = match &self.timeline {
             Some(t) if phase == Phase::Running && t.reached(Stage::ContainersStarted) => self.timeline.take(),
@@ -417,7 +417,7 @@ impl PodWorker {
         if phase.is_terminal() {
             self.timeline = None;
         }
-        let fingerprint = super::status::canonical::hash_of(&status);
+        let fingerprint = crate::pods::status::canonical::hash_of(&status);
         if timeline.is_none() && self.last.as_ref().is_some_and(|l| l.fingerprint == fingerprint) {
             return;
         }
@@ -434,9 +434,9 @@ impl PodWorker {
 
 /// `runAsNonRoot` without `runAsUser`: the image's user, from `ImageStatus`, must not be root.
 async fn image_user_allowed(
-    ctx: &super::context::AgentCtx,
-    pod: &super::spec::DesiredPod,
-    c: &super::spec::ContainerSpec,
+    ctx: &crate::pods::context::AgentCtx,
+    pod: &crate::pods::spec::DesiredPod,
+    c: &crate::pods::spec::ContainerSpec,
 ) -> Result<(), String> {
     let spec = cri::ImageSpec {
         image: c.image.clone(),

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 
 use runtime_api::cri;
 
-use super::labels;
-use super::spec::{ContainerSpec, DesiredPod};
+use crate::pods::labels;
+use crate::pods::spec::{ContainerSpec, DesiredPod};
 
 /// The most of the message file that is read (its end).
 pub const MAX_FILE_BYTES: u64 = 4096;

@@ -1,10 +1,10 @@
 //! The pod worker: one per pod UID, so syncs of one pod never overlap.
 //!
 //! A worker moves through the kubelet's three states:
-//! * **syncing** — make the runtime match the spec ([`sync`](super::sync)): sandbox, init containers,
+//! * **syncing** — make the runtime match the spec ([`sync`](crate::pods::sync)): sandbox, init containers,
 //!   sidecars, app containers, restarts with back-off, probes; report status;
 //! * **terminating** — the pod is being deleted, was removed, or finished for good: stop every container
-//!   (preStop, grace period) and the sandbox ([`kill`](super::kill)); report the final status;
+//!   (preStop, grace period) and the sandbox ([`kill`](crate::pods::kill)); report the final status;
 //! * **terminated** — nothing runs. Once the object is being deleted (or is gone): remove containers and
 //!   sandbox, ask the status manager to delete the object, tell the manager, and end.
 //!
@@ -24,18 +24,18 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
-use super::context::AgentCtx;
-use super::control::KillCause;
-use super::images::Images;
-use super::kill;
-use super::observed::{Reread, RuntimeView};
-use super::probes::ProbeResults;
-use super::probes::prober;
-use super::status::{Phase, StatusMsg};
-use super::volumes;
-pub(crate) use super::worker_state::{KillOrder, PodWorker, WorkerInit, WorkerMsg, WorkerReport};
-use super::worker_state::{LastReport, State};
 use crate::backoff::{Backoff, BackoffPolicy, next_tick};
+use crate::pods::context::AgentCtx;
+use crate::pods::control::KillCause;
+use crate::pods::images::Images;
+use crate::pods::kill;
+use crate::pods::observed::{Reread, RuntimeView};
+use crate::pods::probes::ProbeResults;
+use crate::pods::probes::prober;
+use crate::pods::status::{Phase, StatusMsg};
+use crate::pods::volumes;
+pub(crate) use crate::pods::worker_state::{KillOrder, PodWorker, WorkerInit, WorkerMsg, WorkerReport};
+use crate::pods::worker_state::{LastReport, State};
 
 impl PodWorker {
     pub(crate) fn new(ctx: Arc<AgentCtx>, init: WorkerInit) -> Self {

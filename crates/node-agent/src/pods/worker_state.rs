@@ -1,6 +1,6 @@
 //! What one pod's worker takes ([`WorkerMsg`]) and holds between syncs ([`PodWorker`]), its [`State`] and what
-//! it keeps of its last report ([`LastReport`]); and the link to the pod's prober. [`worker`](super::worker)
-//! drives this state from inputs and timers, [`sync`](super::sync) makes the runtime match the spec with it;
+//! it keeps of its last report ([`LastReport`]); and the link to the pod's prober. [`worker`](crate::pods::worker)
+//! drives this state from inputs and timers, [`sync`](crate::pods::sync) makes the runtime match the spec with it;
 //! neither calls the other back.
 
 use std::collections::BTreeMap;
@@ -11,21 +11,21 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::admission::Rejection;
-use super::context::AgentCtx;
-use super::control::KillCause;
-use super::images::Images;
-use super::metrics::Timeline;
-use super::observed::RuntimeView;
-use super::probes::ProbeResults;
-use super::probes::prober::{ProbeUpdate, Prober, Seeds, Targets};
-use super::restart::RestartBackoff;
-use super::spec::DesiredPod;
-use super::status::Phase;
-use super::status::generate::Previous;
-use super::volumes::PodVolumes;
 use crate::backoff::Backoff;
 use crate::density::watch;
+use crate::pods::admission::Rejection;
+use crate::pods::context::AgentCtx;
+use crate::pods::control::KillCause;
+use crate::pods::images::Images;
+use crate::pods::metrics::Timeline;
+use crate::pods::observed::RuntimeView;
+use crate::pods::probes::ProbeResults;
+use crate::pods::probes::prober::{ProbeUpdate, Prober, Seeds, Targets};
+use crate::pods::restart::RestartBackoff;
+use crate::pods::spec::DesiredPod;
+use crate::pods::status::Phase;
+use crate::pods::status::generate::Previous;
+use crate::pods::volumes::PodVolumes;
 
 /// Input to a pod worker.
 #[derive(Debug)]
@@ -62,7 +62,7 @@ pub(crate) enum WorkerReport {
     Gone { uid: Arc<str>, in_api: bool },
     /// The pod no longer runs anything (terminal or terminated): release its admitted resources.
     Stopped { uid: Arc<str> },
-    /// A turn ended (see [`worker`](super::worker)): the worker, handed back to wait in the manager's table
+    /// A turn ended (see [`worker`](crate::pods::worker)): the worker, handed back to wait in the manager's table
     /// for its next input — [`WorkerMsg::Wake`] at its `wake_at` (the next periodic sync, or a back-off's
     /// end), or any message before. The manager keeps one timer for every worker's time (as the kubelet's work
     /// queue does), so an idle worker holds no timer, no task and no channel. A worker that reached its end
@@ -85,7 +85,7 @@ pub(crate) struct WorkerInit {
     pub timeline: Option<Timeline>,
 }
 
-/// Where a worker is in the pod's life (see [`worker`](super::worker)).
+/// Where a worker is in the pod's life (see [`worker`](crate::pods::worker)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum State {
     Syncing,
@@ -98,7 +98,7 @@ pub(super) enum State {
 /// the pod was reported finished, and what the next status carries over (transition times, pod IPs).
 #[derive(Debug)]
 pub(super) struct LastReport {
-    /// [`hash_of`](super::status::canonical::hash_of) the whole status.
+    /// [`hash_of`](crate::pods::status::canonical::hash_of) the whole status.
     pub fingerprint: u64,
     /// Its phase was Succeeded or Failed.
     pub terminal: bool,
@@ -106,7 +106,7 @@ pub(super) struct LastReport {
 }
 
 impl LastReport {
-    /// `status`, fingerprinted `fingerprint` (see [`hash_of`](super::status::canonical::hash_of)).
+    /// `status`, fingerprinted `fingerprint` (see [`hash_of`](crate::pods::status::canonical::hash_of)).
     pub(super) fn new(status: &PodStatus, fingerprint: u64) -> Self {
         Self {
             fingerprint,
@@ -120,7 +120,7 @@ impl LastReport {
     }
 
     pub(super) fn of(status: &PodStatus) -> Self {
-        Self::new(status, super::status::canonical::hash_of(status))
+        Self::new(status, crate::pods::status::canonical::hash_of(status))
     }
 }
 
@@ -225,7 +225,7 @@ impl PodWorker {
                 .containers
                 .iter()
                 .filter(|r| r.running())
-                .map(|r| super::probes::prober::Running {
+                .map(|r| crate::pods::probes::prober::Running {
                     name: r.name.clone(),
                     id: r.id.to_string(),
                     started: r.started_seen.unwrap_or_else(Instant::now),

@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use super::{ProbeKind, ProbeOutcome};
+use crate::pods::probes::{ProbeKind, ProbeOutcome};
 use crate::pods::spec::DesiredPod;
 
 /// Upper bounds of the duration buckets in seconds: the Prometheus client's defaults, which the kubelet uses.

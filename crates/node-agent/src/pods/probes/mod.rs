@@ -21,7 +21,7 @@ pub use metrics::ProbeMetrics;
 pub use network::NetworkProbes;
 pub use scripted::{NetTarget, ScriptedProbes};
 
-use super::spec::Action;
+use crate::pods::spec::Action;
 
 /// Which probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

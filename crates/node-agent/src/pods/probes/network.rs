@@ -9,7 +9,7 @@ use http_body_util::Empty;
 use hyper::body::Bytes;
 use tokio::net::TcpStream;
 
-use super::{ProbeOutcome, ProbeTarget, ProbeTransport};
+use crate::pods::probes::{ProbeOutcome, ProbeTarget, ProbeTransport};
 use crate::pods::spec::{Action, HttpGet};
 
 /// Probes over the real network.

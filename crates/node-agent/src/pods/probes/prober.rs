@@ -19,12 +19,12 @@ use k8s_openapi::api::core::v1::PodStatus;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::PodProbeMetrics;
-use super::{ProbeKind, ProbeOutcome};
 use crate::density::watch;
 use crate::pods::actions::{self, Where};
 use crate::pods::context::AgentCtx;
 use crate::pods::events::EventType;
+use crate::pods::probes::metrics::PodProbeMetrics;
+use crate::pods::probes::{ProbeKind, ProbeOutcome};
 use crate::pods::spec::{DesiredPod, ProbeSpec};
 use crate::pods::worker::WorkerReport;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{ProbeOutcome, ProbeTarget, ProbeTransport};
+use crate::pods::probes::{ProbeOutcome, ProbeTarget, ProbeTransport};
 use crate::pods::spec::Action;
 
 /// What a network probe connects to, without the host (a scripted transport answers per container).

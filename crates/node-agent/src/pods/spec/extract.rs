@@ -7,9 +7,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, HTTPGetAction, LifecycleHandler, Probe, TCPSocketAction};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::volumes::{EnvFrom, MountSpec, resource_ref};
-use super::{Action, ContainerSpec, EnvValue, HttpGet, KeyRef, Port, ProbeSpec, PullPolicy};
 use crate::pods::resources::ContainerResources;
+use crate::pods::spec::volumes::{EnvFrom, MountSpec, resource_ref};
+use crate::pods::spec::{Action, ContainerSpec, EnvValue, HttpGet, KeyRef, Port, ProbeSpec, PullPolicy};
 
 pub(super) struct EnvCtx<'a> {
     pub(super) name: &'a str,

@@ -21,8 +21,8 @@ pub use small_map::SmallMap;
 use extract::{EnvCtx, container};
 pub use volumes::{EnvFrom, MountSpec, ResourceRef, VolumeSpec};
 
-use super::resources::{self, ContainerResources, PodRequests, QosClass};
-use super::security::{ContainerSecurity, PodSecurity};
+use crate::pods::resources::{self, ContainerResources, PodRequests, QosClass};
+use crate::pods::security::{ContainerSecurity, PodSecurity};
 
 /// The pod-level restart policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

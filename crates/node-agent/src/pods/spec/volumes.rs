@@ -165,10 +165,10 @@ pub struct VolumeSpec {
 /// One `volumeMount` of a container. The volume is named by its place in the pod's `spec.volumes`, not by
 /// name: volume names carry per-pod parts (the service-account token volume is `kube-api-access-<random>`), and
 /// without them the containers of a template's replicas are equal and shared (see
-/// [`Containers`](super::Containers)).
+/// [`Containers`](crate::pods::spec::Containers)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountSpec {
-    /// The index of the volume in [`DesiredPod::volumes`](super::DesiredPod::volumes) (`None`: the pod has no
+    /// The index of the volume in [`DesiredPod::volumes`](crate::pods::spec::DesiredPod::volumes) (`None`: the pod has no
     /// volume of the mount's name; API validation refuses such a pod, and the mount is left out).
     pub volume: Option<u16>,
     /// Where it appears in the container.

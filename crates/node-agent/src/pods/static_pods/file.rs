@@ -15,8 +15,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::manifest::{self, Origin};
-use super::{Problems, StaticUpdate};
+use crate::pods::static_pods::manifest::{self, Origin};
+use crate::pods::static_pods::{Problems, StaticUpdate};
 
 /// Files larger than this are refused (the kubelet's limit).
 const MAX_MANIFEST_BYTES: u64 = 10 << 20;

@@ -14,8 +14,8 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::manifest::{self, Origin};
-use super::{Problems, StaticUpdate};
+use crate::pods::static_pods::manifest::{self, Origin};
+use crate::pods::static_pods::{Problems, StaticUpdate};
 
 const MAX_BODY_BYTES: usize = 10 << 20;
 const TIMEOUT: Duration = Duration::from_secs(10);

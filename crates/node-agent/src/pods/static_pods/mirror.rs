@@ -21,11 +21,11 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Mirrors;
-use super::manifest::{HASH_ANNOTATION, MIRROR_ANNOTATION};
 use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::density::watch;
+use crate::pods::static_pods::Mirrors;
+use crate::pods::static_pods::manifest::{HASH_ANNOTATION, MIRROR_ANNOTATION};
 use crate::pods::status::{StatusHandle, StatusMsg};
 
 /// namespace, name.

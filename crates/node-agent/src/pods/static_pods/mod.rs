@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::events::{EventType, PodEventSink};
+use crate::pods::events::{EventType, PodEventSink};
 use manifest::Origin;
 
 /// Where an agent's static pods come from. `Default`: nowhere.

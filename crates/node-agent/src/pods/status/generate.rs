@@ -84,7 +84,7 @@ pub(crate) struct Inputs<'a> {
 /// condition the agent owns took its value, and the pod IPs (still reported once the sandbox is gone).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Previous {
-    /// Per [`OWNED_CONDITIONS`](super::canonical::OWNED_CONDITIONS) entry: its status and last transition
+    /// Per [`OWNED_CONDITIONS`](crate::pods::status::canonical::OWNED_CONDITIONS) entry: its status and last transition
     /// time (seconds since the epoch, the API's resolution).
     conditions: [Seen; 5],
     pod_ips: Box<[String]>,
@@ -119,7 +119,7 @@ impl Previous {
     pub(crate) fn of(status: &PodStatus) -> Self {
         let mut conditions = [Seen::NONE; 5];
         for c in status.conditions.iter().flatten() {
-            let Some(i) = super::canonical::OWNED_CONDITIONS
+            let Some(i) = crate::pods::status::canonical::OWNED_CONDITIONS
                 .iter()
                 .position(|t| *t == c.type_)
             else {
@@ -135,7 +135,7 @@ impl Previous {
 
     /// When condition `type_` became `ok`, if that is what it said.
     fn since(&self, type_: &str, ok: bool) -> Option<Time> {
-        let i = super::canonical::OWNED_CONDITIONS
+        let i = crate::pods::status::canonical::OWNED_CONDITIONS
             .iter()
             .position(|t| *t == type_)?;
         let (was, since) = self.conditions[i].get()?;
@@ -509,7 +509,7 @@ pub(crate) fn rejected(pod: &DesiredPod, reason: &str, message: &str, start_time
 
 #[cfg(test)]
 mod seen_tests {
-    use super::Seen;
+    use crate::pods::status::generate::Seen;
 
     #[test]
     fn a_packed_condition_gives_back_its_status_and_second() {

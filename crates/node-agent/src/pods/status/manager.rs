@@ -14,12 +14,12 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{StatusMsg, canonical};
 use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::density::wake_timer::WakeTimer;
 use crate::pods::metrics::{PodMetrics, Timeline};
 use crate::pods::static_pods::{MirrorOf, Mirrors};
+use crate::pods::status::{StatusMsg, canonical};
 
 /// Pods written at the same time by one agent.
 pub(crate) const IN_FLIGHT: usize = 4;
@@ -105,7 +105,7 @@ enum Outcome {
 pub(crate) struct StatusManager {
     client: crate::client::ApiClient,
     api: ApiCalls,
-    rx: super::StatusReceiver,
+    rx: crate::pods::status::StatusReceiver,
     metrics: Arc<PodMetrics>,
     /// Boxed: a table's slots are a power of two, up to half of them empty, and an entry in place made each
     /// empty slot cost 88 bytes instead of 24 (a node of five pods: a 728-byte table, in jemalloc's classes 768
@@ -220,7 +220,7 @@ impl StatusManager {
     pub(crate) fn new(
         client: impl Into<crate::client::ApiClient>,
         api: ApiCalls,
-        rx: super::StatusReceiver,
+        rx: crate::pods::status::StatusReceiver,
         metrics: Arc<PodMetrics>,
         mirrors: Mirrors,
     ) -> Self {

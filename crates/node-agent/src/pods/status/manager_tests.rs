@@ -10,10 +10,10 @@ use k8s_openapi::api::core::v1::PodStatus;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::StatusManager;
 use crate::api::ApiCalls;
 use crate::metrics::Metrics;
 use crate::pods::metrics::PodMetrics;
+use crate::pods::status::manager::StatusManager;
 use crate::pods::status::{StatusHandle, StatusMsg};
 
 type Log = Arc<Mutex<Vec<(String, String, Value)>>>;
@@ -198,7 +198,7 @@ async fn writes_several_pods_at_once_but_one_pod_at_a_time() {
         timeline: None,
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(load.lock().unwrap().peak, super::IN_FLIGHT);
+    assert_eq!(load.lock().unwrap().peak, crate::pods::status::manager::IN_FLIGHT);
     let log = log.lock().unwrap().clone();
     let p0: Vec<&Value> = log
         .iter()
@@ -234,15 +234,15 @@ async fn the_idle_status_managers_future_stays_small() {
 /// The writer holds an entry per pod for the pod's life: its size is per running pod of every node.
 #[test]
 fn a_pods_entry_stays_small() {
-    let size = std::mem::size_of::<super::Entry>();
+    let size = std::mem::size_of::<crate::pods::status::manager::Entry>();
     println!("status entry {size} bytes");
     // 120 bytes (and two allocations for the namespace and name) while the retry time sat beside the back-off
     assert!(size <= 72, "a status entry is {size} bytes");
-    let e = super::Entry::new("kube-system", "coredns-5d78c9869d-x2x7k");
+    let e = crate::pods::status::manager::Entry::new("kube-system", "coredns-5d78c9869d-x2x7k");
     assert_eq!(
         (e.namespace(), e.name()),
         ("kube-system", "coredns-5d78c9869d-x2x7k")
     );
-    let seeded = super::Entry::new("", "");
+    let seeded = crate::pods::status::manager::Entry::new("", "");
     assert_eq!((seeded.namespace(), seeded.name()), ("", ""));
 }

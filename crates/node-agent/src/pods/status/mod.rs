@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::PodStatus;
 pub use generate::Phase;
 pub(crate) use manager::StatusManager;
 
-use super::metrics::Timeline;
+use crate::pods::metrics::Timeline;
 
 /// A request to the status manager.
 #[derive(Debug)]

@@ -12,11 +12,11 @@ use runtime_api::{Runtime, cri};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::super::events::MemoryEvents;
-use super::super::source::{PodEvent, PodSource};
-use super::super::{NodeViewFeed, NodeViews, PodConfig, PodLifecycle};
-use super::{fake_probes, node_view, pod};
 use crate::density::watch;
+use crate::pods::events::MemoryEvents;
+use crate::pods::source::{PodEvent, PodSource};
+use crate::pods::tests::{fake_probes, node_view, pod};
+use crate::pods::{NodeViewFeed, NodeViews, PodConfig, PodLifecycle};
 
 /// A client whose requests never get an answer (the status writer's patches wait forever).
 fn client() -> kube::Client {
@@ -28,7 +28,7 @@ fn client() -> kube::Client {
 
 struct Node {
     runtime: FakeRuntime,
-    _view: watch::Sender<Option<super::super::NodeView>>,
+    _view: watch::Sender<Option<crate::pods::NodeView>>,
     feed: crate::density::chan::Sender<PodEvent>,
     built: Arc<AtomicBool>,
     cancel: CancellationToken,
@@ -124,7 +124,7 @@ async fn a_node_builds_its_pod_side_at_its_first_pod_and_runs_it() {
 #[tokio::test(start_paused = true)]
 async fn a_node_whose_runtime_holds_a_sandbox_builds_its_pod_side_at_once() {
     let runtime = FakeRuntime::new(FakeConfig::default());
-    super::leftover_sandbox(&runtime, "left").await;
+    crate::pods::tests::leftover_sandbox(&runtime, "left").await;
     let node = start(runtime);
     settle().await;
     assert!(

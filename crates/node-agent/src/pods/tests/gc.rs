@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::super::source::PodEvent;
-use super::{Harness, pod};
 use crate::config::GcSettings;
 use crate::gc::{ContainerGc, GarbageCollectors, ImageGc, ImagePolicy, Periods, RuntimeImageFs};
 use crate::pods::PodsQuery;
+use crate::pods::source::PodEvent;
+use crate::pods::tests::{Harness, pod};
 
 fn exited(list: &[(String, u32, i32, String)]) -> usize {
     list.iter().filter(|c| c.2 == 2).count()

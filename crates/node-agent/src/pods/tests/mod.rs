@@ -26,18 +26,18 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::PodConfig;
-use super::admission::NodeView;
-use super::context::AgentCtx;
-use super::events::{MemoryEvents, Recorder};
-use super::manager::{PodManager, Statics};
-use super::metrics::PodMetrics;
-use super::pleg::Pleg;
-use super::probes::{NetTarget, ScriptedProbes};
-use super::source::PodEvent;
-use super::static_pods::mirror::{Desired, MirrorMsg};
-use super::static_pods::{Mirrors, StaticUpdate};
-use super::status::{StatusHandle, StatusMsg};
+use crate::pods::PodConfig;
+use crate::pods::admission::NodeView;
+use crate::pods::context::AgentCtx;
+use crate::pods::events::{MemoryEvents, Recorder};
+use crate::pods::manager::{PodManager, Statics};
+use crate::pods::metrics::PodMetrics;
+use crate::pods::pleg::Pleg;
+use crate::pods::probes::{NetTarget, ScriptedProbes};
+use crate::pods::source::PodEvent;
+use crate::pods::static_pods::mirror::{Desired, MirrorMsg};
+use crate::pods::static_pods::{Mirrors, StaticUpdate};
+use crate::pods::status::{StatusHandle, StatusMsg};
 
 use crate::density::watch;
 
@@ -107,7 +107,7 @@ pub(super) struct Harness {
     pub metrics: Arc<PodMetrics>,
     /// The node's `/metrics/probes` series.
     pub probe_metrics: Arc<crate::pods::ProbeMetrics>,
-    status_rx: super::status::StatusReceiver,
+    status_rx: crate::pods::status::StatusReceiver,
     cancel: CancellationToken,
     tracker: TaskTracker,
     _node: watch::Sender<Option<NodeView>>,
@@ -153,7 +153,7 @@ impl Harness {
             probe_metrics: probe_metrics.clone(),
             status,
             node: node_rx.into(),
-            objects: Arc::new(super::objects::NoObjects),
+            objects: Arc::new(crate::pods::objects::NoObjects),
             reports,
             pulls: Arc::new(crate::pods::pull_gate::PullGate::new(pulls)),
         });

@@ -9,10 +9,10 @@ use cri_fake::{FakeConfig, FakeRuntime};
 use runtime_api::{Runtime, cri};
 use serde_json::json;
 
-use super::super::PodConfig;
-use super::super::labels::POD_UID;
-use super::super::source::PodEvent;
-use super::{Harness, pod};
+use crate::pods::PodConfig;
+use crate::pods::labels::POD_UID;
+use crate::pods::source::PodEvent;
+use crate::pods::tests::{Harness, pod};
 
 /// Ready sandboxes of pod `uid` in the runtime.
 async fn sandboxes(rt: &FakeRuntime, uid: &str) -> usize {
@@ -35,7 +35,7 @@ async fn what_pods_deleted_while_the_agent_was_down_left_is_swept() {
         ..Default::default()
     });
     // a pod deleted while the agent was down: its sandbox still runs, its directory is still there
-    super::leftover_sandbox(&runtime, "gone").await;
+    crate::pods::tests::leftover_sandbox(&runtime, "gone").await;
     std::fs::create_dir_all(pods_dir.join("uid-gone/containers/app")).unwrap();
     std::fs::write(pods_dir.join("uid-gone/containers/app/0"), "bye").unwrap();
     // and one the runtime no longer knows either
@@ -80,7 +80,7 @@ async fn what_pods_deleted_while_the_agent_was_down_left_is_swept() {
         })
         .await;
     assert!(
-        swept - t <= super::super::orphans::PERIOD + Duration::from_secs(1),
+        swept - t <= crate::pods::orphans::PERIOD + Duration::from_secs(1),
         "swept {:?} after it appeared",
         swept - t
     );

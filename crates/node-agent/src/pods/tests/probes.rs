@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::super::source::PodEvent;
-use super::{Harness, pod};
+use crate::pods::source::PodEvent;
+use crate::pods::tests::{Harness, pod};
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()

@@ -6,8 +6,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
-use super::super::source::PodEvent;
-use super::{Harness, pod};
+use crate::pods::source::PodEvent;
+use crate::pods::tests::{Harness, pod};
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
@@ -432,7 +432,7 @@ async fn without_runtime_events_a_relist_every_second_notices_exits() {
     let runtime = cri_fake::FakeRuntime::new(cri_fake::FakeConfig::default());
     let mut h = Harness::start_on(
         runtime.clone(),
-        std::sync::Arc::new(super::NoEventStream(runtime, None)),
+        std::sync::Arc::new(crate::pods::tests::NoEventStream(runtime, None)),
     );
     let p = pod(
         "relist",
@@ -453,10 +453,10 @@ async fn without_runtime_events_a_relist_every_second_notices_exits() {
 #[tokio::test(start_paused = true)]
 async fn an_oom_kill_the_runtime_reports_late_still_ends_as_oom_killed() {
     let runtime = cri_fake::FakeRuntime::new(cri_fake::FakeConfig::default());
-    let late = std::sync::Arc::new(super::OomSeenLate::default());
+    let late = std::sync::Arc::new(crate::pods::tests::OomSeenLate::default());
     let mut h = Harness::start_on(
         runtime.clone(),
-        std::sync::Arc::new(super::NoEventStream(runtime, Some(late.clone()))),
+        std::sync::Arc::new(crate::pods::tests::NoEventStream(runtime, Some(late.clone()))),
     );
     let p = pod(
         "oom",

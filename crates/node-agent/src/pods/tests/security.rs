@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{Harness, pod};
 use crate::pods::source::PodEvent;
+use crate::pods::tests::{Harness, pod};
 
 fn message(h: &Harness, pod: &str) -> Option<String> {
     let s = h.status(pod)?;

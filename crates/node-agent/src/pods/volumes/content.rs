@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use super::super::spec::volumes::{DownwardField, DownwardFile, KeyPath, ObjectVolume, ResourceRef};
-use super::super::spec::{ContainerSpec, DesiredPod};
 use crate::pods::admission::NodeView;
+use crate::pods::spec::volumes::{DownwardField, DownwardFile, KeyPath, ObjectVolume, ResourceRef};
+use crate::pods::spec::{ContainerSpec, DesiredPod};
 use crate::quantity::Quantity;
 
 /// One file of a volume: relative path, content, mode, and the user that owns it.

@@ -9,8 +9,8 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt, lchown, symlink};
 use std::path::{Component, Path, PathBuf};
 
-use super::content::File;
 use crate::pods::spec::volumes::HostPathType;
+use crate::pods::volumes::content::File;
 
 const DATA: &str = "..data";
 const DATA_TMP: &str = "..data_tmp";

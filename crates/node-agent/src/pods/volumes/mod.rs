@@ -4,7 +4,7 @@
 //!
 //! Both modes compute every volume's content from the objects it names, so a missing ConfigMap fails a hollow
 //! pod's start (`FailedMount`) as it fails a real one, and a hollow node puts the same read load on the API
-//! server. A real node (a [`RuntimeLayout::pods_dir`](super::labels::RuntimeLayout)) also writes the content
+//! server. A real node (a [`RuntimeLayout::pods_dir`](crate::pods::labels::RuntimeLayout)) also writes the content
 //! under `<pods_dir>/<uid>/volumes/kubernetes.io~<plugin>/<name>` — atomically, so updates reach running
 //! containers as one switch ([`disk`]) — and mounts tmpfs for secrets, projected and memory-backed volumes. The
 //! containers get the directories as CRI mounts ([`mounts`]). Every sync calls [`PodVolumes::setup`] again:
@@ -28,10 +28,10 @@ use runtime_api::cri;
 use tokio::time::Instant;
 
 use self::content::File;
-use super::context::AgentCtx;
-use super::objects::{ObjectKind, TokenFor};
-use super::spec::volumes::{ObjectVolume, Projection, VolumeSource};
-use super::spec::{ContainerSpec, DesiredPod, VolumeSpec};
+use crate::pods::context::AgentCtx;
+use crate::pods::objects::{ObjectKind, TokenFor};
+use crate::pods::spec::volumes::{ObjectVolume, Projection, VolumeSource};
+use crate::pods::spec::{ContainerSpec, DesiredPod, VolumeSpec};
 
 /// The longest a token is used before it is renewed, however long it lives.
 const TOKEN_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
