@@ -55,7 +55,7 @@ pub(crate) struct StopFleetArgs {
     #[arg(long, env = "HOLLOW_SERVER")]
     pub(crate) server: Option<String>,
     /// How long to wait for the pods to go.
-    #[arg(long, value_parser = hollow::chaos::parse_duration, default_value = "5m")]
+    #[arg(long, value_parser = hollow::duration::parse_duration, default_value = "5m")]
     pub(crate) timeout: Duration,
 }
 

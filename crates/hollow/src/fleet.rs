@@ -523,11 +523,6 @@ impl Fleet {
         })
     }
 
-    /// What chaos may act on: every node's runtime and heartbeat switch.
-    pub fn chaos_targets(&self) -> Vec<crate::chaos::Target> {
-        self.nodes.iter().map(crate::chaos::Target::of).collect()
-    }
-
     /// What starts further nodes like these (churn).
     pub fn factory(&self) -> Arc<NodeFactory> {
         self.factory.clone()

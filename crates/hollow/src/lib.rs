@@ -2,7 +2,9 @@
 //! each against its own in-memory fake CRI runtime, so an API server, scheduler and controllers face what that
 //! many kubelets would do.
 //!
-//! * [`profiles`] — node profiles (capacity, labels, taints, zones, extended resources) and who gets which.
+//! * [`profiles`] — node profiles (capacity, labels, taints, zones, extended resources) and who gets which;
+//!   the profile file's chaos section.
+//! * [`duration`] — durations as written in flags and profile files.
 //! * [`client_pool`] — the agents' API client over a few HTTP/2 connections (or one per node, with per-node
 //!   credentials); [`connections`] picks a connection per request, [`h2_connection`] is one connection.
 //! * [`credentials`] — per-node client certificates (`system:node:<name>`) minted from the cluster's client CA.
@@ -24,6 +26,7 @@ pub mod cidrs;
 pub mod client_pool;
 pub mod connections;
 pub mod credentials;
+pub mod duration;
 pub mod fleet;
 pub mod h2_connection;
 pub mod probes;

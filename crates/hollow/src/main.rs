@@ -344,7 +344,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::info!(?chaos, "chaos on");
         tokio::spawn(hollow::chaos::run(
             chaos,
-            fleet.chaos_targets(),
+            hollow::chaos::targets(&fleet),
             fleet.factory(),
             chaos_metrics,
             fleet_token.clone(),

@@ -99,7 +99,7 @@ async fn a_runtime_outage_makes_its_share_not_ready_until_it_ends() -> anyhow::R
             runtime_down: once(0.3, 30),
             ..ChaosSpec::default()
         },
-        fleet.chaos_targets(),
+        chaos::targets(&fleet),
         fleet.factory(),
         metrics.clone(),
         token.child_token(),
@@ -152,7 +152,7 @@ async fn stopped_heartbeats_go_unknown_and_come_back() -> anyhow::Result<()> {
             flapping: once(0.2, 60),
             ..ChaosSpec::default()
         },
-        fleet.chaos_targets(),
+        chaos::targets(&fleet),
         fleet.factory(),
         metrics.clone(),
         token.child_token(),
@@ -209,7 +209,7 @@ async fn churn_deletes_leaving_nodes_and_registers_new_ones() -> anyhow::Result<
             }),
             ..ChaosSpec::default()
         },
-        fleet.chaos_targets(),
+        chaos::targets(&fleet),
         fleet.factory(),
         metrics.clone(),
         chaos_token.clone(),
@@ -326,7 +326,7 @@ async fn churn_with_shutdown_drains_leaving_nodes_gracefully() -> anyhow::Result
             }),
             ..ChaosSpec::default()
         },
-        fleet.chaos_targets(),
+        chaos::targets(&fleet),
         fleet.factory(),
         metrics.clone(),
         chaos_token.clone(),

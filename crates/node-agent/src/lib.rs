@@ -18,7 +18,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Modules, one concern each, depending one way (a test, `layering`, fails on a cycle between them):
+//! Modules, one concern each, depending one way at every level (the `layering` crate's test fails on a cycle):
 //! * [`config`] — KubeletConfiguration file + flags -> [`KubeletConfig`] / [`AgentConfig`].
 //! * [`agent`] — wiring: [`Agent`], [`AgentContext`], [`RunningAgent`].
 //! * [`node`] — registration, status loop and conditions, lease.
@@ -65,8 +65,6 @@ pub mod runtime_health;
 pub mod server;
 pub mod stats;
 
-#[cfg(test)]
-mod layering;
 #[cfg(test)]
 mod testing;
 

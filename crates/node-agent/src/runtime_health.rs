@@ -12,7 +12,7 @@ use std::time::Duration;
 use runtime_api::{Runtime, cri};
 use tokio::time::Instant;
 
-use crate::backoff::JitteredInterval;
+use crate::density::periodic::JitteredInterval;
 use crate::density::poke::Poke;
 use crate::density::watch;
 

@@ -11,7 +11,7 @@ use super::load::{LoadSpec, Pace};
 use super::run::{self, SloOptions};
 use super::template::{self, Kind};
 use super::threshold::Threshold;
-use crate::chaos::parse_duration;
+use crate::duration::parse_duration;
 
 /// `hollow slo` flags.
 #[derive(clap::Args, Debug, Clone)]

@@ -67,7 +67,7 @@ impl std::str::FromStr for Threshold {
             "max" | "p100" => 100,
             other => return Err(format!("{s:?}: percentile {other:?} is not p50, p90, p99 or max")),
         };
-        let limit = crate::chaos::parse_duration(limit)?;
+        let limit = crate::duration::parse_duration(limit)?;
         if limit.is_zero() {
             return Err(format!("{s:?}: the limit must be above zero"));
         }

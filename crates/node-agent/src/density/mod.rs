@@ -12,6 +12,7 @@
 //! | [`poke`] | `tokio::sync::Notify` | a wake-up for exactly one waiter |
 //! | [`join`] | one task per manager | an agent's idle managers polled as one task, each only when woken |
 //! | [`grid`] | free-running jittered deadlines | periodic deadlines rounded onto one process-wide grid, so many agents wake together |
+//! | [`periodic`] | the kubelet's jittered loop periods | the same jitter, each tick landing on the grid |
 //! | [`timer`] | a `tokio::time::Sleep` per waiting loop | one timer shared by the idle loops of many agents |
 //! | [`wake_timer`] | a timer per pod worker | one timer per pod manager at its workers' earliest wake time |
 //! | [`intern`] | a copy per node or pod | one shared copy of values many nodes or pods hold the same |
@@ -25,6 +26,7 @@ pub mod grid;
 pub mod intern;
 pub(crate) mod join;
 pub mod lean_watch;
+pub mod periodic;
 pub mod poke;
 pub mod timer;
 pub(crate) mod wake_timer;

@@ -22,8 +22,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backoff::JitteredInterval;
 use crate::density::grid::GRID;
+use crate::density::periodic::JitteredInterval;
 
 /// A timer shared by many waits (cheap to clone; see the module documentation).
 #[derive(Clone)]

@@ -101,7 +101,7 @@ pub struct EvictionManager {
 
 /// Waits one monitoring interval (its end on the process-wide [`grid`](crate::density::grid)).
 fn next_pass(timer: &crate::density::timer::Timer) -> crate::density::timer::Wait<'_> {
-    timer.sleep_until(crate::backoff::next_tick(
+    timer.sleep_until(crate::density::periodic::next_tick(
         Instant::now(),
         MONITORING_INTERVAL,
         0.0,

@@ -34,7 +34,7 @@ pub use image_fs::{FsStats, ImageFsKind, ImageFsSource, RuntimeImageFs};
 pub use images::{FREE_DISK_SPACE_FAILED, INVALID_DISK_CAPACITY, ImageGc, ImageGcError, ImagePolicy};
 pub use select::{ContainerPolicy, Scope};
 
-use crate::backoff::JitteredInterval;
+use crate::density::periodic::JitteredInterval;
 use crate::events::{EventRecorder, node_reference};
 
 /// Event reason: a container GC pass failed.

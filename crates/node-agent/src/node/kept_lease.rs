@@ -17,7 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use super::lease::LEASE_NAMESPACE;
+/// The namespace of node leases.
+pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// A Lease reduced to what the next renewal does not set again.
 #[derive(Debug, Clone, PartialEq)]

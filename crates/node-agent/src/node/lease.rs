@@ -23,15 +23,14 @@ use kube::Api;
 use kube::api::PostParams;
 use tokio::time::Instant;
 
-use super::kept_lease::KeptLease;
+use super::kept_lease::{KeptLease, LEASE_NAMESPACE};
 use super::{NodeError, RegisteredNode};
 use crate::api::{ApiCalls, is_conflict, is_not_found};
-use crate::backoff::{Backoff, BackoffPolicy, next_tick};
+use crate::backoff::{Backoff, BackoffPolicy};
+use crate::density::periodic::next_tick;
 use crate::density::poke::Poke;
 use crate::density::watch;
 
-/// The namespace of node leases.
-pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 /// Jitter of the renew interval (the kubelet's).
 pub const RENEW_JITTER: f64 = 0.04;
 

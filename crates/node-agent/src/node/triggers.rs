@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{NodeSnapshot, Pressure};
-use crate::backoff::JitteredInterval;
+use crate::density::periodic::JitteredInterval;
 use crate::density::poke::Poke;
 use crate::density::watch;
 use crate::runtime_health::RuntimeHealth;

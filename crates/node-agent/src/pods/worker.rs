@@ -24,7 +24,8 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
-use crate::backoff::{Backoff, BackoffPolicy, next_tick};
+use crate::backoff::{Backoff, BackoffPolicy};
+use crate::density::periodic::next_tick;
 use crate::pods::context::AgentCtx;
 use crate::pods::control::KillCause;
 use crate::pods::images::Images;

@@ -22,7 +22,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::NodeEndpoint;
-use super::routes::{error, runtime_error};
+use super::respond::{error, runtime_error};
 use crate::cri_log::{Entry, parse};
 use crate::pods::labels;
 

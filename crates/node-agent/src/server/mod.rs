@@ -17,9 +17,11 @@
 pub mod auth;
 pub mod logs;
 pub mod remotecommand;
+mod respond;
 mod routes;
 pub mod spdy;
 pub mod stats;
+pub mod stream_options;
 mod stream_proxy;
 pub mod streaming;
 pub mod tls;

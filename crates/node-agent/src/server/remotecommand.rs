@@ -19,7 +19,7 @@ use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::spdy::Session;
-use super::streaming::StreamOptions;
+use super::stream_options::StreamOptions;
 
 /// How long the client has to open its streams after the upgrade (the kubelet's value).
 pub const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);

@@ -13,6 +13,7 @@ use axum::routing::{get, post};
 use runtime_api::cri;
 use serde_json::json;
 
+use super::respond::{error, json_response, runtime_error};
 use super::{NodeEndpoint, Shared};
 use crate::pods::gofmt::duration as go_duration;
 use crate::pods::labels;
@@ -77,34 +78,6 @@ where
 /// The read-only port's paths.
 pub(super) fn read_only(shared: Arc<Shared>) -> Router {
     read_only_routes().with_state(shared)
-}
-
-/// A JSON response.
-pub(super) fn json_response(status: StatusCode, value: &serde_json::Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        value.to_string(),
-    )
-        .into_response()
-}
-
-/// A plain-text error response.
-pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        message.into(),
-    )
-        .into_response()
-}
-
-/// A runtime failure as a 500 naming the call.
-pub(super) fn runtime_error(call: &str, e: &runtime_api::RuntimeError) -> Response {
-    error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("container runtime {call}: {e}"),
-    )
 }
 
 /// `/pods`: the pods this node runs, as the runtime knows them (a `v1.PodList` with each pod's identity, its

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::NodeEndpoint;
-use super::routes::{json_response, runtime_error};
+use super::respond::{json_response, runtime_error};
 
 pub use crate::stats::{ContainerUsage, PodUsage, Summary};
 

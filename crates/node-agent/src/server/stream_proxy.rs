@@ -9,7 +9,7 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 
-use super::routes::error;
+use super::respond::error;
 
 /// Hop-by-hop headers a proxy does not pass on, except the upgrade pair that makes the stream.
 fn forwarded(name: &header::HeaderName) -> bool {

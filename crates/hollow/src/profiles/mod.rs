@@ -36,6 +36,8 @@
 //! percentages of the fleet, then the remainder split by weight; nodes get profiles in contiguous blocks, in
 //! file order, so node `i` always gets the same profile for the same file and size.
 
+pub mod chaos;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -79,7 +81,7 @@ pub enum ProfileError {
         path: String,
         /// What is wrong.
         #[source]
-        source: crate::chaos::ChaosError,
+        source: chaos::ChaosError,
     },
     /// The counts and percentages ask for more nodes than the fleet has, or nothing covers the rest.
     #[error("profiles do not fit a fleet of {nodes} nodes: {message}")]
@@ -178,7 +180,7 @@ impl Profile {
 struct ProfileFile {
     profiles: Vec<Profile>,
     #[serde(default)]
-    chaos: crate::chaos::ChaosSpec,
+    chaos: chaos::ChaosSpec,
 }
 
 /// The default fleet: one profile, 8 CPUs, 32 GiB, 110 pods.
@@ -210,7 +212,7 @@ pub fn load(path: &Path) -> Result<Vec<Profile>, ProfileError> {
 }
 
 /// Reads and checks a profile file with its optional chaos section.
-pub fn load_with_chaos(path: &Path) -> Result<(Vec<Profile>, crate::chaos::ChaosSpec), ProfileError> {
+pub fn load_with_chaos(path: &Path) -> Result<(Vec<Profile>, chaos::ChaosSpec), ProfileError> {
     let p = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
         path: p.clone(),
@@ -225,10 +227,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Profile>, ProfileError> {
 }
 
 /// Parses and checks profile YAML and its optional chaos section.
-pub fn parse_with_chaos(
-    text: &str,
-    origin: &str,
-) -> Result<(Vec<Profile>, crate::chaos::ChaosSpec), ProfileError> {
+pub fn parse_with_chaos(text: &str, origin: &str) -> Result<(Vec<Profile>, chaos::ChaosSpec), ProfileError> {
     let file: ProfileFile = serde_yaml::from_str(text).map_err(|source| ProfileError::Parse {
         path: origin.to_owned(),
         source,
