@@ -15,7 +15,7 @@ use anyhow::Context;
 use clap::Parser;
 use cri_fake::{FakeConfig, FakeRuntime};
 use node_agent::config::RuntimeKind;
-use node_agent::pods::cgroups::QosCgroups;
+use node_agent::pods::runtime::cgroups::QosCgroups;
 use node_agent::pods::{NetTarget, PodOptions, ScriptedProbes};
 use node_agent::server::{FileLogs, LogSource, NodeEndpoint, ScriptedLogs, serve_agent};
 use node_agent::{Agent, Flags, MachineInfo, Metrics};
@@ -209,7 +209,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
 mod tests {
     use std::time::Duration;
 
-    use node_agent::pods::spec::{Action, HttpGet};
+    use node_agent::pods::model::spec::{Action, HttpGet};
     use node_agent::pods::{ProbeOutcome, ProbeTarget};
     use runtime_api::cri;
 

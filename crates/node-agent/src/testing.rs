@@ -131,7 +131,7 @@ pub(crate) async fn run_sandbox(rt: &dyn Runtime, name: &str, uid: &str) -> Stri
                 namespace: "default".into(),
                 attempt: 0,
             }),
-            labels: crate::pods::labels::selector(uid),
+            labels: crate::pods::runtime::labels::selector(uid),
             ..Default::default()
         }),
         ..Default::default()

@@ -542,11 +542,11 @@ impl RunningAgent {
     /// Graceful node shutdown, as the kubelet does when the machine shuts down, when `shutdownGracePeriod` (or
     /// `shutdownGracePeriodByPodPriority`) is set; else the same as [`RunningAgent::stop`]. The Node turns
     /// NotReady (`node is shutting down`) with a `NodeShutdown` event, new pods are refused, running pods are
-    /// stopped by priority group within their periods (see [`crate::pods::shutdown`]) and reported Failed,
+    /// stopped by priority group within their periods (see [`crate::pods::manager::shutdown`]) and reported Failed,
     /// then the agent stops (`grace` as in [`RunningAgent::stop`]).
     pub async fn shutdown(self, grace: Duration) -> Result<(), AgentError> {
         let k = &self.ctx.config.kubelet;
-        let groups = crate::pods::shutdown::groups(
+        let groups = crate::pods::manager::shutdown::groups(
             k.shutdown_grace_period,
             k.shutdown_grace_period_critical_pods,
             &k.shutdown_grace_period_by_pod_priority,
@@ -564,10 +564,10 @@ impl RunningAgent {
         self.ctx.health_checks.set_shutting_down();
         self.resync.notify_one();
         let (done, wait) = tokio::sync::oneshot::channel();
-        let request = crate::pods::shutdown::ShutdownRequest { groups, done };
+        let request = crate::pods::manager::shutdown::ShutdownRequest { groups, done };
         if self.shutdown_tx.send(request.into()).is_ok() {
             // the groups' periods, the slack for pods still stopping, then at most 5 s for the statuses
-            let bound = total + crate::pods::shutdown::STOP_SLACK + Duration::from_secs(6);
+            let bound = total + crate::pods::manager::shutdown::STOP_SLACK + Duration::from_secs(6);
             if tokio::time::timeout(bound, wait).await.is_err() {
                 tracing::warn!(node = %self.ctx.config.node_name, "pods not all stopped within the shutdown period");
             }

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use futures::FutureExt;
 
 use super::AgentContext;
-use crate::pods::dns::NodeDns;
+use crate::pods::runtime::dns::NodeDns;
 use crate::pods::{
-    NodeViewFeed, NodeViews, PodConfig, PodLifecycle, PodOptions, StaticPodConfig, pull_gate::PullSettings,
+    NodeViewFeed, NodeViews, PodConfig, PodLifecycle, PodOptions, StaticPodConfig,
+    actions::pull_gate::PullSettings,
 };
 
 /// The node's DNS settings: `clusterDNS`, `clusterDomain` and the `resolvConf` file, read once per process

@@ -31,7 +31,7 @@ use crate::density::watch;
 use crate::events::{EventRecorder, node_reference};
 use crate::metrics::Metrics;
 use crate::node::{Pressure, ResourceList};
-use crate::pods::control::{ActivePod, EvictOrder, ManagerControl};
+use crate::pods::manager::control::{ActivePod, EvictOrder, ManagerControl};
 use crate::stats::PodUsage;
 
 use self::signals::{Observations, State, ThresholdSpec};
@@ -39,7 +39,7 @@ use self::signals::{Observations, State, ThresholdSpec};
 /// How often the eviction manager looks (the kubelet's `evictionMonitoringPeriod`).
 pub const MONITORING_INTERVAL: Duration = Duration::from_secs(10);
 /// The status reason and event reason of an evicted pod (and of a pod refused under pressure).
-pub const REASON: &str = crate::pods::admission::EVICTED;
+pub const REASON: &str = crate::pods::model::admission::EVICTED;
 /// How long a pass waits for an evicted pod to stop before going on.
 const CLEANUP_WAIT: Duration = Duration::from_secs(30);
 

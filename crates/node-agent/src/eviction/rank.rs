@@ -9,7 +9,7 @@
 
 use std::cmp::Ordering;
 
-use crate::pods::control::ActivePod;
+use crate::pods::manager::control::ActivePod;
 use crate::quantity::{Format, Quantity};
 use crate::stats::PodUsage;
 

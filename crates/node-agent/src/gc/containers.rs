@@ -16,7 +16,7 @@ use runtime_api::{Runtime, RuntimeError, cri};
 
 use super::select::{self, ContainerPolicy, Instance, SandboxInstance, Scope, Victim};
 use crate::config::GcSettings;
-use crate::pods::labels;
+use crate::pods::runtime::labels;
 use crate::pods::{KnownPods, PodsQuery};
 
 /// How long a pass waits for the pod manager's answer before treating the pod sources as not seen yet.

@@ -30,7 +30,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::pods::PodsQuery;
-use crate::pods::spec::DesiredPod;
+use crate::pods::model::spec::DesiredPod;
 
 pub use service::PodResourcesService;
 

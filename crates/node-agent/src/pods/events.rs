@@ -120,7 +120,7 @@ impl Recorder {
     /// An event about the pod itself.
     pub(crate) fn pod(
         &self,
-        pod: &crate::pods::spec::DesiredPod,
+        pod: &crate::pods::model::spec::DesiredPod,
         type_: EventType,
         reason: &'static str,
         message: impl Into<String>,
@@ -131,7 +131,7 @@ impl Recorder {
     /// An event about one of the pod's containers.
     pub(crate) fn container(
         &self,
-        pod: &crate::pods::spec::DesiredPod,
+        pod: &crate::pods::model::spec::DesiredPod,
         container: &str,
         type_: EventType,
         reason: &'static str,
@@ -148,7 +148,7 @@ impl Recorder {
 
     fn emit(
         &self,
-        pod: &crate::pods::spec::DesiredPod,
+        pod: &crate::pods::model::spec::DesiredPod,
         field_path: Option<String>,
         type_: EventType,
         reason: &'static str,

@@ -33,46 +33,18 @@
 //! its state from the runtime (labels and annotations written by `labels`) and the API server, starting nothing
 //! twice.
 
-mod actions;
-pub mod admission;
-pub mod cgroups;
-mod context;
-pub mod control;
-pub mod dns;
-mod env;
+pub mod actions;
 pub mod events;
-mod first_pod;
-pub(crate) mod gofmt;
-mod images;
-mod kill;
-pub mod labels;
-mod manager;
+pub mod manager;
 pub mod metrics;
-pub mod node_view;
-pub mod objects;
-mod observed;
+pub mod model;
 mod options;
-mod orphans;
-mod plan;
-pub(crate) mod pleg;
 pub mod probes;
-pub mod pull_gate;
-mod pull_secrets;
-mod read_cache;
-pub mod resources;
-mod restart;
-pub mod security;
-mod service_links;
-pub mod shutdown;
+pub mod runtime;
 pub mod source;
-pub mod spec;
 pub mod static_pods;
 pub mod status;
-mod sync;
-mod termination;
-mod volumes;
 pub(crate) mod worker;
-mod worker_state;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,16 +53,16 @@ use runtime_api::{Runtime, RuntimeError, cri};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use admission::NodeView;
-pub use control::{KnownPods, ManagerControl, PodsQuery};
 pub use events::{MemoryEvents, NoEvents, PodEvent as PodEventRecord, PodEventSink};
-pub use labels::RuntimeLayout;
+pub use manager::control::{KnownPods, ManagerControl, PodsQuery};
 pub use metrics::{PodMetrics, Stage, StageReport};
-pub use node_view::NodeViews;
+pub use model::node_view::NodeView;
+pub use model::node_view::NodeViews;
 pub use options::PodOptions;
 pub use probes::{
     NetTarget, NetworkProbes, ProbeMetrics, ProbeOutcome, ProbeTarget, ProbeTransport, ScriptedProbes,
 };
+pub use runtime::labels::RuntimeLayout;
 pub use source::{PodEvent, PodSource, SharedPodFeed};
 pub use static_pods::StaticPodConfig;
 
@@ -120,7 +92,7 @@ pub struct PodConfig {
     /// How long a read ConfigMap or Secret is reused (0: read at every use); see [`objects`].
     pub object_ttl: Duration,
     /// How image pulls are paced (default: no limit); the gate is made with the pod side.
-    pub pulls: pull_gate::PullSettings,
+    pub pulls: actions::pull_gate::PullSettings,
 }
 
 impl PodConfig {
@@ -135,7 +107,7 @@ impl PodConfig {
             layout: RuntimeLayout::default(),
             static_pods: None,
             object_ttl: Duration::from_secs(60),
-            pulls: pull_gate::PullSettings::default(),
+            pulls: actions::pull_gate::PullSettings::default(),
         }
     }
 }
@@ -359,9 +331,9 @@ impl PodLifecycle {
         let mut first = None;
         if self.config.static_pods.as_ref().is_none_or(|c| c.sources() == 0)
             && !sweeps
-            && first_pod::runtime_is_empty(&*self.runtime).await
+            && manager::first_pod::runtime_is_empty(&*self.runtime).await
         {
-            match first_pod::wait(cancel, &mut source, &mut control, &mut watch).await {
+            match manager::first_pod::wait(cancel, &mut source, &mut control, &mut watch).await {
                 Some(taken) => first = Some(Box::new(taken)),
                 None => return Ok(None),
             }
@@ -419,25 +391,27 @@ impl PodLifecycle {
             desired_tx,
             static_pods::mirror::MirrorLink::new(start_mirrors, statics_config.sources() > 0),
         );
-        let objects = Arc::new(objects::ApiObjects::new(
+        let objects = Arc::new(actions::objects::ApiObjects::new(
             self.client.clone(),
             self.api.clone(),
             self.config.object_ttl,
             self.config.sync_frequency,
         ));
         let (reports, reports_rx) = crate::density::chan::unbounded_channel();
-        let ctx = Arc::new(context::AgentCtx {
-            objects,
-            pulls: Arc::new(pull_gate::PullGate::new(self.config.pulls)),
-            config: self.config,
-            runtime: self.runtime,
-            runtime_type,
-            probes: self.probes,
-            events: events::Recorder::new(events),
-            metrics: self.metrics.clone(),
-            probe_metrics: self.probe_metrics,
-            status,
-            node,
+        let ctx = Arc::new(worker::AgentCtx {
+            actions: actions::context::ActionCtx {
+                objects,
+                pulls: Arc::new(actions::pull_gate::PullGate::new(self.config.pulls)),
+                config: self.config,
+                runtime: self.runtime,
+                runtime_type,
+                probes: self.probes,
+                events: events::Recorder::new(events),
+                metrics: self.metrics.clone(),
+                probe_metrics: self.probe_metrics,
+                status,
+                node,
+            },
             reports,
         });
         let status_manager = status::StatusManager::new(
@@ -456,7 +430,7 @@ impl PodLifecycle {
         tracker.spawn(crate::density::join::join3_stop(
             tasks.clone(),
             status_manager.run(tasks.clone()),
-            pleg::Pleg::new(ctx.clone(), pleg_tx).run(std::future::pending()),
+            worker::pleg::Pleg::new(ctx.clone(), pleg_tx).run(std::future::pending()),
             futures::FutureExt::map(futures::future::OptionFuture::from(watch), |_| ()),
         ));
         let grace = ctx.config.shutdown_grace;
@@ -478,10 +452,10 @@ impl PodLifecycle {
 struct Started {
     manager: manager::PodManager,
     /// What arrived before the pod side was built (boxed: the idle manager keeps a pointer for it).
-    first: Option<Box<first_pod::Taken>>,
+    first: Option<Box<manager::first_pod::Taken>>,
     source: crate::density::chan::Receiver<PodEvent>,
     statics: Option<tokio::sync::mpsc::Receiver<static_pods::StaticUpdate>>,
-    pleg: crate::density::chan::UnboundedReceiver<pleg::PlegEvent>,
+    pleg: crate::density::chan::UnboundedReceiver<worker::pleg::PlegEvent>,
     control: crate::density::chan::UnboundedReceiver<ManagerControl>,
     grace: std::time::Duration,
     /// The lifecycle's tasks, and what stops them.
@@ -493,15 +467,15 @@ struct Started {
 #[cfg(test)]
 pub(crate) fn per_pod_sizes() -> Vec<(&'static str, usize)> {
     vec![
-        ("PodWorker", size_of::<worker::PodWorker>()),
-        ("DesiredPod", size_of::<spec::DesiredPod>()),
+        ("PodWorker", size_of::<worker::state::PodWorker>()),
+        ("DesiredPod", size_of::<model::spec::DesiredPod>()),
         // 960 bytes while its probes and hooks were held in place (most containers have none)
-        ("ContainerSpec", size_of::<spec::ContainerSpec>()),
-        ("RuntimeView", size_of::<observed::RuntimeView>()),
+        ("ContainerSpec", size_of::<model::spec::ContainerSpec>()),
+        ("RuntimeView", size_of::<runtime::observed::RuntimeView>()),
         // one per container instance the runtime holds, kept between syncs
-        ("ContainerRecord", size_of::<observed::ContainerRecord>()),
+        ("ContainerRecord", size_of::<runtime::observed::ContainerRecord>()),
         ("Timeline", size_of::<metrics::Timeline>()),
-        ("Prober", size_of::<probes::prober::Prober>()),
+        ("Prober", size_of::<worker::prober::Prober>()),
         (
             "k8s Pod (for comparison)",
             size_of::<k8s_openapi::api::core::v1::Pod>(),

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::pods::cgroups::QosCgroups;
+use crate::pods::runtime::cgroups::QosCgroups;
 use crate::pods::{NetworkProbes, PodMetrics, PodSource, ProbeTransport};
 
 /// What an agent's pod lifecycle uses besides the agent context.

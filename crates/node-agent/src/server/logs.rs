@@ -24,7 +24,7 @@ use time::format_description::well_known::Rfc3339;
 use super::NodeEndpoint;
 use super::respond::{error, runtime_error};
 use crate::cri_log::{Entry, parse};
-use crate::pods::labels;
+use crate::pods::runtime::labels;
 
 /// Where a container's CRI-format log is read.
 #[async_trait]

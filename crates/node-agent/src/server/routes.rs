@@ -15,8 +15,8 @@ use serde_json::json;
 
 use super::respond::{error, json_response, runtime_error};
 use super::{NodeEndpoint, Shared};
-use crate::pods::gofmt::duration as go_duration;
-use crate::pods::labels;
+use crate::pods::model::gofmt::duration as go_duration;
+use crate::pods::runtime::labels;
 
 fn read_only_routes() -> Router<Arc<Shared>> {
     Router::new()

@@ -32,7 +32,7 @@ use super::remotecommand::{self, Negotiation, Outcome, Protocol};
 use super::respond::error;
 use super::stream_options::{StreamOptions, form_pairs};
 use super::stream_proxy::proxy_stream;
-use crate::pods::labels;
+use crate::pods::runtime::labels;
 
 /// The pod's ready sandbox: by namespace and name, and UID when the path names one.
 async fn find_sandbox(

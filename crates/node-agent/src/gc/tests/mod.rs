@@ -10,7 +10,7 @@ use runtime_api::{Runtime, cri};
 use super::*;
 use crate::config::GcSettings;
 use crate::metrics::Metrics;
-use crate::pods::{KnownPods, ManagerControl, PodsQuery, labels};
+use crate::pods::{KnownPods, ManagerControl, PodsQuery, runtime::labels};
 
 mod containers;
 mod images;

@@ -15,8 +15,8 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use crate::pods::model::spec::DesiredPod;
 use crate::pods::probes::{ProbeKind, ProbeOutcome};
-use crate::pods::spec::DesiredPod;
 
 /// Upper bounds of the duration buckets in seconds: the Prometheus client's defaults, which the kubelet uses.
 const BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
@@ -223,7 +223,7 @@ fn escape(value: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::spec::DesiredPod;
+    use crate::pods::model::spec::DesiredPod;
 
     fn pod(name: &str) -> Arc<DesiredPod> {
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({

@@ -8,12 +8,14 @@
 //!   two, thresholds, `Unhealthy` events, results to the pod worker on change.
 //! * `metrics` keeps one node's per-probe series for `/metrics/probes` ([`ProbeMetrics`]).
 
-mod metrics;
+pub(crate) mod metrics;
 mod network;
-pub(crate) mod prober;
 mod scripted;
 
+use std::collections::HashMap;
 use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PodStatus;
 
 use async_trait::async_trait;
 
@@ -21,7 +23,7 @@ pub use metrics::ProbeMetrics;
 pub use network::NetworkProbes;
 pub use scripted::{NetTarget, ScriptedProbes};
 
-use crate::pods::spec::Action;
+use crate::pods::model::spec::Action;
 
 /// Which probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -110,7 +112,7 @@ impl ProbeResults {
     }
 
     /// Records a result change from the prober.
-    pub(crate) fn apply(&mut self, u: &prober::ProbeUpdate) {
+    pub(crate) fn apply(&mut self, u: &ProbeUpdate) {
         let s = self.state_mut(&u.container_id);
         match u.kind {
             ProbeKind::Readiness => s.ready = Some(u.ok),
@@ -134,7 +136,7 @@ impl ProbeResults {
 
     /// What a new prober starts from: the readiness and startup successes, by container id (so a prober
     /// started again does not take a ready container back to unready until its probe runs).
-    pub(crate) fn seeds(&self) -> prober::Seeds {
+    pub(crate) fn seeds(&self) -> Seeds {
         self.by_id
             .iter()
             .flat_map(|m| m.iter())
@@ -167,4 +169,27 @@ impl ProbeResults {
             }
         }
     }
+}
+
+/// A probe result change for the pod worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProbeUpdate {
+    pub container_id: String,
+    pub container: String,
+    pub kind: ProbeKind,
+    pub ok: bool,
+}
+
+/// Initial results for containers that already ran before this agent started: `(ready, started)` by id.
+pub(crate) type Seeds = HashMap<String, (bool, bool)>;
+
+/// The seeds a status the API server holds gives: `ready` and `started` of every container it names by id.
+pub(crate) fn seeds(status: &PodStatus) -> Seeds {
+    let all = status.container_statuses.iter().flatten();
+    all.chain(status.init_container_statuses.iter().flatten())
+        .filter_map(|cs| {
+            let id = cs.container_id.as_deref()?.split_once("://")?.1.to_owned();
+            Some((id, (cs.ready, cs.started == Some(true))))
+        })
+        .collect()
 }

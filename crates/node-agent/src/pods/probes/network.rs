@@ -9,8 +9,8 @@ use http_body_util::Empty;
 use hyper::body::Bytes;
 use tokio::net::TcpStream;
 
+use crate::pods::model::spec::{Action, HttpGet};
 use crate::pods::probes::{ProbeOutcome, ProbeTarget, ProbeTransport};
-use crate::pods::spec::{Action, HttpGet};
 
 /// Probes over the real network.
 #[derive(Debug, Clone, Default)]

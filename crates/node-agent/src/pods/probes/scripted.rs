@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::pods::model::spec::Action;
 use crate::pods::probes::{ProbeOutcome, ProbeTarget, ProbeTransport};
-use crate::pods::spec::Action;
 
 /// What a network probe connects to, without the host (a scripted transport answers per container).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +99,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::spec::HttpGet;
+    use crate::pods::model::spec::HttpGet;
 
     #[tokio::test]
     async fn answers_from_the_function_per_container_and_target() {

@@ -13,8 +13,8 @@ use std::collections::HashSet;
 use k8s_openapi::api::core::v1::{Pod, PodStatus, Toleration};
 use k8s_openapi::jiff::Timestamp;
 
-/// `kubernetes.io/config.source`: `file`, `http` or `api`.
-pub const SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+pub use crate::pods::model::spec::SOURCE_ANNOTATION;
+
 /// `kubernetes.io/config.hash`: the static pod's UID.
 pub const HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
 /// `kubernetes.io/config.mirror`: on a mirror pod, the hash of the static pod it mirrors.

@@ -19,9 +19,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::pods::observed::{CState, ContainerRecord, RuntimeView};
+use crate::pods::model::spec::{ContainerSpec, DesiredPod};
 use crate::pods::probes::ProbeResults;
-use crate::pods::spec::{ContainerSpec, DesiredPod};
+use crate::pods::runtime::observed::{CState, ContainerRecord, RuntimeView};
 
 /// A pod phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,7 +165,7 @@ fn waiting(reason: &str, message: Option<String>) -> ContainerState {
 /// The terminated state of `r`, its message cut to `max_message` bytes.
 fn terminated(r: &ContainerRecord, id: &str, max_message: usize) -> ContainerState {
     let mut message = r.message().to_owned();
-    crate::pods::termination::truncate(&mut message, max_message);
+    crate::pods::runtime::termination::truncate(&mut message, max_message);
     ContainerState {
         terminated: Some(ContainerStateTerminated {
             exit_code: r.exit_code,
@@ -233,7 +233,7 @@ impl Gen<'_> {
         let prev = view.previous(&c.name).filter(|p| p.state == CState::Exited);
         // the pod's messages share the status's room, as the kubelet's status manager cuts them
         let pod = self.i.pod;
-        let max = crate::pods::termination::MAX_POD_BYTES
+        let max = crate::pods::runtime::termination::MAX_POD_BYTES
             / (pod.init_containers.len() + pod.containers.len()).max(1);
         let mut last = prev.map(|p| terminated(p, &format!("{}://{}", self.i.runtime_type, p.id), max));
         let state = match r.state {
@@ -279,7 +279,7 @@ fn is(state: &Option<ContainerState>, f: impl Fn(&ContainerState) -> bool) -> bo
 }
 
 fn phase(pod: &DesiredPod, init: &[ContainerStatus], app: &[ContainerStatus], initialized: bool) -> Phase {
-    let never = pod.restart_policy == crate::pods::spec::RestartPolicy::Never;
+    let never = pod.restart_policy == crate::pods::model::spec::RestartPolicy::Never;
     if !initialized {
         let failed_init = pod.init_containers.iter().zip(init).any(|(c, s)| {
             !c.sidecar
@@ -317,10 +317,10 @@ fn phase(pod: &DesiredPod, init: &[ContainerStatus], app: &[ContainerStatus], in
         return Phase::Pending;
     }
     match pod.restart_policy {
-        crate::pods::spec::RestartPolicy::Always => Phase::Running,
+        crate::pods::model::spec::RestartPolicy::Always => Phase::Running,
         _ if stopped == succeeded => Phase::Succeeded,
-        crate::pods::spec::RestartPolicy::Never => Phase::Failed,
-        crate::pods::spec::RestartPolicy::OnFailure => Phase::Running,
+        crate::pods::model::spec::RestartPolicy::Never => Phase::Failed,
+        crate::pods::model::spec::RestartPolicy::OnFailure => Phase::Running,
     }
 }
 

@@ -9,6 +9,7 @@
 pub(crate) mod canonical;
 pub(crate) mod generate;
 mod manager;
+pub(crate) mod mirrors;
 
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::*;
-use crate::pods::control::PodsQuery;
+use crate::pods::manager::control::PodsQuery;
 
 async fn admitted(h: &Harness) -> Vec<String> {
     let mut names: Vec<String> = PodsQuery::new(h.control.clone())

@@ -6,9 +6,9 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::*;
-use crate::pods::control::{EvictOrder, ManagerControl};
+use crate::pods::manager::control::{EvictOrder, ManagerControl};
 
-async fn active(h: &Harness) -> Vec<crate::pods::control::ActivePod> {
+async fn active(h: &Harness) -> Vec<crate::pods::manager::control::ActivePod> {
     let (answer, wait) = tokio::sync::oneshot::channel();
     h.control.send(ManagerControl::ActivePods(answer)).unwrap();
     let mut pods = wait.await.unwrap();

@@ -10,13 +10,14 @@ use serde_json::json;
 
 use crate::density::watch;
 use crate::pods::PodConfig;
-use crate::pods::context::AgentCtx;
+use crate::pods::actions::context::ActionCtx;
 use crate::pods::events::{MemoryEvents, Recorder};
 use crate::pods::metrics::PodMetrics;
-use crate::pods::observed::Reread;
+use crate::pods::runtime::observed::Reread;
 use crate::pods::source::PodEvent;
 use crate::pods::status::StatusHandle;
 use crate::pods::tests::{Harness, fake_probes, node_view, pod};
+use crate::pods::worker::AgentCtx;
 
 /// Channels allocate their buffers up front (tokio: 32 slots), so messages must stay small: one agent per
 /// hollow node, one worker per pod.
@@ -27,8 +28,8 @@ fn channel_messages_stay_small() {
         "{}",
         std::mem::size_of::<PodEvent>()
     );
-    assert!(std::mem::size_of::<crate::pods::worker::WorkerMsg>() <= 16);
-    assert!(std::mem::size_of::<crate::pods::pleg::PlegEvent>() <= 24);
+    assert!(std::mem::size_of::<crate::pods::worker::pod_worker::WorkerMsg>() <= 16);
+    assert!(std::mem::size_of::<crate::pods::worker::pleg::PlegEvent>() <= 24);
 }
 
 /// An agent context on `runtime` for tests that call the lifecycle's parts directly: node n1 with a fixed node
@@ -37,18 +38,20 @@ fn bare_ctx(runtime: &FakeRuntime) -> AgentCtx {
     let (status, _status_rx) = StatusHandle::channel();
     let (_node_tx, node_rx) = watch::channel(Some(node_view()));
     AgentCtx {
-        config: PodConfig::new("n1"),
-        runtime: Arc::new(runtime.clone()),
-        runtime_type: "cri-fake".into(),
-        probes: Arc::new(fake_probes(runtime.clone())),
-        events: Recorder::new(Arc::new(MemoryEvents::default())),
-        metrics: Arc::new(PodMetrics::new()),
-        probe_metrics: Arc::new(crate::pods::ProbeMetrics::default()),
-        status,
-        node: node_rx.into(),
-        objects: Arc::new(crate::pods::objects::NoObjects),
+        actions: ActionCtx {
+            config: PodConfig::new("n1"),
+            runtime: Arc::new(runtime.clone()),
+            runtime_type: "cri-fake".into(),
+            probes: Arc::new(fake_probes(runtime.clone())),
+            events: Recorder::new(Arc::new(MemoryEvents::default())),
+            metrics: Arc::new(PodMetrics::new()),
+            probe_metrics: Arc::new(crate::pods::ProbeMetrics::default()),
+            status,
+            node: node_rx.into(),
+            objects: Arc::new(crate::pods::actions::objects::NoObjects),
+            pulls: Arc::default(),
+        },
         reports: crate::density::chan::unbounded_channel().0,
-        pulls: Arc::default(),
     }
 }
 
@@ -63,25 +66,26 @@ async fn a_waiting_pod_worker_stays_small() {
         json!({"containers": [{"name": "app", "image": "pause"}]}),
         json!({}),
     );
-    let init = crate::pods::worker::WorkerInit {
-        pod: crate::pods::spec::DesiredPod::from_pod(&p).expect("a valid pod"),
+    let init = crate::pods::worker::pod_worker::WorkerInit {
+        pod: crate::pods::model::spec::DesiredPod::from_pod(&p).expect("a valid pod"),
         api_status: None,
         rejected: None,
         timeline: None,
     };
     let (pleg_tx, _pleg_rx) = crate::density::chan::unbounded_channel();
-    let pleg = size_of_val(&crate::pods::pleg::Pleg::new(ctx.clone(), pleg_tx).run(std::future::pending()));
+    let pleg =
+        size_of_val(&crate::pods::worker::pleg::Pleg::new(ctx.clone(), pleg_tx).run(std::future::pending()));
     println!("PLEG run future {pleg} bytes");
     // within a 640-byte task (with the task's own ~112 bytes); 688 bytes, an 896-byte task, while its retry
     // back-off and the relisting loop were held in place
     assert!(pleg <= 528, "the PLEG's run future is {pleg} bytes");
-    let mut view = crate::pods::observed::RuntimeView::default();
-    let refresh = size_of_val(&view.refresh(&ctx, "u1", Reread::Kept));
+    let mut view = crate::pods::runtime::observed::RuntimeView::default();
+    let refresh = size_of_val(&view.refresh(ctx.view_source(), "u1", Reread::Kept));
     println!("runtime view refresh {refresh} bytes");
     // a sync or a termination holds it (boxed with the step, while the step runs): 3,656 bytes while the status
     // answer was bound apart and the termination message read in place
     assert!(refresh <= 1_792, "a runtime view refresh is {refresh} bytes");
-    let worker = Box::new(crate::pods::worker::PodWorker::new(ctx, init));
+    let worker = Box::new(crate::pods::worker::pod_worker::PodWorker::new(ctx, init));
     let worker_size = size_of_val(&*worker);
     let turn = size_of_val(&worker.turn());
     println!("PodWorker {worker_size} bytes, a turn's future {turn} bytes");
@@ -117,7 +121,7 @@ async fn the_pod_sides_joined_task_stays_small() {
     let (tx, _rx) = crate::density::chan::channel(1);
     let (writer, pleg, watch) = (
         writer.run(token.clone()),
-        crate::pods::pleg::Pleg::new(ctx, pleg_tx).run(std::future::pending()),
+        crate::pods::worker::pleg::Pleg::new(ctx, pleg_tx).run(std::future::pending()),
         crate::pods::source::watch_node_pods(client, "n1", tx, std::future::pending()),
     );
     let parts = [size_of_val(&writer), size_of_val(&pleg), size_of_val(&watch)];
@@ -148,11 +152,11 @@ async fn runtime_records_share_image_names_and_sandbox_ids() {
     let reported = &h.status("a").unwrap().container_statuses.as_ref().unwrap()[0];
     let ctx = bare_ctx(&h.runtime);
     let (mut a, mut b) = (
-        crate::pods::observed::RuntimeView::default(),
-        crate::pods::observed::RuntimeView::default(),
+        crate::pods::runtime::observed::RuntimeView::default(),
+        crate::pods::runtime::observed::RuntimeView::default(),
     );
-    a.refresh(&ctx, "uid-a", Reread::Kept).await.unwrap();
-    b.refresh(&ctx, "uid-b", Reread::Kept).await.unwrap();
+    a.refresh(ctx.view_source(), "uid-a", Reread::Kept).await.unwrap();
+    b.refresh(ctx.view_source(), "uid-b", Reread::Kept).await.unwrap();
     let (ca, cb) = (a.latest("app").unwrap(), b.latest("app").unwrap());
     assert_eq!(ca.image(), reported.image.as_str());
     assert_eq!(ca.image_ref(), reported.image_id.as_str());

@@ -27,17 +27,18 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::pods::PodConfig;
-use crate::pods::admission::NodeView;
-use crate::pods::context::AgentCtx;
+use crate::pods::actions::context::ActionCtx;
 use crate::pods::events::{MemoryEvents, Recorder};
 use crate::pods::manager::{PodManager, Statics};
 use crate::pods::metrics::PodMetrics;
-use crate::pods::pleg::Pleg;
+use crate::pods::model::node_view::NodeView;
 use crate::pods::probes::{NetTarget, ScriptedProbes};
 use crate::pods::source::PodEvent;
 use crate::pods::static_pods::mirror::{Desired, MirrorMsg};
 use crate::pods::static_pods::{Mirrors, StaticUpdate};
 use crate::pods::status::{StatusHandle, StatusMsg};
+use crate::pods::worker::AgentCtx;
+use crate::pods::worker::pleg::Pleg;
 
 use crate::density::watch;
 
@@ -144,18 +145,20 @@ impl Harness {
         let (node_tx, node_rx) = watch::channel(Some(node_view()));
         let (reports, reports_rx) = crate::density::chan::unbounded_channel();
         let ctx = Arc::new(AgentCtx {
-            config,
-            runtime: cri,
-            runtime_type: "cri-fake".into(),
-            probes: Arc::new(fake_probes(runtime.clone())),
-            events: Recorder::new(events.clone()),
-            metrics: metrics.clone(),
-            probe_metrics: probe_metrics.clone(),
-            status,
-            node: node_rx.into(),
-            objects: Arc::new(crate::pods::objects::NoObjects),
+            actions: ActionCtx {
+                config,
+                runtime: cri,
+                runtime_type: "cri-fake".into(),
+                probes: Arc::new(fake_probes(runtime.clone())),
+                events: Recorder::new(events.clone()),
+                metrics: metrics.clone(),
+                probe_metrics: probe_metrics.clone(),
+                status,
+                node: node_rx.into(),
+                objects: Arc::new(crate::pods::actions::objects::NoObjects),
+                pulls: Arc::new(crate::pods::actions::pull_gate::PullGate::new(pulls)),
+            },
             reports,
-            pulls: Arc::new(crate::pods::pull_gate::PullGate::new(pulls)),
         });
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();

@@ -10,7 +10,7 @@ use runtime_api::{Runtime, cri};
 use serde_json::json;
 
 use crate::pods::PodConfig;
-use crate::pods::labels::POD_UID;
+use crate::pods::runtime::labels::POD_UID;
 use crate::pods::source::PodEvent;
 use crate::pods::tests::{Harness, pod};
 
@@ -80,7 +80,7 @@ async fn what_pods_deleted_while_the_agent_was_down_left_is_swept() {
         })
         .await;
     assert!(
-        swept - t <= crate::pods::orphans::PERIOD + Duration::from_secs(1),
+        swept - t <= crate::pods::manager::orphans::PERIOD + Duration::from_secs(1),
         "swept {:?} after it appeared",
         swept - t
     );

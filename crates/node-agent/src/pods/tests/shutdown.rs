@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::*;
-use crate::pods::shutdown::{self, MESSAGE, ShutdownRequest};
-use crate::pods::spec::SYSTEM_CRITICAL_PRIORITY;
+use crate::pods::manager::shutdown::{self, MESSAGE, ShutdownRequest};
+use crate::pods::model::spec::SYSTEM_CRITICAL_PRIORITY;
 
 fn stopped_by_shutdown(h: &Harness, name: &str) -> bool {
     h.status(name).is_some_and(|s| {

@@ -1,0 +1,428 @@
+//! The API objects a pod's volumes and environment name: ConfigMaps and Secrets read from the API server (as
+//! the kubelet's configMap / secret managers read them), service account tokens from the TokenRequest API, and
+//! the Services whose links go into containers' environment.
+//!
+//! This module owns [`PodObjects`], the source every worker of one agent asks, and [`ApiObjects`], its
+//! implementation over the agent's client and rate limit. Reads are cached per agent for a time to live set by
+//! `configMapAndSecretChangeDetectionStrategy`: `Get` reads at every use, `Cache` and `Watch` keep a read for
+//! the sync period (the kubelet's `Watch` keeps a watch per object; changes reach pods at their next sync either
+//! way). One agent's reads of one object are serialised, so fifty pods starting at once read it once. An
+//! object found missing is not cached: each retry of a pod waiting for it reads again.
+//!
+//! Services are listed per namespace (the kubelet keeps a cluster-wide informer instead) and kept for
+//! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use crate::api::{ApiCalls, is_not_found};
+use crate::pods::actions::read_cache::ReadCache;
+
+/// The keys and values of a ConfigMap (`data` and `binaryData`) or a Secret.
+pub type ObjectData = BTreeMap<String, Vec<u8>>;
+
+/// A ConfigMap or a Secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ObjectKind {
+    /// `configmaps`.
+    ConfigMap,
+    /// `secrets`.
+    Secret,
+}
+
+impl ObjectKind {
+    /// The kind as the kubelet's messages name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ConfigMap => "ConfigMap",
+            Self::Secret => "Secret",
+        }
+    }
+
+    /// The API resource, as in `configmaps "x" not found`.
+    pub fn resource(self) -> &'static str {
+        match self {
+            Self::ConfigMap => "configmaps",
+            Self::Secret => "secrets",
+        }
+    }
+}
+
+/// A token request for a pod.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenFor<'a> {
+    /// The pod's namespace.
+    pub namespace: &'a str,
+    /// The service account.
+    pub service_account: &'a str,
+    /// The audience (the API server's own when empty).
+    pub audience: &'a str,
+    /// Requested lifetime.
+    pub expiration_secs: i64,
+    /// The pod the token is bound to.
+    pub pod_name: &'a str,
+    /// Its UID.
+    pub pod_uid: &'a str,
+}
+
+/// An issued token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    /// The JWT.
+    pub token: String,
+    /// When the API server says it expires.
+    pub expires: Timestamp,
+}
+
+/// A Service with a cluster IP, as its environment variables need it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServiceLink {
+    /// `metadata.name`.
+    pub name: String,
+    /// `spec.clusterIP` (never empty nor `None`).
+    pub cluster_ip: String,
+    /// `spec.ports` as (name, port, protocol), in order.
+    pub ports: Vec<(String, i32, String)>,
+}
+
+impl ServiceLink {
+    /// The link of `svc`, or `None` for a Service without a cluster IP (headless, ExternalName).
+    pub fn from_api(svc: &Service) -> Option<Self> {
+        let spec = svc.spec.as_ref()?;
+        let ip = spec
+            .cluster_ip
+            .as_deref()
+            .filter(|ip| !ip.is_empty() && *ip != "None")?;
+        Some(Self {
+            name: svc.metadata.name.clone()?,
+            cluster_ip: ip.to_owned(),
+            ports: spec
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| {
+                    (
+                        p.name.clone().unwrap_or_default(),
+                        p.port,
+                        p.protocol.clone().unwrap_or_else(|| "TCP".to_owned()),
+                    )
+                })
+                .collect(),
+        })
+    }
+}
+
+/// One copy of equal Service lists: every node of a fleet lists the same Services of a namespace (the
+/// `kubernetes` Service in every one; ~0.3 KiB per node with pods when each kept its own).
+fn shared_links(links: Vec<ServiceLink>) -> Arc<[ServiceLink]> {
+    static LINKS: crate::density::intern::Interner<[ServiceLink]> = crate::density::intern::Interner::new();
+    LINKS.intern_slice(links)
+}
+
+/// Why an object could not be read.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ObjectError(pub String);
+
+/// Where a pod's referenced objects come from.
+#[async_trait]
+pub trait PodObjects: Send + Sync {
+    /// The object, or `None` when it does not exist.
+    async fn get(
+        &self,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ObjectData>>, ObjectError>;
+
+    /// A token for the pod's service account, bound to the pod.
+    async fn token(&self, request: TokenFor<'_>) -> Result<Token, ObjectError>;
+
+    /// The Services of `namespace` that have a cluster IP, or with `name` only that one (empty when it does not
+    /// exist or has none). A source without an API server has none.
+    async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {
+        let _ = (namespace, name);
+        Ok(Arc::new([]))
+    }
+}
+
+/// A source with no objects and no tokens (a pod that names none never asks).
+#[derive(Debug, Default)]
+pub struct NoObjects;
+
+#[async_trait]
+impl PodObjects for NoObjects {
+    async fn get(&self, _: ObjectKind, _: &str, _: &str) -> Result<Option<Arc<ObjectData>>, ObjectError> {
+        Ok(None)
+    }
+
+    async fn token(&self, _: TokenFor<'_>) -> Result<Token, ObjectError> {
+        Err(ObjectError("no API server to request a token from".into()))
+    }
+}
+
+/// [`PodObjects`] over the API server, with a per-agent cache.
+pub struct ApiObjects {
+    client: crate::client::ApiClient,
+    api: ApiCalls,
+    ttl: Duration,
+    /// ConfigMaps and Secrets read, under `resource/namespace/name`. An object that did not exist is not kept:
+    /// a pod waiting for it reads again at its next retry, so the object's creation reaches the pod as soon as
+    /// the kubelet's watch would bring it (a kept absence would hold the pod back for the whole time to live).
+    cache: Mutex<ReadCache<Arc<ObjectData>>>,
+    /// How long a Service read is kept (the sync period, whatever the ConfigMap strategy).
+    services_ttl: Duration,
+    /// Services read, under the namespace (all of its Services) or `namespace/name` (one asked for alone).
+    services: Mutex<ReadCache<Arc<[ServiceLink]>>>,
+}
+
+impl std::fmt::Debug for ApiObjects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiObjects")
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiObjects {
+    /// Reads through `client` and `api`, keeping each ConfigMap and Secret read for `ttl` (zero: read at every
+    /// use) and each Service read for `services_ttl`.
+    pub fn new(
+        client: impl Into<crate::client::ApiClient>,
+        api: ApiCalls,
+        ttl: Duration,
+        services_ttl: Duration,
+    ) -> Self {
+        Self {
+            client: client.into(),
+            api,
+            ttl,
+            cache: Mutex::default(),
+            services_ttl,
+            services: Mutex::default(),
+        }
+    }
+
+    async fn fetch_services(&self, namespace: &str, name: Option<&str>) -> kube::Result<Vec<ServiceLink>> {
+        let api: Api<Service> = Api::namespaced(self.client.kube(), namespace);
+        match name {
+            Some(name) => match self.api.run("get", "services", Box::pin(api.get(name))).await {
+                Ok(svc) => Ok(ServiceLink::from_api(&svc).into_iter().collect()),
+                Err(e) if is_not_found(&e) => Ok(Vec::new()),
+                Err(e) => Err(e),
+            },
+            None => {
+                // any resourceVersion: the API server answers from its watch cache, as for an informer's list
+                let list = self
+                    .api
+                    .run(
+                        "list",
+                        "services",
+                        Box::pin(api.list(&ListParams::default().match_any())),
+                    )
+                    .await?;
+                Ok(list.items.iter().filter_map(ServiceLink::from_api).collect())
+            }
+        }
+    }
+
+    async fn fetch(&self, kind: ObjectKind, namespace: &str, name: &str) -> kube::Result<Option<ObjectData>> {
+        let result = match kind {
+            ObjectKind::ConfigMap => {
+                let api: Api<ConfigMap> = Api::namespaced(self.client.kube(), namespace);
+                self.api
+                    .run("get", "configmaps", Box::pin(api.get(name)))
+                    .await
+                    .map(|cm| {
+                        let mut data: ObjectData = cm
+                            .data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.into_bytes()))
+                            .collect();
+                        data.extend(
+                            cm.binary_data
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(|(k, v)| (k, v.0)),
+                        );
+                        data
+                    })
+            }
+            ObjectKind::Secret => {
+                let api: Api<Secret> = Api::namespaced(self.client.kube(), namespace);
+                self.api
+                    .run("get", "secrets", Box::pin(api.get(name)))
+                    .await
+                    .map(|s| {
+                        let mut data: ObjectData = s
+                            .data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.0))
+                            .collect();
+                        // stringData is write-only, but an object that skipped the API server may carry it
+                        data.extend(
+                            s.string_data
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(|(k, v)| (k, v.into_bytes())),
+                        );
+                        data
+                    })
+            }
+        };
+        match result {
+            Ok(data) => Ok(Some(data)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[async_trait]
+impl PodObjects for ApiObjects {
+    async fn get(
+        &self,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ObjectData>>, ObjectError> {
+        let key = format!("{}/{namespace}/{name}", kind.resource());
+        let mut cache = self.cache.lock().await;
+        let now = Instant::now();
+        if let Some(data) = cache.fresh(&key, now, self.ttl) {
+            return Ok(Some(data));
+        }
+        // the same object is fetched by every agent of a fleet (a namespace's kube-root-ca.crt for every pod's
+        // service account volume): one copy of equal contents, ~1.5 KiB per node for the root CA
+        static CONTENTS: crate::density::intern::Interner<ObjectData> =
+            crate::density::intern::Interner::new();
+        let data = self
+            .fetch(kind, namespace, name)
+            .await
+            .map_err(|e| ObjectError(describe(&e)))?
+            .map(|data| CONTENTS.intern(data));
+        // gone (or never there): a stale copy must not outlive it
+        cache.put(&key, now, self.ttl, data.clone());
+        Ok(data)
+    }
+
+    async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {
+        // namespaces and names hold no `/`
+        let key = match name {
+            Some(name) => format!("{namespace}/{name}"),
+            None => namespace.to_owned(),
+        };
+        let mut cache = self.services.lock().await;
+        let now = Instant::now();
+        if let Some(links) = cache.fresh(&key, now, self.services_ttl) {
+            return Ok(links);
+        }
+        let links = self
+            .fetch_services(namespace, name)
+            .await
+            .map_err(|e| ObjectError(describe(&e)))?;
+        let links = shared_links(links);
+        cache.put(&key, now, self.services_ttl, Some(links.clone()));
+        Ok(links)
+    }
+
+    async fn token(&self, r: TokenFor<'_>) -> Result<Token, ObjectError> {
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.kube(), r.namespace);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: (!r.audience.is_empty()).then(|| vec![r.audience.to_owned()]),
+                expiration_seconds: Some(r.expiration_secs),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(r.pod_name.to_owned()),
+                    uid: Some(r.pod_uid.to_owned()),
+                }),
+            }),
+            ..Default::default()
+        };
+        let issued = self
+            .api
+            .run(
+                "create",
+                "serviceaccounts/token",
+                Box::pin(api.create_token_request(r.service_account, &PostParams::default(), &request)),
+            )
+            .await
+            .map_err(|e| ObjectError(describe(&e)))?;
+        let status = issued.status.unwrap_or_default();
+        match (status.token, status.expiration_timestamp) {
+            (Some(token), Some(expires)) => Ok(Token {
+                token,
+                expires: expires.0,
+            }),
+            _ => Err(ObjectError("the token request came back without a token".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn service(name: &str, ip: &str) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                cluster_ip: Some(ip.into()),
+                ports: Some(vec![ServicePort {
+                    name: Some("https".into()),
+                    port: 443,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn links(services: &[Service]) -> Arc<[ServiceLink]> {
+        shared_links(services.iter().filter_map(ServiceLink::from_api).collect())
+    }
+
+    #[test]
+    fn nodes_listing_the_same_services_share_one_copy() {
+        let listed = [service("kubernetes", "10.0.0.1"), service("headless", "None")];
+        // two nodes' answers, each decoded on its own
+        let (a, b) = (links(&listed), links(&listed));
+        assert!(Arc::ptr_eq(&a, &b), "one copy for equal lists");
+        assert_eq!(a.len(), 1, "a Service without a cluster IP has no link");
+        assert_eq!(
+            (a[0].name.as_str(), a[0].cluster_ip.as_str()),
+            ("kubernetes", "10.0.0.1")
+        );
+        assert_eq!(a[0].ports, [("https".to_owned(), 443, "TCP".to_owned())]);
+        let other = links(&[service("kubernetes", "10.0.0.2")]);
+        assert!(!Arc::ptr_eq(&a, &other), "another list is a copy of its own");
+    }
+}

@@ -1,0 +1,524 @@
+//! A pod's volumes (the kubelet's volume manager, for the volume kinds a node provides itself): emptyDir,
+//! hostPath, configMap, secret, downwardAPI and projected (configMap, secret, downward API and service account
+//! token sources).
+//!
+//! Both modes compute every volume's content from the objects it names, so a missing ConfigMap fails a hollow
+//! pod's start (`FailedMount`) as it fails a real one, and a hollow node puts the same read load on the API
+//! server. A real node (a [`RuntimeLayout::pods_dir`](crate::pods::runtime::labels::RuntimeLayout)) also writes the content
+//! under `<pods_dir>/<uid>/volumes/kubernetes.io~<plugin>/<name>` — atomically, so updates reach running
+//! containers as one switch ([`disk`]) — and mounts tmpfs for secrets, projected and memory-backed volumes. The
+//! containers get the directories as CRI mounts ([`mounts`]). Every sync calls [`PodVolumes::setup`] again:
+//! changed content is rewritten and tokens are renewed at 80 % of their life (at most 24 h). With the pod's
+//! `fsGroup`, a real node gives every volume but hostPath that group ([`ownership`]) after each write.
+//!
+//! Persistent and network volumes (persistentVolumeClaim, csi, nfs, ...) are not provided: on a real node the
+//! pod fails to start with a `FailedMount` event naming the kind; a hollow node has no disk to mount and lets
+//! the pod run.
+
+pub mod content;
+pub mod disk;
+pub mod ownership;
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use runtime_api::cri;
+use tokio::time::Instant;
+
+use self::content::File;
+use crate::pods::actions::context::ActionCtx;
+use crate::pods::actions::objects::{ObjectKind, TokenFor};
+use crate::pods::model::spec::volumes::{ObjectVolume, Projection, VolumeSource};
+use crate::pods::model::spec::{ContainerSpec, DesiredPod, VolumeSpec};
+
+/// The longest a token is used before it is renewed, however long it lives.
+const TOKEN_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// Why a volume could not be set up: the kubelet's `FailedMount` event text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountError {
+    /// The volume.
+    pub volume: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for MountError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MountVolume.SetUp failed for volume \"{}\" : {}",
+            self.volume, self.message
+        )
+    }
+}
+
+/// What a worker keeps of its pod's volumes: a hash of each volume's content as last set up, and when the
+/// earliest token needs renewing. A few words per volume, whichever the mode.
+#[derive(Debug, Default)]
+pub struct PodVolumes {
+    /// Per volume (by index in the spec): the content hash last set up (exactly as long as the spec's list:
+    /// grown from empty, a `Vec` would keep room for four).
+    set_up: Box<[Option<u64>]>,
+    /// When a token of a projected volume is due for renewal.
+    token_due: Option<Instant>,
+    /// Failed set-ups in a row (the retry back-off).
+    failures: u32,
+}
+
+fn plugin(source: &VolumeSource) -> &'static str {
+    match source {
+        VolumeSource::EmptyDir { .. } => "kubernetes.io~empty-dir",
+        VolumeSource::HostPath { .. } => "kubernetes.io~host-path",
+        VolumeSource::ConfigMap(_) => "kubernetes.io~configmap",
+        VolumeSource::Secret(_) => "kubernetes.io~secret",
+        VolumeSource::DownwardApi(_) => "kubernetes.io~downward-api",
+        VolumeSource::Projected(_) => "kubernetes.io~projected",
+        VolumeSource::Unsupported(_) => "kubernetes.io~unsupported",
+    }
+}
+
+/// A pod's directory on a node with a pods directory.
+pub fn pod_dir(pods_dir: &std::path::Path, uid: &str) -> PathBuf {
+    pods_dir.join(uid)
+}
+
+/// Where volume `v` of `pod` lives on the node (for a hollow node: where it would).
+fn host_path(ctx: &ActionCtx, pod: &DesiredPod, v: &VolumeSpec) -> PathBuf {
+    if let VolumeSource::HostPath { path, .. } = &*v.source {
+        return PathBuf::from(path);
+    }
+    let root = ctx
+        .config
+        .layout
+        .pods_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/pods"));
+    pod_dir(&root, &pod.uid)
+        .join("volumes")
+        .join(plugin(&v.source))
+        .join(&v.name)
+}
+
+fn hash_files(files: &[File]) -> u64 {
+    let mut h = DefaultHasher::new();
+    files.hash(&mut h);
+    h.finish()
+}
+
+impl Hash for File {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.path.hash(state);
+        self.data.hash(state);
+        self.mode.hash(state);
+        self.owner.hash(state);
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The pod's `fsGroup` as a group id.
+fn fs_group(pod: &DesiredPod) -> Result<Option<u32>, String> {
+    let Some(group) = pod.security.as_deref().and_then(|s| s.fs_group) else {
+        return Ok(None);
+    };
+    u32::try_from(group)
+        .map(Some)
+        .map_err(|_| format!("fsGroup {group} is not a valid group id"))
+}
+
+/// The user the pod's service account tokens belong to, as the kubelet's `FsUserFrom`: the effective
+/// `runAsUser` (the container's, else the pod's) when every init and app container has one and they are all the
+/// same; `None` otherwise (the token stays the node's, mode `defaultMode`).
+fn fs_user(pod: &DesiredPod) -> Option<u32> {
+    let pod_user = pod.security.as_deref().and_then(|s| s.run_as_user);
+    let mut users = pod
+        .init_containers
+        .iter()
+        .chain(pod.containers.iter())
+        .map(|c| c.security.as_deref().and_then(|s| s.run_as_user).or(pod_user));
+    let first = users.next()??;
+    if users.all(|u| u == Some(first)) {
+        u32::try_from(first).ok()
+    } else {
+        None
+    }
+}
+
+impl PodVolumes {
+    /// Sets up (or refreshes) every volume of `pod`; the first failure stops it.
+    pub async fn setup(&mut self, ctx: &ActionCtx, pod: &DesiredPod) -> Result<(), MountError> {
+        if self.set_up.len() != pod.volumes.len() {
+            let mut set_up = std::mem::take(&mut self.set_up).into_vec();
+            set_up.resize(pod.volumes.len(), None);
+            self.set_up = set_up.into_boxed_slice();
+        }
+        let now = Instant::now();
+        let renew_tokens = self.token_due.is_none_or(|due| now >= due);
+        let mut token_due: Option<Instant> = None;
+        for (i, v) in pod.volumes.iter().enumerate() {
+            let err = |message: String| MountError {
+                volume: v.name.clone(),
+                message,
+            };
+            let dir = host_path(ctx, pod, v);
+            let on_disk = ctx.config.layout.pods_dir.is_some();
+            let fs_group = fs_group(pod).map_err(err)?;
+            let files = match &*v.source {
+                VolumeSource::EmptyDir { memory, size_limit } => {
+                    if self.set_up[i].is_none() && on_disk {
+                        let (tmpfs, size) = (*memory, *size_limit);
+                        blocking(move || {
+                            disk::make_dir(&dir, tmpfs, size)?;
+                            match fs_group {
+                                Some(gid) => ownership::set(&dir, gid, false),
+                                None => Ok(()),
+                            }
+                        })
+                        .await
+                        .map_err(err)?;
+                    }
+                    self.set_up[i] = Some(0);
+                    continue;
+                }
+                VolumeSource::HostPath { path, kind } => {
+                    if self.set_up[i].is_none() && on_disk {
+                        let (path, kind) = (path.clone(), *kind);
+                        match tokio::task::spawn_blocking(move || disk::check_host_path(&path, kind)).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(message)) => return Err(err(message)),
+                            Err(e) => return Err(err(e.to_string())),
+                        }
+                    }
+                    self.set_up[i] = Some(0);
+                    continue;
+                }
+                VolumeSource::Unsupported(kind) => {
+                    if on_disk {
+                        return Err(err(format!(
+                            "volume kind {kind} is not supported by node-agent (only emptyDir, hostPath, configMap, \
+                             secret, downwardAPI and projected)"
+                        )));
+                    }
+                    self.set_up[i] = Some(0);
+                    continue;
+                }
+                VolumeSource::ConfigMap(o) => object(ctx, pod, ObjectKind::ConfigMap, o, v.default_mode).await,
+                VolumeSource::Secret(o) => object(ctx, pod, ObjectKind::Secret, o, v.default_mode).await,
+                VolumeSource::DownwardApi(items) => {
+                    content::downward_files(pod, items, v.default_mode, ctx.node.get().as_ref())
+                }
+                VolumeSource::Projected(sources) => {
+                    let mut files = Vec::new();
+                    for source in sources {
+                        let part = match source {
+                            Projection::ConfigMap(o) => {
+                                object(ctx, pod, ObjectKind::ConfigMap, o, v.default_mode).await
+                            }
+                            Projection::Secret(o) => object(ctx, pod, ObjectKind::Secret, o, v.default_mode).await,
+                            Projection::DownwardApi(items) => {
+                                content::downward_files(pod, items, v.default_mode, ctx.node.get().as_ref())
+                            }
+                            Projection::Token {
+                                audience,
+                                expiration_secs,
+                                path,
+                            } => {
+                                let token = if renew_tokens || self.set_up[i].is_none() {
+                                    let issued = ctx
+                                        .objects
+                                        .token(TokenFor {
+                                            namespace: &pod.namespace,
+                                            service_account: &pod.service_account,
+                                            audience,
+                                            expiration_secs: *expiration_secs,
+                                            pod_name: &pod.name,
+                                            pod_uid: &pod.uid,
+                                        })
+                                        .await
+                                        .map_err(|e| err(e.0))?;
+                                    let life = issued
+                                        .expires
+                                        .duration_since(k8s_openapi::jiff::Timestamp::now())
+                                        .unsigned_abs();
+                                    let due = now + (life.mul_f64(0.8)).min(TOKEN_MAX_AGE);
+                                    token_due = Some(token_due.map_or(due, |d| d.min(due)));
+                                    Some(issued.token.into_bytes())
+                                } else if on_disk {
+                                    // not yet due: keep the token the volume holds
+                                    let dir = dir.clone();
+                                    let path = path.clone();
+                                    tokio::task::spawn_blocking(move || disk::read_current(&dir, &path))
+                                        .await
+                                        .ok()
+                                        .flatten()
+                                } else {
+                                    // a hollow node keeps no token: nothing would be written anyway
+                                    None
+                                };
+                                // with the pod's one runAsUser or an fsGroup the token is private to that
+                                // user (and the group: 0640 below), as the kubelet's projected volume
+                                let owner = fs_user(pod);
+                                let mode = if owner.is_some() || fs_group.is_some() {
+                                    0o600
+                                } else {
+                                    v.default_mode
+                                };
+                                Ok(token
+                                    .map(|data| File {
+                                        path: path.clone(),
+                                        data,
+                                        mode,
+                                        owner,
+                                    })
+                                    .into_iter()
+                                    .collect())
+                            }
+                            Projection::Unsupported(kind) if on_disk => Err(format!(
+                                "projected volume source {kind} is not supported by node-agent"
+                            )),
+                            Projection::Unsupported(_) => Ok(Vec::new()),
+                        };
+                        files.extend(part.map_err(err)?);
+                    }
+                    Ok(files)
+                }
+            }
+            .map_err(err)?;
+            let hash = hash_files(&files);
+            if self.set_up[i] == Some(hash) {
+                continue;
+            }
+            if on_disk {
+                let memory = matches!(*v.source, VolumeSource::Secret(_) | VolumeSource::Projected(_));
+                blocking(move || {
+                    disk::make_dir(&dir, memory, None)?;
+                    disk::write_atomic(&dir, &files)?;
+                    match fs_group {
+                        Some(gid) => ownership::set(&dir, gid, true),
+                        None => Ok(()),
+                    }
+                })
+                .await
+                .map_err(err)?;
+            }
+            self.set_up[i] = Some(hash);
+        }
+        if renew_tokens {
+            self.token_due = token_due;
+        }
+        self.failures = 0;
+        Ok(())
+    }
+
+    /// How long to wait before retrying a failed set-up: 0.5 s doubling up to about 2 minutes, as the
+    /// kubelet's volume operations back off.
+    pub fn retry_delay(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let exp = self.failures.min(9) - 1;
+        Duration::from_millis(500 << exp).min(Duration::from_secs(122))
+    }
+
+    /// Whether every volume was set up at least once.
+    pub fn ready(&self, pod: &DesiredPod) -> bool {
+        self.set_up.len() == pod.volumes.len() && self.set_up.iter().all(Option::is_some)
+    }
+}
+
+async fn object(
+    ctx: &ActionCtx,
+    pod: &DesiredPod,
+    kind: ObjectKind,
+    o: &ObjectVolume,
+    default_mode: u32,
+) -> Result<Vec<File>, String> {
+    let data = ctx
+        .objects
+        .get(kind, &pod.namespace, &o.name)
+        .await
+        .map_err(|e| e.0)?;
+    content::object_files(kind.name(), o, data.as_deref(), default_mode)
+}
+
+/// The CRI mounts of container `c`: each `volumeMount` onto its volume's directory (with `subPath`); mounts of
+/// configMap, secret, downward API and projected volumes are read-only, as the kubelet makes them.
+pub fn mounts(ctx: &ActionCtx, pod: &DesiredPod, c: &ContainerSpec) -> Vec<cri::Mount> {
+    c.mounts
+        .iter()
+        .filter_map(|m| {
+            let v = pod.volumes.get(usize::from(m.volume?))?;
+            let mut host = host_path(ctx, pod, v);
+            if !m.sub_path.is_empty() {
+                host = host.join(&m.sub_path);
+            }
+            let forced_ro = matches!(
+                *v.source,
+                VolumeSource::ConfigMap(_)
+                    | VolumeSource::Secret(_)
+                    | VolumeSource::DownwardApi(_)
+                    | VolumeSource::Projected(_)
+            );
+            Some(cri::Mount {
+                container_path: m.path.clone(),
+                host_path: host.display().to_string(),
+                readonly: m.read_only || forced_ro,
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
+/// The kubelet-managed `/etc/hosts` of a pod on a real node: written to `<pod dir>/etc-hosts` when a container is
+/// created — localhost entries and the pod's IP with its hostname (and FQDN with a `subdomain`), or the node's
+/// own hosts file for a host-network pod, then `hostAliases` — and mounted at `/etc/hosts` unless the container
+/// mounts something there itself. `None` on a hollow node, or before the pod has an IP.
+pub async fn etc_hosts(
+    ctx: &ActionCtx,
+    pod: &DesiredPod,
+    c: &ContainerSpec,
+    pod_ip: &str,
+) -> Result<Option<cri::Mount>, String> {
+    let Some(pods_dir) = ctx.config.layout.pods_dir.clone() else {
+        return Ok(None);
+    };
+    if c.mounts.iter().any(|m| m.path == "/etc/hosts") || (pod_ip.is_empty() && !pod.host_network) {
+        return Ok(None);
+    }
+    let mut aliases = String::new();
+    if !pod.host_aliases().is_empty() {
+        aliases.push_str("\n# Entries added by HostAliases.\n");
+        for (ip, names) in pod.host_aliases() {
+            aliases.push_str(&format!("{ip}\t{}\n", names.join("\t")));
+        }
+    }
+    let domain = &ctx.config.layout.dns.cluster_domain;
+    let entry = if pod.subdomain().is_empty() || domain.is_empty() {
+        format!("{pod_ip}\t{}\n", pod.hostname())
+    } else {
+        let fqdn = format!(
+            "{}.{}.{}.svc.{domain}",
+            pod.hostname(),
+            pod.subdomain(),
+            pod.namespace
+        );
+        format!("{pod_ip}\t{fqdn}\t{}\n", pod.hostname())
+    };
+    let host_network = pod.host_network;
+    let file = pod_dir(&pods_dir, &pod.uid).join("etc-hosts");
+    let path = file.clone();
+    blocking(move || {
+        let content = if host_network {
+            let node = std::fs::read_to_string("/etc/hosts")?;
+            format!("# Kubernetes-managed hosts file (host network).\n{node}{aliases}")
+        } else {
+            format!(
+                "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
+                 fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n\
+                 {entry}{aliases}"
+            )
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&path, content)?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+    })
+    .await?;
+    Ok(Some(cri::Mount {
+        container_path: "/etc/hosts".to_owned(),
+        host_path: file.display().to_string(),
+        readonly: false,
+        ..Default::default()
+    }))
+}
+
+/// Tears down the volumes of a pod that ran to its end (terminal, or stopped by an eviction or a shutdown)
+/// while its object stays: memory-backed emptyDirs give their memory back, disk-backed ones their space, as
+/// the kubelet unmounts the volumes of terminated pods. The rest of the pod's directory stays until
+/// [`cleanup`].
+pub async fn release(ctx: &ActionCtx, uid: &str) {
+    let Some(pods_dir) = ctx.config.layout.pods_dir.clone() else {
+        return;
+    };
+    let dir = pod_dir(&pods_dir, uid);
+    if let Err(error) = blocking(move || disk::remove_volumes(&dir)).await {
+        tracing::warn!(%uid, %error, "cannot remove the terminated pod's volumes");
+    }
+}
+
+/// Removes the pod's directory on a node that keeps one (volumes unmounted first).
+pub async fn cleanup(ctx: &ActionCtx, uid: &str) {
+    let Some(pods_dir) = ctx.config.layout.pods_dir.clone() else {
+        return;
+    };
+    let dir = pod_dir(&pods_dir, uid);
+    if let Err(error) = blocking(move || disk::remove_pod_dir(&dir)).await {
+        tracing::warn!(%uid, %error, "cannot remove the pod's directory");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Arc<DesiredPod> {
+        let pod =
+            serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec})).unwrap();
+        DesiredPod::from_pod(&pod).unwrap()
+    }
+
+    fn container(name: &str, user: Option<i64>) -> serde_json::Value {
+        match user {
+            Some(u) => json!({"name": name, "image": "i", "securityContext": {"runAsUser": u}}),
+            None => json!({"name": name, "image": "i"}),
+        }
+    }
+
+    #[test]
+    fn tokens_belong_to_the_pods_one_run_as_user() {
+        let cases = [
+            // the pod's user for every container
+            (
+                json!({"securityContext": {"runAsUser": 1000}, "containers": [container("a", None)]}),
+                Some(1000),
+            ),
+            // each container's own, all the same (init containers count)
+            (
+                json!({"initContainers": [container("i", Some(7))], "containers": [container("a", Some(7))]}),
+                Some(7),
+            ),
+            // a container's own wins over the pod's
+            (
+                json!({"securityContext": {"runAsUser": 1000}, "containers": [container("a", Some(0))]}),
+                Some(0),
+            ),
+            // two users, or one container without any: nobody's
+            (
+                json!({"containers": [container("a", Some(1)), container("b", Some(2))]}),
+                None,
+            ),
+            (
+                json!({"containers": [container("a", Some(1)), container("b", None)]}),
+                None,
+            ),
+            (json!({"containers": [container("a", None)]}), None),
+        ];
+        for (spec, want) in cases {
+            assert_eq!(fs_user(&pod(spec.clone())), want, "{spec}");
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! Pod admission: the kubelet's last check before it runs a pod the scheduler (or someone setting
+//! `spec.nodeName` directly) sent here.
+//!
+//! This module judges a pod against [`NodeView`] — the few facts about the node that pods are judged against (allocatable,
+//! labels, `NoExecute` taints, host IPs) — and [`admit`], which applies the kubelet's rules in its order:
+//! node selector and required node affinity (`NodeAffinity`), host ports (`NodePorts`), resources
+//! (`OutOfcpu`, `OutOfmemory`, `OutOfephemeral-storage`, `OutOfpods`), and untolerated `NoExecute` taints
+//! (`TaintToleration`). A rejection carries the reason and message the pod's status and event show.
+
+use std::collections::{BTreeMap, HashSet};
+
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, Toleration};
+
+use crate::pods::model::node_view::NodeView;
+use crate::pods::model::resources::PodRequests;
+use crate::pods::model::spec::DesiredPod;
+
+/// Why a pod was refused. Its status becomes `Failed` with this reason and `Pod was rejected: <message>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The kubelet's reason: `OutOfcpu`, `OutOfmemory`, `OutOfpods`, `NodeAffinity`, `NodePorts`,
+    /// `TaintToleration`, …
+    pub reason: String,
+    /// The human-readable explanation.
+    pub message: String,
+}
+
+/// What is already committed on the node: the sum of admitted, not yet terminated pods.
+#[derive(Debug, Clone, Default)]
+pub struct Committed {
+    /// Summed requests.
+    pub requests: PodRequests,
+    /// Number of pods.
+    pub pods: i64,
+    /// Host ports in use, as `(protocol, port)`.
+    pub host_ports: HashSet<(String, i32)>,
+}
+
+impl Committed {
+    /// Adds a pod.
+    pub fn add(&mut self, pod: &DesiredPod) {
+        self.requests = self.requests.plus(pod.requests());
+        self.pods += 1;
+        self.host_ports.extend(host_ports(pod));
+    }
+
+    /// Removes a pod added before.
+    pub fn remove(&mut self, pod: &DesiredPod) {
+        self.requests = self.requests.minus(pod.requests());
+        self.pods -= 1;
+        for p in host_ports(pod) {
+            self.host_ports.remove(&p);
+        }
+    }
+}
+
+fn host_ports(pod: &DesiredPod) -> impl Iterator<Item = (String, i32)> + '_ {
+    pod.init_containers
+        .iter()
+        .chain(pod.containers.iter())
+        .flat_map(|c| &c.ports)
+        .filter(|(_, host, _)| *host > 0)
+        .map(|(_, host, proto)| (proto.clone(), *host))
+}
+
+fn predicate(name: &str, why: &str) -> Rejection {
+    Rejection {
+        reason: name.to_owned(),
+        message: format!("Predicate {name} failed: {why}"),
+    }
+}
+
+/// The status reason of a pod refused under node pressure, and of an evicted pod.
+pub const EVICTED: &str = "Evicted";
+
+/// Pod admission under pressure, as the kubelet's eviction admit handler: with no pressure, or for a
+/// critical pod, `Ok`; with memory pressure alone, every pod but a BestEffort one that does not tolerate the
+/// `node.kubernetes.io/memory-pressure` taint; with any other pressure, none. `Err` carries the message
+/// (reason [`EVICTED`]).
+pub fn admit_under_pressure(
+    pressure: crate::node::Pressure,
+    critical: bool,
+    best_effort: bool,
+    tolerates_memory_pressure: bool,
+) -> Result<(), String> {
+    let mut conditions = Vec::new();
+    if pressure.memory {
+        conditions.push("MemoryPressure");
+    }
+    if pressure.disk {
+        conditions.push("DiskPressure");
+    }
+    if pressure.pid {
+        conditions.push("PIDPressure");
+    }
+    if conditions.is_empty() || critical {
+        return Ok(());
+    }
+    if conditions == ["MemoryPressure"] && (!best_effort || tolerates_memory_pressure) {
+        return Ok(());
+    }
+    Err(format!("The node had condition: [{}]. ", conditions.join(" ")))
+}
+
+/// Decides whether `pod` may run on the node next to what is `committed`.
+pub fn admit(
+    pod: &Pod,
+    desired: &DesiredPod,
+    node: &NodeView,
+    committed: &Committed,
+    critical: bool,
+) -> Result<(), Rejection> {
+    let spec = pod.spec.as_ref();
+    let tolerates_memory_pressure = spec
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .any(|t| tolerates_effect(t, "node.kubernetes.io/memory-pressure", "", "NoSchedule"));
+    admit_under_pressure(
+        node.pressure,
+        critical,
+        desired.qos == crate::pods::model::resources::QosClass::BestEffort,
+        tolerates_memory_pressure,
+    )
+    .map_err(|message| Rejection {
+        reason: EVICTED.into(),
+        message,
+    })?;
+    if !matches_node(
+        spec.and_then(|s| s.node_selector.as_ref()),
+        spec.and_then(required_terms),
+        node,
+    ) {
+        return Err(predicate(
+            "NodeAffinity",
+            "node(s) didn't match Pod's node affinity/selector",
+        ));
+    }
+    if host_ports(desired).any(|p| committed.host_ports.contains(&p)) {
+        return Err(predicate(
+            "NodePorts",
+            "node(s) didn't have free ports for the requested pod ports",
+        ));
+    }
+    let short = |name: &str, requested: i64, used: i64, capacity: i64| Rejection {
+        reason: format!("OutOf{name}"),
+        message: format!(
+            "Node didn't have enough resource: {name}, requested: {requested}, used: {used}, capacity: {capacity}"
+        ),
+    };
+    if committed.pods + 1 > node.pods {
+        return Err(short("pods", 1, committed.pods, node.pods));
+    }
+    let (want, used) = (desired.requests(), committed.requests);
+    if want.cpu_milli > 0 && used.cpu_milli + want.cpu_milli > node.cpu_milli {
+        return Err(short("cpu", want.cpu_milli, used.cpu_milli, node.cpu_milli));
+    }
+    if want.memory > 0 && used.memory + want.memory > node.memory {
+        return Err(short("memory", want.memory, used.memory, node.memory));
+    }
+    if node.ephemeral > 0 && want.ephemeral > 0 && used.ephemeral + want.ephemeral > node.ephemeral {
+        return Err(short(
+            "ephemeral-storage",
+            want.ephemeral,
+            used.ephemeral,
+            node.ephemeral,
+        ));
+    }
+    let tolerations: &[Toleration] = spec.and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
+    let untolerated = node
+        .no_execute_taints
+        .iter()
+        .any(|(key, value)| !tolerations.iter().any(|t| tolerates(t, key, value)));
+    if untolerated {
+        return Err(predicate("TaintToleration", "node(s) had untolerated taint(s)"));
+    }
+    Ok(())
+}
+
+fn required_terms(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> Option<&k8s_openapi::api::core::v1::NodeSelector> {
+    spec.affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+}
+
+fn matches_node(
+    selector: Option<&BTreeMap<String, String>>,
+    required: Option<&k8s_openapi::api::core::v1::NodeSelector>,
+    node: &NodeView,
+) -> bool {
+    let selector_ok = selector.is_none_or(|s| s.iter().all(|(k, v)| node.labels.get(k) == Some(v.as_str())));
+    let affinity_ok = required.is_none_or(|r| {
+        r.node_selector_terms.iter().any(|term| {
+            let exprs = term.match_expressions.as_deref().unwrap_or_default();
+            let fields = term.match_fields.as_deref().unwrap_or_default();
+            if exprs.is_empty() && fields.is_empty() {
+                return false;
+            }
+            exprs.iter().all(|e| requirement(e, node.labels.get(&e.key)))
+                && fields
+                    .iter()
+                    .all(|f| requirement(f, (f.key == "metadata.name").then_some(node.name.as_str())))
+        })
+    });
+    selector_ok && affinity_ok
+}
+
+fn requirement(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = r.values.as_deref().unwrap_or_default();
+    let number = |s: &str| s.parse::<i64>().ok();
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" => {
+            matches!((value.and_then(number), values.first().and_then(|s| number(s))), (Some(a), Some(b)) if a > b)
+        }
+        "Lt" => {
+            matches!((value.and_then(number), values.first().and_then(|s| number(s))), (Some(a), Some(b)) if a < b)
+        }
+        _ => false,
+    }
+}
+
+fn tolerates(t: &Toleration, key: &str, value: &str) -> bool {
+    tolerates_effect(t, key, value, "NoExecute")
+}
+
+/// Does `t` tolerate a taint `key=value:effect`?
+fn tolerates_effect(t: &Toleration, key: &str, value: &str, effect: &str) -> bool {
+    if t.effect.as_deref().is_some_and(|e| !e.is_empty() && e != effect) {
+        return false;
+    }
+    let tkey = t.key.as_deref().unwrap_or_default();
+    match t.operator.as_deref() {
+        Some("Exists") => tkey.is_empty() || tkey == key,
+        _ => tkey == key && t.value.as_deref().unwrap_or_default() == value,
+    }
+}
+
+#[cfg(test)]
+mod pressure_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node() -> NodeView {
+        let n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"zone": "a", "size": "4"}},
+            "spec": {"taints": [{"key": "dedicated", "value": "x", "effect": "NoExecute"},
+                                {"key": "soft", "effect": "NoSchedule"}]},
+            "status": {
+                "allocatable": {"cpu": "2", "memory": "1Gi", "pods": "3"},
+                "addresses": [{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "10.0.0.1"}]
+            }
+        }))
+        .unwrap();
+        NodeView::from_node(&n)
+    }
+
+    fn pod(spec: serde_json::Value) -> (Pod, std::sync::Arc<DesiredPod>) {
+        let mut spec = spec;
+        spec["tolerations"] = json!([{"key": "dedicated", "operator": "Exists"}]);
+        let p: Pod =
+            serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec})).unwrap();
+        let d = DesiredPod::from_pod(&p).unwrap();
+        (p, d)
+    }
+
+    #[test]
+    fn node_view_reads_allocatable_and_addresses() {
+        let n = node();
+        assert_eq!((n.cpu_milli, n.memory, n.pods), (2000, 1 << 30, 3));
+        assert_eq!(n.host_ips, vec!["10.0.0.1".to_owned()]);
+        assert_eq!(
+            n.no_execute_taints,
+            vec![("dedicated".to_owned(), "x".to_owned())]
+        );
+    }
+
+    #[test]
+    fn out_of_cpu_names_request_use_and_capacity() {
+        let (p, d) = pod(json!({"containers": [
+            {"name": "c", "image": "i", "resources": {"requests": {"cpu": "1500m"}}}
+        ]}));
+        let mut committed = Committed::default();
+        assert!(admit(&p, &d, &node(), &committed, false).is_ok());
+        committed.add(&d);
+        let err = admit(&p, &d, &node(), &committed, false).unwrap_err();
+        assert_eq!(err.reason, "OutOfcpu");
+        assert_eq!(
+            err.message,
+            "Node didn't have enough resource: cpu, requested: 1500, used: 1500, capacity: 2000"
+        );
+        committed.remove(&d);
+        assert!(admit(&p, &d, &node(), &committed, false).is_ok());
+    }
+
+    #[test]
+    fn out_of_memory_and_pods() {
+        let (p, d) = pod(json!({"containers": [
+            {"name": "c", "image": "i", "resources": {"requests": {"memory": "2Gi"}}}
+        ]}));
+        assert_eq!(
+            admit(&p, &d, &node(), &Committed::default(), false)
+                .unwrap_err()
+                .reason,
+            "OutOfmemory"
+        );
+        let (p, d) = pod(json!({"containers": [{"name": "c", "image": "i"}]}));
+        let full = Committed {
+            pods: 3,
+            ..Default::default()
+        };
+        assert_eq!(
+            admit(&p, &d, &node(), &full, false).unwrap_err().reason,
+            "OutOfpods"
+        );
+    }
+
+    #[test]
+    fn node_affinity_and_selector() {
+        let (p, d) = pod(json!({"nodeSelector": {"zone": "b"}, "containers": [{"name": "c", "image": "i"}]}));
+        let err = admit(&p, &d, &node(), &Committed::default(), false).unwrap_err();
+        assert_eq!(err.reason, "NodeAffinity");
+        let (p, d) = pod(json!({
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+                {"matchExpressions": [{"key": "size", "operator": "Gt", "values": ["2"]}]}
+            ]}}},
+            "containers": [{"name": "c", "image": "i"}]
+        }));
+        assert!(
+            admit(&p, &d, &node(), &Committed::default(), false).is_ok(),
+            "second term matches"
+        );
+    }
+
+    #[test]
+    fn untolerated_no_execute_taint_is_refused() {
+        let (mut p, d) = pod(json!({"containers": [{"name": "c", "image": "i"}]}));
+        p.spec.as_mut().unwrap().tolerations = None;
+        let err = admit(&p, &d, &node(), &Committed::default(), false).unwrap_err();
+        assert_eq!(err.reason, "TaintToleration");
+    }
+
+    #[test]
+    fn host_port_conflicts() {
+        let (p, d) = pod(json!({"containers": [
+            {"name": "c", "image": "i", "ports": [{"containerPort": 80, "hostPort": 8080}]}
+        ]}));
+        let mut committed = Committed::default();
+        committed.add(&d);
+        assert_eq!(
+            admit(&p, &d, &node(), &committed, false).unwrap_err().reason,
+            "NodePorts"
+        );
+    }
+}

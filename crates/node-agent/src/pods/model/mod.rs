@@ -1,0 +1,16 @@
+//! The pod model: what the node is asked to run, read from the `Pod` object, and the arithmetic over it —
+//! nothing here talks to the runtime or the API server.
+//!
+//! * [`spec`] — the desired pod: a compact, immutable extract of a `Pod` (containers, probes, volumes, hooks).
+//! * [`resources`] — requests, limits and the QoS class.
+//! * [`security`] — pod and container security contexts as the spec states them.
+//! * [`node_view`] — what the pod side knows of its node (allocatable, labels, taints, host IPs).
+//! * [`admission`] — whether a pod fits the node, as the kubelet's admit handlers decide.
+//! * [`gofmt`] — durations printed as Go prints them, for messages users search for.
+
+pub mod admission;
+pub(crate) mod gofmt;
+pub mod node_view;
+pub mod resources;
+pub mod security;
+pub mod spec;

@@ -1,0 +1,314 @@
+//! Pod resource arithmetic: container requests and limits as integers, the pod's effective request (what
+//! admission charges against the node's allocatable) and the pod's QoS class.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
+
+use crate::quantity::Quantity;
+
+/// A container's requests and limits (cpu in millicores, the rest in bytes). `None` = not set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContainerResources {
+    /// `requests.cpu`, millicores.
+    pub cpu_request: Option<i64>,
+    /// `limits.cpu`, millicores.
+    pub cpu_limit: Option<i64>,
+    /// `requests.memory`, bytes.
+    pub memory_request: Option<i64>,
+    /// `limits.memory`, bytes.
+    pub memory_limit: Option<i64>,
+    /// `requests.ephemeral-storage`, bytes.
+    pub ephemeral_request: Option<i64>,
+}
+
+fn milli(map: Option<&BTreeMap<String, ApiQuantity>>, key: &str) -> Option<i64> {
+    let q = Quantity::from_api(map?.get(key)?).ok()?;
+    i64::try_from(q.milli()).ok()
+}
+
+fn units(map: Option<&BTreeMap<String, ApiQuantity>>, key: &str) -> Option<i64> {
+    let q = Quantity::from_api(map?.get(key)?).ok()?;
+    i64::try_from(q.value()).ok()
+}
+
+impl ContainerResources {
+    /// Reads requests and limits; a request left unset defaults to the limit, as the API server does.
+    pub fn from_api(r: Option<&ResourceRequirements>) -> Self {
+        let requests = r.and_then(|r| r.requests.as_ref());
+        let limits = r.and_then(|r| r.limits.as_ref());
+        let cpu_limit = milli(limits, "cpu");
+        let memory_limit = units(limits, "memory");
+        Self {
+            cpu_request: milli(requests, "cpu").or(cpu_limit),
+            cpu_limit,
+            memory_request: units(requests, "memory").or(memory_limit),
+            memory_limit,
+            ephemeral_request: units(requests, "ephemeral-storage")
+                .or_else(|| units(limits, "ephemeral-storage")),
+        }
+    }
+}
+
+/// What a pod charges against the node: cpu millicores, memory and ephemeral-storage bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodRequests {
+    /// Millicores.
+    pub cpu_milli: i64,
+    /// Bytes.
+    pub memory: i64,
+    /// Bytes.
+    pub ephemeral: i64,
+}
+
+impl PodRequests {
+    fn add(self, r: &ContainerResources) -> Self {
+        Self {
+            cpu_milli: self.cpu_milli + r.cpu_request.unwrap_or(0),
+            memory: self.memory + r.memory_request.unwrap_or(0),
+            ephemeral: self.ephemeral + r.ephemeral_request.unwrap_or(0),
+        }
+    }
+
+    fn max(self, o: Self) -> Self {
+        Self {
+            cpu_milli: self.cpu_milli.max(o.cpu_milli),
+            memory: self.memory.max(o.memory),
+            ephemeral: self.ephemeral.max(o.ephemeral),
+        }
+    }
+
+    /// Component-wise sum.
+    pub fn plus(self, o: Self) -> Self {
+        Self {
+            cpu_milli: self.cpu_milli + o.cpu_milli,
+            memory: self.memory + o.memory,
+            ephemeral: self.ephemeral + o.ephemeral,
+        }
+    }
+
+    /// Component-wise difference.
+    pub fn minus(self, o: Self) -> Self {
+        Self {
+            cpu_milli: self.cpu_milli - o.cpu_milli,
+            memory: self.memory - o.memory,
+            ephemeral: self.ephemeral - o.ephemeral,
+        }
+    }
+}
+
+/// A container as the resource arithmetic sees it: its requests and limits, and whether it is a sidecar (a
+/// restartable init container, which keeps running beside the app containers).
+pub trait Container {
+    /// Its requests and limits.
+    fn resources(&self) -> &ContainerResources;
+    /// Whether it is a sidecar.
+    fn sidecar(&self) -> bool;
+}
+
+/// The pod's effective request, the scheduler's and kubelet's rule: the larger of (app containers + sidecars)
+/// and, for each regular init container, itself plus the sidecars started before it; plus the pod overhead.
+pub fn pod_requests<C: Container>(init: &[C], app: &[C], overhead: PodRequests) -> PodRequests {
+    let mut sidecars = PodRequests::default();
+    let mut init_peak = PodRequests::default();
+    for c in init {
+        if c.sidecar() {
+            sidecars = sidecars.add(c.resources());
+            init_peak = init_peak.max(sidecars);
+        } else {
+            init_peak = init_peak.max(sidecars.add(c.resources()));
+        }
+    }
+    let running = app.iter().fold(sidecars, |acc, c| acc.add(c.resources()));
+    running.max(init_peak).plus(overhead)
+}
+
+/// `spec.overhead` (a RuntimeClass's, set at admission) as requests.
+pub fn overhead(overhead: Option<&BTreeMap<String, ApiQuantity>>) -> PodRequests {
+    PodRequests {
+        cpu_milli: milli(overhead, "cpu").unwrap_or(0),
+        memory: units(overhead, "memory").unwrap_or(0),
+        ephemeral: units(overhead, "ephemeral-storage").unwrap_or(0),
+    }
+}
+
+/// The pod's quality-of-service class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QosClass {
+    /// Every container has cpu and memory limits equal to its requests.
+    Guaranteed,
+    /// Anything in between.
+    Burstable,
+    /// No container requests or limits cpu or memory.
+    BestEffort,
+}
+
+impl QosClass {
+    /// The API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Guaranteed => "Guaranteed",
+            Self::Burstable => "Burstable",
+            Self::BestEffort => "BestEffort",
+        }
+    }
+}
+
+/// The QoS class of a pod with these containers (init containers included).
+pub fn qos_class<'a, C: Container + 'a>(containers: impl Iterator<Item = &'a C>) -> QosClass {
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in containers {
+        let r = c.resources();
+        if r.cpu_request.is_some()
+            || r.cpu_limit.is_some()
+            || r.memory_request.is_some()
+            || r.memory_limit.is_some()
+        {
+            any = true;
+        }
+        let cpu_ok = r.cpu_limit.is_some() && r.cpu_request == r.cpu_limit;
+        let mem_ok = r.memory_limit.is_some() && r.memory_request == r.memory_limit;
+        guaranteed &= cpu_ok && mem_ok;
+    }
+    match (any, guaranteed) {
+        (false, _) => QosClass::BestEffort,
+        (true, true) => QosClass::Guaranteed,
+        (true, false) => QosClass::Burstable,
+    }
+}
+
+/// The pod's limits as its cgroup gets them: cpu millicores and memory bytes, each `None` unless every container
+/// declares that limit (the larger of the app containers plus sidecars and each init container's peak, as for
+/// requests, plus the pod overhead).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodLimits {
+    /// Millicores.
+    pub cpu_milli: Option<i64>,
+    /// Bytes.
+    pub memory: Option<i64>,
+}
+
+/// The limits of a pod with these containers whose effective request is `requests` (the overhead is what
+/// `requests` holds beyond the containers' own).
+pub fn pod_limits<C: Container>(init: &[C], app: &[C], requests: PodRequests) -> PodLimits {
+    let lim = |r: &ContainerResources| (r.cpu_limit.unwrap_or(0), r.memory_limit.unwrap_or(0));
+    let (mut cpu_declared, mut memory_declared) = (true, true);
+    let mut declared = |(cpu, memory): (i64, i64)| {
+        cpu_declared &= cpu != 0;
+        memory_declared &= memory != 0;
+    };
+    let (mut cpu, mut memory) = (0, 0);
+    for c in app {
+        let (c_cpu, c_mem) = lim(c.resources());
+        declared((c_cpu, c_mem));
+        cpu += c_cpu;
+        memory += c_mem;
+    }
+    let (mut side_cpu, mut side_mem, mut peak_cpu, mut peak_mem) = (0, 0, 0, 0);
+    for c in init {
+        let (c_cpu, c_mem) = lim(c.resources());
+        let effective = if c.sidecar() {
+            cpu += c_cpu;
+            memory += c_mem;
+            side_cpu += c_cpu;
+            side_mem += c_mem;
+            (side_cpu, side_mem)
+        } else {
+            (c_cpu + side_cpu, c_mem + side_mem)
+        };
+        declared(effective);
+        peak_cpu = peak_cpu.max(effective.0);
+        peak_mem = peak_mem.max(effective.1);
+    }
+    let overhead = requests.minus(pod_requests(init, app, PodRequests::default()));
+    let with_overhead = |v: i64, extra: i64| if v == 0 { v } else { v + extra };
+    PodLimits {
+        cpu_milli: cpu_declared.then(|| with_overhead(cpu.max(peak_cpu), overhead.cpu_milli)),
+        memory: memory_declared.then(|| with_overhead(memory.max(peak_mem), overhead.memory)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pods::model::spec::DesiredPod;
+    use serde_json::json;
+
+    fn desired(spec: serde_json::Value) -> std::sync::Arc<DesiredPod> {
+        let pod =
+            serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec})).unwrap();
+        DesiredPod::from_pod(&pod).unwrap()
+    }
+
+    #[test]
+    fn requests_take_the_init_peak_or_the_running_sum() {
+        let d = desired(json!({
+            "initContainers": [
+                {"name": "big-init", "image": "i", "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}},
+                {"name": "side", "image": "i", "restartPolicy": "Always", "resources": {"requests": {"cpu": "100m"}}}
+            ],
+            "containers": [
+                {"name": "a", "image": "i", "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}}},
+                {"name": "b", "image": "i", "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}}}
+            ]
+        }));
+        assert_eq!(d.requests().cpu_milli, 2000, "init peak wins for cpu");
+        assert_eq!(d.requests().memory, 1 << 30, "init peak wins for memory");
+        assert_eq!(d.qos, QosClass::Burstable);
+    }
+
+    #[test]
+    fn qos_classes() {
+        let be = desired(json!({"containers": [{"name": "a", "image": "i"}]}));
+        assert_eq!(be.qos, QosClass::BestEffort);
+        let g = desired(json!({"containers": [
+            {"name": "a", "image": "i", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}
+        ]}));
+        assert_eq!(g.qos, QosClass::Guaranteed);
+        assert_eq!(g.requests().cpu_milli, 1000, "request defaults to the limit");
+    }
+
+    #[test]
+    fn limits_count_only_when_every_container_declares_them() {
+        let limits = |d: &DesiredPod| pod_limits(&d.init_containers, &d.containers, d.requests());
+        let d = desired(json!({
+            "initContainers": [
+                {"name": "init", "image": "i", "resources": {"limits": {"cpu": "2", "memory": "64Mi"}}}
+            ],
+            "containers": [
+                {"name": "a", "image": "i", "resources": {"limits": {"cpu": "250m", "memory": "64Mi"}}},
+                {"name": "b", "image": "i", "resources": {"limits": {"cpu": "500m"}, "requests": {"memory": "1Mi"}}}
+            ],
+            "overhead": {"cpu": "100m", "memory": "1Mi"}
+        }));
+        assert_eq!(
+            limits(&d),
+            PodLimits {
+                cpu_milli: Some(2100),
+                memory: None
+            },
+            "the init peak plus overhead; b has no memory limit"
+        );
+        let d = desired(json!({
+            "initContainers": [
+                {"name": "side", "image": "i", "restartPolicy": "Always",
+                 "resources": {"limits": {"cpu": "100m", "memory": "16Mi"}}}
+            ],
+            "containers": [
+                {"name": "a", "image": "i", "resources": {"limits": {"cpu": "250m", "memory": "64Mi"}}}
+            ]
+        }));
+        assert_eq!(
+            limits(&d),
+            PodLimits {
+                cpu_milli: Some(350),
+                memory: Some(80 << 20)
+            },
+            "sidecars add to the app containers"
+        );
+        let be = desired(json!({"containers": [{"name": "a", "image": "i"}]}));
+        assert_eq!(limits(&be), PodLimits::default());
+    }
+}

@@ -1,0 +1,126 @@
+//! Pod and container security contexts as the pod's spec states them (run as user / group, privileged,
+//! capabilities, privilege escalation, seccomp, proc mount), read once when the pod is read. How they become
+//! the runtime's settings is [`crate::pods::runtime::security`].
+
+use k8s_openapi::api::core::v1::{PodSecurityContext, SeccompProfile, SecurityContext};
+
+/// A seccomp profile choice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seccomp {
+    /// `RuntimeDefault`.
+    RuntimeDefault,
+    /// `Unconfined`.
+    Unconfined,
+    /// `Localhost` with the profile's path relative to the kubelet's seccomp directory.
+    Localhost(String),
+}
+
+fn seccomp(p: Option<&SeccompProfile>) -> Option<Seccomp> {
+    let p = p?;
+    Some(match p.type_.as_str() {
+        "RuntimeDefault" => Seccomp::RuntimeDefault,
+        "Localhost" => Seccomp::Localhost(p.localhost_profile.clone().unwrap_or_default()),
+        _ => Seccomp::Unconfined,
+    })
+}
+
+/// The pod-level settings (`spec.securityContext` and the namespace switches).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodSecurity {
+    /// `runAsUser`.
+    pub run_as_user: Option<i64>,
+    /// `runAsGroup`.
+    pub run_as_group: Option<i64>,
+    /// `runAsNonRoot`.
+    pub run_as_non_root: Option<bool>,
+    /// `fsGroup` followed by `supplementalGroups`.
+    pub supplemental_groups: Vec<i64>,
+    /// `fsGroup`: the group of the volumes the node provides (see `volumes::ownership`).
+    pub fs_group: Option<i64>,
+    /// `sysctls`.
+    pub sysctls: Vec<(String, String)>,
+    /// `seccompProfile`.
+    pub seccomp: Option<Seccomp>,
+    /// `hostPID`.
+    pub host_pid: bool,
+    /// `hostIPC`.
+    pub host_ipc: bool,
+    /// `shareProcessNamespace`.
+    pub share_pid: bool,
+}
+
+impl PodSecurity {
+    /// Reads the pod's settings; `None` when there is nothing but defaults.
+    pub fn from_api(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<Box<Self>> {
+        let sc: Option<&PodSecurityContext> = spec.security_context.as_ref();
+        let out = Self {
+            run_as_user: sc.and_then(|s| s.run_as_user),
+            run_as_group: sc.and_then(|s| s.run_as_group),
+            run_as_non_root: sc.and_then(|s| s.run_as_non_root),
+            supplemental_groups: sc
+                .into_iter()
+                .flat_map(|s| {
+                    s.fs_group
+                        .into_iter()
+                        .chain(s.supplemental_groups.iter().flatten().copied())
+                })
+                .collect(),
+            fs_group: sc.and_then(|s| s.fs_group),
+            sysctls: sc
+                .into_iter()
+                .flat_map(|s| s.sysctls.iter().flatten())
+                .map(|s| (s.name.clone(), s.value.clone()))
+                .collect(),
+            seccomp: seccomp(sc.and_then(|s| s.seccomp_profile.as_ref())),
+            host_pid: spec.host_pid.unwrap_or(false),
+            host_ipc: spec.host_ipc.unwrap_or(false),
+            share_pid: spec.share_process_namespace.unwrap_or(false),
+        };
+        (out != Self::default()).then(|| Box::new(out))
+    }
+}
+
+/// A container's own `securityContext`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerSecurity {
+    /// `runAsUser`.
+    pub run_as_user: Option<i64>,
+    /// `runAsGroup`.
+    pub run_as_group: Option<i64>,
+    /// `runAsNonRoot`.
+    pub run_as_non_root: Option<bool>,
+    /// `readOnlyRootFilesystem`.
+    pub read_only_root_fs: bool,
+    /// `privileged`.
+    pub privileged: bool,
+    /// `capabilities.add`.
+    pub add_caps: Vec<String>,
+    /// `capabilities.drop`.
+    pub drop_caps: Vec<String>,
+    /// `allowPrivilegeEscalation`.
+    pub allow_privilege_escalation: Option<bool>,
+    /// `seccompProfile`.
+    pub seccomp: Option<Seccomp>,
+    /// `procMount: Unmasked`.
+    pub unmasked_proc: bool,
+}
+
+impl ContainerSecurity {
+    /// Reads a container's settings; `None` when it has none.
+    pub fn from_api(sc: Option<&SecurityContext>) -> Option<Box<Self>> {
+        let sc = sc?;
+        let caps = sc.capabilities.as_ref();
+        Some(Box::new(Self {
+            run_as_user: sc.run_as_user,
+            run_as_group: sc.run_as_group,
+            run_as_non_root: sc.run_as_non_root,
+            read_only_root_fs: sc.read_only_root_filesystem.unwrap_or(false),
+            privileged: sc.privileged.unwrap_or(false),
+            add_caps: caps.and_then(|c| c.add.clone()).unwrap_or_default(),
+            drop_caps: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
+            allow_privilege_escalation: sc.allow_privilege_escalation,
+            seccomp: seccomp(sc.seccomp_profile.as_ref()),
+            unmasked_proc: sc.proc_mount.as_deref() == Some("Unmasked"),
+        }))
+    }
+}

@@ -1,0 +1,606 @@
+//! The desired pod as the lifecycle keeps it: a compact, immutable extract of a `Pod` object.
+//!
+//! A hollow fleet holds 100,000 pods in one process, so workers never keep whole API objects. [`DesiredPod`]
+//! carries only what syncing, probing, terminating and status generation read again: identity, restart policy,
+//! grace periods, readiness gates, and per container the image, command, environment, ports, probes, hooks and
+//! resources. Fields that matter only once (node selector, affinity, tolerations) are read by admission from the
+//! full object before it is dropped. Named probe ports are resolved here, once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::jiff::Timestamp;
+
+mod extract;
+mod small_map;
+pub mod volumes;
+
+pub use small_map::SmallMap;
+
+use extract::{EnvCtx, container};
+pub use volumes::{EnvFrom, MountSpec, ResourceRef, VolumeSpec};
+
+use crate::pods::model::resources::{self, ContainerResources, PodRequests, QosClass};
+use crate::pods::model::security::{ContainerSecurity, PodSecurity};
+
+/// The pod-level restart policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    /// Restart every container whenever it exits (the default).
+    Always,
+    /// Restart containers that exit with a non-zero code.
+    OnFailure,
+    /// Never restart.
+    Never,
+}
+
+impl RestartPolicy {
+    fn parse(value: Option<&str>) -> Self {
+        match value {
+            Some("Never") => Self::Never,
+            Some("OnFailure") => Self::OnFailure,
+            _ => Self::Always,
+        }
+    }
+
+    /// Whether a container that exited with `exit_code` is started again.
+    pub fn restarts(self, exit_code: i32) -> bool {
+        match self {
+            Self::Always => true,
+            Self::OnFailure => exit_code != 0,
+            Self::Never => false,
+        }
+    }
+}
+
+/// When to pull a container's image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullPolicy {
+    /// Pull on every container start.
+    Always,
+    /// Pull only when the runtime lacks the image.
+    IfNotPresent,
+    /// Never pull; fail when the image is absent.
+    Never,
+}
+
+impl PullPolicy {
+    pub(crate) fn parse(value: Option<&str>, image: &str) -> Self {
+        match value {
+            Some("Always") => Self::Always,
+            Some("Never") => Self::Never,
+            Some("IfNotPresent") => Self::IfNotPresent,
+            // the API server defaults it; mirror its rule for objects that skipped defaulting
+            _ if image_tag_is_latest(image) => Self::Always,
+            _ => Self::IfNotPresent,
+        }
+    }
+}
+
+fn image_tag_is_latest(image: &str) -> bool {
+    if image.contains('@') {
+        return false;
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    match last.rsplit_once(':') {
+        Some((_, tag)) => tag == "latest",
+        None => true,
+    }
+}
+
+/// An environment variable's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvValue {
+    /// A literal (or a field of the pod resolved when the pod was read).
+    Literal(String),
+    /// A `value` with `$(VAR)` references, expanded against the variables before it.
+    Expand(String),
+    /// `status.podIP`, known once the sandbox exists.
+    PodIp,
+    /// `status.hostIP`.
+    HostIp,
+    /// A key of a ConfigMap (`configMapKeyRef`), read when the container is created.
+    ConfigMapKey(Box<KeyRef>),
+    /// A key of a Secret (`secretKeyRef`), read when the container is created.
+    SecretKey(Box<KeyRef>),
+    /// A request or limit (`resourceFieldRef`), the node's allocatable standing in for a missing limit.
+    Resource(Box<ResourceRef>),
+}
+
+/// A key of a ConfigMap or Secret named by an environment variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRef {
+    /// The object's name.
+    pub name: String,
+    /// The key.
+    pub key: String,
+    /// A missing object or key leaves the variable out instead of failing the container.
+    pub optional: bool,
+}
+
+/// `spec.dnsPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsPolicy {
+    /// `ClusterFirst` (the default): cluster DNS, except for host-network pods.
+    ClusterFirst,
+    /// `ClusterFirstWithHostNet`: cluster DNS, host network or not.
+    ClusterFirstWithHostNet,
+    /// `Default`: the node's resolver configuration.
+    Default,
+    /// `None`: only `dnsConfig`.
+    None,
+}
+
+/// `spec.dnsConfig`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// Extra name servers.
+    pub nameservers: Vec<String>,
+    /// Extra search domains.
+    pub searches: Vec<String>,
+    /// Options as `name` or `name:value`.
+    pub options: Vec<(String, Option<String>)>,
+}
+
+/// A port, with named ports already resolved against the container's ports.
+pub type Port = u16;
+
+/// An HTTP GET target (probes and hooks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpGet {
+    /// `HTTP` or `HTTPS`.
+    pub https: bool,
+    /// Host to connect to; `None` means the pod IP.
+    pub host: Option<String>,
+    /// Port.
+    pub port: Port,
+    /// Path, starting with `/`.
+    pub path: String,
+    /// Extra request headers.
+    pub headers: Vec<(String, String)>,
+}
+
+/// What a probe or lifecycle hook does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Run a command in the container (runtime `ExecSync`).
+    Exec(Vec<String>),
+    /// HTTP GET; 200..=399 is success.
+    Http(HttpGet),
+    /// Open a TCP connection.
+    Tcp {
+        /// Host; `None` means the pod IP.
+        host: Option<String>,
+        /// Port.
+        port: Port,
+    },
+    /// gRPC health check (`grpc.health.v1.Health/Check`).
+    Grpc {
+        /// Port.
+        port: Port,
+        /// Service name sent in the request.
+        service: String,
+    },
+    /// Sleep (lifecycle hooks only).
+    Sleep(Duration),
+}
+
+/// A liveness, readiness or startup probe with the kubelet's defaults applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeSpec {
+    /// What to run.
+    pub action: Action,
+    /// Wait after the container started before the first probe (default 0).
+    pub initial_delay: Duration,
+    /// Time between probes (default 10 s).
+    pub period: Duration,
+    /// Probe timeout (default 1 s).
+    pub timeout: Duration,
+    /// Consecutive successes to count as passing (default 1).
+    pub success_threshold: u32,
+    /// Consecutive failures to count as failing (default 3).
+    pub failure_threshold: u32,
+    /// Probe-level termination grace period, overriding the pod's on a liveness/startup kill.
+    pub termination_grace_secs: Option<i64>,
+}
+
+/// One container of the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerSpec {
+    /// Container name.
+    pub name: String,
+    /// Image reference as written in the spec.
+    pub image: String,
+    /// When to pull the image.
+    pub pull_policy: PullPolicy,
+    /// Entrypoint override.
+    pub command: Vec<String>,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Working directory.
+    pub working_dir: String,
+    /// Environment, in order (resolved when the container is created).
+    pub env: Vec<(String, EnvValue)>,
+    /// `envFrom` sources, in order (their variables come before `env`'s).
+    pub env_from: Vec<EnvFrom>,
+    /// Volume mounts.
+    pub mounts: Vec<MountSpec>,
+    /// `(containerPort, hostPort, protocol)` triples.
+    pub ports: Vec<(i32, i32, String)>,
+    /// Readiness probe.
+    pub readiness: Option<Box<ProbeSpec>>,
+    /// Liveness probe.
+    pub liveness: Option<Box<ProbeSpec>>,
+    /// Startup probe.
+    pub startup: Option<Box<ProbeSpec>>,
+    /// postStart hook.
+    pub post_start: Option<Box<Action>>,
+    /// preStop hook.
+    pub pre_stop: Option<Box<Action>>,
+    /// For init containers: `restartPolicy: Always`, i.e. a sidecar.
+    pub sidecar: bool,
+    /// Requests and limits.
+    pub resources: ContainerResources,
+    /// Where the container writes its termination message.
+    pub termination_message_path: String,
+    /// `terminationMessagePolicy: FallbackToLogsOnError`: a failed container's log tail stands in for an empty
+    /// message.
+    pub termination_fallback_to_logs: bool,
+    /// Allocate a TTY.
+    pub tty: bool,
+    /// Keep stdin open.
+    pub stdin: bool,
+    /// Close stdin after the first attach.
+    pub stdin_once: bool,
+    /// The container's own `securityContext`.
+    pub security: Option<Box<ContainerSecurity>>,
+    /// Hash of the fields whose change restarts the container.
+    pub hash: u64,
+}
+
+/// For interning: equal containers hash equal, since the name, image and restart hash are part of equality.
+impl resources::Container for ContainerSpec {
+    fn resources(&self) -> &ContainerResources {
+        &self.resources
+    }
+
+    fn sidecar(&self) -> bool {
+        self.sidecar
+    }
+}
+
+impl std::hash::Hash for ContainerSpec {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+        self.image.hash(state);
+        self.hash.hash(state);
+    }
+}
+
+/// A pod's init or app containers. Pods made from one template (a Deployment's replicas) resolve to equal
+/// lists, which are interned: one copy for all of them while any lives.
+pub type Containers = Arc<Vec<ContainerSpec>>;
+
+/// Service account names, one copy each.
+static NAMES: crate::density::intern::Interner<str> = crate::density::intern::Interner::new();
+
+fn intern_containers(list: Vec<ContainerSpec>) -> Containers {
+    static LISTS: crate::density::intern::Interner<Vec<ContainerSpec>> =
+        crate::density::intern::Interner::new();
+    LISTS.intern(list)
+}
+
+/// A pending deletion of the pod object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deletion {
+    /// `metadata.deletionTimestamp`.
+    pub at: Timestamp,
+    /// `metadata.deletionGracePeriodSeconds`.
+    pub grace_secs: Option<i64>,
+}
+
+/// The fields of a pod's spec that few pods set (see [`DesiredPod::extras`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodExtras {
+    /// `spec.readinessGates` condition types.
+    pub readiness_gates: Vec<String>,
+    /// Status of each readiness-gate condition as last seen on the object (set by other controllers).
+    pub gate_status: Vec<(String, bool)>,
+    /// `spec.runtimeClassName`, passed as the runtime handler.
+    pub runtime_handler: String,
+    /// `spec.subdomain` (the sandbox hostname's domain part).
+    pub subdomain: String,
+    /// `spec.hostAliases` as (IP, hostnames).
+    pub host_aliases: Vec<(String, Vec<String>)>,
+    /// `spec.imagePullSecrets` names.
+    pub image_pull_secrets: Vec<String>,
+    /// `spec.hostname` (empty: the pod's name is its hostname, see [`DesiredPod::hostname`]).
+    pub hostname: String,
+    /// `spec.overhead` (a RuntimeClass's), added to the containers' requests.
+    pub overhead: PodRequests,
+}
+
+/// The desired pod. Immutable; a new one replaces it on every update from the source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredPod {
+    /// `metadata.uid` (shared with the pod manager's and the status writer's tables, which key on it).
+    pub uid: Arc<str>,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// `metadata.creationTimestamp`.
+    pub created: Option<Timestamp>,
+    /// Pod labels (passed to the sandbox; shared by the pods whose labels are equal).
+    pub labels: SmallMap,
+    /// Pod annotations (passed to the sandbox; the fake runtime reads its script from them).
+    pub annotations: SmallMap,
+    /// Restart policy.
+    pub restart_policy: RestartPolicy,
+    /// `spec.terminationGracePeriodSeconds` (default 30).
+    pub termination_grace_secs: i64,
+    /// Set once the object is being deleted (boxed: a pod carries it only for its last seconds).
+    pub deletion: Option<Box<Deletion>>,
+    /// Init containers (including sidecars), in order (interned, see [`Containers`]).
+    pub init_containers: Containers,
+    /// App containers, in order (interned, see [`Containers`]).
+    pub containers: Containers,
+    /// QoS class.
+    pub qos: QosClass,
+    /// `spec.hostNetwork`.
+    pub host_network: bool,
+    /// `spec.enableServiceLinks` (default true): the namespace's Services as environment variables.
+    pub service_links: bool,
+    /// `spec.volumes` (a boxed slice: collected through `flatten`, a `Vec` kept room for four).
+    pub volumes: Box<[VolumeSpec]>,
+    /// `spec.serviceAccountName` (tokens of projected volumes are requested for it; one copy per name).
+    pub service_account: Arc<str>,
+    /// `spec.dnsPolicy`.
+    pub dns_policy: DnsPolicy,
+    /// `spec.dnsConfig`.
+    pub dns_config: Option<Box<DnsConfig>>,
+    /// What few pods set (readiness gates, host aliases, pull secrets, a subdomain, a runtime class), kept
+    /// apart: `None` for most pods, whose desired state is then a smaller allocation.
+    pub extras: Option<Box<PodExtras>>,
+    /// `spec.securityContext` and the host namespace switches (`None`: all defaults).
+    pub security: Option<Box<PodSecurity>>,
+    /// `spec.priority` (0 when unset; for a pod that never went through the API server's priority
+    /// admission, e.g. a static pod, the value of a `system-node-critical` / `system-cluster-critical`
+    /// `priorityClassName`). Graceful node shutdown orders pods by it.
+    pub priority: i32,
+}
+
+/// `terminationMessagePolicy: FallbackToLogsOnError`, the value that asks for the log tail when a failed container wrote no message.
+pub const FALLBACK_TO_LOGS: &str = "FallbackToLogsOnError";
+
+/// `kubernetes.io/config.source`: where a pod came from — `file`, `http` or `api`.
+pub const SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+
+/// `system-cluster-critical`'s priority: pods at or above it are critical.
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+fn priority(spec: &k8s_openapi::api::core::v1::PodSpec) -> i32 {
+    spec.priority
+        .unwrap_or(match spec.priority_class_name.as_deref() {
+            Some("system-node-critical") => SYSTEM_CRITICAL_PRIORITY + 1000,
+            Some("system-cluster-critical") => SYSTEM_CRITICAL_PRIORITY,
+            _ => 0,
+        })
+}
+
+impl DesiredPod {
+    /// The sandbox hostname: `spec.hostname`, or the pod's name.
+    pub fn hostname(&self) -> &str {
+        match self.extras.as_ref().map_or("", |e| &e.hostname) {
+            "" => &self.name,
+            set => set,
+        }
+    }
+
+    /// Effective requests, for admission accounting: computed from the (shared) container lists and the
+    /// overhead, not kept in every pod's state.
+    pub fn requests(&self) -> PodRequests {
+        let overhead = self
+            .extras
+            .as_ref()
+            .map_or_else(PodRequests::default, |e| e.overhead);
+        resources::pod_requests(&self.init_containers, &self.containers, overhead)
+    }
+
+    /// Extracts the desired pod from an API object. Fails only when the object has no UID or name.
+    pub fn from_pod(pod: &Pod) -> Option<Arc<Self>> {
+        let meta = &pod.metadata;
+        let uid = meta.uid.clone()?;
+        let name = meta.name.clone()?;
+        let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_owned());
+        let spec = pod.spec.as_ref()?;
+        let mut ctx = EnvCtx {
+            name: &name,
+            namespace: &namespace,
+            uid: &uid,
+            node: spec.node_name.as_deref().unwrap_or_default(),
+            service_account: spec.service_account_name.as_deref().unwrap_or_default(),
+            labels: meta.labels.as_ref(),
+            annotations: meta.annotations.as_ref(),
+            volumes: spec.volumes.as_deref().unwrap_or_default(),
+        };
+        let init_containers: Vec<ContainerSpec> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| container(c, true, &mut ctx))
+            .collect();
+        let containers: Vec<ContainerSpec> = spec
+            .containers
+            .iter()
+            .map(|c| container(c, false, &mut ctx))
+            .collect();
+        let readiness_gates: Vec<String> = spec
+            .readiness_gates
+            .iter()
+            .flatten()
+            .map(|g| g.condition_type.clone())
+            .collect();
+        let conditions: &[PodCondition] = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
+        let gate_status = readiness_gates
+            .iter()
+            .filter_map(|gate| {
+                conditions
+                    .iter()
+                    .find(|c| &c.type_ == gate)
+                    .map(|c| (gate.clone(), c.status == "True"))
+            })
+            .collect();
+        let extras = PodExtras {
+            readiness_gates,
+            gate_status,
+            runtime_handler: spec.runtime_class_name.clone().unwrap_or_default(),
+            subdomain: spec.subdomain.clone().unwrap_or_default(),
+            host_aliases: spec
+                .host_aliases
+                .iter()
+                .flatten()
+                .map(|a| (a.ip.clone(), a.hostnames.clone().unwrap_or_default()))
+                .collect(),
+            image_pull_secrets: spec
+                .image_pull_secrets
+                .iter()
+                .flatten()
+                .map(|s| s.name.clone())
+                .collect(),
+            hostname: spec.hostname.clone().unwrap_or_default(),
+            overhead: resources::overhead(spec.overhead.as_ref()),
+        };
+        let extras = (extras != PodExtras::default()).then(|| Box::new(extras));
+        let qos = resources::qos_class(init_containers.iter().chain(&containers));
+        Some(Arc::new(Self {
+            uid: uid.into(),
+            name,
+            namespace,
+            generation: meta.generation,
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            labels: meta.labels.as_ref().map(SmallMap::shared).unwrap_or_default(),
+            annotations: meta.annotations.as_ref().map(SmallMap::from).unwrap_or_default(),
+            restart_policy: RestartPolicy::parse(spec.restart_policy.as_deref()),
+            termination_grace_secs: spec.termination_grace_period_seconds.unwrap_or(30).max(0),
+            deletion: meta.deletion_timestamp.as_ref().map(|t| {
+                Box::new(Deletion {
+                    at: t.0,
+                    grace_secs: meta.deletion_grace_period_seconds,
+                })
+            }),
+            init_containers: intern_containers(init_containers),
+            containers: intern_containers(containers),
+            qos,
+            host_network: spec.host_network.unwrap_or(false),
+            service_links: spec.enable_service_links.unwrap_or(true),
+            priority: priority(spec),
+            volumes: spec.volumes.iter().flatten().map(VolumeSpec::from_api).collect(),
+            service_account: NAMES.intern_str(spec.service_account_name.as_deref().unwrap_or_default()),
+            dns_policy: match spec.dns_policy.as_deref() {
+                Some("ClusterFirstWithHostNet") => DnsPolicy::ClusterFirstWithHostNet,
+                Some("Default") => DnsPolicy::Default,
+                Some("None") => DnsPolicy::None,
+                _ => DnsPolicy::ClusterFirst,
+            },
+            dns_config: spec.dns_config.as_ref().map(|c| {
+                Box::new(DnsConfig {
+                    nameservers: c.nameservers.clone().unwrap_or_default(),
+                    searches: c.searches.clone().unwrap_or_default(),
+                    options: c
+                        .options
+                        .iter()
+                        .flatten()
+                        .filter_map(|o| Some((o.name.clone()?, o.value.clone())))
+                        .collect(),
+                })
+            }),
+            security: PodSecurity::from_api(spec),
+            extras,
+        }))
+    }
+
+    /// `spec.readinessGates` condition types.
+    pub fn readiness_gates(&self) -> &[String] {
+        self.extras.as_ref().map_or(&[], |e| &e.readiness_gates)
+    }
+
+    /// The status of each readiness gate's condition as last seen on the object.
+    pub fn gate_status(&self) -> &[(String, bool)] {
+        self.extras.as_ref().map_or(&[], |e| &e.gate_status)
+    }
+
+    /// `spec.runtimeClassName` (empty: the runtime's default handler).
+    pub fn runtime_handler(&self) -> &str {
+        self.extras.as_ref().map_or("", |e| &e.runtime_handler)
+    }
+
+    /// `spec.subdomain`.
+    pub fn subdomain(&self) -> &str {
+        self.extras.as_ref().map_or("", |e| &e.subdomain)
+    }
+
+    /// `spec.hostAliases` as (IP, hostnames).
+    pub fn host_aliases(&self) -> &[(String, Vec<String>)] {
+        self.extras.as_ref().map_or(&[], |e| &e.host_aliases)
+    }
+
+    /// `spec.imagePullSecrets` names.
+    pub fn image_pull_secrets(&self) -> &[String] {
+        self.extras.as_ref().map_or(&[], |e| &e.image_pull_secrets)
+    }
+
+    /// `name_namespace(uid)`, the kubelet's way of naming a pod in messages.
+    pub fn display(&self) -> String {
+        format!("{}_{}({})", self.name, self.namespace, self.uid)
+    }
+
+    /// The grace period for terminating the whole pod: the deletion's, else the spec's.
+    pub fn grace_secs(&self) -> i64 {
+        self.deletion
+            .as_deref()
+            .and_then(|d| d.grace_secs)
+            .unwrap_or(self.termination_grace_secs)
+            .max(0)
+    }
+
+    /// Looks a container (init or app) up by name.
+    pub fn container(&self, name: &str) -> Option<&ContainerSpec> {
+        self.init_containers
+            .iter()
+            .chain(self.containers.iter())
+            .find(|c| c.name == name)
+    }
+
+    /// Whether `name` is an init container (sidecars included).
+    pub fn is_init(&self, name: &str) -> bool {
+        self.init_containers.iter().any(|c| c.name == name)
+    }
+
+    /// The API field path of a container, for event `involvedObject.fieldPath`.
+    pub fn field_path(&self, name: &str) -> String {
+        if self.is_init(name) {
+            format!("spec.initContainers{{{name}}}")
+        } else {
+            format!("spec.containers{{{name}}}")
+        }
+    }
+
+    /// Whether any container has a probe.
+    pub fn has_probes(&self) -> bool {
+        self.init_containers
+            .iter()
+            .chain(self.containers.iter())
+            .any(|c| c.readiness.is_some() || c.liveness.is_some() || c.startup.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,459 @@
+//! QoS and pod cgroups on a real node (`cgroupsPerQOS: true`, the kubelet's default), for cgroup v1 with the
+//! cgroupfs driver.
+//!
+//! [`QosCgroups::start`] finds the mounted v1 hierarchies (`/proc/self/mountinfo`) and creates, in each, the
+//! node's pod cgroup `<cgroupRoot>/kubepods` and the QoS cgroups `kubepods/burstable` and
+//! `kubepods/besteffort` (`cpu.shares` 2); Guaranteed pods live directly under `kubepods`. Before a pod's
+//! sandbox is created its worker calls [`QosCgroups::ensure`], which creates `…/pod<uid>` with the pod's limits:
+//! `cpu.shares` from its cpu request (2 for BestEffort), and — for a Guaranteed pod, or a Burstable one whose
+//! every container declares that limit — `cpu.cfs_quota_us` (100 ms period) and `memory.limit_in_bytes` from
+//! its summed limits, plus `pids.max` from `podPidsLimit`. The burstable cgroup's `cpu.shares` follows the sum
+//! of the Burstable pods' cpu requests. The sandbox config names the pod cgroup as its `cgroup_parent`
+//! ([`QosCgroups::pod_path`]), so the runtime puts the pod's containers inside it. When the pod is removed its
+//! cgroup goes ([`QosCgroups::remove`]) — also the one the runtime made in the v2 hierarchy of a hybrid host
+//! (`/sys/fs/cgroup/unified`), where node-agent makes nothing itself. Pod cgroups of pods the node no longer
+//! has are found and removed by the orphan sweep ([`QosCgroups::pod_uids`], [`QosCgroups::remove_orphan`]).
+//!
+//! A hollow node has no `QosCgroups`: nothing of the machine's cgroups is touched. Node allocatable
+//! enforcement on `kubepods` (`enforceNodeAllocatable`), `qosReserved` and cgroup v2 are not provided.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::pods::model::resources::{self, QosClass};
+use crate::pods::model::spec::DesiredPod;
+
+/// The kernel's smallest `cpu.shares`.
+const MIN_SHARES: i64 = 2;
+/// The kernel's largest `cpu.shares`.
+const MAX_SHARES: i64 = 262_144;
+/// The CFS period the kubelet uses, in microseconds.
+const CFS_PERIOD_US: i64 = 100_000;
+/// The smallest CFS quota, in microseconds.
+const MIN_QUOTA_US: i64 = 1000;
+
+/// Why the cgroups could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// No cgroup v1 hierarchy is mounted (a cgroup v2 host).
+    #[error(
+        "no cgroup v1 hierarchy is mounted (node-agent's cgroupsPerQOS supports cgroup v1 with the cgroupfs driver \
+         only; set cgroupsPerQOS: false on this host)"
+    )]
+    NoV1,
+    /// `cgroupRoot` is not an absolute path.
+    #[error("cgroupRoot {0:?} must be an absolute path")]
+    BadRoot(String),
+    /// A cgroup file or directory could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CgroupError + '_ {
+    move |source| CgroupError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// `cpu.shares` for `milli` millicores.
+pub fn shares(milli: i64) -> i64 {
+    if milli <= 0 {
+        return MIN_SHARES;
+    }
+    (milli * 1024 / 1000).clamp(MIN_SHARES, MAX_SHARES)
+}
+
+/// `cpu.cfs_quota_us` for a limit of `milli` millicores over the 100 ms period.
+fn quota(milli: i64) -> i64 {
+    (milli * CFS_PERIOD_US / 1000).max(MIN_QUOTA_US)
+}
+
+/// What a pod cgroup is given: `(file, value)` pairs, written in order.
+pub fn pod_settings(pod: &DesiredPod, pids_limit: i64) -> Vec<(&'static str, String)> {
+    let limits = resources::pod_limits(&pod.init_containers, &pod.containers, pod.requests());
+    let mut out = Vec::new();
+    match pod.qos {
+        QosClass::BestEffort => out.push(("cpu.shares", MIN_SHARES.to_string())),
+        QosClass::Guaranteed | QosClass::Burstable => {
+            out.push(("cpu.shares", shares(pod.requests().cpu_milli).to_string()));
+            if let Some(cpu) = limits.cpu_milli.filter(|m| *m > 0) {
+                out.push(("cpu.cfs_period_us", CFS_PERIOD_US.to_string()));
+                out.push(("cpu.cfs_quota_us", quota(cpu).to_string()));
+            }
+            if let Some(memory) = limits.memory.filter(|m| *m > 0) {
+                out.push(("memory.limit_in_bytes", memory.to_string()));
+            }
+        }
+    }
+    if pids_limit > 0 {
+        out.push(("pids.max", pids_limit.to_string()));
+    }
+    out
+}
+
+/// One mounted v1 hierarchy: its mount point and the controllers it holds (`cpu`, `memory`, `name=systemd`...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hierarchy {
+    /// Where it is mounted.
+    pub dir: PathBuf,
+    /// Its controllers.
+    pub controllers: Vec<String>,
+}
+
+/// The cgroup v2 hierarchy mounted beside the v1 ones on a hybrid host (`/sys/fs/cgroup/unified`), in a
+/// `/proc/self/mountinfo` text. The runtime (runc) makes every container's cgroup path there too.
+pub fn unified_hierarchy(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        (right.split(' ').next() == Some("cgroup2"))
+            .then(|| PathBuf::from(left.split(' ').nth(4).unwrap_or("/")))
+    })
+}
+
+/// The v1 hierarchies in a `/proc/self/mountinfo` text.
+pub fn v1_hierarchies(mountinfo: &str) -> Vec<Hierarchy> {
+    let mut out: Vec<Hierarchy> = Vec::new();
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut right = right.split(' ');
+        if right.next() != Some("cgroup") {
+            continue;
+        }
+        let options = right.nth(1).unwrap_or_default();
+        let Some(dir) = left.split(' ').nth(4) else {
+            continue;
+        };
+        let controllers: Vec<String> = options
+            .split(',')
+            .filter(|o| {
+                !matches!(
+                    *o,
+                    "rw" | "ro" | "xattr" | "noprefix" | "clone_children" | "cpuset_v2_mode"
+                ) && !o.starts_with("release_agent=")
+            })
+            .map(str::to_owned)
+            .collect();
+        if controllers.is_empty() || out.iter().any(|h| h.controllers == controllers) {
+            continue;
+        }
+        out.push(Hierarchy {
+            dir: PathBuf::from(dir),
+            controllers,
+        });
+    }
+    out
+}
+
+/// The node's QoS cgroups and the pods it has given cgroups. One per real node, shared by its workers.
+#[derive(Debug)]
+pub struct QosCgroups {
+    hierarchies: Vec<Hierarchy>,
+    /// The v2 hierarchy of a hybrid host: nothing is made there, but a pod's cgroup the runtime made there goes
+    /// with the pod.
+    unified: Option<PathBuf>,
+    /// `<cgroupRoot>/kubepods`, as the runtime names cgroups (absolute, `/`-separated).
+    kubepods: String,
+    pids_limit: i64,
+    /// Burstable pods' cpu requests by UID: the burstable cgroup's `cpu.shares` is their sum.
+    burstable: Mutex<HashMap<String, i64>>,
+}
+
+impl QosCgroups {
+    /// Finds the host's v1 hierarchies and creates the QoS cgroups under `cgroup_root` (`cgroupRoot`).
+    pub fn start(cgroup_root: &str, pods_pids_limit: i64) -> Result<Arc<Self>, CgroupError> {
+        let mountinfo = "/proc/self/mountinfo";
+        let text = std::fs::read_to_string(mountinfo).map_err(io(Path::new(mountinfo)))?;
+        Self::build(
+            v1_hierarchies(&text),
+            unified_hierarchy(&text),
+            cgroup_root,
+            pods_pids_limit,
+        )
+        .map(Arc::new)
+    }
+
+    /// [`QosCgroups::start`] on the given hierarchies.
+    pub fn start_on(
+        hierarchies: Vec<Hierarchy>,
+        cgroup_root: &str,
+        pods_pids_limit: i64,
+    ) -> Result<Arc<Self>, CgroupError> {
+        Self::build(hierarchies, None, cgroup_root, pods_pids_limit).map(Arc::new)
+    }
+
+    fn build(
+        hierarchies: Vec<Hierarchy>,
+        unified: Option<PathBuf>,
+        cgroup_root: &str,
+        pods_pids_limit: i64,
+    ) -> Result<Self, CgroupError> {
+        if hierarchies.is_empty() {
+            return Err(CgroupError::NoV1);
+        }
+        if !cgroup_root.starts_with('/') {
+            return Err(CgroupError::BadRoot(cgroup_root.to_owned()));
+        }
+        let kubepods = format!("{}/kubepods", cgroup_root.trim_end_matches('/'));
+        let cg = Self {
+            hierarchies,
+            unified,
+            kubepods,
+            pids_limit: pods_pids_limit,
+            burstable: Mutex::new(HashMap::new()),
+        };
+        for name in ["", "/burstable", "/besteffort"] {
+            cg.create(&format!("{}{name}", cg.kubepods))?;
+        }
+        cg.write(
+            &format!("{}/besteffort", cg.kubepods),
+            "cpu.shares",
+            &MIN_SHARES.to_string(),
+        )?;
+        cg.update_burstable()?;
+        Ok(cg)
+    }
+
+    /// `<cgroupRoot>/kubepods`.
+    pub fn kubepods(&self) -> &str {
+        &self.kubepods
+    }
+
+    /// The pod's cgroup as the runtime names it: `…/kubepods[/burstable|/besteffort]/pod<uid>`.
+    pub fn pod_path(&self, qos: QosClass, uid: &str) -> String {
+        match qos {
+            QosClass::Guaranteed => format!("{}/pod{uid}", self.kubepods),
+            QosClass::Burstable => format!("{}/burstable/pod{uid}", self.kubepods),
+            QosClass::BestEffort => format!("{}/besteffort/pod{uid}", self.kubepods),
+        }
+    }
+
+    fn dir(&self, h: &Hierarchy, cgroup: &str) -> PathBuf {
+        h.dir.join(cgroup.trim_start_matches('/'))
+    }
+
+    fn has(h: &Hierarchy, controller: &str) -> bool {
+        h.controllers.iter().any(|c| c == controller)
+    }
+
+    /// Creates `cgroup` in every hierarchy (a new cpuset cgroup gets its parent's cpus and memory nodes).
+    fn create(&self, cgroup: &str) -> Result<(), CgroupError> {
+        for h in &self.hierarchies {
+            let dir = self.dir(h, cgroup);
+            if dir.is_dir() {
+                continue;
+            }
+            std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+            if Self::has(h, "cpuset") {
+                copy_cpuset_down(&h.dir, &dir)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `value` to `file` of `cgroup` in the hierarchy holding the file's controller (if mounted).
+    fn write(&self, cgroup: &str, file: &str, value: &str) -> Result<(), CgroupError> {
+        let controller = file.split('.').next().unwrap_or_default();
+        for h in self.hierarchies.iter().filter(|h| Self::has(h, controller)) {
+            let path = self.dir(h, cgroup).join(file);
+            std::fs::write(&path, value).map_err(io(&path))?;
+        }
+        Ok(())
+    }
+
+    fn update_burstable(&self) -> Result<(), CgroupError> {
+        let sum: i64 = self
+            .burstable
+            .lock()
+            .map(|m| m.values().sum())
+            .unwrap_or_default();
+        self.write(
+            &format!("{}/burstable", self.kubepods),
+            "cpu.shares",
+            &shares(sum).to_string(),
+        )
+    }
+
+    /// Makes sure `pod`'s cgroup exists with its limits (created once; an existing one is left as it is).
+    pub async fn ensure(self: &Arc<Self>, pod: &DesiredPod) -> Result<(), CgroupError> {
+        let changed = match self.burstable.lock() {
+            Ok(mut m) if pod.qos == QosClass::Burstable => {
+                m.insert(pod.uid.to_string(), pod.requests().cpu_milli) != Some(pod.requests().cpu_milli)
+            }
+            _ => false,
+        };
+        let path = self.pod_path(pod.qos, &pod.uid);
+        let settings = pod_settings(pod, self.pids_limit);
+        let this = self.clone();
+        blocking(move || {
+            if changed {
+                this.update_burstable()?;
+            }
+            let exists = this.hierarchies.iter().all(|h| this.dir(h, &path).is_dir());
+            if exists {
+                return Ok(());
+            }
+            this.create(&path)?;
+            for (file, value) in &settings {
+                this.write(&path, file, value)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Removes `pod`'s cgroup (and whatever the runtime left inside) from every hierarchy; a cgroup that still
+    /// holds processes stays (logged).
+    pub async fn remove(self: &Arc<Self>, pod: &DesiredPod) {
+        let changed = self
+            .burstable
+            .lock()
+            .map(|mut m| m.remove(&*pod.uid).is_some())
+            .unwrap_or(false);
+        let path = self.pod_path(pod.qos, &pod.uid);
+        let this = self.clone();
+        let result = blocking(move || {
+            this.remove_everywhere(&path)?;
+            if changed {
+                this.update_burstable()?;
+            }
+            Ok(())
+        })
+        .await;
+        if let Err(error) = result {
+            tracing::warn!(pod = %pod.display(), %error, "cannot remove the pod's cgroup");
+        }
+    }
+}
+
+impl QosCgroups {
+    /// `cgroup`'s directory in every hierarchy: the v1 ones, and the v2 one of a hybrid host.
+    fn everywhere(&self, cgroup: &str) -> Vec<PathBuf> {
+        let rel = cgroup.trim_start_matches('/');
+        self.hierarchies
+            .iter()
+            .map(|h| h.dir.as_path())
+            .chain(self.unified.as_deref())
+            .map(|mount| mount.join(rel))
+            .collect()
+    }
+
+    /// Removes `cgroup` (and the cgroups below it) wherever it exists.
+    fn remove_everywhere(&self, cgroup: &str) -> Result<(), CgroupError> {
+        for dir in self.everywhere(cgroup) {
+            if dir.is_dir() {
+                remove_tree(&dir)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The UIDs of the pods that have a cgroup under `kubepods` (in any QoS class, in any hierarchy), as the
+    /// kubelet finds them for its orphan cleanup. Blocking.
+    pub fn pod_uids(&self) -> Vec<String> {
+        let mut uids = std::collections::BTreeSet::new();
+        for class in ["", "/burstable", "/besteffort"] {
+            for dir in self.everywhere(&format!("{}{class}", self.kubepods)) {
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                for entry in entries.flatten() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if let Some(uid) = name.strip_prefix("pod")
+                        && entry.file_type().is_ok_and(|t| t.is_dir())
+                    {
+                        uids.insert(uid.to_owned());
+                    }
+                }
+            }
+        }
+        uids.into_iter().collect()
+    }
+
+    /// Removes the cgroup of pod `uid`, whatever its QoS class, from every hierarchy: for a pod the node no
+    /// longer knows (deleted while the agent was down). A cgroup that still holds processes stays (the error
+    /// says so; the next housekeeping tries again). Blocking.
+    pub fn remove_orphan(&self, uid: &str) -> Result<(), CgroupError> {
+        if let Ok(mut m) = self.burstable.lock()
+            && m.remove(uid).is_some()
+        {
+            drop(m);
+            self.update_burstable()?;
+        }
+        for qos in [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort] {
+            self.remove_everywhere(&self.pod_path(qos, uid))?;
+        }
+        Ok(())
+    }
+}
+
+async fn blocking(f: impl FnOnce() -> Result<(), CgroupError> + Send + 'static) -> Result<(), CgroupError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(CgroupError::Io {
+            path: PathBuf::new(),
+            source: std::io::Error::other(e.to_string()),
+        })
+    })
+}
+
+/// Fills empty `cpuset.cpus` / `cpuset.mems` of `dir` and its parents below `mount` from the nearest ancestor
+/// that has them (a cpuset cgroup without them takes no task).
+fn copy_cpuset_down(mount: &Path, dir: &Path) -> Result<(), CgroupError> {
+    let mut chain: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|p| p.starts_with(mount) && *p != mount)
+        .collect();
+    chain.reverse();
+    for d in chain {
+        let Some(parent) = d.parent() else { continue };
+        for file in ["cpuset.cpus", "cpuset.mems"] {
+            let own = d.join(file);
+            let current = std::fs::read_to_string(&own).unwrap_or_default();
+            if !current.trim().is_empty() {
+                continue;
+            }
+            let Ok(inherited) = std::fs::read_to_string(parent.join(file)) else {
+                continue;
+            };
+            std::fs::write(&own, inherited.trim()).map_err(io(&own))?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the cgroup directory `dir` and the cgroups below it, deepest first (cgroupfs removes a directory with
+/// `rmdir` only, its control files going with it).
+fn remove_tree(dir: &Path) -> Result<(), CgroupError> {
+    let entries = std::fs::read_dir(dir).map_err(io(dir))?;
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&entry.path())?;
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        // a plain directory (tests, or a filesystem that is not cgroupfs): empty it first
+        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+            for entry in std::fs::read_dir(dir).map_err(io(dir))?.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_file()) {
+                    std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+                }
+            }
+            std::fs::remove_dir(dir).map_err(io(dir))
+        }
+        Err(e) => Err(io(dir)(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,17 @@
+//! The runtime side of a pod: how a desired pod is written into the container runtime, and what the runtime
+//! holds for it.
+//!
+//! * [`labels`] — sandbox and container configs with the kubelet's labels and annotations (what a restarted
+//!   agent reads back).
+//! * [`observed`] — the runtime's view of one pod: its sandboxes and containers.
+//! * [`security`] — security contexts as CRI settings (namespaces, seccomp, users).
+//! * [`dns`] — the pod's resolver configuration.
+//! * [`cgroups`] — QoS and pod cgroups of a real node.
+//! * [`termination`] — a container's termination message.
+
+pub mod cgroups;
+pub mod dns;
+pub mod labels;
+pub(crate) mod observed;
+pub mod security;
+pub(crate) mod termination;
