@@ -7,27 +7,28 @@
 //! | task | module | owns |
 //! |---|---|---|
 //! | pod source | [`source`] | the per-node watch (or a [`SharedPodFeed`] subscription) |
-//! | pod manager | `manager` | desired pods, admission ([`admission`]), one worker per pod UID |
-//! | pod workers | `worker`, `sync`, `plan`, `kill` | sync / terminate / terminated per pod |
-//! | prober | [`probes`] | one timer per probe; results to the pod's worker |
-//! | PLEG | `pleg` | runtime events (or a 1 s relist) to workers |
-//! | (until the first pod) | `first_pod` | the source alone; the rest is built at the node's first pod |
-//! | status manager | `status` | PATCH `pods/status` on change; final DELETE |
+//! | pod manager | [`manager`] | desired pods, admission, one worker per pod UID, node shutdown |
+//! | pod workers | `worker` | sync / terminate / terminated per pod, in turns the manager hands out |
+//! | prober | `worker::prober` | one timer per probe; results to the pod's worker |
+//! | PLEG | `worker::pleg` | runtime events (or a 1 s relist) to workers |
+//! | status manager | [`status`] | PATCH `pods/status` on change; final DELETE |
 //!
-//! From outside, [`control`] carries graceful shutdown requests, the garbage collector's question which
-//! pods the node still has, the eviction manager's and the pod-resources API's questions which pods run.
+//! The modules form layers, each naming only those below it:
 //!
-//! Events go through a [`PodEventSink`] ([`events`]): the agent's own recorder when an agent runs the lifecycle
-//! (it passes one with [`PodLifecycle::with_events`], and what else it chooses in [`PodOptions`]), else an event
-//! writer of its own. API writes go through the agent's rate limit ([`ApiCalls`]).
+//! | layer | owns |
+//! |---|---|
+//! | [`manager`] | the pod manager and what other managers ask of it ([`ManagerControl`]) |
+//! | `worker` | one pod's worker: its state, sync and plan, prober, PLEG, restart back-off |
+//! | [`actions`] | what a sync does: images, volumes, environment, hooks and probe actions, kill |
+//! | [`status`] | a pod's status from the desired pod and the runtime view; the task that reports it |
+//! | [`probes`] | probe kinds, results and transports ([`ProbeTransport`]) |
+//! | [`runtime`] | how a pod is written into the runtime and read back; cgroups |
+//! | [`model`] | the desired pod, its resources and QoS, the node view, admission |
 //!
-//! Supporting modules: [`spec`] (the compact desired pod), `resources` (requests, limits, QoS), `labels` (runtime
-//! labels and annotations), `observed` (the runtime's view of a pod), `images`, `restart`
-//! (CrashLoopBackOff), `actions` (exec/http/tcp/grpc/sleep), [`metrics`] (per-stage hdrhistograms and the
-//! kubelet's Prometheus series), `gofmt` (Go-style durations in messages), `options` (what a lifecycle
-//! takes besides its configuration), `service_links` (Services as environment variables), `termination` (termination
-//! messages), [`cgroups`] (QoS and pod cgroups of a real node), `orphans` (what pods deleted while the agent
-//! was down left behind).
+//! Beside them: [`source`], [`static_pods`], [`events`] (through a [`PodEventSink`]: the agent's own recorder
+//! when an agent runs the lifecycle, else an event writer of its own), [`metrics`] (per-stage hdrhistograms and
+//! the kubelet's Prometheus series) and `options` (what a lifecycle takes besides its configuration). API writes
+//! go through the agent's rate limit ([`ApiCalls`]).
 //!
 //! Shutdown (cancelling the token) stops every loop and leaves containers running: a restarted agent rebuilds
 //! its state from the runtime (labels and annotations written by `labels`) and the API server, starting nothing

@@ -250,6 +250,7 @@ mod pressure_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
 
     fn node() -> NodeView {
