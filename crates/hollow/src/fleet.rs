@@ -381,7 +381,8 @@ impl NodeFactory {
             metrics: self.pod_metrics.clone(),
             source,
             static_manifests: t.static_pods.clone(),
-            // nothing on disk: volume content is computed from the API objects, not written
+            // a hollow node: its pod side is built at its first pod, volume contents are computed, not written
+            kind: node_agent::pods::NodeKind::Hollow,
             root_dir: None,
             // nor cgroups: the machine's are never touched by a hollow node
             cgroups: None,

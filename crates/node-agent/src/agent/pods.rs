@@ -50,6 +50,7 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
     config.sync_frequency = k.sync_frequency;
     config.max_pods = k.max_pods;
     config.layout.pod_logs_dir = k.pod_logs_dir.display().to_string();
+    config.kind = options.kind;
     config.layout.pods_dir = options.root_dir.as_ref().map(|r| r.join("pods"));
     config.layout.cgroups = options.cgroups.clone();
     config.layout.dns = node_dns(k);

@@ -72,11 +72,28 @@ use crate::backoff::{Backoff, BackoffPolicy};
 use crate::density::watch;
 use crate::metrics::Metrics;
 
-/// Settings of the pod lifecycle. `PodConfig::new(node)` gives the kubelet's defaults.
+/// Which kind of node runs a pod lifecycle; where they differ, the code asks this rather than guessing from
+/// what is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeKind {
+    /// A machine's kubelet: pod directories under the root directory (`layout.pods_dir`), volumes written
+    /// there, termination message files read, what deleted pods left behind swept; the whole pod side is built
+    /// at start, since a restarted node has containers and directories to adopt or clean.
+    Real,
+    /// One node of a hollow fleet: volume contents are computed and nothing is written; the pod side is built
+    /// at the node's first pod (most nodes of a fleet wait with their pod watch alone; see
+    /// `manager::first_pod`).
+    #[default]
+    Hollow,
+}
+
+/// Settings of the pod lifecycle. `PodConfig::new(node)` gives the kubelet's defaults, for a hollow node.
 #[derive(Debug, Clone)]
 pub struct PodConfig {
     /// This node's name (pods are those with `spec.nodeName` equal to it).
     pub node_name: String,
+    /// A real node or a hollow one (a real node also sets `layout.pods_dir`).
+    pub kind: NodeKind,
     /// How often a running pod is re-synced without any trigger (`syncFrequency`, default 1 min, jittered).
     pub sync_frequency: Duration,
     /// Pod capacity used when the node view reports no allocatable pods (`maxPods`, default 110).
@@ -101,6 +118,7 @@ impl PodConfig {
     pub fn new(node_name: impl Into<String>) -> Self {
         Self {
             node_name: node_name.into(),
+            kind: NodeKind::Hollow,
             sync_frequency: Duration::from_secs(60),
             max_pods: 110,
             relist_period: Duration::from_secs(1),
@@ -326,12 +344,10 @@ impl PodLifecycle {
             .control
             .take()
             .unwrap_or_else(|| crate::density::chan::unbounded_channel().1);
-        // a node with nothing to find waits for its first pod with its source alone (see `first_pod`)
-        let layout = &self.config.layout;
-        let sweeps = layout.pods_dir.is_some() || layout.cgroups.is_some();
+        // a hollow node with nothing to find waits for its first pod with its source alone (see `first_pod`)
         let mut first = None;
-        if self.config.static_pods.as_ref().is_none_or(|c| c.sources() == 0)
-            && !sweeps
+        if self.config.kind == NodeKind::Hollow
+            && self.config.static_pods.as_ref().is_none_or(|c| c.sources() == 0)
             && manager::first_pod::runtime_is_empty(&*self.runtime).await
         {
             match manager::first_pod::wait(cancel, &mut source, &mut control, &mut watch).await {

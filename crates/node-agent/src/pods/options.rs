@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::pods::runtime::cgroups::QosCgroups;
-use crate::pods::{NetworkProbes, PodMetrics, PodSource, ProbeTransport};
+use crate::pods::{NetworkProbes, NodeKind, PodMetrics, PodSource, ProbeTransport};
 
 /// What an agent's pod lifecycle uses besides the agent context.
 pub struct PodOptions {
@@ -18,8 +18,9 @@ pub struct PodOptions {
     /// Static pod manifests handed over in memory (a hollow fleet's per-node pods), each with the name that
     /// stands for its file; run besides `staticPodPath` / `staticPodURL`.
     pub static_manifests: Vec<(String, Arc<k8s_openapi::api::core::v1::Pod>)>,
+    /// Which kind of node this is ([`with_root_dir`](Self::with_root_dir) makes it a real one).
+    pub kind: NodeKind,
     /// The agent's root directory (`--root-dir`) on a real node: pod volumes are written under its `pods/`.
-    /// `None` (a hollow node): volume content is computed, nothing is written.
     pub root_dir: Option<std::path::PathBuf>,
     /// The node's QoS cgroups (a real node with `cgroupsPerQOS`; see [`QosCgroups::start`]). `None`: the machine's
     /// cgroups are not touched.
@@ -35,13 +36,15 @@ impl PodOptions {
             metrics: Arc::new(PodMetrics::new()),
             source: PodSource::Watch,
             static_manifests: Vec::new(),
+            kind: NodeKind::Hollow,
             root_dir: None,
             cgroups: None,
         }
     }
 
-    /// Writes pod volumes under `root_dir/pods` (a real node).
+    /// A real node whose agent keeps its files under `root_dir` (pod volumes under `root_dir/pods`).
     pub fn with_root_dir(mut self, root_dir: impl Into<std::path::PathBuf>) -> Self {
+        self.kind = NodeKind::Real;
         self.root_dir = Some(root_dir.into());
         self
     }

@@ -59,7 +59,7 @@ impl ActionCtx {
         ViewSource {
             runtime: &*self.runtime,
             metrics: &self.metrics,
-            termination_messages: self.config.layout.pods_dir.is_some(),
+            termination_messages: self.config.kind == crate::pods::NodeKind::Real,
         }
     }
 

@@ -45,9 +45,9 @@ struct Held {
 }
 
 impl Orphans {
-    /// Whether this node has anything but runtime objects to sweep (a real node: pod directories or cgroups).
+    /// Whether this node has anything but runtime objects to sweep: a real node's pod directories and cgroups.
     pub(crate) fn periodic(ctx: &AgentCtx) -> bool {
-        ctx.config.layout.pods_dir.is_some() || ctx.config.layout.cgroups.is_some()
+        ctx.config.kind == crate::pods::NodeKind::Real
     }
 
     /// Finds what the runtime, the pods directory and the pod cgroups hold of pods not in `keep`, and removes

@@ -1,4 +1,5 @@
-//! The pod side of a node without pods: only the source runs until the first pod arrives (see `first_pod`).
+//! The pod side of a hollow node without pods: only the source runs until the first pod arrives (see
+//! `first_pod`); a real node builds it at once.
 //! Seen here through the node's views (`NodeViewFeed::Make`, as an agent's), which the lifecycle makes when it
 //! builds its pod side, and through the first pod's sandbox in the fake runtime (admitted on the views made).
 
@@ -16,7 +17,7 @@ use crate::density::watch;
 use crate::pods::events::MemoryEvents;
 use crate::pods::source::{PodEvent, PodSource};
 use crate::pods::tests::{fake_probes, node_view, pod};
-use crate::pods::{NodeViewFeed, NodeViews, PodConfig, PodLifecycle};
+use crate::pods::{NodeKind, NodeViewFeed, NodeViews, PodConfig, PodLifecycle};
 
 /// A client whose requests never get an answer (the status writer's patches wait forever).
 fn client() -> kube::Client {
@@ -37,8 +38,12 @@ struct Node {
 
 /// Node n1's pod lifecycle over `runtime`; its node view comes from `view`.
 fn lifecycle(runtime: &FakeRuntime, view: impl Into<NodeViewFeed>) -> PodLifecycle {
+    lifecycle_of(PodConfig::new("n1"), runtime, view)
+}
+
+fn lifecycle_of(config: PodConfig, runtime: &FakeRuntime, view: impl Into<NodeViewFeed>) -> PodLifecycle {
     PodLifecycle::new(
-        PodConfig::new("n1"),
+        config,
         client(),
         Arc::new(runtime.clone()),
         Arc::new(fake_probes(runtime.clone())),
@@ -47,6 +52,10 @@ fn lifecycle(runtime: &FakeRuntime, view: impl Into<NodeViewFeed>) -> PodLifecyc
 }
 
 fn start(runtime: FakeRuntime) -> Node {
+    start_as(PodConfig::new("n1"), runtime)
+}
+
+fn start_as(config: PodConfig, runtime: FakeRuntime) -> Node {
     let (feed, source) = PodSource::channel(8);
     let built = Arc::new(AtomicBool::new(false));
     let flag = built.clone();
@@ -56,7 +65,7 @@ fn start(runtime: FakeRuntime) -> Node {
         flag.store(true, Ordering::SeqCst);
         NodeViews::from(view_rx)
     }));
-    let lifecycle = lifecycle(&runtime, view)
+    let lifecycle = lifecycle_of(config, &runtime, view)
         .with_events(Arc::new(MemoryEvents::default()))
         .with_source(source);
     let cancel = CancellationToken::new();
@@ -130,6 +139,23 @@ async fn a_node_whose_runtime_holds_a_sandbox_builds_its_pod_side_at_once() {
     assert!(
         node.built.load(Ordering::SeqCst),
         "what a previous run left must be met before any pod arrives"
+    );
+    node.cancel.cancel();
+    node.run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_real_node_builds_its_pod_side_at_once() {
+    let root = tempfile::tempdir().expect("a temporary root directory");
+    let mut config = PodConfig::new("n1");
+    config.kind = NodeKind::Real;
+    config.layout.pods_dir = Some(root.path().join("pods"));
+    let node = start_as(config, FakeRuntime::new(FakeConfig::default()));
+    node.feed.send(PodEvent::Snapshot(Vec::new())).await.unwrap();
+    settle().await;
+    assert!(
+        node.built.load(Ordering::SeqCst),
+        "a real node has no first-pod wait: its pod side runs from the start"
     );
     node.cancel.cancel();
     node.run.await.unwrap();

@@ -42,6 +42,7 @@ async fn what_pods_deleted_while_the_agent_was_down_left_is_swept() {
     std::fs::create_dir_all(pods_dir.join("uid-stray/volumes/kubernetes.io~empty-dir/x")).unwrap();
 
     let mut config = PodConfig::new("n1");
+    config.kind = crate::pods::NodeKind::Real;
     config.layout.pods_dir = Some(pods_dir.clone());
     let mut h = Harness::start_configured(runtime.clone(), Arc::new(runtime.clone()), config);
     h.send(PodEvent::Snapshot(vec![pod(

@@ -172,7 +172,7 @@ impl PodVolumes {
                 message,
             };
             let dir = host_path(ctx, pod, v);
-            let on_disk = ctx.config.layout.pods_dir.is_some();
+            let on_disk = ctx.config.kind == crate::pods::NodeKind::Real;
             let fs_group = fs_group(pod).map_err(err)?;
             let files = match &*v.source {
                 VolumeSource::EmptyDir { memory, size_limit } => {
