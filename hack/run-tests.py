@@ -10,8 +10,12 @@ cache directory) start first. The binaries that start a private containerd with 
 (NA_CRI_SUBNET, unless the environment sets one). The `hollow` and `node-agent` programs the same build made are
 handed to the tests (HOLLOW_BIN, NODE_AGENT_BIN, unless the environment sets them).
 
+With NODE_AGENT_LINT=1 the workspace's own crates are compiled by clippy (cargo's RUSTC_WORKSPACE_WRAPPER), every
+warning an error: the lints ride on the one compile the tests need instead of a second pass of their own.
+`--build-only` builds and stops (CI starts the build while the Go-built binaries are made).
+
 Environment: NODE_AGENT_TEST_JOBS (binaries at once, default 3), NODE_AGENT_TEST_THREADS (test threads per
-binary, default 8), NODE_AGENT_CACHE (where the timings are kept).
+binary, default 8), NODE_AGENT_CACHE (where the timings are kept), NODE_AGENT_LINT (see above).
 """
 
 import concurrent.futures
@@ -52,7 +56,16 @@ def build(root):
     """Builds the test binaries; returns [(package, target name, kind, executable, manifest dir)] and the
     program binaries the same build made ({environment variable: executable})."""
     cmd = ["cargo", "test", "--workspace", "--all-targets", "--no-run", "--message-format=json-render-diagnostics"]
-    proc = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if os.environ.get("NODE_AGENT_LINT") == "1":
+        sysroot = subprocess.run(["rustc", "--print", "sysroot"], stdout=subprocess.PIPE, text=True, check=True)
+        driver = Path(sysroot.stdout.strip()) / "bin" / "clippy-driver"
+        if not driver.exists():
+            sys.exit(f"test: NODE_AGENT_LINT=1 needs clippy ({driver} is missing: rustup component add clippy)")
+        env["RUSTC_WORKSPACE_WRAPPER"] = str(driver)
+        # what `cargo clippy -- -D warnings` hands the driver
+        env["CLIPPY_ARGS"] = "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+    proc = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"test: building the tests failed ({' '.join(cmd)} exited {proc.returncode})")
     found = []
@@ -91,6 +104,9 @@ def main():
         timings = {}
 
     binaries, programs = build(root)
+    if "--build-only" in sys.argv[1:]:
+        print(f"test: built {len(binaries)} test binaries", flush=True)
+        return
     for var, exe in sorted(programs.items()):
         if var not in os.environ:
             os.environ[var] = exe

@@ -5,32 +5,49 @@
 # from, containerd 2.x (the second runtime of the real-mode tests) and the pod-resources test client, built once
 # from the Go module proxy, then cached.
 # Idempotent and quick when everything is already there.
+#
+#   hack/setup.sh               everything
+#   hack/setup.sh --toolchain   only what building the Rust workspace needs (Debian packages, rustfmt, clippy), so a
+#                               caller can start that build while the Go-built binaries are made
+#   hack/setup.sh --binaries    only the Go-built binaries (Kubernetes, helm, registry, containerd 2.x, ...)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+phase=${1:-all}
+case "$phase" in
+  all|--toolchain|--binaries) ;;
+  *) echo "setup: unknown argument $phase (use --toolchain or --binaries, or nothing for both)" >&2; exit 2 ;;
+esac
 
-packages=(protobuf-compiler containerd runc containernetworking-plugins busybox-static iproute2 gcc libc6-dev python3 util-linux curl openssl)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}" >&2
-  sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo_cmd apt-get update -qq
-  $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+toolchain() {
+  packages=(protobuf-compiler containerd runc containernetworking-plugins busybox-static iproute2 gcc libc6-dev python3 util-linux curl openssl)
+  missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}" >&2
+    sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo_cmd apt-get update -qq
+    $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
 
-command -v cargo >/dev/null || { echo "setup: cargo not found (install Rust with rustup)" >&2; exit 1; }
-command -v go >/dev/null || { echo "setup: go not found (Go >= 1.25 is needed to build Kubernetes)" >&2; exit 1; }
-if command -v rustup >/dev/null; then
-  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt >&2
-  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy >&2
-fi
+  command -v cargo >/dev/null || { echo "setup: cargo not found (install Rust with rustup)" >&2; exit 1; }
+  command -v go >/dev/null || { echo "setup: go not found (Go >= 1.25 is needed to build Kubernetes)" >&2; exit 1; }
+  if command -v rustup >/dev/null; then
+    rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt >&2
+    rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy >&2
+  fi
+}
 
-bash "$root/hack/build-kubernetes.sh" >/dev/null
-bash "$root/hack/build-helm.sh" >/dev/null
-bash "$root/hack/build-registry.sh" >/dev/null
-bash "$root/hack/build-containerd.sh" >/dev/null
-bash "$root/hack/build-podresources-client.sh" >/dev/null
-echo "setup: ready (Kubernetes $(cat "$root/KUBERNETES_VERSION") in $(bash "$root/hack/build-kubernetes.sh"))" >&2
+binaries() {
+  bash "$root/hack/build-kubernetes.sh" >/dev/null
+  bash "$root/hack/build-helm.sh" >/dev/null
+  bash "$root/hack/build-registry.sh" >/dev/null
+  bash "$root/hack/build-containerd.sh" >/dev/null
+  bash "$root/hack/build-podresources-client.sh" >/dev/null
+  echo "setup: ready (Kubernetes $(cat "$root/KUBERNETES_VERSION") in $(bash "$root/hack/build-kubernetes.sh"))" >&2
+}
+
+[ "$phase" = --binaries ] || toolchain
+[ "$phase" = --toolchain ] || binaries

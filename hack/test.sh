@@ -5,7 +5,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-bash hack/setup.sh
+# CI has set up already (NODE_AGENT_SETUP_DONE=1); anyone else gets the same set-up here
+[ "${NODE_AGENT_SETUP_DONE:-}" = 1 ] || bash hack/setup.sh
 
 # Real-mode tests start their own private containerd (tests/containerd/setup.sh) and tear it down by PID.
 export NODE_AGENT_CONTAINERD_SETUP=1

@@ -377,9 +377,10 @@ pub fn paths_in(code: &str, module: &[String]) -> Vec<ModPath> {
             let p = chars[i - 1];
             !(p.is_alphanumeric() || p == '_' || p == ':' || p == '$')
         };
-        if boundary && starts_with_at(&chars, i, "crate::")
-            || boundary && starts_with_at(&chars, i, "self::")
-            || boundary && starts_with_at(&chars, i, "super::")
+        if boundary
+            && ["crate::", "self::", "super::"]
+                .iter()
+                .any(|p| starts_with_at(&chars, i, p))
         {
             let (trees, end) = parse_tree(&chars, i);
             for t in trees {
