@@ -4,7 +4,7 @@
 //! and its own namespace. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1` (without it every test prints why and
 //! passes without running); run alone, not beside another binary that starts containerd.
 
-/// The containerd these tests run on: Debian's 1.6 (`real_node_v2.rs` runs the same tests on 2.x).
+/// The containerd these tests run on: Debian's 1.6 (`real_node_v2.rs` runs those that differ by version on 2.x).
 const CONTAINERD: &str = "1.6";
 
 #[path = "real_node/cgroups.rs"]
