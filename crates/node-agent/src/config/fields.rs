@@ -100,7 +100,7 @@ pub(crate) const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
     "volumePluginDir",
 ];
 
-/// The field names [`FileConfig`] reads (camelCase, as in the file).
+/// The field names [`FileConfig`](super::file::FileConfig) reads (camelCase, as in the file).
 pub(crate) const KNOWN_FIELDS: &[&str] = &[
     "apiVersion",
     "kind",

@@ -3,7 +3,7 @@
 //! This module owns turning "a KubeletConfiguration file plus kubelet-style flags" into the values the agent runs
 //! with, and nothing else reads configuration:
 //!
-//! * [`file`] reads the `kubelet.config.k8s.io/v1beta1` document (upstream field names, unknown field -> error).
+//! * [`file`](mod@file) reads the `kubelet.config.k8s.io/v1beta1` document (upstream field names, unknown field -> error).
 //! * [`flags`] is the command line ([`Flags`], clap derive) — flags override the file, field by field.
 //! * [`resolve`] applies the upstream kubelet's defaults and validates, collecting every bad field into one
 //!   [`ConfigError`] that names each field (and the flag it came from).

@@ -7,7 +7,7 @@
 //!
 //! 1. reports MemoryPressure / DiskPressure / PIDPressure through the agent's [`Pressure`] channel (kept for
 //!    `evictionPressureTransitionPeriod` after the last observation) — the node status reports them and pod
-//!    admission refuses pods as the kubelet does (see [`admit`]);
+//!    admission refuses pods as the kubelet does (see [`admit_under_pressure`](crate::pods::model::admission::admit_under_pressure));
 //! 2. for the first threshold to act on (memory first), records `EvictionThresholdMet` on the node; for disk
 //!    signals first reclaims node-level resources (dead containers, unused images: a [`NodeReclaim`]) and stops
 //!    there if that resolved the pressure;

@@ -107,7 +107,7 @@ pub struct PodConfig {
     /// Static pod sources (default: none; boxed, and taken when the pod side is built: most nodes of a fleet
     /// have none, and no pod worker reads it).
     pub static_pods: Option<Box<StaticPodConfig>>,
-    /// How long a read ConfigMap or Secret is reused (0: read at every use); see [`objects`].
+    /// How long a read ConfigMap or Secret is reused (0: read at every use); see [`objects`](actions::objects).
     pub object_ttl: Duration,
     /// How image pulls are paced (default: no limit); the gate is made with the pod side.
     pub pulls: actions::pull_gate::PullSettings,
@@ -208,8 +208,8 @@ impl PodLifecycle {
         }
     }
 
-    /// Takes graceful node shutdown requests (see [`shutdown`]) questions about the node's pods and evictions (see
-    /// [`control`]) from `control`.
+    /// Takes graceful node shutdown requests (see [`shutdown`](manager::shutdown)), questions about the node's pods
+    /// and evictions (see [`control`](manager::control)) from `control`.
     pub fn with_control(mut self, control: crate::density::chan::UnboundedReceiver<ManagerControl>) -> Self {
         self.control = Some(control);
         self

@@ -4,7 +4,7 @@
 //!   [`pull_secrets`] finds credentials).
 //! * [`volumes`] — setting up and tearing down the volumes a node provides itself; [`objects`] and
 //!   [`read_cache`] read the ConfigMaps, Secrets and tokens they name.
-//! * [`env`] — a container's environment, command and arguments ([`service_links`] adds the Services).
+//! * [`env`](mod@env) — a container's environment, command and arguments ([`service_links`] adds the Services).
 //! * [`action`] — one probe or lifecycle-hook action (exec, HTTP, TCP, gRPC, sleep).
 //! * [`kill`] — stopping containers and pods.
 //!

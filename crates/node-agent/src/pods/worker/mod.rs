@@ -49,14 +49,16 @@ pub(crate) enum WorkerReport {
     Gone { uid: Arc<str>, in_api: bool },
     /// The pod no longer runs anything (terminal or terminated): release its admitted resources.
     Stopped { uid: Arc<str> },
-    /// A turn ended (see [`worker`](crate::pods::worker::pod_worker)): the worker, handed back to wait in the manager's table
-    /// for its next input — [`WorkerMsg::Wake`] at its `wake_at` (the next periodic sync, or a back-off's
-    /// end), or any message before. The manager keeps one timer for every worker's time (as the kubelet's work
+    /// A turn ended (see [`pod_worker`]): the worker, handed back to wait in the manager's table for its next
+    /// input — [`WorkerMsg::Wake`](state::WorkerMsg::Wake) at its `wake_at` (the next periodic sync, or a
+    /// back-off's end), or any message before. The manager keeps one timer for every worker's time (as the kubelet's work
     /// queue does), so an idle worker holds no timer, no task and no channel. A worker that reached its end
     /// (it reported [`Gone`](Self::Gone) first) is dropped.
     Turned(Box<PodWorker>),
-    /// A probe result changed (from the pod's prober): pass it to the worker as [`WorkerMsg::Probe`].
+    /// A probe result changed (from the pod's prober): pass it to the worker as
+    /// [`WorkerMsg::Probe`](state::WorkerMsg::Probe).
     Probe { uid: Arc<str>, update: Box<ProbeUpdate> },
-    /// Stop the pod (from the graceful node shutdown's sequence): pass it to the worker as [`WorkerMsg::Kill`].
+    /// Stop the pod (from the graceful node shutdown's sequence): pass it to the worker as
+    /// [`WorkerMsg::Kill`](state::WorkerMsg::Kill).
     Kill { uid: Arc<str>, order: Box<KillOrder> },
 }
