@@ -1,9 +1,10 @@
 //! Lays out the fleet binary's code: the functions a fleet runs (start, idle nodes, then pods; listed in
 //! `code-order.txt`, written by `hack/code-order.sh` from a profiled run) are linked first and side by side, so
-//! the pages of code a running fleet maps are those it runs and not the 24 MiB around them (the kernel maps a
-//! binary's pages in 64 KiB runs around each one touched). Functions the list names that the build does not have
-//! are skipped; functions it does not name keep the linker's order. Only the release profile on
-//! x86_64-unknown-linux-gnu, where rustc links with its own LLD; `HOLLOW_CODE_ORDER=off` links without the list.
+//! the pages of code a running fleet maps are those it runs and not the rest of the binary around them (the
+//! kernel maps a binary's pages in runs around each one touched, so code run here and there maps most of it).
+//! Functions the list names that the build does not have are skipped; functions it does not name keep the
+//! linker's order. Only the release profile on x86_64-unknown-linux-gnu, where rustc links with its own LLD;
+//! `HOLLOW_CODE_ORDER=off` links without the list. What it saves: docs/density.md, "The code order".
 
 use std::path::PathBuf;
 

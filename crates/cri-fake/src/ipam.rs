@@ -26,7 +26,7 @@ struct Range {
 }
 
 /// The host offsets in use, sorted, in a vector grown one entry at a time: a node runs a few pods to a hundred,
-/// and a `BTreeSet` took a 192-byte node for its first.
+/// and a `BTreeSet` allocates a whole node for its first.
 #[derive(Debug, Default)]
 struct Offsets(Vec<u128>);
 

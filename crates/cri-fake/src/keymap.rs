@@ -1,8 +1,8 @@
 //! The records of one fake runtime by key ([`KeyMap`]): sandboxes and containers, in key (creation) order.
 //!
 //! A sorted vector of keys and boxed records. A node runs a few pods, and a B-tree allocates a leaf with room
-//! for eleven entries (192 bytes for boxed records) with the first; the vector grows with the records — 64
-//! bytes for up to four — and gives its room back when the last record goes.
+//! for eleven entries with the first; the vector grows with the records and gives its room back when the last
+//! record goes.
 
 use std::ops::Index;
 

@@ -121,7 +121,7 @@ impl Sandbox {
     }
 
     /// The record's strings and maps, and whether the log directory is kept as its root only: the kubelet
-    /// names it after the pod's namespace, name and UID, which the sandbox keeps anyway (~80 bytes a sandbox).
+    /// names it after the pod's namespace, name and UID, which the sandbox keeps anyway (no second copy of them).
     pub(crate) fn new_meta(
         [name, uid, namespace, handler, log_directory]: [&str; 5],
         labels: HashMap<String, String>,
@@ -250,8 +250,8 @@ pub(crate) struct State {
     pub(crate) ipam: Option<Ipam>,
     pub(crate) rng: Rng,
     pub(crate) timers: Option<Box<Timers>>,
-    /// Boxed events: a channel allocates a block of 32 slots up front, and an event is ~400 bytes, so
-    /// unboxed each node's idle event stream would hold ~13 KiB.
+    /// Boxed events: an event is large, and a stream's queue keeps a node sized by its message even while empty,
+    /// so unboxed every node's idle event stream would hold room for one.
     pub(crate) subscribers: Vec<UnboundedSender<Box<cri::ContainerEventResponse>>>,
     pub(crate) runtime_ready: bool,
     pub(crate) network_ready: bool,

@@ -475,7 +475,7 @@ fn print_cpu_split(rows: &[Row]) {
     }
 }
 
-/// The hollow fleet's memory and CPU targets (issue 16): ≤ 16 KiB per idle node at 5,000 nodes and more,
+/// The hollow fleet's memory and CPU targets: ≤ 16 KiB per idle node at 5,000 nodes and more,
 /// ≤ 3 KiB per running pod, ≤ 1.3 ms CPU per idle node-minute at 5,000 nodes and more.
 const TARGET_IDLE_KIB: f64 = 16.0;
 const TARGET_POD_KIB: f64 = 3.0;

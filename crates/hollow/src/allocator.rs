@@ -14,9 +14,9 @@ static ALLOC: dhat::Alloc = dhat::Alloc;
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// Turns on jemalloc's background threads, unless `_RJEM_MALLOC_CONF` sets `background_thread` itself: they return
-/// freed pages on jemalloc's decay schedule even where the fleet's own threads no longer allocate, which after a
-/// pod burst otherwise leaves the freed pages resident (1,000 nodes × 5 pods: 3.3–3.6 KiB resident per running pod
-/// with them, 3.9–4.0 without; docs/benchmarks.md).
+/// freed pages on jemalloc's decay schedule even where the fleet's own threads have stopped allocating, which
+/// after a pod burst otherwise leaves the freed pages resident (what that saves: docs/density.md, "The
+/// allocator").
 #[cfg(all(feature = "jemalloc", not(feature = "dhat-heap")))]
 pub(crate) fn background_threads() {
     let conf = std::env::var("_RJEM_MALLOC_CONF").unwrap_or_default();

@@ -136,7 +136,7 @@ pub(crate) struct RunArgs {
     /// at a time; the others wait their turn, in order. A watch counts only until its response starts. A
     /// request in flight holds more memory here than one queued, for as long as the API server takes to
     /// answer: on a saturated API server a lower figure holds less; on one that keeps up, a burst of pod
-    /// starts queues behind a low figure instead (docs/benchmarks.md).
+    /// starts queues behind a low figure instead (docs/density.md).
     #[arg(long, default_value_t = hollow::client_pool::REQUESTS_IN_FLIGHT,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub(crate) requests_in_flight_per_connection: usize,
@@ -144,7 +144,7 @@ pub(crate) struct RunArgs {
     #[arg(long, value_enum, default_value_t = WatchArg::PerNode)]
     pub(crate) watch_mode: WatchArg,
     /// Node identities. shared: every node uses the kubeconfig's identity, so ~200 nodes' requests share one
-    /// HTTP/2 connection and 80 nodes' watches another. per-node: every node presents its own client
+    /// HTTP/2 connection and 48 nodes' watches another. per-node: every node presents its own client
     /// certificate (CN system:node:<name>, O system:nodes, minted in memory from --node-ca-cert/--node-ca-key),
     /// so the Node authorizer and NodeRestriction apply to it as to a real kubelet; a TLS identity is per
     /// connection, so this costs one TCP+TLS connection per node (its requests and its pod watch) and rules

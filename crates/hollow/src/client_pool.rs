@@ -7,7 +7,7 @@
 //! built from kube's own TLS configuration, base-URI and auth layers.
 //!
 //! The API server advertises at most 100 concurrent streams per HTTP/2 connection
-//! (`--http2-max-streams-per-connection`, whose default is 100 since the HTTP/2 rapid-reset fixes), and a
+//! (`--http2-max-streams-per-connection`, 100 by default), and a
 //! client queues any further request until a stream closes. A watch holds its stream for its whole life, so
 //! one connection carrying 100 agents' pod watches has no stream left for anything else: every request on it
 //! (registrations, lease renewals) waits forever. The pool therefore keeps two kinds of connection:
@@ -60,16 +60,15 @@ pub fn with_node_identity(config: &kube::Config, credential: &NodeCredential) ->
 /// (`--requests-in-flight-per-connection`).
 ///
 /// An HTTP/2 connection keeps a table entry per open stream and buffers the frames of streams waiting to open,
-/// in tables that grow to their peak and never shrink. A thousand agents starting at once put a thousand
-/// requests on a handful of connections, and the tables stayed sized for that burst: ~3.9 KiB per idle node
-/// (dhat, 1,000 nodes) against ~1.0 KiB when the same agents started slowly. A watch holds its permit only
-/// until its response starts, so the cap never holds watches back; it is under the API server's 100 streams.
+/// in tables that grow to their peak and never shrink. Without a cap, a thousand agents starting at once put a
+/// thousand requests on a handful of connections, and the tables stay sized for that burst for the fleet's
+/// life. A watch holds its permit only until its response starts, so the cap never holds watches back; it is
+/// under the API server's 100 streams.
 ///
-/// A lower cap trades the other way (docs/benchmarks.md, "Requests in flight per connection"): a request in
-/// flight holds more in this process than one waiting in the queue, so when the API server is saturated
-/// (10,000 idle nodes on two shared cores) 16 held 1.7–2.0 KiB per node less than 64; but during a burst of
-/// pod starts on a control plane that keeps up (1,000 nodes, 5,000 pods) 16 let requests pile up in the queue
-/// and cost 1.9 KiB more per running pod.
+/// A lower cap trades the other way (docs/density.md, "The HTTP/2 client pool"): a request in flight holds more
+/// in this process than one waiting in the queue, so a lower cap holds less per node while the API server is
+/// saturated; but during a burst of pod starts on a control plane that keeps up it lets requests pile up in the
+/// queue with their bodies, which costs more per running pod. The default favours the burst.
 pub const REQUESTS_IN_FLIGHT: usize = 64;
 
 /// One `kube::Client` speaking HTTP/2 only over a single connection, which carries its requests and watches.
@@ -79,7 +78,7 @@ pub fn http2_client(config: &kube::Config, in_flight: usize) -> Result<kube::Cli
 }
 
 /// One HTTP/2 connection to the configuration's server; `tls` is built once for all the connections of one
-/// identity, so that they share one session-resumption cache (~13 KiB each when every connection built its own).
+/// identity, so that they share one session-resumption cache rather than each building its own.
 fn connection(config: &kube::Config, tls: rustls::ClientConfig, in_flight: usize) -> H2Connection {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
@@ -135,8 +134,8 @@ impl Default for PoolLimits {
             request_connections: 0,
             agents_per_connection: 200,
             // under the server's 100 streams, and most of the 128 entries each connection's stream table
-            // grows to once it holds more than 64 (at 80 a fifth of every table stood empty, at 1,000 idle
-            // nodes 0.75 KiB more per node than at 96, from the tables and the four extra connections)
+            // grows to once it holds more than 64: fewer would leave part of every table empty and need more
+            // connections for the same watches
             watches_per_connection: 96,
             in_flight: REQUESTS_IN_FLIGHT,
         }

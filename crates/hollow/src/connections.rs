@@ -2,8 +2,8 @@
 //! `kube::Client`.
 //!
 //! A `kube::Client` puts a `tower` buffer in front of its service: a channel of up to 1,024 requests and a task
-//! that hands them on, ~20 KiB per client (dhat, 1,000 idle nodes: 26 clients, one per connection, ~0.55 KiB
-//! per node). Here the connections of a fleet share one client, and this service picks the connection:
+//! that hands them on, a sizeable allocation that a client per connection would repeat on every connection.
+//! Here the connections of a fleet share one client, and this service picks the connection:
 //!
 //! * a watch (`watch=true`) goes to the watch connection with the fewest open watches, counted from when it is
 //!   sent until its response body is dropped ([`H2Connection::open_watches`]), so each carries its share and

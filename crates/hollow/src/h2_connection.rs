@@ -2,13 +2,12 @@
 //! sends its requests over, speaking HTTP/2 through the `h2` crate itself.
 //!
 //! The pool's clients each hold a single connection (HTTP/2 multiplexes every request of the agents that share
-//! it), and a fleet on a saturated API server has thousands of requests in flight at once (dhat, 10,000 idle
-//! nodes: ~2,400), so what one request in flight holds is per-node memory. Through `hyper-util`'s pooling
-//! client a request held that client's boxed request future (~3.4 KiB) and a task hyper spawns to wait for each
-//! response (~2.5 KiB: the task is sized for the largest of hyper's connection futures), and a second such task
-//! whenever the server's flow control held its body back. Here a request in flight is one boxed future holding
-//! h2's response handle (a few dozen bytes) while the connection is up; the body, always whole in memory for
-//! API requests, is handed to h2 at once.
+//! it), and a fleet on a saturated API server has thousands of requests in flight at once, so what one request
+//! in flight holds is per-node memory. Through `hyper-util`'s pooling client a request holds that client's boxed
+//! request future and a task hyper spawns to wait for each response (sized for the largest of hyper's connection
+//! futures), and a second such task whenever the server's flow control holds its body back. Here a request in
+//! flight is one small boxed future holding h2's response handle while the connection is up; the body, always
+//! whole in memory for API requests, is handed to h2 at once.
 //!
 //! The connection is made on first use and again on the first request after it closed (the API server went
 //! away, a keep-alive ping went unanswered for 20 s); requests in flight on a connection that closes fail, and
@@ -17,10 +16,11 @@
 //! (h2 keeps a table entry per stream and buffers the frames of streams waiting to open, in tables that grow
 //! to their peak and never shrink). The connection counts its open watches (a request with `watch=true` or
 //! `watch=1`, from when it is sent until its response body is dropped), so that a pool can spread watches
-//! over its connections ([`crate::connections`]). Settings as hyper's client had them: 2 MiB stream and
-//! 5 MiB connection windows, 16 KiB frames and header lists, a 1 MiB send buffer per stream, keep-alive pings
-//! every 30 s whether requests are in flight or not; no HPACK dynamic table for response headers. Connection-specific headers, which HTTP/2 forbids, are
-//! dropped from requests. Response bodies give their flow-control window back as they are read.
+//! over its connections ([`crate::connections`]). Settings as hyper's HTTP/2 client makes them: 2 MiB stream
+//! and 5 MiB connection windows, 16 KiB frames and header lists, a 1 MiB send buffer per stream, keep-alive
+//! pings every 30 s whether requests are in flight or not; and no HPACK dynamic table for response headers.
+//! Connection-specific headers, which HTTP/2 forbids, are dropped from requests. Response bodies give their
+//! flow-control window back as they are read.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -138,8 +138,8 @@ impl Shared {
             .max_frame_size(16 << 10)
             .max_header_list_size(16 << 10)
             .max_send_buffer_size(1 << 20)
-            // no dynamic table for the server's response headers: a connection's decoder then keeps none (~4.6
-            // KiB each, its entries the headers every response repeats), for a few bytes more per response
+            // no dynamic table for the server's response headers: a connection's decoder then keeps none (its
+            // entries would be the headers every response repeats), for a few bytes more per response
             .header_table_size(0)
             .enable_push(false)
             .handshake::<_, Bytes>(TokioIo::new(io))

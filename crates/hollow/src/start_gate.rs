@@ -4,7 +4,7 @@
 //! Every node's start-up writes (the Node, its first status, its events, its Lease, its watches' lists) queue in
 //! the fleet with their bodies while the API server is behind. Started at `--register-qps` alone, a fleet larger
 //! than the server can register at once holds all of them, and the allocator keeps that peak's pages long
-//! after (docs/benchmarks.md: 10,000 nodes started at 500 a second against 25 a second). A node's registration
+//! after (docs/density.md, "The start gate"). A node's registration
 //! waits in the same queues as those writes, so capping the nodes not yet registered slows the start to
 //! what the server answers, and leaves a fleet the server keeps up with as fast as `--register-qps` lets it.
 

@@ -22,7 +22,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const NODES: usize = 5;
-/// Nodes that bootstrap their credentials through CSRs: as many as the 200.
+/// Nodes that bootstrap their credentials through CSRs, all at once.
 const BOOTSTRAP_NODES: usize = 200;
 
 fn spec(prefix: &str, nodes: usize) -> anyhow::Result<FleetSpec> {

@@ -9,7 +9,7 @@
 //! spread); a Deployment of `KBENCH_BURST` replicas (create → all Running), checked on the agent's node and in
 //! containerd; a window with those pods running; then everything deleted, the agent stopped by PID, and what it
 //! left (mounts, cgroups, sandboxes, kernel settings, iptables chains, log links) reported and removed. It prints
-//! both agents' figures, the ratio node-agent/kubelet and pass/fail against the aims of issue 12 (≤ 0.8× the
+//! both agents' figures, the ratio node-agent/kubelet and pass/fail against the aims (≤ 0.8× the
 //! kubelet's latency, ≤ 0.25× its RSS and CPU); nothing is asserted.
 //!
 //! Needs root. Hold the real-mode lock (other runs start containerds too) and give it a pod subnet of its own:

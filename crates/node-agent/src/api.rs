@@ -152,8 +152,8 @@ impl ApiCalls {
     /// Runs one request through the gate.
     ///
     /// A combinator, not an `async fn`: an `async fn` keeps its `request` argument, the body's copy of it and the
-    /// awaited future apart, and a request future is 1–2 KiB (a Lease GET through this gate was 4.8 KiB in flight,
-    /// held by every node at once during a fleet's start); here the request is held once.
+    /// awaited future apart, three copies of a request future, held by every node at once during a fleet's
+    /// start; here the request is held once.
     pub fn run<'a, T, F>(
         &'a self,
         verb: &'static str,
@@ -208,7 +208,7 @@ mod tests {
         let alone = std::mem::size_of_val(&request);
         let gated = std::mem::size_of_val(&calls.run("get", "pods", request));
         println!("a {alone}-byte request is {gated} bytes in the gate");
-        // 3 × 2,048 and more while `run` was an `async fn` (its argument, the body's copy and the awaited future)
+        // held once: an `async fn` would hold three copies (its argument, the body's copy and the awaited future)
         assert!(
             gated <= alone + 256,
             "{alone}-byte request, {gated} bytes in the gate"

@@ -1,8 +1,8 @@
 //! One API client, shared by every part of an agent (and by the agents of a fleet that share a connection).
 //!
-//! A `kube::Client` clone is ~100 bytes plus two small allocations (its request buffer's handle and its default
-//! namespace), and an agent's managers each keep one for their whole life: a thousand idle agents held ten
-//! clones each. [`ApiClient`] is a pointer to one client; a request takes a `kube::Client` clone for as long
+//! A `kube::Client` clone carries its request buffer's handle and its default namespace, two small allocations,
+//! and an agent's managers would each keep one for their whole life, several per idle agent. [`ApiClient`] is a
+//! pointer to one client; a request takes a `kube::Client` clone for as long
 //! as it runs ([`ApiClient::kube`]), which is what `kube::Client` does on every request anyway.
 
 use std::ops::Deref;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures::future::Either;
 
-/// A shared handle on one `kube::Client` (8 bytes; clones share the client).
+/// A shared handle on one `kube::Client` (a pointer; clones share the client).
 #[derive(Clone)]
 pub struct ApiClient(Arc<kube::Client>);
 
@@ -27,7 +27,7 @@ impl ApiClient {
 
     /// Sends a write whose answer the caller does not use (`request` as `kube::core::Request` builds it): API
     /// errors come back as with `kube::Api`, and the object the server returns is read over without being
-    /// kept. Decoding it only to drop it (a Pod with its managed fields is ~100 small allocations) made every
+    /// kept. Decoding it only to drop it (a Pod with its managed fields is many small allocations) would make every
     /// status write a burst of short-lived allocations beside the long-lived ones. The request is held once,
     /// inside the client's future (an `async fn` would hold it beside that future too).
     pub fn write(

@@ -54,7 +54,7 @@ impl EventType {
 }
 
 /// An event waiting to be written. Its strings (the involved object's seven fields, the reason, the message)
-/// are one allocation: queued as ten strings, the events of a burst of pod starts were tens of thousands of
+/// are one allocation: queued as ten strings each, the events of a burst of pod starts would be a great many
 /// small allocations, freed out of order with the pods' long-lived state and leaving the allocator's pages
 /// part-used after the burst.
 #[derive(Debug)]
@@ -227,7 +227,7 @@ impl CapturedEvents {
     }
 }
 
-/// A remembered event: 24 bytes (every agent keeps up to [`RECENT`] of them).
+/// A remembered event, kept small: every agent keeps up to [`RECENT`] of them.
 #[derive(Debug)]
 struct Recent {
     key: u64,
@@ -464,7 +464,7 @@ mod tests {
 
     #[test]
     fn a_remembered_event_stays_24_bytes() {
-        // up to 16 per agent, thousands of agents per fleet: 40 bytes while `seen` was an `Instant`
+        // up to `RECENT` per agent, thousands of agents per fleet: `seen` is in grid seconds, not an `Instant`
         assert_eq!(size_of::<Recent>(), 24);
     }
 }

@@ -134,7 +134,7 @@ impl Dist {
     }
 }
 
-/// A small deterministic generator (splitmix64): 8 bytes of state per runtime.
+/// A small deterministic generator (splitmix64): one word of state per runtime.
 #[derive(Debug, Clone)]
 pub(crate) struct Rng(u64);
 

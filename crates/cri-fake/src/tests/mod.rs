@@ -148,11 +148,11 @@ pub(crate) fn state(s: &cri::ContainerStatus) -> cri::ContainerState {
 }
 
 /// The records ten thousand runtimes keep per object stay small (a guard against accidental growth; the
-/// `footprint` example measures the whole cost).
+/// `footprint` example measures the whole cost, docs/density.md has the history).
 #[test]
 fn records_stay_small() {
     use std::mem::size_of;
-    // 104 and 160 bytes while each kept its strings, labels and annotations in three allocations (`Meta`)
+    // each keeps its strings, labels and annotations in one allocation (`Meta`)
     assert!(
         size_of::<crate::store::Sandbox>() <= 80,
         "Sandbox {}",
@@ -163,15 +163,15 @@ fn records_stay_small() {
         "Container {}",
         size_of::<crate::store::Container>()
     );
-    // 224 while the planned transitions and the timer task's handles were held in place (now boxed at the first
-    // plan)
+    // the planned transitions and the timer task's handles are boxed at the first plan (most runtimes of a fleet
+    // plan none)
     assert!(
         size_of::<crate::store::State>() <= 192,
         "State {}",
         size_of::<crate::store::State>()
     );
-    // one per node of a fleet: with the `Arc`'s two counts within jemalloc's 256-byte class (296 bytes, the
-    // 320 class, while the state held its transitions in place and the runtime its name and version)
+    // one per node of a fleet, with the `Arc`'s two counts: the name and version are one shared copy, the
+    // planned transitions boxed
     let inner = size_of::<crate::runtime::Inner>();
     println!("runtime state {inner} bytes");
     assert!(inner + 16 <= 256, "Inner {inner}");

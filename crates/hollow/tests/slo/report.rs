@@ -98,13 +98,11 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
     // schedule_to_watch holds the node's whole watch_observed → status_reported span plus the delivery of
     // the binding to the node and of the Running status back to the measuring watch, so over the same pods
     // (all of them: the node side cannot leave out the SLO's exclusions) it is the longer one at the median.
-    // Two edges are not ordered, though: the scheduler stamps its event after its bind call returns
-    // (measured: from 60 ms before to 124 ms after the watch saw the binding, 1,000 pods at 50/s), and the
-    // node marks status_reported when its PATCH's response arrives, which under load can come after the
-    // watch has delivered the committed status. In the tail the node's span can be the longer (1,000 pods:
-    // p99 362 ms on the node, 262 ms cluster side; 200 pods beside another run: p90 116 vs 108 ms). So the
-    // median is asserted, with an allowance for those edges, and p90/p99 are printed. (Measured again once pods
-    // got service account tokens and events their own limit: node p50 445 ms vs cluster 396 ms, 200 pods.)
+    // Two edges are not ordered, though: the scheduler stamps its event after its bind call returns (before
+    // or after a watch sees the binding), and the node marks status_reported when its PATCH's response
+    // arrives, which under load can come after the watch has delivered the committed status. In the tail the
+    // node's span can be the longer (docs/benchmarks.md, "Pod start-up SLO", has the figures). So the median
+    // is asserted, with an allowance for those edges, and p90/p99 are printed.
     let sched_to_watch = hollow::slo::measure::Percentiles::nearest_rank(
         result
             .records

@@ -1,5 +1,5 @@
 //! One agent's figures, and the printed comparison: each figure for node-agent and the kubelet, the ratio
-//! node-agent/kubelet and whether it meets issue 12's aim (≤ 0.8 for latencies, ≤ 0.25 for RSS and CPU).
+//! node-agent/kubelet and whether it meets the aim (≤ 0.8 for latencies, ≤ 0.25 for RSS and CPU).
 
 use crate::agent::{Kind, Leftovers};
 

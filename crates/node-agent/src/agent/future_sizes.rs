@@ -2,9 +2,12 @@
 //! life, thousands of times over in a hollow fleet, so its size is per-node memory. These tests print each
 //! size and fail when one grows past its ceiling — raise a ceiling only knowing what the bytes buy. Calls that
 //! make requests are boxed inside these loops, so an idle task holds its state and not room for a request in
-//! flight (the node status task was 19.5 KiB before, the lease task 7.6 KiB, the event writer 8.6 KiB).
-//! `clippy::large_futures` (workspace lints, threshold in `clippy.toml`) catches a large future passed by value
-//! or awaited anywhere else at compile time.
+//! flight. `clippy::large_futures` (workspace lints, threshold in `clippy.toml`) catches a large future passed
+//! by value or awaited anywhere else at compile time.
+//!
+//! Each ceiling keeps a task in the allocation it has today; the comments say what keeps each future that
+//! small. The arithmetic behind the figures (tokio's task cells, the allocator's sizes) and each future's
+//! history are in docs/density.md ("Future-size ceilings").
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -51,75 +54,60 @@ async fn the_agents_long_lived_futures_stay_small() {
     let (ctx, m) = agent().managers();
     let (_control, control) = m.control;
     let sizes = [
-        // a task takes its future and ~112 bytes of its own, rounded up to 128 (tokio aligns task cells to
-        // 128 bytes on x86-64): a ceiling of 128·n − 112 keeps the task within its 128·n
-        // 424 bytes (a 640-byte task) while the shutdown drain's timer was held in place
-        // 392 while it kept a `kube::Client` of its own (96 bytes; now a shared handle, see `crate::client`)
+        // a task holds its future beside a header of tokio's, in a cell of fixed alignment: each ceiling is the
+        // largest future whose task still fits the cell it has today
+        // the event writer: its queue's wait and the shared client handle (`crate::client`); the shutdown
+        // drain's timer is boxed
         ("event sink", size_of_val(&m.event_sink.run()), 320),
         (
             "runtime health monitor",
             size_of_val(&m.health_monitor.run()),
-            // 632 bytes (a 768-byte task) while a poll and its timeout were held in place; 400 while it waited
-            // on the agent's token itself (the node side's join stops it now, see `join::join7_stop`); 312 while
-            // its wait held a tokio `Sleep` and a `Notified` (see `crate::density::timer`, `crate::density::poke`); 184 while the
-            // timer's wait and the poke were raced in `tokio::select!`
+            // a poll and its timeout are boxed; it waits on the shared timer and a poke (`crate::density::timer`,
+            // `crate::density::poke`), polled by hand, and the node side's join stops it (`join::join7_stop`), so
+            // it holds no wait on the agent's token
             144,
         ),
-        // 2,328 and 1,320 bytes while written as `async fn`s taking `self` (kept twice); then 1,472 (a
-        // 1,664-byte task) while the start-up clock and full transition timestamps were kept; 1,368 while it kept
-        // its own `kube::Client` and waited on three channels through `Notified` futures (~80 bytes each); 1,040
-        // while its idle wait included the agent's token; 960 while its trigger wait kept a second receiver of
-        // each signal and its image list and pod CIDR were held in place
-        // 888 while its wait held a tokio `Sleep` and a `Notified`; 768 while its four conditions kept two `Cow`s
-        // each; 640 while its triggers were raced in `tokio::select!` (144 bytes; now polled by hand) and the
-        // first wait for the runtime's answer, with its timeout, was held in place
+        // a function returning an `async` block (an `async fn` taking `self` keeps its arguments twice); the
+        // start-up clock boxed until observed, transition times in seconds; the shared client; its triggers borrow
+        // the status task's signals and are polled by hand over the shared timer and a poke; each condition's
+        // texts are two words; the image list, the pod CIDR and the first wait for the runtime's answer are
+        // boxed; the node side's join stops it
         ("node status", size_of_val(&m.status.run()), 528),
-        // 784 bytes (an 896-byte task) while it kept an `Api` (272 bytes; now built per request), a retry
-        // back-off every renewal resets, and the Node's name twice; 640 with a `kube::Client` of its own; 552
-        // while it waited on the agent's token; 448 while the Lease it last wrote was held in place
-        // 376 while it slept on a tokio `Sleep` of its own; 312 while a renewal's result and the Node's copy
-        // stayed in scope across the wait for the next one
+        // an `Api` built per request, a retry back-off only while renewals fail, the Node's name once, the
+        // shared client; the Lease it last wrote is boxed; it sleeps on the shared timer, and a renewal's result
+        // and the Node's copy are out of scope before the wait for the next one; the node side's join stops it
         ("lease", size_of_val(&m.lease.run()), 168),
         (
             "node informer",
             size_of_val(&m.informer.run()),
-            // the lean watch in place (760 bytes in a debug build) and nothing on the heap while idle; a
-            // kube-runtime watcher was 416 bytes here plus its boxed state and an 8 KiB line buffer; 760 (an
-            // 896-byte task) while it held its client twice and the watch its back-off in place; 600 while the
-            // informer and its watch each held a `kube::Client`; 424 while it waited on the agent's token; 320
-            // while the watch kept an empty queue and its selector and version as `String`s
+            // the lean watch in place (`crate::density::lean_watch`) and nothing on the heap while idle: one
+            // shared client, the watch's back-off and queue boxed and made only when needed, its selector and
+            // version boxed strings; the node side's join stops it
             280,
         ),
         (
             "eviction manager",
             size_of_val(&ctx.eviction_loop(crate::density::chan::unbounded_channel().0)),
-            // its own context clone, thresholds and state, one sleep or cleanup wait (a pass is boxed); 680
-            // bytes while each wait was raced against the agent's token in a second future; 352 while it slept on a
-            // tokio `Sleep` of its own; 280 while a pass's answer stayed in scope across the wait
+            // its own context clone, thresholds and state, one wait on the shared timer or for a cleanup (a
+            // pass is boxed, and its answer out of scope before the wait); the node side's join stops it
             264,
         ),
         (
             "pod lifecycle",
             size_of_val(&super::pods::run_for_agent(ctx.clone(), m.pods, control)),
-            // the pod manager's loop and what stops it; the lifecycle is boxed until its tasks start and the
-            // agent context is not kept: 1,432 bytes (2,328 while it held the lifecycle and the context, and
-            // the lifecycle's future twice in a wrapping `async` block; 3,680 while its `async fn`s kept their
-            // arguments twice); 1,432 while the static pods' side (272 bytes, most nodes have none) was in place;
-            // 1,160 while its wait for a Node change held a `Notified`; 1,080 before the manager kept the one
-            // timer its pod workers are woken by (an 8-byte handle and its wait; the timer is boxed while a worker
-            // waits for a time), still within the same 1,280-byte task; 1,168 (a 1,280-byte task) while the parts
-            // moved into the manager's future stayed in scope beside it (kept twice), the manager waited on the
-            // agent's token (it stops when the PLEG's channel closes now) and its channel and tick waits were
-            // `async fn`s; under 528 the task is 640 bytes (at 528 since the manager takes a pointer to what
-            // arrived before the pod side was built, see `pods::first_pod`)
+            // the pod manager's loop and what stops it: the lifecycle is boxed until its tasks start, the agent
+            // context is not kept, the static pods' side is boxed (most nodes have none), the manager's future
+            // is made apart from the parts moved into it, it stops when the PLEG's channel closes rather than
+            // waiting on the agent's token, its waits are one pointer each, it keeps one timer for its workers'
+            // wake times (`crate::density::wake_timer`), and it holds a pointer to what arrived before the pod
+            // side was built (`pods::first_pod`)
             528,
         ),
         (
             "garbage collectors",
             size_of_val(&ctx.gc_loop()),
-            // 568 bytes (a 768-byte task) while its two timers each kept a sleep; 520 while it raced its sleep
-            // and its passes against the agent's token; 288 while that sleep was a tokio `Sleep`; 208 while it kept
-            // the periods its timers are made from
+            // both collectors' timers wait on one wait of the shared timer, the passes are boxed, the node side's
+            // join stops it, and the periods its timers are made from are not kept
             176,
         ),
     ];
@@ -127,17 +115,10 @@ async fn the_agents_long_lived_futures_stay_small() {
 }
 
 /// The node-side managers run joined in one task: the join costs a few bytes per manager over the sum of their
-/// futures, where a task each cost ~112 bytes and the rounding to 128 (5,376 bytes of task cells per node; now
-/// one cell). 8,592 bytes while joined in an `async fn` (each manager's future held twice); 4,432 (a 4,608-byte
-/// cell, which jemalloc serves from its 5,120-byte class) before the managers shared one API client and waited
-/// on channels without `Notified` futures; 3,752 (a 3,968-byte cell in the 4,096 class) while six of the managers
-/// each waited on the agent's token (~72 bytes each) where the join now stops them; 3,168 (a 3,328-byte cell in
-/// the 3,584 class) while the join's branch wakers, the status task's second receivers and the lease task's
-/// kept Lease were held in place. Under 2,944 bytes the cell (the future and ~112 bytes of tokio's, in
-/// multiples of 128) fits jemalloc's 3,072-byte class; under 2,432 (since the managers wait on a shared
-/// timer) its 2,560-byte class; under 1,936 its 2,048-byte class (2,384 bytes while the status task's conditions
-/// kept two `Cow`s each, its triggers and the runtime monitor's waits were raced in `tokio::select!`, and the
-/// lease, eviction and collection loops kept what they no longer needed across their waits).
+/// futures, where a task each would cost a task header and the rounding of each future to the cell's alignment.
+/// The joined future is a node's largest task cell, held for its whole life; its ceiling keeps the cell in the
+/// allocation it has today (the figures and how the task came down to them: docs/density.md, "Future-size
+/// ceilings").
 #[tokio::test]
 async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
     let (ctx, m) = agent().managers();
@@ -179,10 +160,8 @@ async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
             size_of_val(&joined) - sum,
             7 * 8 + 8 + 8 + 8,
         ),
-        // 2,848 bytes (a cell in jemalloc's 3,072-byte class) while five managers each held a tokio `Sleep` (112
-        // bytes; now a shared timer's 24-byte wait, see `crate::density::timer`) and two a `Notified` (64; now a `Poke`'s
-        // 8); 2,384 (the 2,560-byte class) before the changes listed above; under 1,936 the cell fits the
-        // 2,048-byte class
+        // the seven managers' idle futures together: waits on the shared timer (`crate::density::timer`) and
+        // pokes (`crate::density::poke`), not tokio `Sleep`s and `Notified`s
         ("node side (joined)", size_of_val(&joined), 1_936),
     ]);
 }
@@ -198,10 +177,8 @@ async fn the_pod_sides_long_lived_futures_stay_small() {
             tx,
             std::future::pending(),
         )),
-        // 960 bytes in a debug build; 3,408 while a decoded pod was kept across the delivery's await
-        // 968 (a 1,152-byte task) while the watch held its back-off in place; 800 while it and its watch each
-        // held a `kube::Client`; 536 while it waited on the agent's token (the pod side's join drops it now, see
-        // `join::join3_stop`), kept a copy of its selector and the watch an empty queue
+        // no decoded pod kept across the delivery's await, the watch's back-off boxed, one shared client, no
+        // copy of its selector; the pod side's join drops it where it waits (`join::join3_stop`)
         448,
     )];
     check(&sizes);
@@ -211,9 +188,8 @@ async fn the_pod_sides_long_lived_futures_stay_small() {
 fn per_node_and_per_pod_structures_stay_small() {
     let mut sizes = vec![
         ("AgentContext", size_of::<crate::AgentContext>(), 320),
-        // one per node in a shared `Arc` (16 bytes more): 416 bytes (jemalloc's 448-byte class) while the machine
-        // facts and the kubelet version kept a `String` each, the fleet-wide ones allocated per node too; 352 (the
-        // 384 class) while each node kept its own copy of the collection settings; under 304 the 320 class
+        // one per node in a shared `Arc`: the machine facts, the kubelet version and the collection settings the
+        // fleet shares are one copy, a node's own identifiers exact-size strings
         ("AgentConfig", size_of::<AgentConfig>(), 304),
         ("MachineInfo", size_of::<MachineInfo>(), 192),
         ("NodeSnapshot", size_of::<crate::node::NodeSnapshot>(), 256),
@@ -226,21 +202,17 @@ fn per_node_and_per_pod_structures_stay_small() {
             // one per container, so held several times per pod
             512
         } else if name == "ContainerRecord" {
-            // in a list allocated per pod (jemalloc's 160-byte class for one container): 232 bytes while the
-            // runtime's reason and message were two strings in place, empty for a running container; 192 while
-            // the image name and digest were two shared strings (now one shared pair) and the ID a `String`
+            // in a list allocated per pod: the runtime's reason and message boxed apart (a running container has
+            // neither), the image name and digest one shared pair, the ID a boxed string
             160
         } else if name == "DesiredPod" {
-            // shared by its worker and the manager in one `Arc` (the counts and this): 328 bytes, jemalloc's
-            // 384-byte class, while a deletion's time and grace period were held in place (a pod carries them only
-            // while it terminates); 296, the 320 class, while it kept its requests (computed from the shared
-            // container lists now), a hostname few pods set and its own copy of the service account's name; at
-            // 240 bytes or less, with the `Arc`'s counts, the 256 class
+            // shared by its worker and the manager in one `Arc`: a deletion's time and grace period boxed (a pod
+            // carries them only while it terminates), its requests computed from the shared container lists, a
+            // hostname few pods set kept with the rarely set fields, the service account's name interned
             240
         } else if name == "PodWorker" {
-            // 864 bytes while its image-pull, restart and sync-error back-offs were held in place (most pods
-            // never need one), 528 while a rejection, stop orders and empty hash maps were; 328 while it kept
-            // empty probe and waiting maps, its prober link, its start time to the nanosecond and two senders
+            // back-offs made on first need (most pods never need one), a rejection and stop orders boxed, probe
+            // and waiting maps made when needed, no prober link or senders of its own, its start time in seconds
             256
         } else {
             1_024
@@ -252,7 +224,6 @@ fn per_node_and_per_pod_structures_stay_small() {
 
 #[test]
 fn queued_messages_stay_small() {
-    // a pod event waits in the pod source's channel, one linked-queue node each (`crate::density::chan`: the channel
-    // costs ~160 bytes idle, where tokio's bounded channel allocated a 512-byte core and 32 slots up front)
+    // a pod event waits in the pod source's channel, one linked-queue node each (`crate::density::chan`)
     check(&[("PodEvent", size_of::<crate::pods::PodEvent>(), 32)]);
 }

@@ -2,13 +2,13 @@
 //! runtime events, finished workers, pod statuses.
 //!
 //! Same surface as tokio's unbounded mpsc (`send`, `recv`, `try_recv`), but over `futures`' linked queue: a
-//! tokio channel allocates ~1 KiB when it is made (a 512-byte cache-padded core and a first block of 32 slots),
-//! which a hollow fleet pays for every idle channel of ten thousand nodes and of every pod; this one allocates
-//! ~100 bytes and then a small node per message in flight.
+//! tokio channel allocates a cache-padded core and a first block of slots when it is made, which a hollow fleet
+//! would pay for every idle channel of every node and every pod; this one allocates a small shared head and
+//! then one node per message in flight, so an idle channel holds next to nothing.
 //!
 //! [`channel`] is the bounded variant (the pod watch's hand-over to the pod manager): the same queue, with a
 //! semaphore of `capacity` permits that each queued message holds until it is received, so a sender waits
-//! while `capacity` messages are queued (~160 bytes idle; tokio's bounded channel is ~1.3 KiB).
+//! while `capacity` messages are queued; idle, it holds no room for them (tokio's bounded channel does).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};

@@ -2,9 +2,9 @@
 //!
 //! A hollow fleet runs thousands of agents, each with a lease renewal, a runtime health poll, an eviction pass,
 //! a status tick and a resync per pod, all periods of seconds to minutes with their own jitter. Left alone, every
-//! one of those deadlines is a wake-up of its own for the runtime's worker threads (measured on an idle fleet of
-//! 2,000 nodes: ~1,600 context switches a second, ~48 per node-minute). On a shared grid, every deadline due
-//! within the same 50 ms is served by one wake-up. Each loop keeps its period: a jittered deadline moves within
+//! one of those deadlines is a wake-up of its own for the runtime's worker threads, and an idle fleet spends
+//! its CPU switching threads in and out for them. On a shared grid, every deadline due within the same 50 ms
+//! is served by one wake-up. Each loop keeps its period: a jittered deadline moves within
 //! its own jitter window (see [`within`]), a fixed one at most [`GRID`] later. Back-offs and short waits are not
 //! moved; only periods of a second and more are.
 
@@ -38,7 +38,7 @@ fn phase(at: Instant) -> u64 {
     u64::try_from(p).unwrap_or(0)
 }
 
-/// `at` as whole seconds since the grid's origin (0 before it; saturating after ~136 years): a four-byte
+/// `at` as whole seconds since the grid's origin (0 before it; saturating after ~136 years): a `u32`
 /// timestamp for records kept by the thousand, where a second is precise enough.
 pub fn secs(at: Instant) -> u32 {
     let since = at.into_std().saturating_duration_since(origin()).as_secs();

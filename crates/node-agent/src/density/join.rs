@@ -1,13 +1,13 @@
 //! Several long-lived futures run as one, each polled only when something woke it.
 //!
-//! An agent's managers mostly wait (on a timer, a channel, a watch). Run as a task each, every one costs tokio's
-//! own ~112 bytes and the rounding of its future to 128 bytes, per node. Joined into one task they cost one
-//! header, but a plain join (`futures::future::join`) polls every branch whenever any is woken, and a
-//! thousand-node fleet then spends a sixth more CPU polling branches that had nothing to do. Here each branch
+//! An agent's managers mostly wait (on a timer, a channel, a watch). Run as a task each, every one costs a task
+//! header of tokio's and the rounding of its future to the task cell's alignment, per node. Joined into one task
+//! they cost one header, but a plain join (`futures::future::join`) polls every branch whenever any is woken,
+//! and an idle fleet then spends much of its CPU polling branches that had nothing to do. Here each branch
 //! gets a waker of its own that marks it woken before waking the task; a poll of the join polls only the marked
 //! branches. The cost is one small shared allocation and one per branch (the branch wakers), made when the join
-//! is built, and the wakers' array (boxed: the join's future is a node's largest task cell, and 112 bytes less
-//! of it moved the node side of an agent into jemalloc's next smaller class).
+//! is built, and the wakers' array (boxed: the join's future is a node's largest task cell, held for the node's
+//! whole life, so what it need not hold in place it does not).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -142,7 +142,7 @@ woken_join!(
 
 /// Seven futures joined, the last six run until `stop` fires: at the join's next poll after that they are dropped
 /// where they wait, and the first runs on to its end. None of the six needs a cancellation wait of its own (one
-/// is ~72 bytes of every idle future that holds it); the first must wait on `stop` itself (the agent's event
+/// would sit in every idle future that holds it); the first must wait on `stop` itself (the agent's event
 /// writer does, for its drain), which is what wakes the join when `stop` fires. Without that the six are
 /// dropped at the next poll any of them causes.
 #[allow(clippy::too_many_arguments)]

@@ -1,9 +1,9 @@
 //! A wake-up for one waiter ([`Poke`]), for the idle loops of many agents.
 //!
-//! `tokio::sync::Notify` serves any number of waiters, and its wait future is 64 bytes, held in the idle task
-//! for as long as it waits. The node-side loops that are poked (the status loop by the lease task, the runtime
-//! monitor by the status loop) each have one waiter, so a flag and the waiter's waker do: the wait is one
-//! reference. Like `Notify::notify_one`, a poke while nobody waits is kept for the next wait.
+//! `tokio::sync::Notify` serves any number of waiters, and its wait future carries a waiter's list node, held
+//! in the idle task for as long as it waits. The node-side loops that are poked (the status loop by the lease
+//! task, the runtime monitor by the status loop) each have one waiter, so a flag and the waiter's waker do: the
+//! wait is one reference. Like `Notify::notify_one`, a poke while nobody waits is kept for the next wait.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;

@@ -1,9 +1,9 @@
 //! One timer for the idle waits of many agents ([`Timer`]).
 //!
 //! An agent's node-side managers spend their life waiting for a deadline: the next lease renewal, status tick,
-//! runtime poll, collection or eviction pass. A tokio `Sleep` held in the waiting future is 112 bytes, and a
-//! hollow fleet's agents hold five each. A [`Wait`] on a [`Timer`] is 24 bytes (a reference and two integers):
-//! the timer keeps each waiting task's waker (16 bytes) in a table of deadlines on the process-wide
+//! runtime poll, collection or eviction pass. A tokio `Sleep` held in the waiting future carries a timer entry
+//! of its own in place, and a hollow fleet's agents hold several each. A [`Wait`] on a [`Timer`] is a reference
+//! and two integers: the timer keeps each waiting task's waker in a table of deadlines on the process-wide
 //! [`grid`](crate::density::grid), and one task sleeps until the earliest of them and wakes every waiter due then.
 //! Deadlines are served at the first grid point at or after them (at most [`GRID`] late; periodic deadlines
 //! already sit on it), and a deadline already past is ready at once.
@@ -183,8 +183,8 @@ pub struct Wait<'a> {
     place: Place,
 }
 
-/// A wait on a [`Timer`] that holds a handle of its own on it (from [`Timer::sleep_until_owned`]): the same 24
-/// bytes as a [`Wait`], for a future that cannot also borrow where the timer is kept.
+/// A wait on a [`Timer`] that holds a handle of its own on it (from [`Timer::sleep_until_owned`]): the same
+/// size as a [`Wait`], for a future that cannot also borrow where the timer is kept.
 #[must_use = "futures do nothing unless polled"]
 pub struct OwnedWait {
     timer: Timer,

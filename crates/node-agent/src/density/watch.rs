@@ -7,12 +7,12 @@
 //! `send_if_modified`, `subscribe`, `is_closed`): receivers remember the version they saw, `changed` waits for
 //! a newer one (and fails once every sender is gone with nothing new), and every version counts, not every
 //! value. The difference is size: tokio's shared state carries nine wake-up lists (eight spread receivers over
-//! for contention, one for `Sender::closed`), ~330 bytes per channel before the value, which a hollow fleet pays
-//! for seven channels of each of ten thousand nodes; this one has one wake-up list, ~70 bytes. Nothing here is
-//! contended: a channel has a handful of receivers, woken a few times a minute.
+//! for contention, one for `Sender::closed`), which a hollow fleet would pay for each state channel of every
+//! node; this one has one wake-up list. Nothing here is contended: a channel has a handful of receivers, woken
+//! a few times a minute.
 //!
 //! The wake-up list holds the wakers of the tasks waiting, not a node per waiting future: [`Receiver::changed`]
-//! is a pointer to its receiver (8 bytes), where a future holding a `tokio::sync::Notified` is ~80. Idle agents
+//! is a pointer to its receiver, where a future holding a `tokio::sync::Notified` carries its list node. Idle agents
 //! wait in `changed` all the time (the status loop on three channels at once), so the futures they sleep in stay
 //! smaller. A waker stays listed until the next version or the last sender's drop wakes it, even if the
 //! future that listed it is gone meanwhile: at worst a spurious wake-up of a task that re-checks and sleeps.
@@ -30,7 +30,7 @@ const CLOSED: u64 = 1;
 struct Shared<T> {
     value: RwLock<T>,
     state: AtomicU64,
-    // 32-bit counts: most channels' state within a smaller allocation class (a hollow node holds eight)
+    // 32-bit counts: a channel has a handful of handles, and every node keeps several of these states
     senders: AtomicU32,
     receivers: AtomicU32,
     waiting: Mutex<Waiting>,
@@ -460,8 +460,8 @@ mod tests {
     fn the_shared_state_is_small() {
         let size = size_of::<Shared<bool>>();
         println!("shared state of a watch of bool: {size} bytes");
-        // with the `Arc`'s two counts within jemalloc's 80-byte class; 72 bytes (the 96 class) while the sender
-        // and receiver counts were 64-bit
+        // the state with the `Arc`'s two counts within the ceiling every node's channels are held to (the
+        // figure and its history: docs/density.md)
         assert!(size + 16 <= 80, "{size} bytes");
     }
 }

@@ -280,8 +280,8 @@ pub fn thresholds(k: &KubeletConfig) -> Vec<ThresholdSpec> {
     out
 }
 
-/// [`thresholds`] of `k`, shared: the agents of a fleet hold one configuration, so they hold one list
-/// (0.75 KiB per node otherwise) — computed again only for a configuration other than the last one asked for.
+/// [`thresholds`] of `k`, shared: the agents of a fleet hold one configuration, so they hold one list rather
+/// than a copy per node — computed again only for a configuration other than the last one asked for.
 pub fn shared_thresholds(k: &Arc<KubeletConfig>) -> Arc<[ThresholdSpec]> {
     type Memo = Option<(Weak<KubeletConfig>, Arc<[ThresholdSpec]>)>;
     static LAST: Mutex<Memo> = Mutex::new(None);

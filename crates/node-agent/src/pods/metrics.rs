@@ -2,7 +2,8 @@
 //! kubelet's Prometheus series.
 //!
 //! One [`PodMetrics`] is meant to be shared by every agent of a process (it is `Sync`; a hollow fleet hands the
-//! same `Arc` to all its agents): its eight hdrhistograms cost about 1.5 MB once used (nothing before).
+//! same `Arc` to all its agents): its eight hdrhistograms are large once used (nothing before their first
+//! samples).
 //!
 //! Stages follow the project vocabulary: `watch_observed` → `admitted` → `volumes_ready` → `sandbox_ready` →
 //! `images_ready` → `containers_started` → `status_reported`. For every pod's first start, each stage records
@@ -119,8 +120,8 @@ impl Timeline {
 const HDR_MAX_MICROS: u64 = 3_600_000_000;
 
 /// An empty stage histogram: microseconds, 3 significant digits. Kept with `u32` counts (a stage would need 4
-/// billion samples in one bucket to saturate it): ~94 KB each, where `u64` counts took ~190 KB — 1.5 MB per process
-/// once every stage had a sample, ~0.3 KiB per pod in a fleet of 5,000.
+/// billion samples in one bucket to saturate it): half the memory of `u64` counts, and a fleet's histograms are
+/// divided over its pods.
 fn new_hdr<T: hdrhistogram::Counter>() -> Option<hdrhistogram::Histogram<T>> {
     // the bounds are constants hdrhistogram accepts, so this never yields None in practice
     hdrhistogram::Histogram::new_with_bounds(1, HDR_MAX_MICROS, 3).ok()
@@ -192,7 +193,7 @@ fn start_histogram() -> Histogram {
 /// The lifecycle's metrics; share one per process.
 #[derive(Debug)]
 pub struct PodMetrics {
-    /// One per stage plus the whole span, allocated on first use (about 94 KB each, see `new_hdr`).
+    /// One per stage plus the whole span, allocated on first use (large: see `new_hdr`).
     stages: Mutex<Vec<Option<hdrhistogram::Histogram<u32>>>>,
     pod_start_sli: Histogram,
     pod_start: Histogram,

@@ -440,7 +440,7 @@ impl PodLifecycle {
         );
         let (pleg_tx, pleg_rx) = crate::density::chan::unbounded_channel();
         // The status writer, the PLEG and the pod watch run joined in one task, each polled when woken (each
-        // waits on its input most of the time; a task each cost tokio's ~112 bytes and the rounding to 128 per
+        // waits on its input most of the time, and a task each would cost a task header and its rounding per
         // node). A join combinator, not an `async` block, which would hold each future twice. The writer stops
         // on the agent's token; the join then drops the PLEG and the watch where they wait, so neither holds a
         // cancellation wait of its own.
@@ -486,7 +486,7 @@ pub(crate) fn per_pod_sizes() -> Vec<(&'static str, usize)> {
     vec![
         ("PodWorker", size_of::<worker::state::PodWorker>()),
         ("DesiredPod", size_of::<model::spec::DesiredPod>()),
-        // 960 bytes while its probes and hooks were held in place (most containers have none)
+        // its probes and hooks boxed (most containers have none)
         ("ContainerSpec", size_of::<model::spec::ContainerSpec>()),
         ("RuntimeView", size_of::<runtime::observed::RuntimeView>()),
         // one per container instance the runtime holds, kept between syncs

@@ -2,8 +2,8 @@
 //!
 //! Every agent keeps two watches for its whole life (its pods, its own Node), ten thousand agents to a hollow
 //! process, so what an idle watch holds is per-node memory. kube-runtime's `watcher` reads the stream through a
-//! line codec whose buffer starts at 8 KiB and stays allocated while the watch idles, inside a boxed state
-//! machine. [`LeanWatch`] keeps the response body and only the bytes of a line not yet complete (nothing
+//! line codec whose buffer is allocated up front and stays allocated while the watch idles, inside a boxed
+//! state machine. [`LeanWatch`] keeps the response body and only the bytes of a line not yet complete (nothing
 //! between events), and decodes each line as it completes.
 //!
 //! Semantics as the kubelet's reflector and kube-runtime's watcher: a list first (`resourceVersion=0`, served
@@ -64,7 +64,7 @@ pub struct LeanWatch<K> {
     /// Bytes of the line being received.
     partial: Vec<u8>,
     /// Decoded changes not yet returned (a chunk may hold several lines); boxed, made while a chunk's changes
-    /// are handed out (an idle watch, inside a node's long-lived task, kept an empty queue's 32 bytes in place).
+    /// are handed out (an idle watch lives inside a node's long-lived task and should hold no empty queue).
     #[allow(
         clippy::box_collection,
         reason = "8 bytes in the idle watch, which holds no queue"

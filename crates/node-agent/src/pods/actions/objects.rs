@@ -123,7 +123,7 @@ impl ServiceLink {
 }
 
 /// One copy of equal Service lists: every node of a fleet lists the same Services of a namespace (the
-/// `kubernetes` Service in every one; ~0.3 KiB per node with pods when each kept its own).
+/// `kubernetes` Service in every one), which would otherwise be a copy per node with pods.
 fn shared_links(links: Vec<ServiceLink>) -> Arc<[ServiceLink]> {
     static LINKS: crate::density::intern::Interner<[ServiceLink]> = crate::density::intern::Interner::new();
     LINKS.intern_slice(links)
@@ -312,7 +312,7 @@ impl PodObjects for ApiObjects {
             return Ok(Some(data));
         }
         // the same object is fetched by every agent of a fleet (a namespace's kube-root-ca.crt for every pod's
-        // service account volume): one copy of equal contents, ~1.5 KiB per node for the root CA
+        // service account volume): one copy of equal contents, not a CA bundle per node
         static CONTENTS: crate::density::intern::Interner<ObjectData> =
             crate::density::intern::Interner::new();
         let data = self

@@ -3,8 +3,8 @@
 //!
 //! An agent reads a handful of objects (every pod of a namespace mounts the same `kube-root-ca.crt`), and a
 //! hollow fleet holds one cache per node: the entries sit in one allocation sized to them, each under one key
-//! string. A hash table held ~340 bytes per agent for a single entry (four buckets at its smallest), plus a
-//! string per part of the key; a lookup here walks the entries, which costs nothing next to the read it saves.
+//! string. A hash table would allocate buckets for several entries to hold a single one, plus a string per
+//! part of the key; a lookup here walks the entries, which costs nothing next to the read it saves.
 
 use std::time::Duration;
 

@@ -1,16 +1,17 @@
 //! A pod side built at the node's first pod.
 //!
 //! Until a node has a pod, the pod lifecycle runs only its pod source (the per-node watch or a feed
-//! subscription) and reads its control channel: the status writer, the PLEG, the pod manager, the node view
-//! bridge and their channels (~2.5 KiB per node in a hollow fleet) are made when the first pod arrives or a
+//! subscription) and reads its control channel: the status writer, the PLEG, the pod manager and their
+//! channels, which most nodes of a hollow fleet would hold unused, are made when the first pod arrives or a
 //! graceful shutdown is requested, and kept from then on. Meanwhile the questions other managers ask are
 //! answered as the pod manager would answer them with no pods: no pods run, none hold the node's resources, an
 //! eviction finds nothing, and the garbage collector's "which pods do you have?" is `None` until the API
 //! server's first list has arrived, then "none".
 //!
-//! Waiting is only for a node with nothing to find: no static pod sources, nothing on disk to sweep (no pods
-//! directory or pod cgroups; a real node has them), and a runtime that holds no pod sandbox (a restarted agent's
-//! runtime may hold what it ran before). Any other node builds its pod side at once.
+//! Waiting is only for a hollow node ([`NodeKind::Hollow`](crate::pods::NodeKind)) with nothing to find: no
+//! static pod sources and a runtime that holds no pod sandbox (a restarted agent's runtime may hold what it ran
+//! before). A real node, which has a pods directory and pod cgroups to sweep, and any other node build their pod
+//! side at once.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -56,8 +57,8 @@ where
     let mut taken = Taken::default();
     let mut control_open = true;
     let mut cancelled = std::pin::pin!(cancel.cancelled());
-    // polled by hand, not through `tokio::select!` (its branch futures and bookkeeping were a third of this
-    // wait, which a node without pods holds for as long as it has none); the channels' waits hold nothing
+    // polled by hand, not through `tokio::select!` (whose branch futures and bookkeeping the wait would hold for
+    // as long as the node has no pod); the channels' waits hold nothing
     std::future::poll_fn(|cx| {
         loop {
             // in this order: a question is answered after the pod events that came before it

@@ -156,7 +156,7 @@ impl PodManager {
     }
 
     /// Runs until the PLEG stops (it stops when the agent's token fires, and its channel closes then: the idle
-    /// manager so holds no ~72-byte wait on the token of its own) or the source ends, taking `first` (what
+    /// manager so holds no wait on the token of its own) or the source ends, taking `first` (what
     /// arrived before the pod side was built) before anything else.
     pub(crate) fn run(
         mut self,

@@ -9,7 +9,7 @@
 //!
 //! The pod manager runs a sweep after every full list of the API's pods (once every static source has been
 //! read) and, on a real node, every [`PERIOD`] (a hollow node has neither directories nor cgroups, and sweeps
-//! only after a list, as before).
+//! only after a list).
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -53,7 +53,7 @@ pub(crate) fn start_turn(worker: Box<PodWorker>, tracker: &TaskTracker) {
         node = %worker.ctx.config.node_name
     );
     let turn = worker.turn();
-    // a span only where it records: a disabled one is still 40 bytes in the turn's task
+    // a span only where it records: a disabled one still takes room in the turn's task
     if span.is_disabled() {
         tracker.spawn(turn);
     } else {

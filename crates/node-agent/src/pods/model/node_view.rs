@@ -4,7 +4,7 @@
 //! Two sources: a channel of views someone else keeps current (tests, a caller of its own), or an agent's own
 //! channels — the Node as its informer last saw it, the allocatable it computed and the eviction manager's
 //! pressure — with the view composed at each read. The second keeps no copy of the view and no task to copy it
-//! (a channel, a task and the view were ~0.7 KiB per node with pods in a hollow fleet); a read composes a small
+//! (a channel, a task and the view for every node with pods of a hollow fleet); a read composes a small
 //! value (the labels are shared), which admission and a pod's volumes and environment do a few times per pod.
 
 use std::future::Future;

@@ -83,8 +83,8 @@ pub trait ProbeTransport: Send + Sync + 'static {
 /// The latest probe results of one pod's containers, by container id, as its worker keeps them.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ProbeResults {
-    // made at the first result: 8 bytes and nothing allocated for a pod without probes (the worker holds this
-    // for the pod's whole life, where an empty map in place takes 24)
+    // made at the first result: a pointer and nothing allocated for a pod without probes (the worker holds this
+    // for the pod's whole life, where an empty map in place takes three words)
     #[allow(
         clippy::box_collection,
         reason = "8 bytes in the idle worker while empty, as for most pods"

@@ -42,8 +42,8 @@ impl CState {
 /// One container instance.
 ///
 /// Kept for every container of every pod between syncs: the image name and digest are shared by every
-/// container of the same image (interned), and the sandbox ID with the pod's [`SandboxRecord`] — each was an
-/// allocation per container (~180 bytes of a pod's ~250 here).
+/// container of the same image (interned), and the sandbox ID with the pod's [`SandboxRecord`], rather than an
+/// allocation each per container.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerRecord {
     /// Runtime id.
@@ -77,7 +77,7 @@ pub struct ContainerRecord {
 }
 
 /// The runtime's words on a container: boxed apart, as a running container has none and every container's
-/// record is held between syncs (two empty strings in place kept a record in jemalloc's 256-byte class).
+/// record is held between syncs (two empty strings in place would make every record larger).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EndText {
     /// `Completed`, `Error`, `OOMKilled`, ...
@@ -156,8 +156,8 @@ impl ContainerRecord {
 }
 
 /// An image as the runtime names it and the reference (digest) it resolved to. Every container of an image
-/// holds the same pair, so it is one shared copy behind a thin pointer (a container's record was in jemalloc's
-/// 192-byte class with the two names as shared strings of their own, 160 now).
+/// holds the same pair, so it is one shared copy behind a thin pointer (one word in every container's record,
+/// not two shared strings).
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct ImageNames {
     /// The image as the runtime names it.
@@ -352,9 +352,9 @@ impl RuntimeView {
                     verbose: false,
                 }),
             );
-            // Every sync and every termination holds this refresh: the answer (~0.8 KiB) is matched in the
-            // statement that awaits it (bound apart, its room was kept across the wait below), and the status
-            // waits for its termination message inside a boxed read (3.6 KiB for a refresh before, 1.6 now).
+            // Every sync and every termination holds this refresh: the answer is matched in the statement that
+            // awaits it (bound apart, its room would be kept across the wait below), and the status waits for its
+            // termination message inside a boxed read, so the refresh holds room for neither.
             let s = match asked.await {
                 Ok(resp) => match resp.status {
                     Some(s) => s,

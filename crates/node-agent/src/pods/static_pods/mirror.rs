@@ -325,7 +325,7 @@ pub(crate) type StartMirrors =
 /// The pod manager's way to the mirror manager, which runs only where there is work for it: a node with static
 /// pod sources starts it at once; any other node starts it when the first mirror pod bound to it shows up (a
 /// mirror left by an earlier configuration, to be deleted). A hollow fleet's nodes without static pods thus
-/// keep no mirror task (its state is ~8 KiB per node).
+/// keep no mirror task, whose state would be among the largest an idle node holds.
 pub(crate) enum MirrorLink {
     /// The manager runs; its input.
     Running(crate::density::chan::UnboundedSender<MirrorMsg>),

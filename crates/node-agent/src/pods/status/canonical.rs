@@ -22,8 +22,8 @@ pub(crate) const OWNED_CONDITIONS: [&str; 5] = [
 
 // Every object below writes its keys in byte order, as a `serde_json::Value` map would hold them: the text is
 // canonical whichever way it is made. They serialise straight from the status they borrow: a status write or
-// fingerprint builds no JSON tree (a tree was ~100 small allocations per pod, made for every status write and
-// every fingerprint, and the bursts of them left the allocator's pages part-used long after).
+// fingerprint builds no JSON tree (a tree is many small allocations, made for every status write and every
+// fingerprint, and bursts of them leave the allocator's pages part-used long after).
 
 /// The owned fields of a pod status as a strategic-merge patch of `status`.
 #[derive(Debug)]

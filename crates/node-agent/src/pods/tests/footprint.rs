@@ -1,6 +1,7 @@
 //! What a node holds per pod, checked where a user of a large fleet would feel it: small channel messages,
 //! the idle worker's future, and records that share one allocation instead of copying it (image names,
-//! sandbox IDs, the pod's UID).
+//! sandbox IDs, the pod's UID). The ceilings keep each record or task in the allocation it has today; the
+//! figures and their history are in docs/density.md ("Future-size ceilings").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,8 +20,8 @@ use crate::pods::status::StatusHandle;
 use crate::pods::tests::{Harness, fake_probes, node_view, pod};
 use crate::pods::worker::AgentCtx;
 
-/// Channels allocate their buffers up front (tokio: 32 slots), so messages must stay small: one agent per
-/// hollow node, one worker per pod.
+/// A queued message is a node of its channel's queue, sized by the message (`crate::density::chan`), and every
+/// hollow node and every pod keeps such channels: messages stay small.
 #[test]
 fn channel_messages_stay_small() {
     assert!(
@@ -76,26 +77,25 @@ async fn a_waiting_pod_worker_stays_small() {
     let pleg =
         size_of_val(&crate::pods::worker::pleg::Pleg::new(ctx.clone(), pleg_tx).run(std::future::pending()));
     println!("PLEG run future {pleg} bytes");
-    // within a 640-byte task (with the task's own ~112 bytes); 688 bytes, an 896-byte task, while its retry
-    // back-off and the relisting loop were held in place
+    // joined into the pod side's task for the node's life: its retry back-off and relisting loop are boxed
     assert!(pleg <= 528, "the PLEG's run future is {pleg} bytes");
     let mut view = crate::pods::runtime::observed::RuntimeView::default();
     let refresh = size_of_val(&view.refresh(ctx.view_source(), "u1", Reread::Kept));
     println!("runtime view refresh {refresh} bytes");
-    // a sync or a termination holds it (boxed with the step, while the step runs): 3,656 bytes while the status
-    // answer was bound apart and the termination message read in place
+    // a sync or a termination holds it (boxed with the step, while the step runs): the status answer is matched
+    // where it is awaited, and the termination message is read in a box of its own
     assert!(refresh <= 1_792, "a runtime view refresh is {refresh} bytes");
     let worker = Box::new(crate::pods::worker::pod_worker::PodWorker::new(ctx, init));
     let worker_size = size_of_val(&*worker);
     let turn = size_of_val(&worker.turn());
     println!("PodWorker {worker_size} bytes, a turn's future {turn} bytes");
-    // in jemalloc's 256-byte class; while a task per pod held the worker and its wait for messages, the task was
-    // 384 bytes (the future 272, with tokio's ~112), and a channel to it 72 more
+    // a waiting worker is this box in the manager's table, for the pod's life: no task, channel or timer of its
+    // own
     assert!(
         worker_size <= 256,
         "a pod worker is {worker_size} bytes (past jemalloc's 256-byte class)"
     );
-    // a turn's task (alive only while a step runs) in a 256-byte cell, with tokio's ~112 bytes
+    // a turn's task (alive only while a step runs) in the smallest task cell that holds it
     assert!(turn <= 144, "a turn's future is {turn} bytes");
 }
 
@@ -127,10 +127,9 @@ async fn the_pod_sides_joined_task_stays_small() {
     let parts = [size_of_val(&writer), size_of_val(&pleg), size_of_val(&watch)];
     let joined = size_of_val(&crate::density::join::join3_stop(token, writer, pleg, watch));
     println!("pod side: status writer, PLEG, pod watch {parts:?} bytes, joined {joined} bytes");
-    // a task cell is the future and 112 bytes of tokio's, rounded up to 128: at most 912 bytes keeps it in a
-    // 1,024-byte cell (a 1,280-byte jemalloc class while the PLEG and the watch each waited on the agent's token;
-    // 1,000 bytes, still that class, while the writer held a random hasher, an empty flush list and a retry
-    // timer's async block in place, and the watch an empty queue and a copy of its selector)
+    // held for the node's life once it has pods: the join stops the PLEG and the watch (neither waits on the
+    // agent's token), the writer uses a fixed hasher and boxes its flush list, and the watch keeps no empty
+    // queue nor a copy of its selector; the ceiling keeps the task in its current cell
     assert!(
         joined <= 912,
         "the pod side's joined future ({joined} bytes) no longer fits a 1,024-byte task"
@@ -215,8 +214,8 @@ async fn a_pods_uid_is_one_allocation_across_its_updates() {
     h.stop().await;
 }
 
-/// One per agent, shared by its pod workers: its `Arc` within jemalloc's 448-byte class (the `Arc`'s two counts
-/// and the context); 456 bytes, the 512 class, while the runtime's name was a `String`.
+/// One per agent, shared by its pod workers: the context and the `Arc`'s two counts stay within the allocation
+/// they have today (the runtime's name is an exact-size string).
 #[test]
 fn the_pod_sides_shared_context_fits_its_class() {
     let size = size_of::<AgentCtx>();

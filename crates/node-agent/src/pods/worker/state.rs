@@ -117,7 +117,7 @@ pub(crate) struct PodWorker {
     pub(crate) rejected: Option<Box<Rejection>>,
     pub(crate) view: RuntimeView,
     pub(crate) probes: ProbeResults,
-    /// Per container, why it waits; made when the first waits and dropped when none does (8 bytes while no
+    /// Per container, why it waits; made when the first waits and dropped when none does (a pointer while no
     /// container waits, as for a running pod).
     pub(crate) waiting: Option<Box<Waiting>>,
     /// Crash-loop back-off, made at the first restart (most pods never restart).

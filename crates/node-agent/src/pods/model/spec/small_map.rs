@@ -1,6 +1,6 @@
 //! A small, read-only string map for a pod's labels and annotations.
 //!
-//! A `BTreeMap` allocates a whole node (eleven slots, ~0.5 KiB) for its first entry, and most pods carry one to
+//! A `BTreeMap` allocates a whole node (eleven slots) for its first entry, and most pods carry one to
 //! three labels and few annotations; this keeps exactly the pairs, sorted by key, in one allocation, none when
 //! empty. The replicas of a template carry equal labels: [`SmallMap::shared`] gives them one copy.
 

@@ -361,7 +361,7 @@ impl VolumeSpec {
     }
 
     /// `source`, shared with the volumes already holding an equal one: every pod of a service account has the
-    /// same `kube-api-access` projection under a name of its own (~1.3 KiB each otherwise).
+    /// same `kube-api-access` projection under a name of its own, which would otherwise be a copy per pod.
     pub fn shared(source: VolumeSource) -> Arc<VolumeSource> {
         static SOURCES: Interner<VolumeSource> = Interner::new();
         SOURCES.intern(source)

@@ -24,7 +24,7 @@ use crate::pods::status::{StatusMsg, canonical};
 /// Pods written at the same time by one agent.
 pub(crate) const IN_FLIGHT: usize = 4;
 
-/// What the writer holds of one pod for the pod's life (72 bytes, boxed: one per running pod of every node).
+/// What the writer holds of one pod for the pod's life (boxed: one per running pod of every node).
 struct Entry {
     /// `namespace/name` (neither can hold a `/`): one allocation, not two.
     object: Box<str>,
@@ -107,13 +107,12 @@ pub(crate) struct StatusManager {
     api: ApiCalls,
     rx: crate::pods::status::StatusReceiver,
     metrics: Arc<PodMetrics>,
-    /// Boxed: a table's slots are a power of two, up to half of them empty, and an entry in place made each
-    /// empty slot cost 88 bytes instead of 24 (a node of five pods: a 728-byte table, in jemalloc's classes 768
-    /// bytes; 224 and five 80-byte boxes now).
+    /// Boxed: a table's slots are a power of two, up to half of them empty, and an entry in place would make
+    /// every empty slot cost a whole entry rather than a pointer.
     /// With a fixed hasher (no per-table random keys in every node's idle task; the keys are UIDs the API
     /// server assigned).
     entries: HashMap<Arc<str>, Box<Entry>, BuildHasherDefault<DefaultHasher>>,
-    /// Pods with something to write, oldest first (a few per node: a `Vec` is 8 bytes smaller than a deque).
+    /// Pods with something to write, oldest first (a few per node: a `Vec` is a word smaller than a deque).
     dirty: Vec<Arc<str>>,
     mirrors: Mirrors,
     /// Callers waiting for everything queued to be written (tests and shutdown); boxed, made only then.

@@ -226,8 +226,8 @@ async fn the_idle_status_managers_future_stays_small() {
     );
     let size = std::mem::size_of_val(&manager.run(CancellationToken::new()));
     println!("status manager run future {size} bytes");
-    // within a 640-byte task (with the task's own ~112 bytes, rounded up to 128); 536 bytes, a 768-byte task,
-    // while the retry timer was held in place
+    // joined into the pod side's task for the node's life: its retry timer is allocated only while a retry is
+    // due (the figure and its history: docs/density.md, "Future-size ceilings")
     assert!(size <= 528, "the status manager's run future is {size} bytes");
 }
 
@@ -236,7 +236,8 @@ async fn the_idle_status_managers_future_stays_small() {
 fn a_pods_entry_stays_small() {
     let size = std::mem::size_of::<crate::pods::status::manager::Entry>();
     println!("status entry {size} bytes");
-    // 120 bytes (and two allocations for the namespace and name) while the retry time sat beside the back-off
+    // one allocation for the namespace and name, and the retry time boxed with its back-off (the figure and
+    // its history: docs/density.md)
     assert!(size <= 72, "a status entry is {size} bytes");
     let e = crate::pods::status::manager::Entry::new("kube-system", "coredns-5d78c9869d-x2x7k");
     assert_eq!(
