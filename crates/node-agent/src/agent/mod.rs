@@ -24,6 +24,8 @@
 #[cfg(test)]
 mod future_sizes;
 mod pods;
+#[cfg(test)]
+mod whole_agent_tests;
 
 use std::future::Future;
 use std::sync::Arc;

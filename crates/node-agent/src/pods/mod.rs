@@ -88,6 +88,7 @@ pub use labels::RuntimeLayout;
 pub use metrics::{PodMetrics, Stage, StageReport};
 pub use node_view::NodeViews;
 pub use options::PodOptions;
+pub use pleg::{PLEG_THRESHOLD, PlegHealth};
 pub use probes::{
     NetTarget, NetworkProbes, ProbeMetrics, ProbeOutcome, ProbeTarget, ProbeTransport, ScriptedProbes,
 };
@@ -121,6 +122,8 @@ pub struct PodConfig {
     pub object_ttl: Duration,
     /// How image pulls are paced (default: no limit); the gate is made with the pod side.
     pub pulls: pull_gate::PullSettings,
+    /// Where the PLEG records when it was last active, for the node's `PLEG` health check (default: nowhere).
+    pub pleg_health: Option<PlegHealth>,
 }
 
 impl PodConfig {
@@ -136,6 +139,7 @@ impl PodConfig {
             static_pods: None,
             object_ttl: Duration::from_secs(60),
             pulls: pull_gate::PullSettings::default(),
+            pleg_health: None,
         }
     }
 }
