@@ -55,12 +55,12 @@ async fn the_agents_long_lived_futures_stay_small() {
         // 128 bytes on x86-64): a ceiling of 128·n − 112 keeps the task within its 128·n
         // 424 bytes (a 640-byte task) while the shutdown drain's timer was held in place
         // 392 while it kept a `kube::Client` of its own (96 bytes; now a shared handle, see `crate::client`)
-        ("event sink", size_of_val(&m.event_sink.run()), 320),
+        ("event sink", size_of_val(&m.node.event_sink().run()), 320),
         (
             "runtime health monitor",
-            size_of_val(&m.health_monitor.run()),
+            size_of_val(&m.node.health_monitor().run()),
             // 632 bytes (a 768-byte task) while a poll and its timeout were held in place; 400 while it waited
-            // on the agent's token itself (the node side's join stops it now, see `join::join7_stop`); 312 while
+            // on the agent's token itself (the node side's join stops it now, see `agent::supervise`); 312 while
             // its wait held a tokio `Sleep` and a `Notified` (see `crate::density::timer`, `crate::density::poke`); 184 while the
             // timer's wait and the poke were raced in `tokio::select!`
             144,
@@ -73,16 +73,16 @@ async fn the_agents_long_lived_futures_stay_small() {
         // 888 while its wait held a tokio `Sleep` and a `Notified`; 768 while its four conditions kept two `Cow`s
         // each; 640 while its triggers were raced in `tokio::select!` (144 bytes; now polled by hand) and the
         // first wait for the runtime's answer, with its timeout, was held in place
-        ("node status", size_of_val(&m.status.run()), 528),
+        ("node status", size_of_val(&m.node.status().run()), 528),
         // 784 bytes (an 896-byte task) while it kept an `Api` (272 bytes; now built per request), a retry
         // back-off every renewal resets, and the Node's name twice; 640 with a `kube::Client` of its own; 552
         // while it waited on the agent's token; 448 while the Lease it last wrote was held in place
         // 376 while it slept on a tokio `Sleep` of its own; 312 while a renewal's result and the Node's copy
         // stayed in scope across the wait for the next one
-        ("lease", size_of_val(&m.lease.run()), 168),
+        ("lease", size_of_val(&m.node.lease().run()), 168),
         (
             "node informer",
-            size_of_val(&m.informer.run()),
+            size_of_val(&m.node.informer().run()),
             // the lean watch in place (760 bytes in a debug build) and nothing on the heap while idle; a
             // kube-runtime watcher was 416 bytes here plus its boxed state and an 8 KiB line buffer; 760 (an
             // 896-byte task) while it held its client twice and the watch its back-off in place; 600 while the
@@ -138,46 +138,36 @@ async fn the_agents_long_lived_futures_stay_small() {
 /// timer) its 2,560-byte class; under 1,936 its 2,048-byte class (2,384 bytes while the status task's conditions
 /// kept two `Cow`s each, its triggers and the runtime monitor's waits were raced in `tokio::select!`, and the
 /// lease, eviction and collection loops kept what they no longer needed across their waits).
+///
+/// Each manager is supervised within the join (`supervise`): the join holds once what the managers are rebuilt
+/// from and their restart state, where a supervising wrapper around each branch would hold them seven times.
 #[tokio::test]
 async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
-    let (ctx, m) = agent().managers();
-    let (control, _rx) = m.control;
-    let (gc, eviction) = (ctx.gc_loop(), ctx.eviction_loop(control));
-    let (events, health, status, lease, informer) = (
-        m.event_sink.run(),
-        m.health_monitor.run(),
-        m.status.run(),
-        m.lease.run(),
-        m.informer.run(),
-    );
+    let (_ctx, m) = agent().managers();
+    let side = &m.node;
     let sum = [
-        size_of_val(&events),
-        size_of_val(&health),
-        size_of_val(&status),
-        size_of_val(&lease),
-        size_of_val(&informer),
-        size_of_val(&gc),
-        size_of_val(&eviction),
+        size_of_val(&side.event_sink().run()),
+        size_of_val(&side.health_monitor().run()),
+        size_of_val(&side.status().run()),
+        size_of_val(&side.lease().run()),
+        size_of_val(&side.informer().run()),
+        size_of_val(&side.gc()),
+        size_of_val(&side.eviction()),
     ]
     .iter()
     .sum::<usize>();
-    let joined = crate::density::join::join7_stop(
-        ctx.token.clone(),
-        events,
-        health,
-        status,
-        lease,
-        informer,
-        gc,
-        eviction,
-    );
+    let gc = super::supervise::branch(side, super::node_side::NodeSide::gc);
+    let supervised = size_of_val(&gc) - size_of_val(&side.gc());
+    let joined = super::supervise::node_side(Arc::new(m.node));
     check(&[
-        // the join's own state: per manager whether it finished, the wakers' shared part and their boxed array,
-        // and the token that stops it
+        // a branch is its manager's future or nothing (waiting to start again, or ended)
+        ("a branch over its manager", supervised, 8),
+        // the join's own state: per manager whether it runs, the wakers' shared part and their boxed array, what
+        // the managers are rebuilt from and their restart state (boxed, made at the first crash)
         (
             "node side over its parts",
             size_of_val(&joined) - sum,
-            7 * 8 + 8 + 8 + 8,
+            7 * 8 + 8 + 8 + 8 + 8,
         ),
         // 2,848 bytes (a cell in jemalloc's 3,072-byte class) while five managers each held a tokio `Sleep` (112
         // bytes; now a shared timer's 24-byte wait, see `crate::density::timer`) and two a `Notified` (64; now a `Poke`'s
