@@ -20,8 +20,10 @@
 //! Everything another manager needs (node name, allocatable, runtime health, events, metrics, the API gate,
 //! pressure and health-check inputs, the token) is in the cheap-to-clone [`AgentContext`]; a manager that needs
 //! less takes only its part (the eviction manager its [`EvictionInputs`](crate::eviction::EvictionInputs)).
-//! The pod lifecycle's side of the wiring is the `pods` submodule. Adding a manager is a line in
-//! [`Agent::start`] (or [`RunningAgent::spawn`] from outside).
+//! The pod lifecycle's side of the wiring is the `pods` submodule; the node side's is `node_side` (what its
+//! managers are built from) and `supervise` (their one supervised task). Adding a node-side manager is a builder
+//! in `node_side` and a branch in `supervise`; anything else runs with the agent through
+//! [`RunningAgent::spawn`].
 
 #[cfg(test)]
 mod future_sizes;
