@@ -201,6 +201,9 @@ async fn the_pod_sides_long_lived_futures_stay_small() {
 fn per_node_and_per_pod_structures_stay_small() {
     let mut sizes = vec![
         ("AgentContext", size_of::<crate::AgentContext>(), 320),
+        // one per node in an `Arc` (16 bytes more): what the node-side managers are built again from, the agent's
+        // context among them (the one a running agent answers); under 496 bytes jemalloc's 512-byte class
+        ("NodeSide", size_of::<super::node_side::NodeSide>(), 496),
         // one per node in a shared `Arc` (16 bytes more): 416 bytes (jemalloc's 448-byte class) while the machine
         // facts and the kubelet version kept a `String` each, the fleet-wide ones allocated per node too; 352 (the
         // 384 class) while each node kept its own copy of the collection settings; under 304 the 320 class

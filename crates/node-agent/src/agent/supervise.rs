@@ -9,11 +9,11 @@
 //! its loops ends the process, and systemd starts it again); here the other managers keep the node's lease and
 //! status current meanwhile.
 //!
-//! The seven managers are one task ([`node_side`]), as before supervision: a join that polls only the branches
-//! woken (the wakers of [`crate::density::join`]). Supervision lives in that join: a branch is its manager's
-//! future (or nothing, while it waits to start again); the task holds one pointer to the [`NodeSide`] the
-//! managers are rebuilt from, and one to the branches' back-offs and restart waits, made at the first crash. A
-//! hollow node still costs one task, and supervision two pointers of it.
+//! The seven managers are one task ([`node_side`]): a join that polls only the branches woken (the wakers of
+//! [`crate::density::join`]). Supervision lives in that join: a branch is its manager's future (or nothing,
+//! while it waits to start again); the task holds one pointer to the [`NodeSide`] the managers are rebuilt from,
+//! and one to the branches' back-offs and restart waits, made at the first crash. A hollow node still costs one
+//! task, and supervision two pointers of it.
 //!
 //! When the agent's token fires, every branch but the event writer's is dropped where it waits (none holds a
 //! cancellation wait of its own) and the writer, which waits on the token itself and so wakes the join, drains
