@@ -546,11 +546,17 @@ impl Fleet {
         }
     }
 
-    /// Stops every agent (each gets `grace` to finish).
+    /// Stops every agent (each gets `grace` to finish), then waits as long again for the kubelet API's listeners
+    /// and connections.
     pub async fn stop(self, grace: Duration) {
         self.token.cancel();
         let factory = self.factory;
         let stops = self.nodes.into_iter().map(|n| factory.stop_node(n, grace));
         futures::future::join_all(stops).await;
+        if let Some(server) = &factory.kubelet_server
+            && tokio::time::timeout(grace, server.stopped()).await.is_err()
+        {
+            tracing::warn!("the kubelet API's connections did not end within {grace:?}");
+        }
     }
 }

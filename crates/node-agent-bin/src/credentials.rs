@@ -75,11 +75,14 @@ pub async fn connect(
 }
 
 impl NodeClient {
-    /// Starts renewing the client certificate (with `rotateCertificates`), until `token` fires.
-    pub fn start_rotation(&mut self, node: &str, token: CancellationToken) {
-        let Some((switch, cert)) = self.renew.take() else {
-            return;
-        };
+    /// The task renewing the client certificate (with `rotateCertificates`) until `token` fires, for the caller to
+    /// run with its agent's tasks.
+    pub fn rotation(
+        &mut self,
+        node: &str,
+        token: CancellationToken,
+    ) -> Option<impl Future<Output = ()> + Send + 'static + use<>> {
+        let (switch, cert) = self.renew.take()?;
         let node = node.to_owned();
         let renewal = Renewal {
             client: self.client.clone(),
@@ -91,18 +94,18 @@ impl NodeClient {
             }),
             store: client_store(&self.cert_dir),
         };
-        tokio::spawn(renewal.run(
+        Some(renewal.run(
             cert,
             move |pair| match switch.install(pair) {
                 Ok(()) => tracing::info!(serial = %pair.serial, "API client now authenticates with the renewed certificate"),
                 Err(e) => tracing::error!(error = %e, "renewed client certificate unusable"),
             },
             token,
-        ));
+        ))
     }
 
-    /// With `serverTLSBootstrap`: the serving certificate from the cluster for `hostname` and `ip`, renewed
-    /// until `token` fires.
+    /// With `serverTLSBootstrap`: the serving certificate from the cluster for `hostname` and `ip`, and the task
+    /// renewing it until `token` fires (for the caller to run with its agent's tasks).
     pub fn serving(
         &self,
         kubelet: &KubeletConfig,
@@ -110,7 +113,10 @@ impl NodeClient {
         hostname: &str,
         ip: IpAddr,
         token: CancellationToken,
-    ) -> Option<Arc<ServingCert>> {
+    ) -> Option<(
+        Arc<ServingCert>,
+        impl Future<Output = ()> + Send + 'static + use<>,
+    )> {
         if !kubelet.server_tls_bootstrap {
             return None;
         }

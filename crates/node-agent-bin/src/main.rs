@@ -162,10 +162,18 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     }
     let agent = builder.build()?.start();
     tracing::info!(%node, "node agent started");
-    node_client.start_rotation(&node, token.clone());
-    let serving = node_client
-        .serving(&kubelet, &node, &serving_host, serving_ip, token.clone())
-        .map(|s| s as Arc<dyn rustls::server::ResolvesServerCert>);
+    // the certificates' renewals, the pod-resources API and the kubelet API run with the agent's tasks: its stop
+    // waits for them
+    if let Some(rotation) = node_client.rotation(&node, token.clone()) {
+        agent.spawn(rotation);
+    }
+    let serving = match node_client.serving(&kubelet, &node, &serving_host, serving_ip, token.clone()) {
+        Some((serving, renewal)) => {
+            agent.spawn(renewal);
+            Some(serving as Arc<dyn rustls::server::ResolvesServerCert>)
+        }
+        None => None,
+    };
     if flags.runtime == RuntimeKind::Remote {
         // the kubelet's pod-resources API, always served by a real node (a unix socket under the root directory)
         let path = node_agent::pod_resources::socket_path(&flags.root_dir);
@@ -178,9 +186,11 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         });
     }
     let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);
-    serve_agent(endpoint, Some(Arc::new(registry)), serving)
-        .await
-        .context("starting the kubelet API")?;
+    if let Some((_, server)) =
+        serve_agent(endpoint, Some(Arc::new(registry)), serving).context("starting the kubelet API")?
+    {
+        agent.spawn(server.stopped());
+    }
 
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
@@ -244,9 +245,29 @@ fn event_name(ev: &PendingEvent, first_at: i64) -> String {
     format!("{}.{first_at:x}", ev.name().unwrap_or("unknown"))
 }
 
+/// The queue of one agent's events, shared by the event writers made for it one after the other (a writer
+/// rebuilt after a crash takes over the queue its recorders still send to). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EventQueue(Arc<Mutex<chan::Receiver<Box<PendingEvent>>>>);
+
+impl EventQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, chan::Receiver<Box<PendingEvent>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next event; `None` once every recorder is gone. The lock is held only within a poll.
+    fn recv(&self) -> impl Future<Output = Option<Box<PendingEvent>>> + '_ {
+        std::future::poll_fn(move |cx| self.lock().poll_recv(cx))
+    }
+
+    fn try_recv(&self) -> Option<Box<PendingEvent>> {
+        self.lock().try_recv().ok()
+    }
+}
+
 /// The task that writes one agent's events to the API server.
 pub struct EventSink {
-    rx: chan::Receiver<Box<PendingEvent>>,
+    rx: EventQueue,
     client: crate::client::ApiClient,
     api: ApiCalls,
     host: String,
@@ -266,16 +287,36 @@ impl EventSink {
         token: CancellationToken,
     ) -> (EventRecorder, EventSink) {
         let (tx, rx) = chan::channel(QUEUE);
-        let sink = EventSink {
-            rx,
+        let queue = EventQueue(Arc::new(Mutex::new(rx)));
+        let sink = EventSink::resume(queue, client, api, host, qps, burst, token);
+        (EventRecorder { tx }, sink)
+    }
+
+    /// A writer of the events queued in `queue` (the queue of an earlier writer, see [`EventSink::queue`]); the
+    /// rest as in [`EventSink::new`]. It starts with no memory of recent events.
+    pub fn resume(
+        queue: EventQueue,
+        client: impl Into<crate::client::ApiClient>,
+        api: ApiCalls,
+        host: impl Into<String>,
+        qps: u32,
+        burst: u32,
+        token: CancellationToken,
+    ) -> EventSink {
+        EventSink {
+            rx: queue,
             client: client.into(),
             api,
             host: host.into(),
             limiter: RateLimiter::new(qps, burst),
             recent: VecDeque::new(),
             token,
-        };
-        (EventRecorder { tx }, sink)
+        }
+    }
+
+    /// The queue this writer reads.
+    pub fn queue(&self) -> EventQueue {
+        self.rx.clone()
     }
 
     /// Writes events until every recorder is dropped or the token fires; queued events get a short grace.
@@ -299,7 +340,7 @@ impl EventSink {
     /// At shutdown: writes what is queued, for at most [`DRAIN`].
     async fn drain(&mut self) {
         let deadline = Instant::now() + DRAIN;
-        while let Ok(ev) = self.rx.try_recv() {
+        while let Some(ev) = self.rx.try_recv() {
             if tokio::time::timeout_at(deadline, Box::pin(self.write(*ev)))
                 .await
                 .is_err()

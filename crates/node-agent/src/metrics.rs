@@ -11,6 +11,9 @@
 //! * `kubelet_evictions_total{eviction_signal}` — pods evicted for node pressure, by the signal that drove it.
 //! * `kubelet_image_garbage_collected_total{reason}` — images the image garbage collector removed, because they
 //!   went unused longer than `imageMaximumGCAge` (`age`) or to free disk space (`space`).
+//! * `node_agent_manager_restarts_total{manager}` — node-side managers rebuilt and started again after a panic or
+//!   an unexpected end (`event_sink`, `runtime_health`, `node_status`, `lease`, `node_informer`, `gc`,
+//!   `eviction`; see `agent::supervise`).
 
 use std::time::Duration;
 
@@ -45,10 +48,18 @@ pub struct ImageGcLabels {
     pub reason: &'static str,
 }
 
+/// Labels of the manager restart counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ManagerLabels {
+    /// The manager's name (`gc`, `lease`, ...).
+    pub manager: &'static str,
+}
+
 /// The agent's metrics.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     api_requests: Family<ApiRequestLabels, Counter>,
+    manager_restarts: Family<ManagerLabels, Counter>,
     evictions: Family<EvictionLabels, Counter>,
     images_collected: Family<ImageGcLabels, Counter>,
     startup_total: Histogram,
@@ -101,6 +112,11 @@ impl Metrics {
             "Total number of images garbage collected by the kubelet, whether through disk usage or image age",
             m.images_collected.clone(),
         );
+        registry.register(
+            "node_agent_manager_restarts",
+            "Node-side managers started again after a panic or an unexpected end, by manager",
+            m.manager_restarts.clone(),
+        );
         m
     }
 
@@ -108,6 +124,7 @@ impl Metrics {
     pub fn unregistered() -> Self {
         Self {
             api_requests: Family::default(),
+            manager_restarts: Family::default(),
             evictions: Family::default(),
             images_collected: Family::default(),
             startup_total: startup_histogram(),
@@ -163,6 +180,20 @@ impl Metrics {
             .get()
     }
 
+    /// Counts one restart of node-side manager `manager`.
+    pub fn manager_restarted(&self, manager: &'static str) {
+        self.manager_restarts
+            .get_or_create(&ManagerLabels { manager })
+            .inc();
+    }
+
+    /// How many times `manager` was restarted.
+    pub fn manager_restarts(&self, manager: &'static str) -> u64 {
+        self.manager_restarts
+            .get_or_create(&ManagerLabels { manager })
+            .get()
+    }
+
     /// Records one agent's startup phases.
     pub fn observe_startup(&self, phases: &StartupPhases) {
         self.startup_pre_registration
@@ -204,6 +235,7 @@ mod tests {
         m.count_request("update", "leases", 200);
         m.count_request("update", "leases", 200);
         m.image_collected("space");
+        m.manager_restarted("gc");
         m.observe_startup(&StartupPhases {
             pre_registration: Duration::from_millis(5),
             registration: Duration::from_millis(50),
@@ -228,6 +260,10 @@ mod tests {
         );
         assert!(
             text.contains("kubelet_node_startup_registration_duration_seconds_sum 0.05"),
+            "{text}"
+        );
+        assert!(
+            text.contains("node_agent_manager_restarts_total{manager=\"gc\"} 1"),
             "{text}"
         );
     }

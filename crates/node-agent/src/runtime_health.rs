@@ -113,7 +113,9 @@ fn describe(cond: Option<&cri::RuntimeCondition>) -> String {
     }
 }
 
-/// The task polling the runtime.
+/// The task polling the runtime. A clone polls into the same channel (the agent keeps one to start again after a
+/// crash).
+#[derive(Clone)]
 pub struct RuntimeHealthMonitor {
     runtime: Arc<dyn Runtime>,
     tx: watch::Sender<RuntimeHealth>,
@@ -150,7 +152,7 @@ impl RuntimeHealthMonitor {
     }
 
     /// Polls immediately, then every [`POLL_PERIOD`] (jittered) and whenever asked to recheck, until dropped
-    /// (the agent drops it where it waits when its token fires, see `join::join7_stop`).
+    /// (the agent drops it where it waits when its token fires, see `agent::supervise`).
     pub fn run(self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             let mut interval = JitteredInterval::immediate(POLL_PERIOD, 0.1);

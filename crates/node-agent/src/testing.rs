@@ -1,8 +1,11 @@
-//! A minimal scriptable [`Runtime`] for this crate's unit tests of the runtime health monitor: `Status` and
-//! `Version` answer (and are counted); everything else is `Unimplemented`. Pod lifecycle tests use the
-//! `cri-fake` runtime instead.
+//! A minimal scriptable [`Runtime`] for this crate's unit tests of the runtime health monitor and of whole
+//! agents: `Status` and `Version` answer (and are counted); the lists answer once asked to (a node holding one
+//! sandbox that is not the agent's, nothing else), and can be made to hang; the container event stream can be
+//! made to open (and stay quiet) or to hang; everything else is `Unimplemented`. Pod lifecycle tests use the `cri-fake` runtime instead. [`api`] is an API server double.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+pub(crate) mod api;
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use runtime_api::{EventStream, Result, Runtime, RuntimeError, cri};
@@ -14,6 +17,35 @@ pub(crate) struct TestRuntime {
     unreachable: AtomicBool,
     status_calls: AtomicUsize,
     version_calls: AtomicUsize,
+    /// How the lists answer: [`LISTS_UNIMPLEMENTED`], [`LISTS_ANSWER`] or [`LISTS_STALLED`].
+    lists: AtomicU8,
+    /// Wakes the list calls waiting while the lists are stalled.
+    lists_changed: tokio::sync::Notify,
+    /// How `GetContainerEvents` answers: [`EVENTS_UNIMPLEMENTED`], [`EVENTS_QUIET`] or [`EVENTS_STALLED`].
+    events: AtomicU8,
+}
+
+const EVENTS_UNIMPLEMENTED: u8 = 0;
+const EVENTS_QUIET: u8 = 1;
+const EVENTS_STALLED: u8 = 2;
+
+const LISTS_UNIMPLEMENTED: u8 = 0;
+const LISTS_ANSWER: u8 = 1;
+const LISTS_STALLED: u8 = 2;
+
+/// The sandbox the lists report: ready, and not labelled as one of the agent's pods.
+fn foreign_sandbox() -> cri::PodSandbox {
+    cri::PodSandbox {
+        id: "not-the-agents".into(),
+        metadata: Some(cri::PodSandboxMetadata {
+            name: "foreign".into(),
+            uid: "foreign".into(),
+            namespace: "elsewhere".into(),
+            attempt: 0,
+        }),
+        state: cri::PodSandboxState::SandboxReady as i32,
+        ..Default::default()
+    }
 }
 
 impl TestRuntime {
@@ -35,6 +67,39 @@ impl TestRuntime {
     pub(crate) fn version_calls(&self) -> usize {
         self.version_calls.load(Ordering::SeqCst)
     }
+    /// `ListPodSandbox`, `ListContainers` and `ListImages` answer (until now `Unimplemented`).
+    pub(crate) fn answer_lists(&self) {
+        self.lists.store(LISTS_ANSWER, Ordering::SeqCst);
+        self.lists_changed.notify_waiters();
+    }
+
+    /// `ListPodSandbox` and `ListContainers` never answer while `stalled` (calls in flight answer once it is
+    /// lifted); `ListImages` answers on.
+    pub(crate) fn stall_lists(&self, stalled: bool) {
+        let mode = if stalled { LISTS_STALLED } else { LISTS_ANSWER };
+        self.lists.store(mode, Ordering::SeqCst);
+        self.lists_changed.notify_waiters();
+    }
+
+    /// `GetContainerEvents` opens a stream that never says anything (`quiet`), or never answers.
+    pub(crate) fn events(&self, quiet: bool) {
+        let mode = if quiet { EVENTS_QUIET } else { EVENTS_STALLED };
+        self.events.store(mode, Ordering::SeqCst);
+    }
+
+    /// Waits while the lists are stalled; whether they answer.
+    async fn lists(&self, stalls: bool) -> Result<()> {
+        loop {
+            // made before the mode is read: a change in between still wakes it
+            let changed = self.lists_changed.notified();
+            match self.lists.load(Ordering::SeqCst) {
+                LISTS_UNIMPLEMENTED => return Err(RuntimeError::unimplemented("lists")),
+                LISTS_STALLED if stalls => changed.await,
+                _ => return Ok(()),
+            }
+        }
+    }
+
     fn check(&self) -> Result<()> {
         if self.unreachable.load(Ordering::SeqCst) {
             Err(RuntimeError::unavailable("connection refused"))
@@ -88,8 +153,27 @@ impl Runtime for TestRuntime {
         })
     }
 
+    async fn list_pod_sandbox(&self, _req: cri::ListPodSandboxRequest) -> Result<cri::ListPodSandboxResponse> {
+        self.lists(true).await?;
+        Ok(cri::ListPodSandboxResponse { items: vec![foreign_sandbox()] })
+    }
+
+    async fn list_containers(&self, _req: cri::ListContainersRequest) -> Result<cri::ListContainersResponse> {
+        self.lists(true).await?;
+        Ok(cri::ListContainersResponse::default())
+    }
+
+    async fn list_images(&self, _req: cri::ListImagesRequest) -> Result<cri::ListImagesResponse> {
+        self.lists(false).await?;
+        Ok(cri::ListImagesResponse::default())
+    }
+
     async fn get_container_events(&self, _req: cri::GetEventsRequest) -> Result<EventStream> {
-        Err(RuntimeError::unimplemented("get_container_events"))
+        match self.events.load(Ordering::SeqCst) {
+            EVENTS_UNIMPLEMENTED => Err(RuntimeError::unimplemented("get_container_events")),
+            EVENTS_QUIET => Ok(Box::pin(futures::stream::pending())),
+            _ => std::future::pending().await,
+        }
     }
 }
     };
@@ -100,24 +184,37 @@ runtime_impl! {
     stop_pod_sandbox(cri::StopPodSandboxRequest) -> cri::StopPodSandboxResponse;
     remove_pod_sandbox(cri::RemovePodSandboxRequest) -> cri::RemovePodSandboxResponse;
     pod_sandbox_status(cri::PodSandboxStatusRequest) -> cri::PodSandboxStatusResponse;
-    list_pod_sandbox(cri::ListPodSandboxRequest) -> cri::ListPodSandboxResponse;
     create_container(cri::CreateContainerRequest) -> cri::CreateContainerResponse;
     start_container(cri::StartContainerRequest) -> cri::StartContainerResponse;
     stop_container(cri::StopContainerRequest) -> cri::StopContainerResponse;
     remove_container(cri::RemoveContainerRequest) -> cri::RemoveContainerResponse;
-    list_containers(cri::ListContainersRequest) -> cri::ListContainersResponse;
     container_status(cri::ContainerStatusRequest) -> cri::ContainerStatusResponse;
     exec_sync(cri::ExecSyncRequest) -> cri::ExecSyncResponse;
     container_stats(cri::ContainerStatsRequest) -> cri::ContainerStatsResponse;
     list_container_stats(cri::ListContainerStatsRequest) -> cri::ListContainerStatsResponse;
     pod_sandbox_stats(cri::PodSandboxStatsRequest) -> cri::PodSandboxStatsResponse;
-    list_images(cri::ListImagesRequest) -> cri::ListImagesResponse;
     update_runtime_config(cri::UpdateRuntimeConfigRequest) -> cri::UpdateRuntimeConfigResponse;
     list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest) -> cri::ListPodSandboxStatsResponse;
     image_status(cri::ImageStatusRequest) -> cri::ImageStatusResponse;
     pull_image(cri::PullImageRequest) -> cri::PullImageResponse;
     remove_image(cri::RemoveImageRequest) -> cri::RemoveImageResponse;
     image_fs_info(cri::ImageFsInfoRequest) -> cri::ImageFsInfoResponse;
+}
+
+/// Lets `total` of paused time pass in 100 ms steps, running whatever each step woke (a jump in one step would
+/// fire every timer due within it at once, and run the tasks they wake only after it).
+pub(crate) async fn pass(total: std::time::Duration) {
+    let step = std::time::Duration::from_millis(100);
+    let mut left = total;
+    while !left.is_zero() {
+        let d = step.min(left);
+        tokio::time::advance(d).await;
+        // a request through a client hops through its buffer task and back: a few turns of the scheduler
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+        left -= d;
+    }
 }
 
 /// Runs a sandbox on `rt` for pod `name` of UID `uid` (namespace `default`, labelled with the UID as the agent

@@ -58,12 +58,12 @@ async fn the_agents_long_lived_futures_stay_small() {
         // largest future whose task still fits the cell it has today
         // the event writer: its queue's wait and the shared client handle (`crate::client`); the shutdown
         // drain's timer is boxed
-        ("event sink", size_of_val(&m.event_sink.run()), 320),
+        ("event sink", size_of_val(&m.node.event_sink().run()), 320),
         (
             "runtime health monitor",
-            size_of_val(&m.health_monitor.run()),
+            size_of_val(&m.node.health_monitor().run()),
             // a poll and its timeout are boxed; it waits on the shared timer and a poke (`crate::density::timer`,
-            // `crate::density::poke`), polled by hand, and the node side's join stops it (`join::join7_stop`), so
+            // `crate::density::poke`), polled by hand, and the node side's join stops it (`agent::supervise`), so
             // it holds no wait on the agent's token
             144,
         ),
@@ -72,14 +72,14 @@ async fn the_agents_long_lived_futures_stay_small() {
         // the status task's signals and are polled by hand over the shared timer and a poke; each condition's
         // texts are two words; the image list, the pod CIDR and the first wait for the runtime's answer are
         // boxed; the node side's join stops it
-        ("node status", size_of_val(&m.status.run()), 528),
+        ("node status", size_of_val(&m.node.status().run()), 528),
         // an `Api` built per request, a retry back-off only while renewals fail, the Node's name once, the
         // shared client; the Lease it last wrote is boxed; it sleeps on the shared timer, and a renewal's result
         // and the Node's copy are out of scope before the wait for the next one; the node side's join stops it
-        ("lease", size_of_val(&m.lease.run()), 168),
+        ("lease", size_of_val(&m.node.lease().run()), 168),
         (
             "node informer",
-            size_of_val(&m.informer.run()),
+            size_of_val(&m.node.informer().run()),
             // the lean watch in place (`crate::density::lean_watch`) and nothing on the heap while idle: one
             // shared client, the watch's back-off and queue boxed and made only when needed, its selector and
             // version boxed strings; the node side's join stops it
@@ -119,46 +119,36 @@ async fn the_agents_long_lived_futures_stay_small() {
 /// The joined future is a node's largest task cell, held for its whole life; its ceiling keeps the cell in the
 /// allocation it has today (the figures and how the task came down to them: docs/density.md, "Future-size
 /// ceilings").
+///
+/// Each manager is supervised within the join (`supervise`): the join holds once what the managers are rebuilt
+/// from and their restart state, where a supervising wrapper around each branch would hold them seven times.
 #[tokio::test]
 async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
-    let (ctx, m) = agent().managers();
-    let (control, _rx) = m.control;
-    let (gc, eviction) = (ctx.gc_loop(), ctx.eviction_loop(control));
-    let (events, health, status, lease, informer) = (
-        m.event_sink.run(),
-        m.health_monitor.run(),
-        m.status.run(),
-        m.lease.run(),
-        m.informer.run(),
-    );
+    let (_ctx, m) = agent().managers();
+    let side = &m.node;
     let sum = [
-        size_of_val(&events),
-        size_of_val(&health),
-        size_of_val(&status),
-        size_of_val(&lease),
-        size_of_val(&informer),
-        size_of_val(&gc),
-        size_of_val(&eviction),
+        size_of_val(&side.event_sink().run()),
+        size_of_val(&side.health_monitor().run()),
+        size_of_val(&side.status().run()),
+        size_of_val(&side.lease().run()),
+        size_of_val(&side.informer().run()),
+        size_of_val(&side.gc()),
+        size_of_val(&side.eviction()),
     ]
     .iter()
     .sum::<usize>();
-    let joined = crate::density::join::join7_stop(
-        ctx.token.clone(),
-        events,
-        health,
-        status,
-        lease,
-        informer,
-        gc,
-        eviction,
-    );
+    let gc = super::supervise::branch(side, super::node_side::NodeSide::gc);
+    let supervised = size_of_val(&gc) - size_of_val(&side.gc());
+    let joined = super::supervise::node_side(Arc::new(m.node));
     check(&[
-        // the join's own state: per manager whether it finished, the wakers' shared part and their boxed array,
-        // and the token that stops it
+        // a branch is its manager's future or nothing (waiting to start again, or ended)
+        ("a branch over its manager", supervised, 8),
+        // the join's own state: per manager whether it runs, the wakers' shared part and their boxed array, what
+        // the managers are rebuilt from and their restart state (boxed, made at the first crash)
         (
             "node side over its parts",
             size_of_val(&joined) - sum,
-            7 * 8 + 8 + 8 + 8,
+            7 * 8 + 8 + 8 + 8 + 8,
         ),
         // the seven managers' idle futures together: waits on the shared timer (`crate::density::timer`) and
         // pokes (`crate::density::poke`), not tokio `Sleep`s and `Notified`s
@@ -188,6 +178,9 @@ async fn the_pod_sides_long_lived_futures_stay_small() {
 fn per_node_and_per_pod_structures_stay_small() {
     let mut sizes = vec![
         ("AgentContext", size_of::<crate::AgentContext>(), 320),
+        // one per node in an `Arc`: what the node-side managers are built again from after a crash, the agent's
+        // context among them (the one a running agent answers)
+        ("NodeSide", size_of::<super::node_side::NodeSide>(), 496),
         // one per node in a shared `Arc`: the machine facts, the kubelet version and the collection settings the
         // fleet shares are one copy, a node's own identifiers exact-size strings
         ("AgentConfig", size_of::<AgentConfig>(), 304),

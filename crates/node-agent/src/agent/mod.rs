@@ -2,7 +2,9 @@
 //!
 //! [`Agent::builder`] takes the plain [`AgentConfig`], a `kube::Client` built by the caller (with the node's
 //! credentials) and an `Arc<dyn Runtime>`; [`Agent::start`] runs, on a [`TaskTracker`], the pod lifecycle as
-//! one task and the node-side managers together as another:
+//! one task and the node-side managers together as another, each of them supervised (`supervise`: a manager
+//! that panics or ends is built again from `node_side` and started again after a back-off, the others keep
+//! going):
 //!
 //! | manager | owns |
 //! |---|---|
@@ -10,7 +12,7 @@
 //! | [`RuntimeHealthMonitor`] | CRI `Status`/`Version` every 5 s -> [`RuntimeHealth`] |
 //! | [`NodeStatusManager`] | registration, conditions, `nodes/status`, the runtime's pod CIDR |
 //! | [`NodeInformer`] | a watch of this node's Node object -> [`NodeSnapshot`] |
-//! | [`LeaseManager`] | `kube-node-lease/<node>` |
+//! | [`LeaseManager`](crate::node::LeaseManager) | `kube-node-lease/<node>` |
 //! | pod lifecycle ([`crate::pods`]) | desired pods, workers, probes, PLEG, pod statuses |
 //! | container and image GC ([`crate::gc`]) | dead containers, sandboxes, logs; unused images |
 //! | eviction ([`crate::eviction`]) | pressure conditions, evicting pods past a threshold |
@@ -18,12 +20,18 @@
 //! Everything another manager needs (node name, allocatable, runtime health, events, metrics, the API gate,
 //! pressure and health-check inputs, the token) is in the cheap-to-clone [`AgentContext`]; a manager that needs
 //! less takes only its part (the eviction manager its [`EvictionInputs`](crate::eviction::EvictionInputs)).
-//! The pod lifecycle's side of the wiring is the `pods` submodule. Adding a manager is a line in
-//! [`Agent::start`] (or [`RunningAgent::spawn`] from outside).
+//! The pod lifecycle's side of the wiring is the `pods` submodule; the node side's is `node_side` (what its
+//! managers are built from) and `supervise` (their one supervised task). Adding a node-side manager is a builder
+//! in `node_side` and a branch in `supervise`; anything else runs with the agent through
+//! [`RunningAgent::spawn`].
 
 #[cfg(test)]
 mod future_sizes;
+mod node_side;
 mod pods;
+mod supervise;
+#[cfg(test)]
+mod whole_agent_tests;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -39,14 +47,14 @@ use crate::api::ApiCalls;
 use crate::config::{AgentConfig, ConfigError};
 use crate::density::poke::Poke;
 use crate::density::watch;
-use crate::events::{EventRecorder, EventSink, node_reference};
+use crate::events::{EventQueue, EventRecorder, EventSink, node_reference};
 use crate::gc::{ContainerGc, GarbageCollectors, ImageFsSource, ImageGc, ImagePolicy};
 use crate::metrics::Metrics;
 use crate::node::status::{StatusChannels, cordon_for_shutdown};
 use crate::node::triggers::Signals;
 use crate::node::{
-    HealthChecks, LeaseManager, NodeError, NodeInformer, NodeSnapshot, NodeStatusManager, Pressure,
-    RegisteredNode, ResourceList,
+    HealthChecks, NodeError, NodeInformer, NodeSnapshot, NodeStatusManager, Pressure, RegisteredNode,
+    ResourceList,
 };
 use crate::runtime_health::{RuntimeHealth, RuntimeHealthMonitor};
 
@@ -133,7 +141,7 @@ impl AgentContext {
     }
 
     /// The container and image garbage collectors' loop.
-    fn gc_loop(&self) -> impl Future<Output = ()> + Send + 'static {
+    fn gc_loop(&self) -> impl Future<Output = ()> + Send + use<> {
         let periods = crate::gc::Periods {
             containers: self.config.gc.container_gc_period,
             images: self.config.gc.image_gc_period,
@@ -151,7 +159,7 @@ impl AgentContext {
     fn eviction_loop(
         &self,
         control: crate::density::chan::UnboundedSender<crate::pods::ManagerControl>,
-    ) -> impl Future<Output = ()> + Send + 'static {
+    ) -> impl Future<Output = ()> + Send + use<> {
         crate::eviction::EvictionManager::new(self.eviction_inputs(), control)
             .with_reclaim(Arc::new(self.gc.clone()))
             .run()
@@ -326,7 +334,7 @@ impl AgentBuilder {
         };
         Ok(Agent {
             ctx,
-            event_sink,
+            events: event_sink.queue(),
             health_monitor,
             registered_tx,
             node_tx,
@@ -342,7 +350,7 @@ impl AgentBuilder {
 /// One node agent, ready to start.
 pub struct Agent {
     ctx: AgentContext,
-    event_sink: EventSink,
+    events: EventQueue,
     health_monitor: RuntimeHealthMonitor,
     registered_tx: watch::Sender<Option<RegisteredNode>>,
     node_tx: watch::Sender<Option<Arc<NodeSnapshot>>>,
@@ -394,26 +402,15 @@ impl Agent {
         ctx.events
             .normal(&ctx.node_reference(), "Starting", "Starting kubelet.");
         let (control_tx, control_rx) = m.control;
-        let (gc, eviction) = (ctx.gc_loop(), ctx.eviction_loop(control_tx.clone()));
+        let side = Arc::new(m.node);
         // The node-side managers are one task: each mostly sleeps, and one task costs ~112 bytes of tokio's
         // own and the rounding of its future to 128 bytes, per manager per node (see `future_sizes`). Each is
-        // polled only when woken; when the agent's token fires the join drops all but the event writer where
-        // they wait (none holds a cancellation wait of its own) and the writer drains. A join combinator, not
-        // an `async` block, which would hold every manager's future twice.
-        tracker.spawn(crate::density::join::join7_stop(
-            ctx.token.clone(),
-            m.event_sink.run(),
-            m.health_monitor.run(),
-            m.status.run(),
-            m.lease.run(),
-            m.informer.run(),
-            gc,
-            eviction,
-        ));
-        tracker.spawn(pods::run_for_agent(ctx.clone(), m.pods, control_rx));
+        // supervised within its branch, and polled only when woken.
+        tracker.spawn(supervise::node_side(side.clone()));
+        tracker.spawn(pods::run_for_agent(ctx, m.pods, control_rx));
         tracker.close();
         RunningAgent {
-            ctx,
+            side,
             tracker,
             shutdown_tx: control_tx,
             resync: m.resync,
@@ -424,7 +421,7 @@ impl Agent {
     pub(crate) fn managers(self) -> (AgentContext, Managers) {
         let Agent {
             ctx,
-            event_sink,
+            events,
             health_monitor,
             registered_tx,
             node_tx,
@@ -435,7 +432,6 @@ impl Agent {
             control,
         } = self;
         let resync = Arc::new(Poke::new());
-        let resync_status = resync.clone();
         let channels = StatusChannels {
             signals: Signals {
                 health: ctx.runtime_health.clone(),
@@ -453,37 +449,19 @@ impl Agent {
             ctx.config.node_name.clone(),
             node_tx,
         );
-        let status = NodeStatusManager::new(
-            ctx.config.clone(),
-            ctx.client.clone(),
-            ctx.api.clone(),
-            ctx.runtime.clone(),
-            ctx.events.clone(),
+        let node = node_side::NodeSide {
+            ctx: ctx.clone(),
             channels,
-            ctx.metrics.clone(),
             started,
-            ctx.token.clone(),
-        )
-        .with_heartbeats(ctx.heartbeats.clone());
-        let lease = LeaseManager::new(
-            ctx.client.clone(),
-            ctx.api.clone(),
-            ctx.config.node_name.clone(),
-            ctx.config.kubelet.node_lease_duration_seconds,
-            ctx.config.kubelet.lease_renew_interval(),
-            ctx.registered.clone(),
-            resync,
-        )
-        .with_heartbeats(ctx.heartbeats.clone())
-        .with_timer(ctx.timer.clone());
-        let managers = Managers {
-            event_sink,
-            health_monitor,
-            status,
-            lease,
+            events,
+            monitor: health_monitor,
             informer,
+            control: control.0.clone(),
+        };
+        let managers = Managers {
+            node,
             pods,
-            resync: resync_status,
+            resync,
             control,
         };
         (ctx, managers)
@@ -492,11 +470,8 @@ impl Agent {
 
 /// The long-lived tasks of one agent, before they run.
 pub(crate) struct Managers {
-    pub(crate) event_sink: EventSink,
-    pub(crate) health_monitor: RuntimeHealthMonitor,
-    pub(crate) status: NodeStatusManager,
-    pub(crate) lease: LeaseManager,
-    pub(crate) informer: NodeInformer,
+    /// What the node-side managers are built from.
+    pub(crate) node: node_side::NodeSide,
     pub(crate) pods: crate::pods::PodOptions,
     /// Wakes the node status loop (a shutdown reports NotReady at once).
     pub(crate) resync: Arc<Poke>,
@@ -506,7 +481,8 @@ pub(crate) struct Managers {
 
 /// A started agent.
 pub struct RunningAgent {
-    ctx: AgentContext,
+    /// The node side's inputs, the agent's context among them.
+    side: Arc<node_side::NodeSide>,
     tracker: TaskTracker,
     shutdown_tx: crate::density::chan::UnboundedSender<crate::pods::ManagerControl>,
     resync: Arc<Poke>,
@@ -515,7 +491,7 @@ pub struct RunningAgent {
 impl RunningAgent {
     /// The shared context.
     pub fn context(&self) -> &AgentContext {
-        &self.ctx
+        &self.side.ctx
     }
 
     /// Asks this agent's pod manager which pods it has (e.g. for the
@@ -545,7 +521,7 @@ impl RunningAgent {
     /// stopped by priority group within their periods (see [`crate::pods::manager::shutdown`]) and reported Failed,
     /// then the agent stops (`grace` as in [`RunningAgent::stop`]).
     pub async fn shutdown(self, grace: Duration) -> Result<(), AgentError> {
-        let k = &self.ctx.config.kubelet;
+        let k = &self.side.ctx.config.kubelet;
         let groups = crate::pods::manager::shutdown::groups(
             k.shutdown_grace_period,
             k.shutdown_grace_period_critical_pods,
@@ -555,13 +531,13 @@ impl RunningAgent {
             return self.stop(grace).await;
         }
         let total: Duration = groups.iter().map(|g| g.grace).sum();
-        tracing::info!(node = %self.ctx.config.node_name, period = ?total, "graceful node shutdown");
-        self.ctx.events.normal(
-            &self.ctx.node_reference(),
+        tracing::info!(node = %self.side.ctx.config.node_name, period = ?total, "graceful node shutdown");
+        self.side.ctx.events.normal(
+            &self.side.ctx.node_reference(),
             "NodeShutdown",
             "Shutdown manager detected shutdown event",
         );
-        self.ctx.health_checks.set_shutting_down();
+        self.side.ctx.health_checks.set_shutting_down();
         self.resync.notify_one();
         let (done, wait) = tokio::sync::oneshot::channel();
         let request = crate::pods::manager::shutdown::ShutdownRequest { groups, done };
@@ -569,7 +545,7 @@ impl RunningAgent {
             // the groups' periods, the slack for pods still stopping, then at most 5 s for the statuses
             let bound = total + crate::pods::manager::shutdown::STOP_SLACK + Duration::from_secs(6);
             if tokio::time::timeout(bound, wait).await.is_err() {
-                tracing::warn!(node = %self.ctx.config.node_name, "pods not all stopped within the shutdown period");
+                tracing::warn!(node = %self.side.ctx.config.node_name, "pods not all stopped within the shutdown period");
             }
         }
         self.stop(grace).await
@@ -578,13 +554,17 @@ impl RunningAgent {
     /// Graceful stop: fire the token, wait up to `grace` for the tasks, then (if configured) mark the Node
     /// unschedulable. The Node and its lease are left in place, like the kubelet does.
     pub async fn stop(self, grace: Duration) -> Result<(), AgentError> {
-        self.ctx.token.cancel();
+        self.side.ctx.token.cancel();
         let drained = tokio::time::timeout(grace, self.tracker.wait()).await.is_ok();
-        if self.ctx.config.mark_unschedulable_on_shutdown {
-            cordon_for_shutdown(self.ctx.client.kube(), &self.ctx.api, &self.ctx.config.node_name)
-                .await
-                .map_err(AgentError::Cordon)?;
-            tracing::info!(node = %self.ctx.config.node_name, "marked the node unschedulable for shutdown");
+        if self.side.ctx.config.mark_unschedulable_on_shutdown {
+            cordon_for_shutdown(
+                self.side.ctx.client.kube(),
+                &self.side.ctx.api,
+                &self.side.ctx.config.node_name,
+            )
+            .await
+            .map_err(AgentError::Cordon)?;
+            tracing::info!(node = %self.side.ctx.config.node_name, "marked the node unschedulable for shutdown");
         }
         if drained {
             Ok(())

@@ -1,7 +1,9 @@
 //! The agent's side of running the pod lifecycle as one of its managers: the pod configuration from the agent's
 //! KubeletConfiguration, events through the agent's recorder, API calls through its rate limit, and the
 //! node's view composed from the Node the node half registered, the agent's allocatable and its pressure.
-//! The dependency runs one way: the agent knows the pod lifecycle, the pod lifecycle knows nothing of the agent.
+//! The PLEG's health is one of the node's readiness checks (`PLEG is not healthy: ...`, see
+//! [`PlegHealth`]). The dependency runs one way: the agent knows the pod lifecycle, the pod lifecycle knows
+//! nothing of the agent.
 
 use std::sync::Arc;
 
@@ -10,7 +12,7 @@ use futures::FutureExt;
 use super::AgentContext;
 use crate::pods::runtime::dns::NodeDns;
 use crate::pods::{
-    NodeViewFeed, NodeViews, PodConfig, PodLifecycle, PodOptions, StaticPodConfig,
+    NodeViewFeed, NodeViews, PlegHealth, PodConfig, PodLifecycle, PodOptions, StaticPodConfig,
     actions::pull_gate::PullSettings,
 };
 
@@ -60,6 +62,10 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
         qps: k.registry_pull_qps,
         burst: k.registry_burst,
     };
+    // the Ready condition fails while the PLEG is stuck, as the kubelet's runtime state check does
+    let pleg = PlegHealth::new();
+    config.pleg_health = Some(pleg.clone());
+    ctx.health_checks.add("PLEG", move || pleg.check());
     config.object_ttl = match k.config_map_and_secret_change_detection_strategy.as_str() {
         "Get" => std::time::Duration::ZERO,
         _ => k.sync_frequency,

@@ -46,9 +46,14 @@ impl ResolvesServerCert for ServingCert {
     }
 }
 
-/// Starts serving-certificate management: installs a valid stored certificate at once, then (in the
-/// background) requests one if there was none and renews it before it expires, until `token` fires.
-pub fn start(renewal: Renewal, token: CancellationToken) -> Arc<ServingCert> {
+/// Starts serving-certificate management: installs a valid stored certificate at once; the task that comes
+/// back with it requests one if there was none and renews it before it expires, until `token` fires — the
+/// caller runs it with its agent's tasks (e.g. [`RunningAgent::spawn`](crate::RunningAgent::spawn)), which
+/// wait for it at shutdown.
+pub fn start(
+    renewal: Renewal,
+    token: CancellationToken,
+) -> (Arc<ServingCert>, impl Future<Output = ()> + Send + 'static) {
     let serving = Arc::new(ServingCert::default());
     let stored = match renewal.store.load() {
         Ok(Some(pair)) if pair.valid_at(SystemTime::now()) => Some(pair),
@@ -64,7 +69,7 @@ pub fn start(renewal: Renewal, token: CancellationToken) -> Arc<ServingCert> {
         tracing::warn!(error = %e, "stored serving certificate unusable");
     }
     let handle = serving.clone();
-    tokio::spawn(async move {
+    let renew = async move {
         let current = match stored {
             Some(pair) if handle.ready() => pair,
             _ => {
@@ -92,6 +97,6 @@ pub fn start(renewal: Renewal, token: CancellationToken) -> Arc<ServingCert> {
                 token,
             )
             .await;
-    });
-    serving
+    };
+    (serving, renew)
 }

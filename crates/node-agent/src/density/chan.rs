@@ -132,6 +132,12 @@ impl<T> Sender<T> {
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
     }
+
+    /// Waits until the channel has room for one more message (for a [`try_send`](Self::try_send) right after, by
+    /// the only sender); fails when the receiver is gone.
+    pub async fn ready(&self) -> Result<(), SendError<()>> {
+        self.room.acquire().await.map(drop).map_err(|_| SendError(()))
+    }
 }
 
 /// The receiving half of a bounded channel.

@@ -7,7 +7,8 @@
 //! gets a waker of its own that marks it woken before waking the task; a poll of the join polls only the marked
 //! branches. The cost is one small shared allocation and one per branch (the branch wakers), made when the join
 //! is built, and the wakers' array (boxed: the join's future is a node's largest task cell, held for the node's
-//! whole life, so what it need not hold in place it does not).
+//! whole life, so what it need not hold in place it does not). [`Wakers`] also serves
+//! joins made elsewhere (the agent's supervised node side).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -48,7 +49,8 @@ pub(crate) struct Wakers<const N: usize> {
 }
 
 impl<const N: usize> Wakers<N> {
-    fn new() -> Self {
+    /// The wakers of a join whose every branch is to be polled at its first poll.
+    pub(crate) fn new() -> Self {
         const { assert!(N <= 32, "a join takes at most 32 branches") };
         // every branch is polled at the first poll
         let all = if N == 32 { u32::MAX } else { (1u32 << N) - 1 };
@@ -66,9 +68,14 @@ impl<const N: usize> Wakers<N> {
     }
 
     /// Registers the task's waker and takes the set of branches woken since the last call.
-    fn take_woken(&self, cx: &Context<'_>) -> u32 {
+    pub(crate) fn take_woken(&self, cx: &Context<'_>) -> u32 {
         self.shared.task.register(cx.waker());
         self.shared.woken.swap(0, Ordering::AcqRel)
+    }
+
+    /// The waker of branch `i`: waking it marks the branch and wakes the task.
+    pub(crate) fn waker(&self, i: usize) -> &Waker {
+        &self.each[i]
     }
 
     /// Polls `branch` (number `i`) with its own waker if it was woken and has not finished; whether it still
@@ -99,7 +106,7 @@ macro_rules! woken_join {
             pub(crate) struct $name<$($t),+> {
                 $(#[pin] $f: futures::future::Fuse<$t>,)+
                 wakers: Wakers<$n>,
-                // see `join7_stop`
+                // see `join3_stop`
                 stop: Option<CancellationToken>,
             }
         }
@@ -135,43 +142,10 @@ woken_join!(
     /// Three futures joined (see the module).
     Join3, join3, 3; a: A = 0, b: B = 1, c: C = 2
 );
-woken_join!(
-    /// Seven futures joined (see the module).
-    Join7, join7, 7; a: A = 0, b: B = 1, c: C = 2, d: D = 3, e: E = 4, f: F = 5, g: G = 6
-);
-
-/// Seven futures joined, the last six run until `stop` fires: at the join's next poll after that they are dropped
-/// where they wait, and the first runs on to its end. None of the six needs a cancellation wait of its own (one
-/// would sit in every idle future that holds it); the first must wait on `stop` itself (the agent's event
-/// writer does, for its drain), which is what wakes the join when `stop` fires. Without that the six are
-/// dropped at the next poll any of them causes.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn join7_stop<A, B, C, D, E, F, G>(
-    stop: CancellationToken,
-    a: A,
-    b: B,
-    c: C,
-    d: D,
-    e: E,
-    f: F,
-    g: G,
-) -> Join7<A, B, C, D, E, F, G>
-where
-    A: Future<Output = ()>,
-    B: Future<Output = ()>,
-    C: Future<Output = ()>,
-    D: Future<Output = ()>,
-    E: Future<Output = ()>,
-    F: Future<Output = ()>,
-    G: Future<Output = ()>,
-{
-    let mut joined = join7(a, b, c, d, e, f, g);
-    joined.stop = Some(stop);
-    joined
-}
-
-/// Three futures joined, the last two run until `stop` fires (as [`join7_stop`]: the first must wait on `stop`
-/// itself, which wakes the join).
+/// Three futures joined, the last two run until `stop` fires: at the join's next poll after that they are
+/// dropped where they wait, and the first runs on to its end. Neither of the two needs a cancellation wait of its
+/// own (one would sit in every idle future that holds it); the first must wait on `stop` itself, which is what
+/// wakes the join when `stop` fires. Without that the two are dropped at the next poll either causes.
 pub(crate) fn join3_stop<A, B, C>(stop: CancellationToken, a: A, b: B, c: C) -> Join3<A, B, C>
 where
     A: Future<Output = ()>,
@@ -266,11 +240,11 @@ mod tests {
                 fired.fetch_add(1, Ordering::Relaxed);
             }
         };
-        let joined = join7(at(1), at(2), at(3), at(4), at(5), at(6), at(7));
+        let joined = join3(at(1), at(2), at(3));
         let start = tokio::time::Instant::now();
         joined.await;
-        assert_eq!(fired.load(Ordering::Relaxed), 7);
-        assert_eq!(start.elapsed(), Duration::from_secs(7));
+        assert_eq!(fired.load(Ordering::Relaxed), 3);
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
     }
 
     #[tokio::test(start_paused = true)]
@@ -301,16 +275,7 @@ mod tests {
                 drained.fetch_add(1, Ordering::Relaxed);
             }
         };
-        let joined = join7_stop(
-            stop.clone(),
-            first,
-            forever(),
-            forever(),
-            forever(),
-            forever(),
-            forever(),
-            forever(),
-        );
+        let joined = join3_stop(stop.clone(), first, forever(), forever());
         let task = tokio::spawn(joined);
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(dropped.load(Ordering::Relaxed), 0, "all run until the stop");
@@ -319,8 +284,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(
             dropped.load(Ordering::Relaxed),
-            6,
-            "the six are dropped at once, where they wait"
+            2,
+            "the two are dropped at once, where they wait"
         );
         assert!(!task.is_finished(), "the first drains");
         task.await.unwrap();

@@ -140,7 +140,7 @@ impl EvictionManager {
     }
 
     /// Runs until dropped (the agent drops it where it waits when its token fires, see
-    /// `join::join7_stop`). Without thresholds there is nothing to do.
+    /// `agent::supervise`). Without thresholds there is nothing to do.
     pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             if self.thresholds.is_empty() {

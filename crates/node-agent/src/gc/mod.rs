@@ -61,7 +61,7 @@ pub struct Periods {
 }
 
 /// Runs both collectors until dropped (the agent drops it where it waits when its token fires, see
-/// `join::join7_stop`; a pass in progress is dropped with it), each on its own timer (one task per node: a
+/// `agent::supervise`; a pass in progress is dropped with it), each on its own timer (one task per node: a
 /// hollow fleet runs thousands). A failed container pass is logged and reported on the Node as
 /// `ContainerGCFailed`; a failed image pass is logged, and reported as `ImageGCFailed` when the one before failed
 /// too. Image collection is off when its policy says so.

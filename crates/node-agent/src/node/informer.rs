@@ -17,13 +17,16 @@ use super::NodeSnapshot;
 use crate::density::lean_watch::{Change, LeanWatch};
 use crate::density::watch;
 
-/// The watch of one node's Node object.
+/// The watch of one node's Node object. A clone publishes to the same channel (the agent keeps one to start
+/// again after a crash).
+#[derive(Clone)]
 pub struct NodeInformer {
     client: crate::client::ApiClient,
     publisher: Publisher,
 }
 
 /// What the informer keeps beside its watch: where it publishes.
+#[derive(Clone)]
 struct Publisher {
     node_name: String,
     tx: watch::Sender<Option<Arc<NodeSnapshot>>>,
@@ -43,7 +46,7 @@ impl NodeInformer {
     }
 
     /// Follows the Node until dropped (the agent drops it where it waits when its token fires, see
-    /// `join::join7_stop`).
+    /// `agent::supervise`).
     pub fn run(self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             // the client moves into the watch (a clone would be held twice, 96 bytes each)

@@ -109,7 +109,7 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
     }
 
     /// Renews until dropped (the agent drops it where it waits when its token fires, see
-    /// `join::join7_stop`): at once when the Node is known, then every renew interval (jittered 4 %);
+    /// `agent::supervise`): at once when the Node is known, then every renew interval (jittered 4 %);
     /// after a failure 200 ms doubling to 7 s (jittered 10 %).
     pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {

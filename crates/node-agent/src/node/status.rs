@@ -146,7 +146,7 @@ impl NodeStatusManager {
     }
 
     /// Registers the Node, then keeps its status current until dropped (the agent drops it where it waits when
-    /// its token fires, see `join::join7_stop`; registration also gives up when the token fires).
+    /// its token fires, see `agent::supervise`; registration also gives up when the token fires).
     pub fn run(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {
             // Give the runtime monitor a moment for its first answer, so the Node is created with real readiness.

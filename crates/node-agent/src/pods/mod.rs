@@ -66,6 +66,7 @@ pub use probes::{
 pub use runtime::labels::RuntimeLayout;
 pub use source::{PodEvent, PodSource, SharedPodFeed};
 pub use static_pods::StaticPodConfig;
+pub use worker::pleg::{PLEG_THRESHOLD, PlegHealth};
 
 use crate::api::ApiCalls;
 use crate::backoff::{Backoff, BackoffPolicy};
@@ -111,6 +112,8 @@ pub struct PodConfig {
     pub object_ttl: Duration,
     /// How image pulls are paced (default: no limit); the gate is made with the pod side.
     pub pulls: actions::pull_gate::PullSettings,
+    /// Where the PLEG records when it was last active, for the node's `PLEG` health check (default: nowhere).
+    pub pleg_health: Option<PlegHealth>,
 }
 
 impl PodConfig {
@@ -127,6 +130,7 @@ impl PodConfig {
             static_pods: None,
             object_ttl: Duration::from_secs(60),
             pulls: actions::pull_gate::PullSettings::default(),
+            pleg_health: None,
         }
     }
 }

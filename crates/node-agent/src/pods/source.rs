@@ -7,7 +7,10 @@
 //!   through a [`LeanWatch`], which resumes from the last resourceVersion on reconnect and relists on 410 Gone
 //!   (each relist arrives here as a new snapshot); errors back off.
 //! * [`SharedPodFeed`] — one process-wide watch for a hollow fleet, dispatching each pod to the agent named by
-//!   its `spec.nodeName`; subscribers get the same event sequence as from their own watch.
+//!   its `spec.nodeName`. A subscriber that keeps up gets the same event sequence as from its own watch; one
+//!   that falls behind (its queue full) holds up nobody: what it has not taken is kept for it, the latest change
+//!   of each pod only (a list replaces everything before it), and handed over as its queue frees — the changes
+//!   in between skipped, as by a watch that reconnected.
 //!
 //! Pods are passed on without `managedFields` (never read, often the largest part of the object).
 
@@ -20,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::density::chan;
 use crate::density::lean_watch::{Change, LeanWatch};
+use crate::density::poke::Poke;
 
 /// One change of the pods bound to a node.
 #[derive(Debug, Clone)]
@@ -125,10 +129,109 @@ where
     }
 }
 
-/// One watch of all scheduled pods, fanned out to many agents by `spec.nodeName`.
+/// One watch of all scheduled pods, fanned out to many agents by `spec.nodeName` (see the module).
 #[derive(Debug, Clone, Default)]
 pub struct SharedPodFeed {
-    routes: Arc<Mutex<HashMap<String, chan::Sender<PodEvent>>>>,
+    routes: Arc<Mutex<HashMap<String, Route>>>,
+    /// Poked when a subscriber falls behind (the feed's pump then waits for room in its queue too).
+    lagging: Arc<Poke>,
+}
+
+/// One subscriber: its queue, and what did not fit in it yet.
+#[derive(Debug)]
+struct Route {
+    tx: chan::Sender<PodEvent>,
+    /// `None` while the subscriber keeps up (boxed: most never fall behind).
+    backlog: Option<Box<Backlog>>,
+}
+
+/// What a subscriber that fell behind is still to get: the last list, then the latest change of each pod since,
+/// in the order the pods first changed.
+#[derive(Debug, Default)]
+struct Backlog {
+    snapshot: Option<Vec<Pod>>,
+    changes: std::collections::VecDeque<PodEvent>,
+}
+
+/// The pod a change is about.
+fn pod_key(event: &PodEvent) -> Option<(&str, &str, &str)> {
+    let (PodEvent::Apply(pod) | PodEvent::Delete(pod)) = event else {
+        return None;
+    };
+    let meta = &pod.metadata;
+    Some((
+        meta.uid.as_deref().unwrap_or_default(),
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    ))
+}
+
+impl Backlog {
+    fn push(&mut self, event: PodEvent) {
+        match event {
+            PodEvent::Snapshot(pods) => {
+                self.snapshot = Some(pods);
+                self.changes.clear();
+            }
+            change => {
+                let key = pod_key(&change);
+                match self.changes.iter_mut().find(|held| pod_key(held) == key) {
+                    Some(held) => *held = change,
+                    None => self.changes.push_back(change),
+                }
+            }
+        }
+    }
+
+    fn pop(&mut self) -> Option<PodEvent> {
+        match self.snapshot.take() {
+            Some(pods) => Some(PodEvent::Snapshot(pods)),
+            None => self.changes.pop_front(),
+        }
+    }
+
+    /// Puts back what [`pop`](Self::pop) took.
+    fn unpop(&mut self, event: PodEvent) {
+        match event {
+            PodEvent::Snapshot(pods) => self.snapshot = Some(pods),
+            change => self.changes.push_front(change),
+        }
+    }
+}
+
+impl Route {
+    /// Queues `event` if the subscriber's queue has room and nothing is held back for it, else holds it back;
+    /// whether the subscriber fell behind just now.
+    fn deliver(&mut self, event: PodEvent) -> bool {
+        if let Some(backlog) = self.backlog.as_mut() {
+            backlog.push(event);
+            self.flush();
+            return false;
+        }
+        match self.tx.try_send(event) {
+            Ok(()) => false,
+            Err(chan::SendError(event)) => {
+                let mut backlog = Box::<Backlog>::default();
+                backlog.push(event);
+                self.backlog = Some(backlog);
+                true
+            }
+        }
+    }
+
+    /// Queues what was held back, as far as the queue has room.
+    fn flush(&mut self) {
+        let Some(backlog) = self.backlog.as_mut() else {
+            return;
+        };
+        while let Some(event) = backlog.pop() {
+            if let Err(chan::SendError(event)) = self.tx.try_send(event) {
+                backlog.unpop(event);
+                return;
+            }
+        }
+        self.backlog = None;
+    }
 }
 
 fn node_of(pod: &Pod) -> Option<&str> {
@@ -141,27 +244,29 @@ impl SharedPodFeed {
         Self::default()
     }
 
-    /// The source for agent `node`; replaces an earlier subscription of the same node.
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Route>> {
+        self.routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The source for agent `node`, holding up to `capacity` events it has not taken; replaces an earlier
+    /// subscription of the same node.
     pub fn subscribe(&self, node: &str, capacity: usize) -> PodSource {
         let (tx, source) = PodSource::channel(capacity);
-        if let Ok(mut routes) = self.routes.lock() {
-            routes.insert(node.to_owned(), tx);
-        }
+        self.lock().insert(node.to_owned(), Route { tx, backlog: None });
         source
     }
 
     /// Stops routing to `node`.
     pub fn unsubscribe(&self, node: &str) {
-        if let Ok(mut routes) = self.routes.lock() {
-            routes.remove(node);
-        }
+        self.lock().remove(node);
     }
 
-    fn route(&self, node: &str) -> Option<chan::Sender<PodEvent>> {
-        self.routes.lock().ok()?.get(node).cloned()
-    }
-
-    async fn dispatch(&self, event: PodEvent) {
+    /// Hands `event` to the subscribers it concerns; never waits for one.
+    fn dispatch(&self, event: PodEvent) {
+        let mut routes = self.lock();
+        let mut fell_behind = false;
         match event {
             PodEvent::Snapshot(pods) => {
                 let mut by_node: HashMap<String, Vec<Pod>> = HashMap::new();
@@ -170,24 +275,55 @@ impl SharedPodFeed {
                         by_node.entry(n.to_owned()).or_default().push(p);
                     }
                 }
-                let routes: Vec<(String, chan::Sender<PodEvent>)> = match self.routes.lock() {
-                    Ok(r) => r.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-                    Err(_) => return,
+                for (node, route) in routes.iter_mut() {
+                    let pods = by_node.remove(node).unwrap_or_default();
+                    fell_behind |= route.deliver(PodEvent::Snapshot(pods));
+                }
+            }
+            change => {
+                // a pod without a node, or on a node nobody subscribed for, goes nowhere
+                let route = match &change {
+                    PodEvent::Apply(p) | PodEvent::Delete(p) => node_of(p).and_then(|n| routes.get_mut(n)),
+                    PodEvent::Snapshot(_) => None,
                 };
-                for (node, tx) in routes {
-                    let pods = by_node.remove(&node).unwrap_or_default();
-                    let _ = tx.send(PodEvent::Snapshot(pods)).await;
+                if let Some(route) = route {
+                    fell_behind |= route.deliver(change);
                 }
             }
-            PodEvent::Apply(p) | PodEvent::Delete(p) if node_of(&p).is_none() => drop(p),
-            PodEvent::Apply(p) => {
-                if let Some(tx) = node_of(&p).and_then(|n| self.route(n)) {
-                    let _ = tx.send(PodEvent::Apply(p)).await;
+        }
+        drop(routes);
+        if fell_behind {
+            self.lagging.notify_one();
+        }
+    }
+
+    /// Hands what was held back to the subscribers that fell behind as their queues free, until dropped; forgets
+    /// subscribers that are gone.
+    fn pump(&self) -> impl Future<Output = ()> + Send + '_ {
+        async move {
+            loop {
+                let waits: futures::stream::FuturesUnordered<_> = {
+                    let mut routes = self.lock();
+                    routes.retain(|_, route| !route.tx.is_closed());
+                    routes
+                        .values_mut()
+                        .filter_map(|route| {
+                            route.flush();
+                            route.backlog.is_some().then(|| route.tx.clone())
+                        })
+                        .map(|tx| async move {
+                            let _ = tx.ready().await;
+                        })
+                        .collect()
+                };
+                let mut waits = waits;
+                if waits.is_empty() {
+                    self.lagging.notified().await;
+                    continue;
                 }
-            }
-            PodEvent::Delete(p) => {
-                if let Some(tx) = node_of(&p).and_then(|n| self.route(n)) {
-                    let _ = tx.send(PodEvent::Delete(p)).await;
+                tokio::select! {
+                    _ = futures::StreamExt::next(&mut waits) => {}
+                    () = self.lagging.notified() => {}
                 }
             }
         }
@@ -202,16 +338,17 @@ impl SharedPodFeed {
         let client = client.into();
         async move {
             let feed = &self;
-            follow(
+            let follow = follow(
                 client,
                 "spec.nodeName!=".to_owned(),
                 cancel.cancelled_owned(),
-                |e| async move {
-                    feed.dispatch(e).await;
-                    true
+                |e| {
+                    feed.dispatch(e);
+                    std::future::ready(true)
                 },
-            )
-            .await;
+            );
+            // the pump never ends: the watch does, when `cancel` fires
+            futures::future::select(std::pin::pin!(follow), std::pin::pin!(feed.pump())).await;
         }
     }
 }
@@ -222,10 +359,130 @@ mod tests {
     use serde_json::json;
 
     fn pod(name: &str, node: &str) -> Pod {
-        serde_json::from_value(
-            json!({"metadata": {"name": name, "uid": name}, "spec": {"nodeName": node, "containers": []}}),
-        )
+        versioned(name, node, 0)
+    }
+
+    /// Pod `name` on `node` as of update `version` (a label).
+    fn versioned(name: &str, node: &str, version: usize) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "uid": name, "labels": {"version": version.to_string()}},
+            "spec": {"nodeName": node, "containers": []}
+        }))
         .unwrap()
+    }
+
+    /// What a received event says: `list <names>`, `apply <name>@<version>` or `delete <name>`.
+    fn said(event: &PodEvent) -> String {
+        let version = |p: &Pod| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("version").cloned())
+                .unwrap_or_default()
+        };
+        let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
+        match event {
+            PodEvent::Snapshot(pods) => {
+                format!("list {}", pods.iter().map(name).collect::<Vec<_>>().join(","))
+            }
+            PodEvent::Apply(p) => format!("apply {}@{}", name(p), version(p)),
+            PodEvent::Delete(p) => format!("delete {}", name(p)),
+        }
+    }
+
+    /// Everything `rx` gets until it has waited a second (of paused time) for more.
+    async fn take_all(rx: &mut chan::Receiver<PodEvent>) -> Vec<String> {
+        let mut got = Vec::new();
+        while let Ok(Some(event)) = tokio::time::timeout(std::time::Duration::from_secs(1), rx.recv()).await {
+            got.push(said(&event));
+        }
+        got
+    }
+
+    /// A feed whose pump runs, with subscribers `fast` and `slow`, each holding up to two events.
+    fn two_subscribers() -> (SharedPodFeed, chan::Receiver<PodEvent>, chan::Receiver<PodEvent>) {
+        let feed = SharedPodFeed::new();
+        let PodSource::Feed(fast) = feed.subscribe("fast", 2) else {
+            panic!("a feed subscription")
+        };
+        let PodSource::Feed(slow) = feed.subscribe("slow", 2) else {
+            panic!("a feed subscription")
+        };
+        let pumping = feed.clone();
+        tokio::spawn(async move { pumping.pump().await });
+        (feed, fast, slow)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_subscriber_that_stops_reading_holds_up_nobody_and_later_gets_the_latest_of_each_pod() {
+        let (feed, mut fast, mut slow) = two_subscribers();
+        feed.dispatch(PodEvent::Snapshot(vec![]));
+        let mut got = Vec::new();
+        for i in 0..50 {
+            feed.dispatch(PodEvent::Apply(Box::new(versioned(&format!("f{i}"), "fast", i))));
+            // five pods on the slow node, ten updates each; it reads none of them now
+            feed.dispatch(PodEvent::Apply(Box::new(versioned(
+                &format!("s{}", i % 5),
+                "slow",
+                i,
+            ))));
+            while let Ok(event) = fast.try_recv() {
+                got.push(said(&event));
+            }
+        }
+        let every: Vec<String> = std::iter::once("list ".to_owned())
+            .chain((0..50).map(|i| format!("apply f{i}@{i}")))
+            .collect();
+        assert_eq!(got, every, "the reading subscriber got every event, in order");
+
+        // the slow one: what fit in its queue, then the latest update of each of its pods, in the order they
+        // first waited
+        assert_eq!(
+            take_all(&mut slow).await,
+            [
+                "list ",
+                "apply s0@0",
+                "apply s1@46",
+                "apply s2@47",
+                "apply s3@48",
+                "apply s4@49",
+                "apply s0@45"
+            ]
+        );
+        // caught up: events flow through its queue again
+        feed.dispatch(PodEvent::Delete(Box::new(pod("s1", "slow"))));
+        assert_eq!(take_all(&mut slow).await, ["delete s1"]);
+        assert!(take_all(&mut fast).await.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_replaces_what_a_subscriber_that_fell_behind_was_still_to_get() {
+        let (feed, _fast, mut slow) = two_subscribers();
+        for i in 0..6 {
+            feed.dispatch(PodEvent::Apply(Box::new(versioned(&format!("s{i}"), "slow", i))));
+        }
+        feed.dispatch(PodEvent::Snapshot(vec![pod("s9", "slow"), pod("f1", "fast")]));
+        feed.dispatch(PodEvent::Apply(Box::new(versioned("s9", "slow", 7))));
+        assert_eq!(
+            take_all(&mut slow).await,
+            ["apply s0@0", "apply s1@1", "list s9", "apply s9@7"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_subscriber_gone_is_forgotten() {
+        let (feed, fast, slow) = two_subscribers();
+        drop(slow);
+        for i in 0..4 {
+            feed.dispatch(PodEvent::Apply(Box::new(versioned("s0", "slow", i))));
+        }
+        crate::testing::pass(std::time::Duration::from_millis(100)).await;
+        assert!(
+            !feed.lock().contains_key("slow"),
+            "the pump forgets a subscriber that is gone"
+        );
+        assert!(feed.lock().contains_key("fast"));
+        drop(fast);
     }
 
     #[tokio::test]
@@ -237,9 +494,8 @@ mod tests {
         let PodSource::Feed(mut n2) = feed.subscribe("n2", 8) else {
             panic!()
         };
-        feed.dispatch(PodEvent::Snapshot(vec![pod("a", "n1"), pod("b", "n3")]))
-            .await;
-        feed.dispatch(PodEvent::Apply(Box::new(pod("c", "n2")))).await;
+        feed.dispatch(PodEvent::Snapshot(vec![pod("a", "n1"), pod("b", "n3")]));
+        feed.dispatch(PodEvent::Apply(Box::new(pod("c", "n2"))));
         assert!(matches!(n1.recv().await, Some(PodEvent::Snapshot(p)) if p.len() == 1));
         assert!(matches!(n2.recv().await, Some(PodEvent::Snapshot(p)) if p.is_empty()));
         assert!(

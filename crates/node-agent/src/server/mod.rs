@@ -11,8 +11,13 @@
 //! (`/stats/summary`, `/metrics/resource`, `/pods`) know which node is asked and the API server reaches each
 //! node's pods through its own endpoint.
 //!
-//! Next to it: [`serve_healthz`] (plain HTTP `/healthz` on `healthzBindAddress:healthzPort`) and
+//! Next to it: [`KubeletServer::serve_healthz`] (plain HTTP `/healthz` on `healthzBindAddress:healthzPort`) and
 //! [`KubeletServer::serve_read_only`] (plain HTTP, unauthenticated, read-only paths on `readOnlyPort`).
+//!
+//! The server's listeners and connections are tasks on a tracker it owns: they end when its token (or, for a
+//! node's listener, the node's agent) stops, and [`KubeletServer::stopped`] waits for them. An exec, attach or
+//! port-forward stream upgraded from a request is a task of its own (see [`streaming`]) that lives as long as
+//! that stream, as a connection to the kubelet lives as long as its client keeps it.
 
 pub mod auth;
 pub mod logs;
@@ -36,6 +41,7 @@ use axum::http::{Request, Response, StatusCode, header};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use crate::agent::AgentContext;
@@ -105,6 +111,7 @@ struct Connection {
 }
 
 /// The kubelet API server of a process: one TLS configuration, one authorizer cache, one listener per node.
+/// Clones share the listeners and connections (see [`KubeletServer::stopped`]).
 #[derive(Clone)]
 pub struct KubeletServer {
     tls: tokio_rustls::TlsAcceptor,
@@ -112,6 +119,8 @@ pub struct KubeletServer {
     full: Router,
     read_only: Router,
     token: CancellationToken,
+    /// The listeners and their connections.
+    tasks: TaskTracker,
 }
 
 impl KubeletServer {
@@ -145,7 +154,18 @@ impl KubeletServer {
             full: routes::full(shared.clone()),
             read_only: routes::read_only(shared),
             token,
+            tasks: TaskTracker::new(),
         })
+    }
+
+    /// Waits until every listener and connection of the server has ended (they end when its token fires; a
+    /// node's listener and its connections also when the node's agent stops).
+    pub fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let tasks = self.tasks.clone();
+        async move {
+            tasks.close();
+            tasks.wait().await;
+        }
     }
 
     /// Listens on `addr` for `node` (HTTPS, authenticated and authorized) until the server's token or the
@@ -157,7 +177,7 @@ impl KubeletServer {
             .map_err(|source| ServerError::Bind { addr, source })?;
         let server = self.clone();
         let agent_stopped = node.ctx.token.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             loop {
                 let accepted = tokio::select! {
                     () = server.token.cancelled() => return,
@@ -171,9 +191,15 @@ impl KubeletServer {
                         continue;
                     }
                 };
-                let server = server.clone();
-                let node = node.clone();
-                tokio::spawn(async move { server.serve_tls(tcp, node).await });
+                let (conn, node, agent_stopped) = (server.clone(), node.clone(), agent_stopped.clone());
+                server.tasks.spawn(async move {
+                    // a connection ends with the server or the node's agent, its TLS handshake too
+                    tokio::select! {
+                        () = conn.serve_tls(tcp, node) => {}
+                        () = conn.token.cancelled() => {}
+                        () = agent_stopped.cancelled() => {}
+                    }
+                });
             }
         });
         Ok(bound)
@@ -188,7 +214,8 @@ impl KubeletServer {
             .map_err(|source| ServerError::Bind { addr, source })?;
         let router = self.read_only.clone();
         let token = self.token.clone();
-        tokio::spawn(async move {
+        let tasks = self.tasks.clone();
+        self.tasks.spawn(async move {
             loop {
                 let tcp = tokio::select! {
                     () = token.cancelled() => return,
@@ -197,7 +224,7 @@ impl KubeletServer {
                 let router = router.clone();
                 let node = node.clone();
                 let token = token.clone();
-                tokio::spawn(async move {
+                tasks.spawn(async move {
                     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                         let mut req = req.map(Body::new);
                         req.extensions_mut().insert(node.clone());
@@ -311,22 +338,26 @@ fn text(status: StatusCode, body: String) -> Response<Body> {
     resp
 }
 
-/// Serves plain-HTTP `/healthz` (answering `ok`) on `addr` until `token` fires; returns the bound address.
-pub async fn serve_healthz(addr: SocketAddr, token: CancellationToken) -> Result<SocketAddr, ServerError> {
-    let listener = bind(addr)?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| ServerError::Bind { addr, source })?;
-    let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(token.cancelled_owned())
-            .await
-        {
-            tracing::warn!(error = %e, "healthz endpoint stopped");
-        }
-    });
-    Ok(bound)
+impl KubeletServer {
+    /// Serves plain-HTTP `/healthz` (answering `ok`) on `addr` until the server's token fires; returns the bound
+    /// address.
+    pub fn serve_healthz(&self, addr: SocketAddr) -> Result<SocketAddr, ServerError> {
+        let listener = bind(addr)?;
+        let bound = listener
+            .local_addr()
+            .map_err(|source| ServerError::Bind { addr, source })?;
+        let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        let token = self.token.clone();
+        self.tasks.spawn(async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(token.cancelled_owned())
+                .await
+            {
+                tracing::warn!(error = %e, "healthz endpoint stopped");
+            }
+        });
+        Ok(bound)
+    }
 }
 
 /// The addresses one node's servers listen on.
@@ -342,12 +373,15 @@ pub struct Bound {
 
 /// Everything one (real) node serves, per its settings: the kubelet API on `address:port` with a self-signed
 /// certificate for the node's hostname and IP unless `tlsCertFile` is set, the read-only port when non-zero,
-/// and `/healthz` on `healthzBindAddress:healthzPort` when non-zero. Nothing when `enableServer` is false.
-pub async fn serve_agent(
+/// and `/healthz` on `healthzBindAddress:healthzPort` when non-zero, until the node's agent stops. Nothing when
+/// `enableServer` is false. The server comes back with the addresses: its
+/// [`stopped`](KubeletServer::stopped) is what the agent waits for at shutdown (e.g.
+/// [`RunningAgent::spawn`](crate::RunningAgent::spawn)).
+pub fn serve_agent(
     node: NodeEndpoint,
     registry: Option<Arc<Registry>>,
     serving: Option<Arc<dyn rustls::server::ResolvesServerCert>>,
-) -> Result<Option<Bound>, ServerError> {
+) -> Result<Option<(Bound, KubeletServer)>, ServerError> {
     let ctx = &node.ctx;
     let kubelet = ctx.config.kubelet.clone();
     if !kubelet.enable_server {
@@ -369,18 +403,81 @@ pub async fn serve_agent(
     };
     let healthz = match kubelet.healthz_port {
         0 => None,
-        port => Some(
-            serve_healthz(
-                SocketAddr::new(kubelet.healthz_bind_address, port),
-                ctx.token.clone(),
-            )
-            .await?,
-        ),
+        port => Some(server.serve_healthz(SocketAddr::new(kubelet.healthz_bind_address, port))?),
     };
     tracing::info!(node = %ctx.node_name(), %secure, ?read_only, ?healthz, "kubelet API listening");
-    Ok(Some(Bound {
+    let bound = Bound {
         secure,
         read_only,
         healthz,
-    }))
+    };
+    Ok(Some((bound, server)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::agent::Agent;
+    use crate::config::AgentConfig;
+    use crate::machine::MachineInfo;
+    use crate::testing::TestRuntime;
+
+    /// A node whose API requests never get an answer.
+    fn endpoint() -> NodeEndpoint {
+        let service = tower::service_fn(|_req: http::Request<kube::client::Body>| {
+            std::future::pending::<Result<http::Response<kube::client::Body>, Infallible>>()
+        });
+        let config = AgentConfig::new(
+            "n1",
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            Arc::new(KubeletConfig::default()),
+            MachineInfo::synthetic("n1"),
+        );
+        let agent = Agent::builder(
+            config,
+            kube::Client::new(service, "default"),
+            Arc::new(TestRuntime::new()),
+        )
+        .build()
+        .expect("a valid agent");
+        NodeEndpoint::new(agent.context().clone())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_servers_listeners_and_connections_are_waited_for_and_end_with_its_token() {
+        let token = CancellationToken::new();
+        let server = KubeletServer::new(
+            Arc::new(KubeletConfig::default()),
+            &ServingIdentity::default(),
+            None,
+            token.clone(),
+        )
+        .expect("a server");
+        let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+        let node = endpoint();
+        let ports = [
+            server.serve_node(any, node.clone()).expect("the secure port"),
+            server.serve_read_only(any, node).expect("the read-only port"),
+            server.serve_healthz(any).expect("the healthz port"),
+        ];
+        // a connection to each that says nothing: the secure one waits in its TLS handshake
+        let mut held = Vec::new();
+        for port in ports {
+            held.push(tokio::net::TcpStream::connect(port).await.expect("a connection"));
+        }
+        let stopped = tokio::spawn(server.stopped());
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!stopped.is_finished(), "the listeners and connections run");
+        token.cancel();
+        tokio::time::timeout(Duration::from_secs(5), stopped)
+            .await
+            .expect("every listener and connection ends with the server's token")
+            .expect("the wait");
+        drop(held);
+    }
 }
