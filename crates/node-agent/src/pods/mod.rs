@@ -434,6 +434,7 @@ impl PodLifecycle {
                 node,
             },
             reports,
+            tasks: tracker.clone(),
         });
         let status_manager = status::StatusManager::new(
             self.client.clone(),

@@ -53,6 +53,7 @@ fn bare_ctx(runtime: &FakeRuntime) -> AgentCtx {
             pulls: Arc::default(),
         },
         reports: crate::density::chan::unbounded_channel().0,
+        tasks: tokio_util::task::TaskTracker::new(),
     }
 }
 

@@ -144,6 +144,7 @@ impl Harness {
         let (status, status_rx) = StatusHandle::channel();
         let (node_tx, node_rx) = watch::channel(Some(node_view()));
         let (reports, reports_rx) = crate::density::chan::unbounded_channel();
+        let tracker = TaskTracker::new();
         let ctx = Arc::new(AgentCtx {
             actions: ActionCtx {
                 config,
@@ -159,9 +160,9 @@ impl Harness {
                 pulls: Arc::new(crate::pods::actions::pull_gate::PullGate::new(pulls)),
             },
             reports,
+            tasks: tracker.clone(),
         });
         let cancel = CancellationToken::new();
-        let tracker = TaskTracker::new();
         let (pleg_tx, pleg_rx) = crate::density::chan::unbounded_channel();
         tracker.spawn(Pleg::new(ctx.clone(), pleg_tx).run(cancel.clone().cancelled_owned()));
         let (feed, source) = crate::density::chan::channel(16);

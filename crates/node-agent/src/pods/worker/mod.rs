@@ -20,6 +20,8 @@ pub(crate) mod sync;
 use std::ops::Deref;
 use std::sync::Arc;
 
+use tokio_util::task::TaskTracker;
+
 use crate::density::chan::UnboundedSender;
 use crate::pods::actions::context::ActionCtx;
 use crate::pods::probes::ProbeUpdate;
@@ -33,6 +35,9 @@ pub(crate) struct AgentCtx {
     pub actions: ActionCtx,
     /// The pod manager's report channel.
     pub reports: UnboundedSender<WorkerReport>,
+    /// The pod side's tasks: what a worker's turn starts that outlives the turn (its pod's prober) runs here, so
+    /// the lifecycle waits for it at stop as for the workers themselves.
+    pub tasks: TaskTracker,
 }
 
 impl Deref for AgentCtx {

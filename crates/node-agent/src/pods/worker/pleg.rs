@@ -299,6 +299,7 @@ mod tests {
                 pulls: Arc::default(),
             },
             reports: crate::density::chan::unbounded_channel().0,
+            tasks: tokio_util::task::TaskTracker::new(),
         })
     }
 

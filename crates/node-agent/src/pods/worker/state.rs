@@ -233,7 +233,7 @@ impl PodWorker {
         let (tx, rx) = watch::channel(targets);
         let cancel = CancellationToken::new();
         let prober = Prober::new(self.ctx.clone(), self.pod.clone(), rx, seeds);
-        tokio::spawn(prober.run(cancel.clone()));
+        self.ctx.tasks.spawn(prober.run(cancel.clone()));
         self.prober = Some(Box::new((tx, cancel)));
     }
 }
