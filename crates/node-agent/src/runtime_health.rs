@@ -158,7 +158,7 @@ impl RuntimeHealthMonitor {
             let mut interval = JitteredInterval::immediate(POLL_PERIOD, 0.1);
             loop {
                 // the timer's wait and the poke polled by hand: `tokio::select!`'s branch futures and
-                // bookkeeping were 80 bytes of the idle task
+                // bookkeeping would sit in the idle task
                 let mut tick = self.timer.sleep_until(interval.deadline());
                 let recheck = &self.recheck;
                 let due = std::future::poll_fn(|cx| {

@@ -403,9 +403,9 @@ impl Agent {
             .normal(&ctx.node_reference(), "Starting", "Starting kubelet.");
         let (control_tx, control_rx) = m.control;
         let side = Arc::new(m.node);
-        // The node-side managers are one task: each mostly sleeps, and one task costs ~112 bytes of tokio's
-        // own and the rounding of its future to 128 bytes, per manager per node (see `future_sizes`). Each is
-        // supervised within its branch, and polled only when woken.
+        // The node-side managers are one task: each mostly sleeps, and a task of its own would cost each a task
+        // header per node of a fleet (docs/density.md, "join"). Each is supervised within its branch, and
+        // polled only when woken.
         tracker.spawn(supervise::node_side(side.clone()));
         tracker.spawn(pods::run_for_agent(ctx, m.pods, control_rx));
         tracker.close();

@@ -48,8 +48,8 @@ struct Cond {
 }
 
 /// A condition's reason and message: a pair the kubelet's own states use (static), or texts of their own (a
-/// NotReady message, a condition seeded from the API) in a box. Two words where two `Cow`s were six: the node
-/// status task holds four for the node's life. Compared and hashed by the texts, not by where they are kept.
+/// NotReady message, a condition seeded from the API) in a box: two words, because the node status task holds
+/// four for the node's life. Compared and hashed by the texts, not by where they are kept.
 #[derive(Debug, Clone)]
 enum Text {
     Static(&'static (&'static str, &'static str)),

@@ -49,7 +49,7 @@ impl NodeInformer {
     /// `agent::supervise`).
     pub fn run(self) -> impl Future<Output = ()> + Send + 'static {
         async move {
-            // the client moves into the watch (a clone would be held twice, 96 bytes each)
+            // the client moves into the watch (a clone would be held twice for the node's life)
             let NodeInformer {
                 client,
                 publisher: this,

@@ -4,13 +4,13 @@
 //! of it is what every renewal sets again: the name and namespace, the holder, the duration, the renew time and
 //! the owner reference to the Node. Kept are the server's fields (UID, resourceVersion, creation time) and,
 //! only when the object carries anything else (labels, annotations, other owners, an acquire time, ...), the
-//! rest of it, written back unchanged. A node's usual Lease then costs two short strings instead of a decoded
-//! object of ~800 bytes, held by every node for its whole life.
+//! rest of it, written back unchanged. A node's usual Lease then costs two short strings instead of a whole
+//! decoded object, held by every node for its whole life.
 //!
 //! The answer to each renewal is read the same way ([`KeptLease::from_answer`]): a usual Lease is read for those
-//! three fields alone, its managed fields skipped unparsed (decoding the whole object, ~20 small allocations
-//! every ten seconds per node, was the largest part of a renewal's cost in an idle fleet after the request itself);
-//! anything else is decoded whole.
+//! three fields alone, its managed fields skipped unparsed (decoding the whole object every ten seconds per
+//! node would be most of a renewal's cost in an idle fleet, after the request itself); anything else is decoded
+//! whole.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};

@@ -128,7 +128,7 @@ impl<R: LeaseRenewer + 'static> LeaseManager<R> {
                     return;
                 };
                 // the renewal and what it decides, in a box: its result and the Node's copy are gone before the
-                // wait for the next one (held in the idle task they were 150 bytes of it)
+                // wait for the next one, so the idle task does not keep room for them
                 let (renewer, backoff, recovered) = (&mut self.renewer, &mut self.backoff, &self.recovered);
                 // `None`: the next renewal is periodic
                 let retry = Box::pin(async move {
@@ -173,13 +173,13 @@ fn api_err(verb: &'static str) -> impl Fn(kube::Error) -> NodeError {
 /// Renewal against the API server: get or create the Lease once, then optimistic-concurrency PUTs; a conflict or
 /// a vanished Lease makes the next renewal read it again.
 pub struct ApiLease {
-    /// The client (an `Api` is built per request: it is 272 bytes, the client 96).
+    /// The client (an `Api` is built per request: it is larger than the client, and idle between renewals).
     client: crate::client::ApiClient,
     calls: ApiCalls,
     node_name: String,
     duration_seconds: i32,
     /// The Lease as last written or read, reduced to what a renewal does not set again (boxed, and written
-    /// over in place at each renewal: the idle node side holds this, and its task stays in a smaller class).
+    /// over in place at each renewal: the idle node side holds this for the node's life).
     lease: Option<Box<KeptLease>>,
 }
 
@@ -498,7 +498,7 @@ mod tests {
 
     /// A renewal in flight is held for as long as the API server takes to answer (seconds each, thousands at once,
     /// on a control plane saturated by a fleet): it holds the update's request and not room for the first read
-    /// or create beside it. 3,032 bytes while it did, with the Lease it had serialized kept across the request.
+    /// or create beside it, nor the serialized Lease across the request (docs/density.md has the sizes).
     #[tokio::test]
     async fn a_renewal_in_flight_holds_only_the_update() {
         let service = tower::service_fn(|_req: http::Request<kube::client::Body>| {

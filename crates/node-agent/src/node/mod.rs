@@ -129,7 +129,8 @@ type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 /// `"<name> is not healthy: <error>"` (the kubelet's wording, e.g. for PLEG). Clones share the list.
 ///
 /// Graceful node shutdown's `node is shutting down` is a flag of its own ([`HealthChecks::set_shutting_down`]),
-/// not a check in the list: every agent has it, and a list holding one closure cost ~200 bytes per node.
+/// not a check in the list: every agent has it, and a list holding one closure would cost every node of a fleet
+/// an allocation.
 #[derive(Clone, Default)]
 pub struct HealthChecks {
     inner: Arc<ChecksInner>,

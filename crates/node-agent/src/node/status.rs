@@ -71,7 +71,7 @@ pub struct NodeStatusManager {
     conditions: NodeConditions,
     policy: ReportPolicy,
     /// The image list's fingerprint, and the list while it is still to be reported (boxed, as what follows:
-    /// the idle node side holds this, and every word it keeps in place moves the task nearer the next class).
+    /// the idle node side holds this for the node's life, so what it need not keep in place it does not).
     images: Option<Box<(u64, Vec<ContainerImage>)>>,
     pod_cidr: Option<Box<str>>,
     unschedulable: bool,

@@ -92,12 +92,12 @@ impl StatusTriggers {
 
     /// Waits for the next thing to do: the timer, or a change of `signals` not yet seen.
     ///
-    /// Polled by hand rather than through `tokio::select!`, whose branch futures and bookkeeping were 144 bytes
-    /// of the idle status task: the timer's wait is the one thing kept between polls (the channels' and the
+    /// Polled by hand rather than through `tokio::select!`, whose branch futures and bookkeeping would sit in
+    /// the idle status task: the timer's wait is the one thing kept between polls (the channels' and the
     /// poke's waits hold nothing of their own); when several are ready at once they are taken in this order.
     pub fn next<'a>(&'a mut self, signals: &'a mut Signals) -> impl Future<Output = Trigger> + Send + 'a {
         // the wait holds a handle of its own on the timer, so that the closure takes `signals` whole (one
-        // reference, where its fields taken apart were five)
+        // reference rather than one per field)
         let mut tick = signals.timer.sleep_until_owned(self.interval.deadline());
         std::future::poll_fn(move |cx| {
             if Pin::new(&mut tick).poll(cx).is_ready() {
