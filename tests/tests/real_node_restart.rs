@@ -5,7 +5,7 @@
 //! ([`api_outage`]: a pod from `staticPodURL`, served by this binary on 127.0.0.1, and one from
 //! `staticPodPath` keep running while the API server is stopped, and are mirrored again when it returns).
 //! A binary of its own (its own node and control plane), since it stops the agent and the API server that every
-//! test of a node would share. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1`.
+//! test of a node would share. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
 
 /// The containerd the node runs on (Debian's 1.6).
 const CONTAINERD: &str = "1.6";

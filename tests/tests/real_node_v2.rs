@@ -1,6 +1,6 @@
 //! The real-node tests of `real_node.rs` — the same modules, unchanged — on containerd 2.x built from the Go
 //! module proxy (`hack/build-containerd.sh`), whose CRI plugin streams container events (`GetContainerEvents`)
-//! where Debian's 1.6 is relisted. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1`; one node for the binary.
+//! where Debian's 1.6 is relisted. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip); one node for the binary.
 
 /// The containerd these tests run on.
 const CONTAINERD: &str = "2";
