@@ -139,7 +139,7 @@ async fn deployment_of_50_on_5_agents_runs_in_each_node_cidr_then_scales_to_zero
         );
     }
     for a in agents {
-        stop(a).await;
+        stop(a).await?;
     }
     Ok(())
 }
@@ -194,7 +194,7 @@ async fn jobs_succeed_and_fail() -> anyhow::Result<()> {
             .context("terminated")?;
         assert_eq!(t.exit_code, exit);
     }
-    stop(a).await;
+    stop(a).await?;
     Ok(())
 }
 
@@ -253,7 +253,7 @@ async fn delete_with_grace_runs_pre_stop_then_removes_the_pod() -> anyhow::Resul
         .await?
         .containers;
     assert!(left.is_empty(), "{left:?}");
-    stop(a).await;
+    stop(a).await?;
     Ok(())
 }
 
@@ -282,7 +282,7 @@ async fn agent_restart_starts_nothing_twice_and_keeps_statuses() -> anyhow::Resu
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before: Vec<Pod> = futures::future::try_join_all(names.iter().map(|n| pods.get(n))).await?;
-    let runtime = stop(a).await;
+    let runtime = stop(a).await?;
     let held = containers(&runtime).await?;
 
     let restarted_at = k8s_openapi::jiff::Timestamp::now();
@@ -338,7 +338,7 @@ async fn agent_restart_starts_nothing_twice_and_keeps_statuses() -> anyhow::Resu
         condition(p, "Ready") == Some(true)
     })
     .await?;
-    stop(a).await;
+    stop(a).await?;
     Ok(())
 }
 
@@ -373,7 +373,7 @@ async fn one_shared_watch_feeds_two_agents() -> anyhow::Result<()> {
     token.cancel();
     watch.await?;
     for a in agents {
-        stop(a).await;
+        stop(a).await?;
     }
     Ok(())
 }

@@ -254,7 +254,7 @@ async fn scenario(cp: &testenv::ControlPlane) -> anyhow::Result<()> {
     assert_eq!(annotations(&late).get(SOURCE).map(String::as_str), Some("file"));
     running_mirror(&pods, "cache-static-1", Duration::from_secs(30)).await?;
 
-    let _ = agent.stop(Duration::from_secs(10)).await;
+    agent.stop(Duration::from_secs(10)).await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -238,11 +238,24 @@ async fn both_fakes_answer_like_containerd() -> anyhow::Result<()> {
     std::fs::remove_dir_all(&dir)?;
     compare_with_containerd(&reference, &over_socket, "fake over gRPC");
 
-    // containerd 1.6 has no GetContainerEvents; cri-real passes the code through
+    // containerd 1.6 has no GetContainerEvents (cri-real passes the code through); 2.x streams them
     use runtime_api::{Runtime, cri};
+    let version = client
+        .version(cri::VersionRequest::default())
+        .await?
+        .runtime_version;
+    let major: u32 = version
+        .trim_start_matches('v')
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("containerd's version {version:?}"))?;
     match client.get_container_events(cri::GetEventsRequest {}).await {
-        Err(err) => assert_eq!(err.code, runtime_api::Code::Unimplemented, "{err}"),
-        Ok(_) => eprintln!("this containerd streams container events"),
+        Err(err) => {
+            assert!(major < 2, "containerd {version} streams no events: {err}");
+            assert_eq!(err.code, runtime_api::Code::Unimplemented, "{err}");
+        }
+        Ok(_) => assert!(major >= 2, "containerd {version} streams events"),
     }
     drop(containerd);
     Ok(())

@@ -86,7 +86,7 @@ async fn crash_loop_backs_off_with_events_and_waiting_reason() -> anyhow::Result
             .any(|(r, m)| r == "BackOff" && m.starts_with("Back-off restarting failed container app")),
         "{events:?}"
     );
-    stop(a).await;
+    stop(a).await?;
     Ok(())
 }
 
@@ -198,7 +198,7 @@ async fn probes_readiness_liveness_and_startup() -> anyhow::Result<()> {
         "liveness held back until startup passed"
     );
     assert_eq!(condition(&p, "Ready"), Some(true));
-    stop(a).await;
+    stop(a).await?;
     Ok(())
 }
 
@@ -278,6 +278,6 @@ async fn init_containers_run_in_order_sidecar_stays_and_oversized_pod_is_refused
         Ok(events.iter().any(|(r, _)| r == "OutOfcpu").then_some(()))
     })
     .await?;
-    stop(a).await;
+    stop(a).await?;
     Ok(())
 }

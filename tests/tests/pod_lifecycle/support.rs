@@ -179,9 +179,10 @@ pub async fn pod_events(admin: &kube::Client, ns: &str, pod: &str) -> anyhow::Re
         .collect())
 }
 
-pub async fn stop(a: TestAgent) -> FakeRuntime {
-    let _ = a.agent.stop(Duration::from_secs(10)).await;
-    a.runtime
+/// Stops the agent (an error when it does not stop within 10 s); the runtime it leaves.
+pub async fn stop(a: TestAgent) -> anyhow::Result<FakeRuntime> {
+    a.agent.stop(Duration::from_secs(10)).await?;
+    Ok(a.runtime)
 }
 
 /// Every container the runtime holds: `(id, attempt, state)`, sorted.
