@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use support::{
     Setup, TIMING, app_status, check_running_pod, condition, containers, create_pod, delete_and_watch,
-    namespace, pod_events, pod_json, start_agent, stop, wait_node_ready, wait_pod,
+    namespace, pod_events, pod_json, pod_metric_sum, start_agent, stop, wait_node_ready, wait_pod,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,18 +280,20 @@ async fn agent_restart_starts_nothing_twice_and_keeps_statuses() -> anyhow::Resu
     for name in names {
         wait_pod(&pods, name, "Ready", 30, |p| condition(p, "Ready") == Some(true)).await?;
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let before: Vec<Pod> = futures::future::try_join_all(names.iter().map(|n| pods.get(n))).await?;
     let runtime = stop(a).await?;
+    // what the stopped agent left: from here on only the new agent writes these pods' statuses
+    let before: Vec<Pod> = futures::future::try_join_all(names.iter().map(|n| pods.get(n))).await?;
     let held = containers(&runtime).await?;
 
     let restarted_at = k8s_openapi::jiff::Timestamp::now();
+    let metrics = Arc::new(PodMetrics::new());
     let a = start_agent(
         cp,
         "pl-restart",
         "pl-restart",
         Setup {
             runtime: Some(runtime.clone()),
+            metrics: Some(metrics.clone()),
             ..Default::default()
         },
     )
@@ -313,8 +315,22 @@ async fn agent_restart_starts_nothing_twice_and_keeps_statuses() -> anyhow::Resu
         },
     )
     .await?;
-    // ... and it had many syncs to act on what it found (a wrong agent would have restarted or duplicated)
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // ... and it acted on what it found: a sync of each pod, and the probed pod's readiness probed again (a
+    // wrong agent would have restarted or duplicated containers, or written a status from scratch, by then)
+    let (syncs, probed) = wait_for(
+        "the new agent's first syncs and readiness probes",
+        Duration::from_secs(60),
+        || async {
+            let syncs = pod_metric_sum(&metrics, "kubelet_pod_worker_duration_seconds_count{");
+            let probed = pod_metric_sum(
+                &metrics,
+                "prober_probe_total{probe_type=\"Readiness\",result=\"successful\"}",
+            );
+            Ok((syncs >= names.len() as f64 && probed >= 2.0).then_some((syncs, probed)))
+        },
+    )
+    .await?;
+    println!("agent restart: the new agent synced {syncs} times and probed readiness {probed} times");
     assert_eq!(
         containers(&runtime).await?,
         held,

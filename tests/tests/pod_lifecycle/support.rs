@@ -185,6 +185,19 @@ pub async fn stop(a: TestAgent) -> anyhow::Result<FakeRuntime> {
     Ok(a.runtime)
 }
 
+/// The sum of the samples of `metrics` whose line starts with `prefix` (a name, with `{` or its whole label
+/// set), as the text exposition writes them; 0 when there is none.
+pub fn pod_metric_sum(metrics: &PodMetrics, prefix: &str) -> f64 {
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("metrics encode into a String");
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 /// Every container the runtime holds: `(id, attempt, state)`, sorted.
 pub async fn containers(rt: &FakeRuntime) -> anyhow::Result<Vec<(String, u32, i32)>> {
     let list = rt.list_containers(cri::ListContainersRequest::default()).await?;
