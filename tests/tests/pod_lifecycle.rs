@@ -221,11 +221,13 @@ async fn delete_with_grace_runs_pre_stop_then_removes_the_pod() -> anyhow::Resul
         .await?;
     }
     let mut took = Vec::new();
-    for (name, expect) in [("polite", 3.0..4.5), ("stubborn", 5.0..6.5)] {
+    // never before the preStop's 2 s and the stop (1 s), or the 5 s grace (stubborn); how much later is the
+    // machine's load, and the exit code below says whether the container left or was killed
+    for (name, at_least) in [("polite", 3.0), ("stubborn", 5.0)] {
         let (gone, last) = delete_and_watch(&pods, name, 5).await?;
         let secs = gone.as_secs_f64();
         took.push((name, secs));
-        assert!(expect.contains(&secs), "{name} removed after {secs:.2} s");
+        assert!(secs >= at_least, "{name} removed after {secs:.2} s");
         let final_state = last
             .as_ref()
             .and_then(app_status)

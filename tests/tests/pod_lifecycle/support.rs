@@ -243,7 +243,8 @@ pub async fn delete_and_watch(
         }
         anyhow::bail!("watch of {name} ended")
     };
-    let took = tokio::time::timeout(Duration::from_secs(30), follow).await??;
+    // a guard against hanging only: the tests' deletions take seconds
+    let took = tokio::time::timeout(Duration::from_secs(120), follow).await??;
     Ok((took, last))
 }
 
