@@ -1,12 +1,14 @@
 //! The real-node tests of `real_node.rs` — the same modules, unchanged — on containerd 2.x built from the Go
 //! module proxy (`hack/build-containerd.sh`), whose CRI plugin streams container events (`GetContainerEvents`)
-//! where Debian's 1.6 is relisted. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip); one node for the binary.
+//! where Debian's 1.6 is relisted; and [`evented_pleg`], the events shown by what they do. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip); one node for the binary.
 
 /// The containerd these tests run on.
 const CONTAINERD: &str = "2";
 
 #[path = "real_node/cgroups.rs"]
 mod cgroups;
+#[path = "real_node_v2/evented_pleg.rs"]
+mod evented_pleg;
 #[path = "real_node/harness.rs"]
 mod harness;
 #[path = "real_node/images.rs"]
