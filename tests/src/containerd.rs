@@ -7,6 +7,25 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 
+/// The variable that skips the real-mode tests (`1`); without it they run, and fail when they cannot.
+pub const SKIP_REAL_NODE: &str = "NODE_AGENT_SKIP_REAL_NODE";
+
+/// Whether the real-mode tests of `binary` are to be skipped (`NODE_AGENT_SKIP_REAL_NODE=1`); the first call
+/// that says so prints `[<binary>] skipped: ...` — to the process's stderr itself, past the test harness's
+/// capture, so the skip shows in the output of a passing run.
+pub fn skip_real_node(binary: &str) -> bool {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let skip = std::env::var(SKIP_REAL_NODE).as_deref() == Ok("1");
+    if skip {
+        SAID.call_once(|| {
+            use std::io::Write;
+            // nothing to do if stderr is gone
+            let _ = writeln!(std::io::stderr(), "[{binary}] skipped: {SKIP_REAL_NODE}=1");
+        });
+    }
+    skip
+}
+
 /// The project's containerd scripts (`tests/containerd`).
 pub fn scripts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("containerd")

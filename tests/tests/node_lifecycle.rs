@@ -37,9 +37,10 @@ use support::{
     wait_node,
 };
 
-/// A started agent's Node is Ready within 5 s with every field a kubelet fills; the lease and events exist.
+/// A started agent's Node is Ready from its registration (not a status period later), with every field a
+/// kubelet fills; the lease and events exist.
 #[tokio::test]
-async fn node_is_ready_within_five_seconds_with_every_field() -> anyhow::Result<()> {
+async fn node_is_registered_ready_with_every_field() -> anyhow::Result<()> {
     init_logging();
     let cp = control_plane().await?;
     let admin = cp.admin_client().await?;
@@ -50,13 +51,29 @@ async fn node_is_ready_within_five_seconds_with_every_field() -> anyhow::Result<
     let metrics = Arc::new(Metrics::register(&mut registry));
     let t0 = Instant::now();
     let a = start_with(cp, name, KubeletConfig::default(), metrics).await?;
-    let node = wait_node(&nodes, name, "Ready=True", Duration::from_secs(5), |n| {
+    // a guard against hanging only: Ready is expected well within a second
+    let node = wait_node(&nodes, name, "Ready=True", Duration::from_secs(60), |n| {
         ready_status(n).as_deref() == Some("True")
     })
     .await?;
     let ready_after = t0.elapsed();
     println!("[node_lifecycle] {name}: Ready {ready_after:?} after agent start");
-    assert!(ready_after < Duration::from_secs(5));
+    // the agent waits for the runtime's first answer before it registers: the Node is created Ready, its Ready
+    // condition no younger than the object (both whole seconds, the condition's stamped before the create)
+    let created = node
+        .metadata
+        .creation_timestamp
+        .clone()
+        .context("creationTimestamp")?;
+    let ready = condition(&node, "Ready").context("Ready")?;
+    let since = ready
+        .last_transition_time
+        .clone()
+        .context("Ready's lastTransitionTime")?;
+    assert!(
+        since.0 <= created.0,
+        "Ready since {since:?}, after the Node was created at {created:?}: not Ready at registration"
+    );
 
     let labels = node.metadata.labels.clone().unwrap_or_default();
     assert_eq!(
@@ -249,8 +266,29 @@ async fn idle_agent_writes_over_two_minutes() -> anyhow::Result<()> {
         ready_status(n).as_deref() == Some("True")
     })
     .await?;
-    // let start-up settle: events written, pod CIDR learned
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // start-up over: its events written (every one the agent created is in the API), the pod CIDR learned
+    let startup = [
+        "Starting",
+        "NodeHasSufficientMemory",
+        "NodeHasNoDiskPressure",
+        "NodeHasSufficientPID",
+    ];
+    let admin = cp.admin_client().await?;
+    poll(
+        "start-up events and the pod CIDR",
+        Duration::from_secs(60),
+        || async {
+            let reasons = event_reasons(&admin, name).await?;
+            let created = a.metrics.request_count("create", "events", 201);
+            let cidr = nodes.get(name).await?.spec.and_then(|s| s.pod_cidr);
+            let settled = startup.iter().all(|w| reasons.iter().any(|r| r == w))
+                && created == u64::try_from(reasons.len())?
+                && cidr.is_some()
+                && a.runtime.pod_cidr() == cidr;
+            Ok(settled.then_some(()))
+        },
+    )
+    .await?;
 
     let kinds: [(&str, &str, u16); 8] = [
         ("update", "leases", 200),
@@ -265,9 +303,11 @@ async fn idle_agent_writes_over_two_minutes() -> anyhow::Result<()> {
     let ours = |m: &Metrics| kinds.map(|(v, r, c)| m.request_count(v, r, c));
     let audited = audit_counts(&format!("system:node:{name}"));
     let before = ours(&a.metrics);
-    let window = Duration::from_secs(120);
-    tokio::time::sleep(window).await;
+    // the idle time itself is what is measured: nothing to wait for, only time to let pass
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(120)).await;
     let after = ours(&a.metrics);
+    let window = t0.elapsed();
     let audited_after = audit_counts(&format!("system:node:{name}"));
 
     println!(
@@ -298,10 +338,15 @@ async fn idle_agent_writes_over_two_minutes() -> anyhow::Result<()> {
             writes(a) - writes(b)
         );
     }
+    // renewals come 10 s (± 4 % jitter) after the previous one ended, later when the API server answers slowly:
+    // never more than one per 9.6 s of the window as measured, and — on a loaded machine too — at least one per
+    // 20 s (below that, half the lease's 40 s would go by between renewals)
     let lease_updates = delta[&("update", "leases")];
+    let most = (window.as_secs_f64() / 9.6).floor() as u64 + 1;
+    let least = (window.as_secs_f64() / 20.0).floor() as u64;
     assert!(
-        (11..=13).contains(&lease_updates),
-        "{lease_updates} lease renewals in 2 minutes (every 10 s + jitter)"
+        (least..=most).contains(&lease_updates),
+        "{lease_updates} lease renewals in {window:?}: expected {least}..={most}"
     );
     assert_eq!(
         delta[&("patch", "nodes/status")],

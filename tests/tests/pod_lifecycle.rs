@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use support::{
     Setup, TIMING, app_status, check_running_pod, condition, containers, create_pod, delete_and_watch,
-    namespace, pod_events, pod_json, start_agent, stop, wait_node_ready, wait_pod,
+    namespace, pod_events, pod_json, pod_metric_sum, start_agent, stop, wait_node_ready, wait_pod,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,7 +139,7 @@ async fn deployment_of_50_on_5_agents_runs_in_each_node_cidr_then_scales_to_zero
         );
     }
     for a in agents {
-        stop(a).await;
+        stop(a).await?;
     }
     Ok(())
 }
@@ -194,7 +194,7 @@ async fn jobs_succeed_and_fail() -> anyhow::Result<()> {
             .context("terminated")?;
         assert_eq!(t.exit_code, exit);
     }
-    stop(a).await;
+    stop(a).await?;
     Ok(())
 }
 
@@ -221,11 +221,13 @@ async fn delete_with_grace_runs_pre_stop_then_removes_the_pod() -> anyhow::Resul
         .await?;
     }
     let mut took = Vec::new();
-    for (name, expect) in [("polite", 3.0..4.5), ("stubborn", 5.0..6.5)] {
+    // never before the preStop's 2 s and the stop (1 s), or the 5 s grace (stubborn); how much later is the
+    // machine's load, and the exit code below says whether the container left or was killed
+    for (name, at_least) in [("polite", 3.0), ("stubborn", 5.0)] {
         let (gone, last) = delete_and_watch(&pods, name, 5).await?;
         let secs = gone.as_secs_f64();
         took.push((name, secs));
-        assert!(expect.contains(&secs), "{name} removed after {secs:.2} s");
+        assert!(secs >= at_least, "{name} removed after {secs:.2} s");
         let final_state = last
             .as_ref()
             .and_then(app_status)
@@ -253,7 +255,7 @@ async fn delete_with_grace_runs_pre_stop_then_removes_the_pod() -> anyhow::Resul
         .await?
         .containers;
     assert!(left.is_empty(), "{left:?}");
-    stop(a).await;
+    stop(a).await?;
     Ok(())
 }
 
@@ -280,18 +282,20 @@ async fn agent_restart_starts_nothing_twice_and_keeps_statuses() -> anyhow::Resu
     for name in names {
         wait_pod(&pods, name, "Ready", 30, |p| condition(p, "Ready") == Some(true)).await?;
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let runtime = stop(a).await?;
+    // what the stopped agent left: from here on only the new agent writes these pods' statuses
     let before: Vec<Pod> = futures::future::try_join_all(names.iter().map(|n| pods.get(n))).await?;
-    let runtime = stop(a).await;
     let held = containers(&runtime).await?;
 
     let restarted_at = k8s_openapi::jiff::Timestamp::now();
+    let metrics = Arc::new(PodMetrics::new());
     let a = start_agent(
         cp,
         "pl-restart",
         "pl-restart",
         Setup {
             runtime: Some(runtime.clone()),
+            metrics: Some(metrics.clone()),
             ..Default::default()
         },
     )
@@ -313,8 +317,22 @@ async fn agent_restart_starts_nothing_twice_and_keeps_statuses() -> anyhow::Resu
         },
     )
     .await?;
-    // ... and it had many syncs to act on what it found (a wrong agent would have restarted or duplicated)
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // ... and it acted on what it found: a sync of each pod, and the probed pod's readiness probed again (a
+    // wrong agent would have restarted or duplicated containers, or written a status from scratch, by then)
+    let (syncs, probed) = wait_for(
+        "the new agent's first syncs and readiness probes",
+        Duration::from_secs(60),
+        || async {
+            let syncs = pod_metric_sum(&metrics, "kubelet_pod_worker_duration_seconds_count{");
+            let probed = pod_metric_sum(
+                &metrics,
+                "prober_probe_total{probe_type=\"Readiness\",result=\"successful\"}",
+            );
+            Ok((syncs >= names.len() as f64 && probed >= 2.0).then_some((syncs, probed)))
+        },
+    )
+    .await?;
+    println!("agent restart: the new agent synced {syncs} times and probed readiness {probed} times");
     assert_eq!(
         containers(&runtime).await?,
         held,
@@ -338,7 +356,7 @@ async fn agent_restart_starts_nothing_twice_and_keeps_statuses() -> anyhow::Resu
         condition(p, "Ready") == Some(true)
     })
     .await?;
-    stop(a).await;
+    stop(a).await?;
     Ok(())
 }
 
@@ -373,7 +391,7 @@ async fn one_shared_watch_feeds_two_agents() -> anyhow::Result<()> {
     token.cancel();
     watch.await?;
     for a in agents {
-        stop(a).await;
+        stop(a).await?;
     }
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! node-agent as a real worker node: the `node-agent` binary with `--runtime remote` on a private containerd
 //! (bridge CNI configured from the Node's pod CIDR), registered to a real control plane, running pods the
 //! scheduler places on it. One node serves every test of this binary ([`harness`]); each area has its module
-//! and its own namespace. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1` (without it every test prints why and
-//! passes without running); run alone, not beside another binary that starts containerd.
+//! and its own namespace. Needs root: without it every test fails saying so, unless `NODE_AGENT_SKIP_REAL_NODE=1`
+//! skips them; run alone, not beside another binary that starts containerd.
 
 /// The containerd these tests run on: Debian's 1.6 (`real_node_v2.rs` runs those that differ by version on 2.x).
 const CONTAINERD: &str = "1.6";

@@ -12,7 +12,7 @@
 //! * external target: the fleet runs in this cluster and registers its nodes, with per-node credentials, into a
 //!   second control plane named by a kubeconfig Secret; neither cluster gets a ClusterRole.
 //!
-//! Needs root and `NODE_AGENT_CONTAINERD_SETUP=1` (a binary of its own: it fills the node with fleet pods).
+//! Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip); a binary of its own: it fills the node with fleet pods.
 
 /// The containerd the node runs on (Debian's 1.6).
 const CONTAINERD: &str = "1.6";

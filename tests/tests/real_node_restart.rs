@@ -5,7 +5,7 @@
 //! ([`api_outage`]: a pod from `staticPodURL`, served by this binary on 127.0.0.1, and one from
 //! `staticPodPath` keep running while the API server is stopped, and are mirrored again when it returns).
 //! A binary of its own (its own node and control plane), since it stops the agent and the API server that every
-//! test of a node would share. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1`.
+//! test of a node would share. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
 
 /// The containerd the node runs on (Debian's 1.6).
 const CONTAINERD: &str = "1.6";
@@ -36,6 +36,14 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// What the node's `staticPodURL` serves now (empty: no pods).
 static URL_BODY: Mutex<String> = Mutex::new(String::new());
 
+/// How many times the node's `staticPodURL` has been answered.
+static URL_READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many times the node has read its `staticPodURL` so far.
+fn url_reads() -> usize {
+    URL_READS.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Serves [`URL_BODY`] over HTTP on 127.0.0.1 from a thread of this process (one connection at a time, each
 /// answered and closed); returns the URL. Started once, before the node, since the node's configuration
 /// names it.
@@ -63,7 +71,9 @@ fn static_pod_url() -> anyhow::Result<&'static str> {
                 "HTTP/1.1 200 OK\r\ncontent-type: application/yaml\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()
             );
-            let _ = conn.write_all(reply.as_bytes());
+            if conn.write_all(reply.as_bytes()).is_ok() {
+                URL_READS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
         }
     });
     Ok(URL.get_or_init(|| url))

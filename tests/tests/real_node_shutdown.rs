@@ -5,7 +5,7 @@
 //! event, and only then exits. The order is read from the containers themselves: the regular pod takes 2 s to
 //! leave after its SIGTERM and writes the time it leaves as its termination message; the critical pod writes
 //! the time its SIGTERM reaches it (the machine's uptime, one clock for both), which must come after. A binary of its own (its own node), since it stops the agent that every test of
-//! the node shares. Needs root and `NODE_AGENT_CONTAINERD_SETUP=1`.
+//! the node shares. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
 
 /// The containerd the node runs on (Debian's 1.6).
 const CONTAINERD: &str = "1.6";
@@ -66,7 +66,6 @@ async fn sigterm_shuts_the_node_down_gracefully() -> anyhow::Result<()> {
         ..Default::default()
     };
     let Some(node) = RealNode::get_with(&options).await? else {
-        println!("[real_node_shutdown] skipped: needs root and NODE_AGENT_CONTAINERD_SETUP=1 ({CONTAINERD})");
         return Ok(());
     };
     let apps = node.namespace(NS).await?;

@@ -247,14 +247,28 @@ async fn scenario(cp: &testenv::ControlPlane) -> anyhow::Result<()> {
         || container_of(&runtime, "late-static-1"),
     )
     .await?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(running(&runtime).await?, vec!["cache-static-1", "late-static-1"]);
+    // the agent goes on without the API server: it reads its URL twice more (2 s apart), and the static pods
+    // run all along
+    let reads = served.load(Ordering::Relaxed);
+    wait_for(
+        "two more reads of the static pod URL while the API server is away",
+        Duration::from_secs(60),
+        || async {
+            let now = running(&runtime).await?;
+            anyhow::ensure!(
+                now == ["cache-static-1", "late-static-1"],
+                "static pods running without the API server: {now:?}"
+            );
+            Ok((served.load(Ordering::Relaxed) >= reads + 2).then_some(()))
+        },
+    )
+    .await?;
     cp.start_apiserver().await?;
     let late = running_mirror(&pods, "late-static-1", Duration::from_secs(90)).await?;
     assert_eq!(annotations(&late).get(SOURCE).map(String::as_str), Some("file"));
     running_mirror(&pods, "cache-static-1", Duration::from_secs(30)).await?;
 
-    let _ = agent.stop(Duration::from_secs(10)).await;
+    agent.stop(Duration::from_secs(10)).await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -93,6 +93,7 @@ async fn a_thousand_nodes_register_and_stay_ready() -> anyhow::Result<()> {
     let soak_start = tokio::time::Instant::now();
     let mut min_ready = n;
     while soak_start.elapsed() < soak {
+        // the soak is the time itself: a look at the nodes every 15 s of it
         tokio::time::sleep(Duration::from_secs(15)).await;
         let ready = nodes_with_prefix(&nodes, "soak")
             .await?

@@ -64,13 +64,22 @@ async fn nodes_are_not_ready_until_their_pod_cidr_and_pods_get_ips_inside_it() -
 
     // Every version of every node of this fleet, from before the first one is created.
     let history: Arc<Mutex<BTreeMap<String, Vec<Seen>>>> = Arc::default();
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
     let recorder = {
         let (history, nodes) = (history.clone(), nodes.clone());
         tokio::spawn(async move {
             let mut stream = watcher::watcher(nodes, watcher::Config::default()).boxed();
+            let mut listed_tx = Some(listed_tx);
             while let Some(event) = stream.next().await {
                 let node = match event {
                     Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => n,
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(tx) = listed_tx.take() {
+                            // the receiver waits for this until the test ends
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
                     _ => continue,
                 };
                 let name = node.metadata.name.clone().unwrap_or_default();
@@ -82,7 +91,7 @@ async fn nodes_are_not_ready_until_their_pod_cidr_and_pods_get_ips_inside_it() -
         })
     };
     // the recorder's initial list has been answered before the fleet starts
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::timeout(Duration::from_secs(60), listed).await??;
 
     let config = cp.admin_config().await?;
     let pool = ClientPool::new(&config, PoolSize::for_fleet(NODES, true, PoolLimits::default()))?;
@@ -112,7 +121,21 @@ async fn nodes_are_not_ready_until_their_pod_cidr_and_pods_get_ips_inside_it() -
         }
     })
     .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // the recorder has seen what the list saw: every node Ready with its podCIDR
+    wait_for(
+        "the recorder to see every node Ready",
+        Duration::from_secs(60),
+        || async {
+            let history = history.lock().unwrap_or_else(|p| p.into_inner());
+            let seen = cidrs.iter().all(|(name, cidr)| {
+                history
+                    .get(name)
+                    .is_some_and(|v| v.iter().any(|s| s.ready && s.cidr.as_ref() == Some(cidr)))
+            });
+            Ok(seen.then_some(()))
+        },
+    )
+    .await?;
     {
         let history = history.lock().unwrap_or_else(|p| p.into_inner());
         assert_eq!(history.len(), NODES, "{history:?}");

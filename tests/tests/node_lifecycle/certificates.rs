@@ -301,7 +301,8 @@ async fn tls_bootstrap_serving_certificate_and_rotation_through_the_csr_api() ->
             .unwrap_or_default()
     );
 
-    // past the first certificate's end: the node still renews its lease and starts new pods
+    // past the first certificate's end: the node still renews its lease and starts new pods. The wait is for the
+    // clock itself (the certificate's notAfter), nothing the agent does marks it
     let past = cert
         .not_after
         .duration_since(SystemTime::now())

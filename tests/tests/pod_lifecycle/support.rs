@@ -179,9 +179,23 @@ pub async fn pod_events(admin: &kube::Client, ns: &str, pod: &str) -> anyhow::Re
         .collect())
 }
 
-pub async fn stop(a: TestAgent) -> FakeRuntime {
-    let _ = a.agent.stop(Duration::from_secs(10)).await;
-    a.runtime
+/// Stops the agent (an error when it does not stop within 10 s); the runtime it leaves.
+pub async fn stop(a: TestAgent) -> anyhow::Result<FakeRuntime> {
+    a.agent.stop(Duration::from_secs(10)).await?;
+    Ok(a.runtime)
+}
+
+/// The sum of the samples of `metrics` whose line starts with `prefix` (a name, with `{` or its whole label
+/// set), as the text exposition writes them; 0 when there is none.
+pub fn pod_metric_sum(metrics: &PodMetrics, prefix: &str) -> f64 {
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("metrics encode into a String");
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
 }
 
 /// Every container the runtime holds: `(id, attempt, state)`, sorted.
@@ -229,7 +243,8 @@ pub async fn delete_and_watch(
         }
         anyhow::bail!("watch of {name} ended")
     };
-    let took = tokio::time::timeout(Duration::from_secs(30), follow).await??;
+    // a guard against hanging only: the tests' deletions take seconds
+    let took = tokio::time::timeout(Duration::from_secs(120), follow).await??;
     Ok((took, last))
 }
 

@@ -8,8 +8,8 @@
 //!
 //! Started by the first test that asks ([`RealNode::get`]); torn down when the test binary exits, however it
 //! exits (see `e2e::containerd::start_reaper`): the agent is killed, `tests/containerd/teardown.sh` kills the
-//! containers and stops containerd by PID. Without `NODE_AGENT_CONTAINERD_SETUP=1` every test prints why and
-//! passes without running (CI sets it; it needs root).
+//! containers and stops containerd by PID. The node needs root; a test whose node cannot start fails, saying
+//! why. `NODE_AGENT_SKIP_REAL_NODE=1` skips every test of the binary instead (printed once).
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -77,7 +77,9 @@ pub struct NodeOptions {
     pub extra_config: String,
 }
 
-static NODE_STATE: OnceCell<Option<RealNode>> = OnceCell::const_new();
+/// The node, or why it could not start (every test of the binary then fails with that message, without
+/// trying again).
+static NODE_STATE: OnceCell<Result<RealNode, String>> = OnceCell::const_new();
 /// The process that tears the node down when this test binary exits (`e2e::containerd::start_reaper`).
 static REAPER: Mutex<Option<testenv::process::Proc>> = Mutex::new(None);
 
@@ -104,42 +106,37 @@ pub fn contains(cidr: (Ipv4Addr, u8), ip: Ipv4Addr) -> bool {
 }
 
 impl RealNode {
-    /// The shared node, started on first use; `None` (the caller returns, having printed why) when
-    /// `NODE_AGENT_CONTAINERD_SETUP` is not set.
+    /// The shared node, started on first use; `None` (the caller returns: a skip, printed once) when
+    /// `NODE_AGENT_SKIP_REAL_NODE=1`. A node that cannot start is an error, never a skip.
     pub async fn get() -> anyhow::Result<Option<&'static RealNode>> {
         Self::get_with(&NodeOptions::default()).await
     }
 
     /// [`RealNode::get`], the node started with `options` when this call starts it.
     pub async fn get_with(options: &NodeOptions) -> anyhow::Result<Option<&'static RealNode>> {
-        let node = NODE_STATE
-            .get_or_try_init(|| async {
-                if std::env::var("NODE_AGENT_CONTAINERD_SETUP").as_deref() != Ok("1") {
-                    return Ok(None);
-                }
-                Self::start(options).await.map(Some)
-            })
-            .await?;
-        if node.is_none() {
-            // in CI the real node is part of the suite: its absence is a failure, not a skip
-            anyhow::ensure!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "the real-node tests cannot run in CI without NODE_AGENT_CONTAINERD_SETUP=1 (hack/test.sh sets it)"
-            );
-            println!(
-                "[real_node] skipped: NODE_AGENT_CONTAINERD_SETUP is not set (set it to 1, as root, to run the \
-                 real-node tests against a private containerd)"
-            );
+        if e2e::containerd::skip_real_node(env!("CARGO_CRATE_NAME")) {
+            return Ok(None);
         }
-        Ok(node.as_ref())
+        let node = NODE_STATE
+            .get_or_init(|| async {
+                Self::start(options).await.map_err(|e| {
+                    format!(
+                        "the real node of {} could not start (set {}=1 to skip the real-node tests): {e:#}",
+                        env!("CARGO_CRATE_NAME"),
+                        e2e::containerd::SKIP_REAL_NODE
+                    )
+                })
+            })
+            .await;
+        match node {
+            Ok(node) => Ok(Some(node)),
+            Err(why) => Err(anyhow::anyhow!("{why}")),
+        }
     }
 
     async fn start(options: &NodeOptions) -> anyhow::Result<Self> {
         if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self")?) != 0 {
-            bail!(
-                "the real-node tests need root (containerd, network namespaces, mounts); run them as root or \
-                 unset NODE_AGENT_CONTAINERD_SETUP"
-            );
+            bail!("the real-node tests need root (containerd, network namespaces, mounts)");
         }
         let subnet_text = std::env::var("NA_CRI_SUBNET").unwrap_or_else(|_| "10.90.0.0/16".into());
         let subnet = parse_cidr(&subnet_text).context("NA_CRI_SUBNET")?;
@@ -173,7 +170,8 @@ impl RealNode {
         let cp = cp?;
         setup??;
         println!(
-            "[real_node] control plane and containerd up in {:?}",
+            "[{}] control plane and containerd up in {:?}",
+            env!("CARGO_CRATE_NAME"),
             t0.elapsed()
         );
         let socket = containerd_dir.join("containerd.sock");
@@ -261,7 +259,8 @@ impl RealNode {
             .and_then(|s| s.pod_cidr.as_deref())
             .context("podCIDR")?;
         println!(
-            "[real_node] node {NODE} Ready with podCIDR {pod_cidr} {:?} after the agent started",
+            "[{}] node {NODE} Ready with podCIDR {pod_cidr} {:?} after the agent started",
+            env!("CARGO_CRATE_NAME"),
             t0.elapsed()
         );
         Ok(Self {

@@ -91,7 +91,9 @@ async fn busybox_pod_runs_with_an_ip_from_the_pod_cidr_logs_and_stops_on_deletio
         .state;
     assert_eq!(state, cri::ContainerState::ContainerRunning as i32);
 
-    // how the agent learns of container changes: containerd 2.x streams events, 1.6 has none (relisted)
+    // which way the binary learns of container changes, as it says at start: containerd 2.x streams events, 1.6
+    // has none (relisted). What the events do — an exit reported with relisting and periodic syncs an hour
+    // apart — is shown by real_node_v2's evented_pleg, on the library, whose relist period can be set.
     let log = std::fs::read_to_string(&node.agent_log)?;
     let evented = log.contains("following the runtime's container events (evented PLEG)");
     let relisted = log.contains("runtime has no container events, relisting");

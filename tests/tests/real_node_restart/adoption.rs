@@ -22,8 +22,14 @@ async fn a_restarted_agent_adopts_running_pods_without_duplicates() -> anyhow::R
     };
     let pods = node.namespace(NS).await?;
     let leases: Api<Lease> = Api::namespaced(node.cp.admin_client().await?, "kube-node-lease");
-    node.create_pod(&pods, &pod("steady", "while :; do sleep 1; done")?)
-        .await?;
+    // steady's readiness probe shows, in /metrics/probes, that a restarted agent has taken the pod on
+    let mut steady = pod("steady", "while :; do sleep 1; done")?;
+    if let Some(c) = steady.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        c.readiness_probe = Some(serde_json::from_value(serde_json::json!({
+            "exec": {"command": ["true"]}, "periodSeconds": 1,
+        }))?);
+    }
+    node.create_pod(&pods, &steady).await?;
     node.create_pod(&pods, &pod("crashy", "sleep 1; exit 3")?).await?;
     let steady = wait_for("steady Running", Duration::from_secs(60), || async {
         let p = pods.get("steady").await?;
@@ -52,8 +58,29 @@ async fn a_restarted_agent_adopts_running_pods_without_duplicates() -> anyhow::R
         )
         .await
         .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
-        // give the agent a few syncs to act on what it found (a wrong agent would restart or duplicate now)
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        // the new process has taken steady on: its prober (counters start at zero with the process) has
+        // passed steady's readiness probe twice, so the pod's first sync, where a wrong agent would restart or
+        // duplicate, is behind it
+        let series = format!(
+            "prober_probe_total{{container=\"main\",namespace=\"{NS}\",pod=\"steady\",pod_uid=\"{steady_uid}\",\
+             probe_type=\"Readiness\",result=\"successful\"}} "
+        );
+        let probed = wait_for(
+            &format!("steady probed by the agent started after {how}"),
+            Duration::from_secs(60),
+            || async {
+                // the kubelet API may not listen yet: not an error, a wait
+                let Ok((200, text)) = node.kubelet_get("/metrics/probes").await else {
+                    return Ok(None);
+                };
+                let count = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&series)?.trim().parse::<u64>().ok());
+                Ok(count.filter(|n| *n >= 2))
+            },
+        )
+        .await
+        .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
         let p = pods.get("steady").await?;
         let now = container(&p).context("steady's status")?;
         assert_eq!(
@@ -78,7 +105,7 @@ async fn a_restarted_agent_adopts_running_pods_without_duplicates() -> anyhow::R
             crashy.restart_count
         );
         println!(
-            "[real_node] after {how}: steady kept {}, crashy restart count {} -> {}",
+            "[real_node] after {how}: steady probed {probed} times, kept {}, crashy restart count {} -> {}",
             now.container_id.as_deref().unwrap_or_default(),
             crashy_before.restart_count,
             crashy.restart_count

@@ -1,7 +1,8 @@
 //! A real containerd for the conformance test: either one the caller started (`NODE_AGENT_CONTAINERD_SOCKET`,
-//! e.g. from `tests/containerd/setup.sh`), or — with `NODE_AGENT_CONTAINERD_SETUP=1` — one this process starts
-//! with the project's setup script in a private directory (own state directory and bridge) and tears down, by
-//! PID, when dropped. `NA_CRI_SUBNET` names the pod subnet in both cases (default 10.88.0.0/16).
+//! e.g. from `tests/containerd/setup.sh`), or one this process starts (as root) with the project's setup script
+//! in a private directory (own state directory and bridge) and tears down, by PID, when dropped. A containerd
+//! that cannot start is an error; only `NODE_AGENT_SKIP_REAL_NODE=1` skips. `NA_CRI_SUBNET` names the pod subnet
+//! in both cases (default 10.88.0.0/16).
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,28 @@ pub struct Containerd {
     pub subnet: (Ipv4Addr, u8),
     /// State directory and bridge, when this process started containerd (and must tear it down).
     managed: Option<(PathBuf, String)>,
+}
+
+/// The variable that skips the real-mode tests (`1`), as in the `e2e` package.
+const SKIP_REAL_NODE: &str = "NODE_AGENT_SKIP_REAL_NODE";
+
+/// Whether to skip (`NODE_AGENT_SKIP_REAL_NODE=1`); says so once, on the process's stderr itself, past the test
+/// harness's capture.
+fn skip_real_node() -> bool {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let skip = std::env::var(SKIP_REAL_NODE).as_deref() == Ok("1");
+    if skip {
+        SAID.call_once(|| {
+            use std::io::Write;
+            // nothing to do if stderr is gone
+            let _ = writeln!(
+                std::io::stderr(),
+                "[{}] skipped: {SKIP_REAL_NODE}=1",
+                env!("CARGO_CRATE_NAME")
+            );
+        });
+    }
+    skip
 }
 
 fn scripts() -> PathBuf {
@@ -38,8 +61,12 @@ fn subnet() -> anyhow::Result<(String, (Ipv4Addr, u8))> {
 }
 
 impl Containerd {
-    /// The containerd the environment offers, or `None` (the test is skipped) when it offers none.
+    /// The containerd the environment names, else one started here; `None` (the test is skipped, printed
+    /// once) only with `NODE_AGENT_SKIP_REAL_NODE=1`.
     pub fn from_env() -> anyhow::Result<Option<Self>> {
+        if skip_real_node() {
+            return Ok(None);
+        }
         let (subnet_text, subnet) = subnet()?;
         if let Some(socket) = std::env::var_os("NODE_AGENT_CONTAINERD_SOCKET").filter(|s| !s.is_empty()) {
             return Ok(Some(Self {
@@ -48,8 +75,11 @@ impl Containerd {
                 managed: None,
             }));
         }
-        if std::env::var("NODE_AGENT_CONTAINERD_SETUP").as_deref() != Ok("1") {
-            return Ok(None);
+        if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self")?) != 0 {
+            bail!(
+                "comparing the fakes with containerd needs root to start one (or NODE_AGENT_CONTAINERD_SOCKET \
+                 naming a running one, see tests/containerd/setup.sh); set {SKIP_REAL_NODE}=1 to skip"
+            );
         }
         let pid = std::process::id();
         let dir = std::env::temp_dir().join(format!("na-cri-{pid}"));
@@ -70,7 +100,8 @@ impl Containerd {
             .context("running tests/containerd/setup.sh")?;
         if !status.success() {
             bail!(
-                "tests/containerd/setup.sh failed ({status}); logs in {}",
+                "tests/containerd/setup.sh failed ({status}); logs in {} (set {SKIP_REAL_NODE}=1 to skip the \
+                 comparison with containerd)",
                 dir.display()
             );
         }

@@ -177,7 +177,8 @@ async fn two_more_seconds_of_container_start_show_in_schedule_to_run_and_decide_
                 "--threshold",
                 "p99=1s",
                 "--threshold",
-                "p99=5s",
+                // 10x the scripted 2 s: a verdict that passes however loaded the machine
+                "p99=20s",
             ],
         )
         .await?;
@@ -205,10 +206,15 @@ async fn two_more_seconds_of_container_start_show_in_schedule_to_run_and_decide_
     let (quick_start, slow_start) = (node(quick), node(slow));
     let node_moved = slow_start.p50 - quick_start.p50;
     println!("schedule_to_run p50 moved {moved:.0} ms; node containers_started p50 moved {node_moved:.0} ms");
-    // startedAt has one-second resolution, so the cluster side moves by 2 s ± 1 s
+    // startedAt has one-second resolution, so the cluster side moves by 2 s ± 1 s; above that the slow run may
+    // lose to load what the quick run lost (its p90 over its p50), as on the node side below
+    let quick_run = quick.cluster.get(Transition::ScheduleToRun);
+    let most = 3000.0 + (quick_run.p90 - quick_run.p50);
     assert!(
-        (1000.0..=3000.0).contains(&moved),
-        "schedule_to_run moved {moved} ms"
+        (1000.0..=most).contains(&moved),
+        "schedule_to_run moved {moved} ms (quick run p50 {}, p90 {}): outside 1000..={most}",
+        quick_run.p50,
+        quick_run.p90
     );
     // The scripted 2 s is a floor of every slow start; above it the slow run may lose to load what the quick
     // run lost (a loaded CI machine: quick p50 332 ms, p90 663), so the ceiling is 2 s over the quick run's p90
@@ -222,6 +228,6 @@ async fn two_more_seconds_of_container_start_show_in_schedule_to_run_and_decide_
         quick_start.p90
     );
     assert!(!slow.verdicts[0].pass, "2 s more start fails p99 <= 1 s");
-    assert!(slow.verdicts[1].pass, "and passes p99 <= 5 s");
+    assert!(slow.verdicts[1].pass, "and passes p99 <= 20 s");
     Ok(())
 }
