@@ -9,6 +9,8 @@ const CONTAINERD: &str = "1.6";
 
 #[path = "real_node/cgroups.rs"]
 mod cgroups;
+#[path = "real_node/debugging.rs"]
+mod debugging;
 #[path = "real_node/harness.rs"]
 mod harness;
 #[path = "real_node/images.rs"]

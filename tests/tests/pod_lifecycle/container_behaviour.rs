@@ -235,7 +235,8 @@ async fn probes_readiness_liveness_and_startup() -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn init_containers_run_in_order_sidecar_stays_and_oversized_pod_is_refused() -> anyhow::Result<()> {
+async fn init_containers_run_in_order_sidecar_stays_and_oversized_or_unsupported_pods_are_refused()
+-> anyhow::Result<()> {
     init_logging();
     let cp = testenv::shared().await?;
     let admin = cp.admin_client().await?;
@@ -310,6 +311,52 @@ async fn init_containers_run_in_order_sidecar_stays_and_oversized_pod_is_refused
         Ok(events.iter().any(|(r, _)| r == "OutOfcpu").then_some(()))
     })
     .await?;
+
+    // a field the node does not honour: refused, naming each such field, never run as though it were absent
+    let labelled = json!({"volumes": [{"name": "v", "emptyDir": {}}],
+        "containers": [{"name": "app", "image": "nginx:1.27",
+            "securityContext": {"seLinuxOptions": {"level": "s0:c123,c456"}},
+            "volumeMounts": [{"name": "v", "mountPath": "/v", "mountPropagation": "HostToContainer"}]}]});
+    create_pod(&pods, pod_json("labelled", "pl-init", labelled, json!({}))).await?;
+    let p = wait_pod(&pods, "labelled", "Failed", 30, |p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
+    })
+    .await?;
+    let s = p.status.as_ref().context("status")?;
+    assert_eq!(s.reason.as_deref(), Some("UnsupportedPodField"));
+    let message = s.message.as_deref().unwrap_or_default();
+    for field in [
+        "spec.containers[0].securityContext.seLinuxOptions",
+        "spec.containers[0].volumeMounts[0].mountPropagation",
+    ] {
+        assert!(
+            message.contains(field),
+            "the status does not name {field}: {message}"
+        );
+    }
+    e2e::wait_for(
+        "labelled: an UnsupportedPodField event",
+        Duration::from_secs(30),
+        || async {
+            let events = pod_events(&admin, "pl-init", "labelled").await?;
+            Ok(events
+                .iter()
+                .any(|(r, m)| r == "UnsupportedPodField" && m.contains("seLinuxOptions"))
+                .then_some(()))
+        },
+    )
+    .await?;
+    let sandboxes = a
+        .runtime
+        .list_pod_sandbox(cri::ListPodSandboxRequest::default())
+        .await?
+        .items;
+    assert!(
+        sandboxes
+            .iter()
+            .all(|sb| sb.metadata.as_ref().is_none_or(|m| m.name != "labelled")),
+        "a refused pod got a sandbox"
+    );
     stop(a).await?;
     Ok(())
 }

@@ -579,7 +579,8 @@ fn tick(every: &mut Option<Box<tokio::time::Interval>>) -> impl Future<Output = 
 
 /// The event reason of a rejection (event reasons are `&'static str`; admission's come from a fixed set).
 fn event_reason(reason: &str) -> &'static str {
-    const KNOWN: [&str; 9] = [
+    const KNOWN: [&str; 10] = [
+        crate::pods::model::fields::REASON,
         "Evicted",
         "NodeShutdown",
         "OutOfcpu",

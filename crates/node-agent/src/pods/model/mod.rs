@@ -5,10 +5,12 @@
 //! * [`resources`] — requests, limits and the QoS class.
 //! * [`security`] — pod and container security contexts as the spec states them.
 //! * [`node_view`] — what the pod side knows of its node (allocatable, labels, taints, host IPs).
+//! * [`fields`] — every pod field the node could act on, classified; the refused ones found on a pod.
 //! * [`admission`] — whether a pod fits the node, as the kubelet's admit handlers decide.
 //! * [`gofmt`] — durations printed as Go prints them, for messages users search for.
 
 pub mod admission;
+pub mod fields;
 pub(crate) mod gofmt;
 pub mod node_view;
 pub mod resources;

@@ -32,12 +32,18 @@ pub(crate) struct Owned<'a>(pub(crate) &'a PodStatus);
 impl Serialize for Owned<'_> {
     fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         let s = self.0;
-        let mut m = ser.serialize_map(Some(13))?;
+        let ephemeral = s.ephemeral_container_statuses.as_deref();
+        let mut m = ser.serialize_map(Some(13 + usize::from(ephemeral.is_some())))?;
         m.serialize_entry("conditions", &Conditions(s))?;
         m.serialize_entry(
             "containerStatuses",
             &s.container_statuses.as_deref().map(Containers),
         )?;
+        // only pods with ephemeral containers carry the list; they cannot be removed from a pod, so it is
+        // never written as null to clear it
+        if let Some(list) = ephemeral {
+            m.serialize_entry("ephemeralContainerStatuses", &Containers(list))?;
+        }
         m.serialize_entry("hostIP", &s.host_ip)?;
         m.serialize_entry(
             "hostIPs",

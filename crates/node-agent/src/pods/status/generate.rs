@@ -254,7 +254,10 @@ impl Gen<'_> {
             CState::Unknown => waiting("ContainerStatusUnknown", None),
         };
         let started = r.running() && (c.startup.is_none() || self.i.probes.started(&r.id));
-        let ready = started && (c.readiness.is_none() || self.i.probes.ready(&r.id) == Some(true));
+        // as the kubelet: an ephemeral container is never counted ready
+        let ready = started
+            && (c.readiness.is_none() || self.i.probes.ready(&r.id) == Some(true))
+            && pod.ephemeral_named(&c.name).is_none();
         ContainerStatus {
             name: c.name.clone(),
             image: if r.image().is_empty() {
@@ -355,6 +358,7 @@ pub(crate) fn generate(i: &Inputs<'_>) -> (PodStatus, Phase) {
     let g = Gen { i };
     let init: Vec<ContainerStatus> = pod.init_containers.iter().map(|c| g.status(c)).collect();
     let mut app: Vec<ContainerStatus> = pod.containers.iter().map(|c| g.status(c)).collect();
+    let ephemeral: Vec<ContainerStatus> = pod.ephemeral().iter().map(|e| g.status(&e.container)).collect();
     let phase = i
         .terminal
         .unwrap_or_else(|| phase(pod, &init, &app, initialized_now));
@@ -488,6 +492,7 @@ pub(crate) fn generate(i: &Inputs<'_>) -> (PodStatus, Phase) {
         qos_class: Some(pod.qos.as_str().to_owned()),
         init_container_statuses: (!init.is_empty()).then_some(init),
         container_statuses: Some(app),
+        ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
         observed_generation: pod.generation,
         ..Default::default()
     };

@@ -7,7 +7,9 @@
 //!    running — and past its startup probe — before the next starts, and is restarted whenever it exits;
 //! 3. then every app container: start what never ran, restart what exited when the policy says so, replace
 //!    what changed spec or failed liveness/startup;
-//! 4. when every app container exited for good, the pod is terminal (Succeeded or Failed).
+//! 4. when every app container exited for good, the pod is terminal (Succeeded or Failed);
+//!
+//! and, once the sandbox is ready, each ephemeral container that never ran is started, once.
 
 use tokio::time::Instant;
 
@@ -108,6 +110,18 @@ pub(crate) fn plan(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeResults) 
     plan.kill = running_kills(view, |r| {
         r.sandbox_id != sandbox.id || pod.container(&r.name).is_none()
     });
+
+    // as the kubelet: an ephemeral container starts once, whether or not initialization is complete
+    for e in pod.ephemeral() {
+        if view.latest(&e.container.name).is_none() {
+            plan.start.push(Start {
+                name: e.container.name.clone(),
+                init: false,
+                restart_count: 0,
+                exited: None,
+            });
+        }
+    }
 
     if !initialized(pod, view, probes) {
         for c in pod.init_containers.iter() {
@@ -328,6 +342,35 @@ mod tests {
 
     fn names(p: &Plan) -> Vec<&str> {
         p.start.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn an_ephemeral_container_starts_once_even_before_initialization() {
+        let p = serde_json::from_value(json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {
+                "initContainers": [{"name": "init1", "image": "i"}],
+                "containers": [{"name": "a", "image": "i"}],
+                "ephemeralContainers": [{"name": "dbg", "image": "i", "targetContainerName": "a"}]
+            }
+        }))
+        .unwrap();
+        let d = DesiredPod::from_pod(&p).unwrap();
+        assert_eq!(d.ephemeral()[0].target.as_deref(), Some("a"));
+        assert_eq!(d.field_path("dbg"), "spec.ephemeralContainers{dbg}");
+        let mut view = RuntimeView::default();
+        // no sandbox: nothing starts, the debug container included
+        assert!(plan(&d, &view, &ProbeResults::default()).start.is_empty());
+        view.sandboxes.push(sandbox());
+        view.containers.push(rec(&d, "init1", CState::Running, 0, 0));
+        assert_eq!(names(&plan(&d, &view, &ProbeResults::default())), vec!["dbg"]);
+        // running, or exited with a failure: it is neither killed nor started again
+        view.containers.push(rec(&d, "dbg", CState::Running, 0, 0));
+        let p = plan(&d, &view, &ProbeResults::default());
+        assert!(p.start.is_empty() && p.kill.is_empty(), "{p:?}");
+        view.containers.pop();
+        view.containers.push(rec(&d, "dbg", CState::Exited, 1, 0));
+        assert!(plan(&d, &view, &ProbeResults::default()).start.is_empty());
     }
 
     #[tokio::test]

@@ -257,10 +257,28 @@ impl PodWorker {
                 r.security = Some(security::container(&pod, c, &ctx.config.layout.root_dir())?);
                 Ok(r)
             });
-        let resolved = match resolved {
+        let mut resolved = match resolved {
             Ok(r) => r,
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
         };
+        if let Some(target) = pod.ephemeral_named(&s.name).and_then(|e| e.target.as_deref()) {
+            // a debug container sees the processes of the container it targets
+            let target_id = self
+                .view
+                .latest_in(target, &sandbox.id)
+                .filter(|r| r.running())
+                .map(|r| r.id.to_string());
+            let ns = resolved
+                .security
+                .as_mut()
+                .and_then(|sc| sc.namespace_options.as_mut());
+            if let (Some(ns), Some(id)) = (ns, target_id)
+                && ns.pid == cri::NamespaceMode::Container as i32
+            {
+                ns.pid = cri::NamespaceMode::Target as i32;
+                ns.target_id = id;
+            }
+        }
         if security::needs_image_user(&pod, c)
             && let Err(message) = image_user_allowed(&ctx, &pod, c).await
         {
@@ -310,8 +328,14 @@ impl PodWorker {
             "Started",
             format!("Started container {}", s.name),
         );
-        ctx.metrics
-            .container_started(if s.init { "init_container" } else { "container" });
+        let kind = if s.init {
+            "init_container"
+        } else if pod.ephemeral_named(&s.name).is_some() {
+            "ephemeral_container"
+        } else {
+            "container"
+        };
+        ctx.metrics.container_started(kind);
         self.not_waiting(&s.name);
         if let Some(hook) = &c.post_start {
             let at = Where {

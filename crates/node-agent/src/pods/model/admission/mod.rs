@@ -2,7 +2,8 @@
 //! `spec.nodeName` directly) sent here.
 //!
 //! This module judges a pod against [`NodeView`] — the few facts about the node that pods are judged against (allocatable,
-//! labels, `NoExecute` taints, host IPs) — and [`admit`], which applies the kubelet's rules in its order:
+//! labels, `NoExecute` taints, host IPs) — and [`admit`], which first refuses pod fields this node does not
+//! honour ([`crate::pods::model::fields`], `UnsupportedPodField`), then applies the kubelet's rules in its order:
 //! node selector and required node affinity (`NodeAffinity`), host ports (`NodePorts`), resources
 //! (`OutOfcpu`, `OutOfmemory`, `OutOfephemeral-storage`, `OutOfpods`), and untolerated `NoExecute` taints
 //! (`TaintToleration`). A rejection carries the reason and message the pod's status and event show.
@@ -110,6 +111,14 @@ pub fn admit(
     committed: &Committed,
     critical: bool,
 ) -> Result<(), Rejection> {
+    let refused = crate::pods::model::fields::refusals(pod);
+    if !refused.is_empty() {
+        let message: Vec<String> = refused.iter().map(ToString::to_string).collect();
+        return Err(Rejection {
+            reason: crate::pods::model::fields::REASON.into(),
+            message: message.join("; "),
+        });
+    }
     let spec = pod.spec.as_ref();
     let tolerates_memory_pressure = spec
         .and_then(|s| s.tolerations.as_deref())

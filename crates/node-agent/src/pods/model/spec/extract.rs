@@ -58,6 +58,29 @@ impl EnvCtx<'_> {
     }
 }
 
+/// An ephemeral container as a container: the fields they share (the API server refuses ports, probes, hooks,
+/// resources and restart policies on ephemeral containers).
+pub(crate) fn as_container(e: &k8s_openapi::api::core::v1::EphemeralContainer) -> Container {
+    Container {
+        name: e.name.clone(),
+        image: e.image.clone(),
+        image_pull_policy: e.image_pull_policy.clone(),
+        command: e.command.clone(),
+        args: e.args.clone(),
+        working_dir: e.working_dir.clone(),
+        env: e.env.clone(),
+        env_from: e.env_from.clone(),
+        volume_mounts: e.volume_mounts.clone(),
+        security_context: e.security_context.clone(),
+        stdin: e.stdin,
+        stdin_once: e.stdin_once,
+        tty: e.tty,
+        termination_message_path: e.termination_message_path.clone(),
+        termination_message_policy: e.termination_message_policy.clone(),
+        ..Default::default()
+    }
+}
+
 pub(crate) fn container(c: &Container, init: bool, ctx: &mut EnvCtx<'_>) -> ContainerSpec {
     let image = c.image.clone().unwrap_or_default();
     let ports: Vec<(i32, i32, String)> = c

@@ -256,6 +256,17 @@ pub struct PodExtras {
     pub hostname: String,
     /// `spec.overhead` (a RuntimeClass's), added to the containers' requests.
     pub overhead: PodRequests,
+    /// `spec.ephemeralContainers`, added to a running pod (e.g. by `kubectl debug`), in order.
+    pub ephemeral: Vec<EphemeralSpec>,
+}
+
+/// An ephemeral container: started once in the pod's sandbox when it appears, never restarted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EphemeralSpec {
+    /// The container, read as an app container is.
+    pub container: ContainerSpec,
+    /// `targetContainerName`: the container whose process namespace it joins.
+    pub target: Option<String>,
 }
 
 /// The desired pod. Immutable; a new one replaces it on every update from the source.
@@ -414,6 +425,15 @@ impl DesiredPod {
                 .collect(),
             hostname: spec.hostname.clone().unwrap_or_default(),
             overhead: resources::overhead(spec.overhead.as_ref()),
+            ephemeral: spec
+                .ephemeral_containers
+                .iter()
+                .flatten()
+                .map(|e| EphemeralSpec {
+                    container: container(&extract::as_container(e), false, &mut ctx),
+                    target: e.target_container_name.clone(),
+                })
+                .collect(),
         };
         let extras = (extras != PodExtras::default()).then(|| Box::new(extras));
         let qos = resources::qos_class(init_containers.iter().chain(&containers));
@@ -508,12 +528,23 @@ impl DesiredPod {
             .max(0)
     }
 
-    /// Looks a container (init or app) up by name.
+    /// Looks a container (init, app or ephemeral) up by name.
     pub fn container(&self, name: &str) -> Option<&ContainerSpec> {
         self.init_containers
             .iter()
             .chain(self.containers.iter())
+            .chain(self.ephemeral().iter().map(|e| &e.container))
             .find(|c| c.name == name)
+    }
+
+    /// `spec.ephemeralContainers`.
+    pub fn ephemeral(&self) -> &[EphemeralSpec] {
+        self.extras.as_ref().map_or(&[], |e| &e.ephemeral)
+    }
+
+    /// The ephemeral container named `name`, if it is one.
+    pub fn ephemeral_named(&self, name: &str) -> Option<&EphemeralSpec> {
+        self.ephemeral().iter().find(|e| e.container.name == name)
     }
 
     /// Whether `name` is an init container (sidecars included).
@@ -525,6 +556,8 @@ impl DesiredPod {
     pub fn field_path(&self, name: &str) -> String {
         if self.is_init(name) {
             format!("spec.initContainers{{{name}}}")
+        } else if self.ephemeral_named(name).is_some() {
+            format!("spec.ephemeralContainers{{{name}}}")
         } else {
             format!("spec.containers{{{name}}}")
         }
