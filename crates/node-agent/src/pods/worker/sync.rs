@@ -164,6 +164,14 @@ impl PodWorker {
     async fn create_sandbox(&mut self, attempt: u32) -> Result<(), RuntimeError> {
         let ctx = self.ctx.clone();
         let pod = self.pod.clone();
+        if !pod.host_network
+            && let Err(why) = pod.kernel_hostname(&ctx.config.layout.dns.cluster_domain)
+        {
+            let msg = format!("Failed to create pod sandbox: {why}");
+            ctx.events
+                .pod(&pod, EventType::Warning, "FailedCreatePodSandBox", msg);
+            return Err(RuntimeError::invalid_argument(why));
+        }
         let config = labels::sandbox_config(&pod, attempt, &ctx.config.layout);
         if ctx.config.layout.create_log_dirs
             && let Err(error) = tokio::fs::create_dir_all(&config.log_directory).await

@@ -254,6 +254,8 @@ pub struct PodExtras {
     pub image_pull_secrets: Vec<String>,
     /// `spec.hostname` (empty: the pod's name is its hostname, see [`DesiredPod::hostname`]).
     pub hostname: String,
+    /// `spec.setHostnameAsFQDN`: the sandbox's kernel hostname is the pod's FQDN.
+    pub hostname_as_fqdn: bool,
     /// `spec.overhead` (a RuntimeClass's), added to the containers' requests.
     pub overhead: PodRequests,
 }
@@ -316,6 +318,19 @@ pub const FALLBACK_TO_LOGS: &str = "FallbackToLogsOnError";
 /// `kubernetes.io/config.source`: where a pod came from — `file`, `http` or `api`.
 pub const SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
 
+/// `name` cut to the 63 characters of a kernel hostname, without a trailing `-` or `.` (names reaching here
+/// are DNS names, ASCII; a name that cannot be cut on a character boundary is kept whole).
+fn truncate_hostname(name: &str) -> &str {
+    const HOSTNAME_MAX: usize = 63;
+    match name.get(..HOSTNAME_MAX) {
+        Some(cut) if name.len() > HOSTNAME_MAX => match cut.trim_end_matches(['-', '.']) {
+            "" => name,
+            trimmed => trimmed,
+        },
+        _ => name,
+    }
+}
+
 /// `system-cluster-critical`'s priority: pods at or above it are critical.
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
@@ -329,12 +344,43 @@ fn priority(spec: &k8s_openapi::api::core::v1::PodSpec) -> i32 {
 }
 
 impl DesiredPod {
-    /// The sandbox hostname: `spec.hostname`, or the pod's name.
+    /// The sandbox hostname: `spec.hostname`, or the pod's name; as the kubelet, one longer than the 63
+    /// characters a kernel hostname holds is cut to 63 and stripped of a trailing `-` or `.`.
     pub fn hostname(&self) -> &str {
-        match self.extras.as_ref().map_or("", |e| &e.hostname) {
+        let name = match self.extras.as_ref().map_or("", |e| &e.hostname) {
             "" => &self.name,
             set => set,
+        };
+        truncate_hostname(name)
+    }
+
+    /// `spec.setHostnameAsFQDN`.
+    pub fn hostname_as_fqdn(&self) -> bool {
+        self.extras.as_ref().is_some_and(|e| e.hostname_as_fqdn)
+    }
+
+    /// The kernel hostname the sandbox gets, as the kubelet makes it: the [`hostname`](Self::hostname), or with
+    /// `setHostnameAsFQDN` and a subdomain the pod's FQDN `<hostname>.<subdomain>.<namespace>.svc.<domain>`,
+    /// refused when longer than the 64 characters the kernel's node name holds.
+    pub fn kernel_hostname(&self, cluster_domain: &str) -> Result<String, String> {
+        const FQDN_MAX: usize = 64;
+        let hostname = self.hostname();
+        if !self.hostname_as_fqdn() || self.subdomain().is_empty() {
+            return Ok(hostname.to_owned());
         }
+        let fqdn = format!(
+            "{hostname}.{}.{}.svc.{cluster_domain}",
+            self.subdomain(),
+            self.namespace
+        );
+        if fqdn.len() > FQDN_MAX {
+            return Err(format!(
+                "failed to construct FQDN from pod hostname and cluster domain, FQDN {fqdn} is too long \
+                 ({FQDN_MAX} characters is the max, {} characters requested)",
+                fqdn.len()
+            ));
+        }
+        Ok(fqdn)
     }
 
     /// Effective requests, for admission accounting: computed from the (shared) container lists and the
@@ -413,6 +459,7 @@ impl DesiredPod {
                 .map(|s| s.name.clone())
                 .collect(),
             hostname: spec.hostname.clone().unwrap_or_default(),
+            hostname_as_fqdn: spec.set_hostname_as_fqdn.unwrap_or(false),
             overhead: resources::overhead(spec.overhead.as_ref()),
         };
         let extras = (extras != PodExtras::default()).then(|| Box::new(extras));
