@@ -1,4 +1,4 @@
-//! The API objects a pod's volumes and environment name: ConfigMaps and Secrets read from the API server (as
+//! The API objects a pod's volumes, environment and sandbox name: ConfigMaps and Secrets read from the API server (as
 //! the kubelet's configMap / secret managers read them), service account tokens from the TokenRequest API, and
 //! the Services whose links go into containers' environment.
 //!
@@ -8,6 +8,8 @@
 //! the sync period (the kubelet's `Watch` keeps a watch per object; changes reach pods at their next sync either
 //! way). One agent's reads of one object are serialised, so fifty pods starting at once read it once. An
 //! object found missing is not cached: each retry of a pod waiting for it reads again.
+//!
+//! A pod's RuntimeClass is read when its sandbox is created, for the handler the runtime is asked for.
 //!
 //! Services are listed per namespace (the kubelet keeps a cluster-wide informer instead) and kept for
 //! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports.
@@ -19,6 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -147,6 +150,13 @@ pub trait PodObjects: Send + Sync {
 
     /// A token for the pod's service account, bound to the pod.
     async fn token(&self, request: TokenFor<'_>) -> Result<Token, ObjectError>;
+
+    /// The `handler` of RuntimeClass `name`, or `None` when it does not exist. A source without an API server
+    /// knows no RuntimeClass.
+    async fn runtime_handler(&self, name: &str) -> Result<Option<String>, ObjectError> {
+        let _ = name;
+        Ok(None)
+    }
 
     /// The Services of `namespace` that have a cluster IP, or with `name` only that one (empty when it does not
     /// exist or has none). A source without an API server has none.
@@ -323,6 +333,23 @@ impl PodObjects for ApiObjects {
         // gone (or never there): a stale copy must not outlive it
         cache.put(&key, now, self.ttl, data.clone());
         Ok(data)
+    }
+
+    async fn runtime_handler(&self, name: &str) -> Result<Option<String>, ObjectError> {
+        // read at each sandbox creation, the only time it is needed
+        let api: Api<RuntimeClass> = Api::all(self.client.kube());
+        match self
+            .api
+            .run("get", "runtimeclasses", Box::pin(api.get(name)))
+            .await
+        {
+            Ok(rc) => Ok(Some(rc.handler)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(ObjectError(format!(
+                "failed to lookup RuntimeClass {name}: {}",
+                describe(&e)
+            ))),
+        }
     }
 
     async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {

@@ -244,8 +244,8 @@ pub struct PodExtras {
     pub readiness_gates: Vec<String>,
     /// Status of each readiness-gate condition as last seen on the object (set by other controllers).
     pub gate_status: Vec<(String, bool)>,
-    /// `spec.runtimeClassName`, passed as the runtime handler.
-    pub runtime_handler: String,
+    /// `spec.runtimeClassName`: the RuntimeClass whose `handler` the sandbox runs with.
+    pub runtime_class: String,
     /// `spec.subdomain` (the sandbox hostname's domain part).
     pub subdomain: String,
     /// `spec.hostAliases` as (IP, hostnames).
@@ -256,6 +256,8 @@ pub struct PodExtras {
     pub hostname: String,
     /// `spec.setHostnameAsFQDN`: the sandbox's kernel hostname is the pod's FQDN.
     pub hostname_as_fqdn: bool,
+    /// `spec.activeDeadlineSeconds`: how long the pod may be active on the node from its start.
+    pub active_deadline_secs: Option<i64>,
     /// `spec.overhead` (a RuntimeClass's), added to the containers' requests.
     pub overhead: PodRequests,
 }
@@ -354,6 +356,11 @@ impl DesiredPod {
         truncate_hostname(name)
     }
 
+    /// `spec.activeDeadlineSeconds`.
+    pub fn active_deadline_secs(&self) -> Option<i64> {
+        self.extras.as_ref().and_then(|e| e.active_deadline_secs)
+    }
+
     /// `spec.setHostnameAsFQDN`.
     pub fn hostname_as_fqdn(&self) -> bool {
         self.extras.as_ref().is_some_and(|e| e.hostname_as_fqdn)
@@ -444,7 +451,7 @@ impl DesiredPod {
         let extras = PodExtras {
             readiness_gates,
             gate_status,
-            runtime_handler: spec.runtime_class_name.clone().unwrap_or_default(),
+            runtime_class: spec.runtime_class_name.clone().unwrap_or_default(),
             subdomain: spec.subdomain.clone().unwrap_or_default(),
             host_aliases: spec
                 .host_aliases
@@ -460,6 +467,7 @@ impl DesiredPod {
                 .collect(),
             hostname: spec.hostname.clone().unwrap_or_default(),
             hostname_as_fqdn: spec.set_hostname_as_fqdn.unwrap_or(false),
+            active_deadline_secs: spec.active_deadline_seconds,
             overhead: resources::overhead(spec.overhead.as_ref()),
         };
         let extras = (extras != PodExtras::default()).then(|| Box::new(extras));
@@ -522,8 +530,8 @@ impl DesiredPod {
     }
 
     /// `spec.runtimeClassName` (empty: the runtime's default handler).
-    pub fn runtime_handler(&self) -> &str {
-        self.extras.as_ref().map_or("", |e| &e.runtime_handler)
+    pub fn runtime_class(&self) -> &str {
+        self.extras.as_ref().map_or("", |e| &e.runtime_class)
     }
 
     /// `spec.subdomain`.
