@@ -12,7 +12,8 @@
 //! A pod's RuntimeClass is read when its sandbox is created, for the handler the runtime is asked for.
 //!
 //! Services are listed per namespace (the kubelet keeps a cluster-wide informer instead) and kept for
-//! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports.
+//! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports; a
+//! list read before a pod was created is read again for it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -159,9 +160,15 @@ pub trait PodObjects: Send + Sync {
     }
 
     /// The Services of `namespace` that have a cluster IP, or with `name` only that one (empty when it does not
-    /// exist or has none). A source without an API server has none.
-    async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {
-        let _ = (namespace, name);
+    /// exist or has none), as read after `created` (a pod's creation: a Service made just before the pod is in
+    /// what it gets). A source without an API server has none.
+    async fn services(
+        &self,
+        namespace: &str,
+        name: Option<&str>,
+        created: Option<Timestamp>,
+    ) -> Result<Arc<[ServiceLink]>, ObjectError> {
+        let _ = (namespace, name, created);
         Ok(Arc::new([]))
     }
 }
@@ -192,8 +199,9 @@ pub struct ApiObjects {
     cache: Mutex<ReadCache<Arc<ObjectData>>>,
     /// How long a Service read is kept (the sync period, whatever the ConfigMap strategy).
     services_ttl: Duration,
-    /// Services read, under the namespace (all of its Services) or `namespace/name` (one asked for alone).
-    services: Mutex<ReadCache<Arc<[ServiceLink]>>>,
+    /// Services read, under the namespace (all of its Services) or `namespace/name` (one asked for alone), with
+    /// the time the read was sent.
+    services: Mutex<ReadCache<(Arc<[ServiceLink]>, Timestamp)>>,
 }
 
 impl std::fmt::Debug for ApiObjects {
@@ -352,7 +360,12 @@ impl PodObjects for ApiObjects {
         }
     }
 
-    async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {
+    async fn services(
+        &self,
+        namespace: &str,
+        name: Option<&str>,
+        created: Option<Timestamp>,
+    ) -> Result<Arc<[ServiceLink]>, ObjectError> {
         // namespaces and names hold no `/`
         let key = match name {
             Some(name) => format!("{namespace}/{name}"),
@@ -360,15 +373,21 @@ impl PodObjects for ApiObjects {
         };
         let mut cache = self.services.lock().await;
         let now = Instant::now();
-        if let Some(links) = cache.fresh(&key, now, self.services_ttl) {
+        // a read sent before the pod was made may miss a Service made just before it (the kubelet's informer
+        // would have it): such a read is not reused for the pod. Creation times count whole seconds, so a read
+        // sent within the creation's second counts as before.
+        if let Some((links, read_at)) = cache.fresh(&key, now, self.services_ttl)
+            && created.is_none_or(|c| read_at.as_second() > c.as_second())
+        {
             return Ok(links);
         }
+        let read_at = Timestamp::now();
         let links = self
             .fetch_services(namespace, name)
             .await
             .map_err(|e| ObjectError(describe(&e)))?;
         let links = shared_links(links);
-        cache.put(&key, now, self.services_ttl, Some(links.clone()));
+        cache.put(&key, now, self.services_ttl, Some((links.clone(), read_at)));
         Ok(links)
     }
 
