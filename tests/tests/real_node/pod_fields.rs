@@ -4,7 +4,8 @@
 //! RuntimeClass's handler, and a RuntimeClass deleted before the sandbox is made leaves the pod waiting with the
 //! kubelet's event; `activeDeadlineSeconds` fails the pod with `DeadlineExceeded` and kills its container; an
 //! HTTPS readiness probe (the server's certificate not verified) turns a pod Ready, and a liveness probe answered
-//! with a redirect to another host passes with a `ProbeWarning` event.
+//! with a redirect to another host passes with a `ProbeWarning` event; a `subPath` of an emptyDir that does not
+//! exist yet gets the volume's mode and the pod's `fsGroup`, and a non-root container writes there.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -371,5 +372,32 @@ async fn https_readiness_and_a_redirect_elsewhere_warned() -> anyhow::Result<()>
     for name in ["https-ready", "redirected"] {
         pods.delete(name, &DeleteParams::default()).await?;
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_new_sub_path_of_an_empty_dir_has_the_volumes_mode_and_fs_group() -> anyhow::Result<()> {
+    init_logging();
+    let Some(node) = RealNode::get().await? else {
+        return Ok(());
+    };
+    let pods = node.namespace(NS).await?;
+    let spec = serde_json::json!({
+        "securityContext": {"fsGroup": 123, "runAsUser": 1001},
+        "volumes": [{"name": "mem", "emptyDir": {"medium": "Memory"}}, {"name": "disk", "emptyDir": {}}],
+        "container": {"volumeMounts": [
+            {"name": "mem", "mountPath": "/mem", "subPath": "test-sub"},
+            {"name": "disk", "mountPath": "/disk", "subPath": "a/b"},
+        ]},
+    });
+    let script = "echo mem=$(stat -c '%a %g' /mem); echo disk=$(stat -c '%a %g' /disk); \
+                  touch /mem/f /disk/f && echo wrote=yes; while :; do sleep 1; done";
+    node.create_pod(&pods, &busybox("sub-path", spec, script)?)
+        .await?;
+    // the kubelet's: a tmpfs root is 1777, and fsGroup adds the setgid bit
+    assert_eq!(logged(&pods, "sub-path", "mem=").await?, "3777 123");
+    assert_eq!(logged(&pods, "sub-path", "disk=").await?, "2777 123");
+    assert_eq!(logged(&pods, "sub-path", "wrote=").await?, "yes");
+    pods.delete("sub-path", &DeleteParams::default()).await?;
     Ok(())
 }
