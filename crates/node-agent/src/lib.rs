@@ -34,6 +34,7 @@
 //! * `cri_log` — the CRI container log format.
 //! * [`server`] — the kubelet HTTPS API (authenticated, authorized), the healthz and read-only ports.
 //! * [`stats`] — node and pod usage (CRI stats, the machine or the synthetic node's capacity).
+//! * [`sysctl`] — sysctl names, namespaces and the allowlist pods are admitted against.
 //! * [`eviction`] — node-pressure eviction: thresholds, pressure conditions, ranking, one eviction per pass.
 //! * [`gc`] — container and image garbage collection.
 //! * [`pod_resources`] — the pod-resources gRPC API on `<root-dir>/pod-resources/kubelet.sock`.
@@ -64,6 +65,7 @@ pub mod quantity;
 pub mod runtime_health;
 pub mod server;
 pub mod stats;
+pub mod sysctl;
 
 #[cfg(test)]
 mod testing;

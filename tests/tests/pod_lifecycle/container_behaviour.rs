@@ -1,6 +1,8 @@
 //! Container behaviour inside one pod on a full agent: a crash loop backing off (events, waiting reason,
 //! restart count), readiness, liveness and startup probes answered by the fake runtime's script, init
-//! containers in order with a restartable sidecar, and a pod too big for the node refused at admission.
+//! containers in order with a restartable sidecar (each finished one reported ready), a pod too big for the node
+//! refused at admission, and pods refused for their sysctls (`SysctlForbidden`, `allowedUnsafeSysctls`
+//! widening the safe set) or their OS (`PodOSNotSupported`, `PodOSSelectorNodeLabelDoesNotMatch`).
 
 use std::time::Duration;
 
@@ -272,6 +274,7 @@ async fn init_containers_run_in_order_sidecar_stays_and_oversized_or_unsupported
             .and_then(|s| s.terminated.as_ref())
             .context("init terminated")?;
         assert_eq!((t.exit_code, t.reason.as_deref()), (0, Some("Completed")));
+        assert!(done.ready, "a completed init container is ready: {done:?}");
     }
     assert!(
         inits[1].state.as_ref().is_some_and(|s| s.running.is_some()) && inits[1].ready,
@@ -356,6 +359,100 @@ async fn init_containers_run_in_order_sidecar_stays_and_oversized_or_unsupported
             .iter()
             .all(|sb| sb.metadata.as_ref().is_none_or(|m| m.name != "labelled")),
         "a refused pod got a sandbox"
+    );
+    stop(a).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn sysctls_and_the_pods_os_are_judged_at_admission() -> anyhow::Result<()> {
+    init_logging();
+    let cp = testenv::shared().await?;
+    let admin = cp.admin_client().await?;
+    namespace(&admin, "pl-admit").await?;
+    let kubelet = node_agent::KubeletConfig {
+        allowed_unsafe_sysctls: vec!["kernel.msg*".into()],
+        ..Default::default()
+    };
+    let setup = Setup {
+        kubelet: Some(kubelet),
+        ..Default::default()
+    };
+    let a = start_agent(cp, "pl-admit", "pl-admit", setup).await?;
+    wait_node_ready(&admin, &a, "pl-admit").await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "pl-admit");
+    let app = json!([{"name": "app", "image": "nginx:1.27"}]);
+    let with_sysctls = |names: &[&str]| {
+        let sysctls: Vec<_> = names.iter().map(|n| json!({"name": n, "value": "1"})).collect();
+        json!({"containers": app, "securityContext": {"sysctls": sysctls}})
+    };
+    let t0 = Instant::now();
+    let cases = [
+        ("safe", with_sysctls(&["net.ipv4.tcp_syncookies"]), json!(null)),
+        ("allowed", with_sysctls(&["kernel.msgmax"]), json!(null)),
+        ("forbidden", with_sysctls(&["kernel.sem"]), json!(null)),
+        (
+            "windows",
+            json!({"containers": app, "os": {"name": "windows"}}),
+            json!(null),
+        ),
+        (
+            "labelled",
+            json!({"containers": app}),
+            json!({"kubernetes.io/os": "windows"}),
+        ),
+    ];
+    for (name, spec, labels) in &cases {
+        let mut v = pod_json(name, "pl-admit", spec.clone(), json!({}));
+        v["metadata"]["labels"] = labels.clone();
+        create_pod(&pods, v).await?;
+    }
+    for name in ["safe", "allowed"] {
+        wait_pod(&pods, name, "Running", 30, |p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .await?;
+    }
+    let refused = [
+        (
+            "forbidden",
+            "SysctlForbidden",
+            "Pod was rejected: forbidden sysctl: \"kernel.sem\" not allowlisted",
+        ),
+        (
+            "windows",
+            "PodOSNotSupported",
+            "Pod was rejected: Failed to admit pod as the OS field doesn't match node OS",
+        ),
+        (
+            "labelled",
+            "PodOSSelectorNodeLabelDoesNotMatch",
+            "Pod was rejected: Failed to admit pod as the `kubernetes.io/os` label doesn't match node label",
+        ),
+    ];
+    for (name, reason, message) in refused {
+        let p = wait_pod(&pods, name, "Failed", 30, |p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
+        })
+        .await?;
+        let s = p.status.as_ref().context("status")?;
+        assert_eq!(
+            (s.reason.as_deref(), s.message.as_deref()),
+            (Some(reason), Some(message))
+        );
+        wait_for(
+            &format!("{name}: a {reason} event"),
+            Duration::from_secs(30),
+            || async {
+                let events = pod_events(&admin, "pl-admit", name).await?;
+                Ok(events.iter().any(|(r, _)| r == reason).then_some(()))
+            },
+        )
+        .await?;
+    }
+    println!(
+        "[pod_lifecycle] 2 pods admitted and 3 refused by sysctls or OS within {:?}",
+        t0.elapsed()
     );
     stop(a).await?;
     Ok(())

@@ -34,6 +34,8 @@ pub struct Setup {
     pub runtime: Option<FakeRuntime>,
     pub metrics: Option<Arc<PodMetrics>>,
     pub source: Option<PodSource>,
+    /// The agent's KubeletConfiguration (default: the kubelet's defaults).
+    pub kubelet: Option<KubeletConfig>,
 }
 
 pub async fn start_agent(
@@ -48,7 +50,7 @@ pub async fn start_agent(
     let mut config = AgentConfig::new(
         name,
         "127.0.0.1".parse()?,
-        Arc::new(KubeletConfig::default()),
+        Arc::new(setup.kubelet.unwrap_or_default()),
         MachineInfo::synthetic(name),
     );
     config.node_labels = Arc::new([("pool".to_owned(), pool.to_owned())].into());

@@ -115,6 +115,24 @@ async fn services_of_the_namespace_show_in_the_environment_unless_links_are_off(
         Some("http://$(MY_WEB_SERVICE_HOST):$(MY_WEB_SERVICE_PORT_HTTP)"),
         "unknown references stay as written"
     );
+    // a Service made just before a pod, while the namespace's Services read for the pods above are still kept
+    let late: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "late-web", "namespace": NS},
+        "spec": {"selector": {"app": "none"}, "ports": [{"port": 81}]},
+    }))?;
+    let late_ip = Api::<Service>::namespaced(node.cp.admin_client().await?, NS)
+        .create(&PostParams::default(), &late)
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("late clusterIP")?;
+    node.create_pod(&pods, &pod("late", true)?).await?;
+    let env = env_of(node, &pods, "late").await?;
+    assert_eq!(
+        env.get("LATE_WEB_SERVICE_HOST"),
+        Some(&late_ip),
+        "a Service made just before the pod: {env:?}"
+    );
     println!("[real_node] service links: MY_WEB_SERVICE_HOST={ip} with links, absent without");
     Ok(())
 }

@@ -1,9 +1,9 @@
-//! Volumes, environment and DNS on the real node, as the container sees them: every volume kind the agent
-//! provides shows the right content inside the container, environment variables from ConfigMaps, Secrets, pod
-//! fields and resources are right, the resolver is the cluster's, the projected service account token
-//! authenticates to the API server as the pod's service account, the kubelet-managed /etc/hosts names the pod
-//! and its host aliases, a ConfigMap update reaches the running container, and deleting the pod removes its
-//! volumes from the node (tmpfs unmounted).
+//! Volumes, environment and DNS on the real node, as the container sees them: every volume kind the agent provides
+//! shows the right content inside the container, environment variables from ConfigMaps, Secrets, pod fields and
+//! resources (with and without a divisor) are right, the resolver is the cluster's, the projected service account
+//! token authenticates to the API server as the pod's service account, the kubelet-managed /etc/hosts names the pod
+//! and its host aliases, a ConfigMap update reaches the running container, and deleting the pod removes its volumes
+//! from the node (tmpfs unmounted).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -63,6 +63,7 @@ echo "secret_fs=$(awk '$2=="/etc/sec"{print $3}' /proc/mounts)"
 echo "labels=$(cat /etc/podinfo/labels | tr '\n' ',')"
 echo "podname=$(cat /etc/podinfo/name)"
 echo "cpu_limit_m=$(cat /etc/podinfo/cpu)"
+echo "default_divisor=$(cat /etc/podinfo/cpu_cores)|$(cat /etc/projected/mem)|$CPU_CORES"
 echo "env=$GREETING|$PASSWORD|$CFG_colour|$MY_POD|$MEM_LIMIT_MI|$COMBINED|$ESCAPED"
 echo "nameserver=$(awk '$1=="nameserver"{print $2}' /etc/resolv.conf | tr '\n' ' ')"
 echo "search=$(awk '$1=="search"{$1="";print}' /etc/resolv.conf)"
@@ -96,6 +97,7 @@ while :; do echo "now=$(cat /etc/cfg/greeting.txt)"; sleep 1; done
                     {"name": "MY_POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                     {"name": "MEM_LIMIT_MI", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory",
                                                                                 "divisor": "1Mi"}}},
+                    {"name": "CPU_CORES", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
                     {"name": "COMBINED", "value": "$(GREETING)-$(MY_POD)"},
                     {"name": "ESCAPED", "value": "$$(GREETING)"},
                 ],
@@ -103,6 +105,7 @@ while :; do echo "now=$(cat /etc/cfg/greeting.txt)"; sleep 1; done
                     {"name": "cfg", "mountPath": "/etc/cfg"},
                     {"name": "sec", "mountPath": "/etc/sec"},
                     {"name": "podinfo", "mountPath": "/etc/podinfo"},
+                    {"name": "projected", "mountPath": "/etc/projected"},
                     {"name": "scratch", "mountPath": "/scratch"},
                     {"name": "mem", "mountPath": "/mem"},
                     {"name": "host", "mountPath": "/host"},
@@ -117,7 +120,11 @@ while :; do echo "now=$(cat /etc/cfg/greeting.txt)"; sleep 1; done
                     {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}},
                     {"path": "cpu", "resourceFieldRef": {"containerName": "main", "resource": "limits.cpu",
                                                          "divisor": "1m"}},
+                    {"path": "cpu_cores", "resourceFieldRef": {"containerName": "main", "resource": "limits.cpu"}},
                 ]}},
+                {"name": "projected", "projected": {"sources": [{"downwardAPI": {"items": [
+                    {"path": "mem", "resourceFieldRef": {"containerName": "main", "resource": "limits.memory"}},
+                ]}}]}},
                 {"name": "scratch", "emptyDir": {}},
                 {"name": "mem", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
                 {"name": "host", "hostPath": {"path": host_dir.display().to_string(),
@@ -136,7 +143,7 @@ while :; do echo "now=$(cat /etc/cfg/greeting.txt)"; sleep 1; done
     .await
     .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
     println!(
-        "[real_node] pod vols with six volumes Running {:?} after creation",
+        "[real_node] pod vols with seven volumes Running {:?} after creation",
         t0.elapsed()
     );
     let logs = wait_for("the container's report", Duration::from_secs(30), || async {
@@ -161,6 +168,8 @@ while :; do echo "now=$(cat /etc/cfg/greeting.txt)"; sleep 1; done
     );
     assert_eq!(get("podname"), "vols");
     assert_eq!(get("cpu_limit_m"), "500");
+    // no divisor (the API server sends "0"): in units of 1, 500m rounded up to a core
+    assert_eq!(get("default_divisor"), format!("1|{}|1", 64 << 20));
     assert_eq!(get("env"), "hello|s3cret|blue|vols|64|hello-vols|$(GREETING)");
     assert_eq!(get("nameserver").trim(), CLUSTER_DNS);
     assert_eq!(

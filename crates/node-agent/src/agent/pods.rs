@@ -51,6 +51,12 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
     let mut config = PodConfig::new(ctx.config.node_name.clone());
     config.sync_frequency = k.sync_frequency;
     config.max_pods = k.max_pods;
+    if !k.allowed_unsafe_sysctls.is_empty() {
+        // checked when the configuration was read
+        config.sysctls = crate::sysctl::Allowlist::new(k.allowed_unsafe_sysctls.iter().map(String::as_str))
+            .ok()
+            .map(Arc::new);
+    }
     config.layout.pod_logs_dir = k.pod_logs_dir.display().to_string();
     config.kind = options.kind;
     config.layout.pods_dir = options.root_dir.as_ref().map(|r| r.join("pods"));

@@ -168,6 +168,7 @@ containerLogMaxSize: 10Mi
 containerLogMaxFiles: 5
 clusterDomain: cluster.local
 clusterDNS: [10.96.0.10]
+allowedUnsafeSysctls: [net.core.somaxconn, "kernel.msg*"]
 resolvConf: /etc/resolv.conf
 configMapAndSecretChangeDetectionStrategy: Watch
 hairpinMode: promiscuous-bridge

@@ -48,7 +48,6 @@ pub(crate) const PARTIAL: &[Partial] = &[
 /// Fields the upstream kubelet reads that this agent accepts without acting on them (a host-level or cgroup
 /// concern that a CRI-driving node agent does not own, or a feature not built). Their values are not checked.
 pub(crate) const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
-    "allowedUnsafeSysctls",
     "containerLogMaxWorkers",
     "containerLogMonitorInterval",
     "cpuCFSQuota",
@@ -167,6 +166,7 @@ pub(crate) const KNOWN_FIELDS: &[&str] = &[
     "containerLogMaxFiles",
     "clusterDomain",
     "clusterDNS",
+    "allowedUnsafeSysctls",
     "resolvConf",
     "configMapAndSecretChangeDetectionStrategy",
     "hairpinMode",

@@ -262,6 +262,8 @@ pub(crate) struct FileConfig {
     #[serde(default)]
     pub resolv_conf: Option<String>,
     #[serde(default)]
+    pub allowed_unsafe_sysctls: Option<Vec<String>>,
+    #[serde(default)]
     pub config_map_and_secret_change_detection_strategy: Option<String>,
     #[serde(default)]
     pub hairpin_mode: Option<String>,

@@ -321,6 +321,8 @@ pub struct KubeletConfig {
     pub cluster_dns: Vec<IpAddr>,
     /// resolv.conf handed to pods (default /etc/resolv.conf).
     pub resolv_conf: String,
+    /// Sysctls and `*` prefix patterns pods may set beyond the safe set (`allowedUnsafeSysctls`).
+    pub allowed_unsafe_sysctls: Vec<String>,
     /// How ConfigMaps and Secrets that pods use are read again: `Watch` (default), `Cache` or `Get`.
     pub config_map_and_secret_change_detection_strategy: String,
     /// Hairpin mode (default promiscuous-bridge).

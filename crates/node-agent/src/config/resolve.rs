@@ -306,6 +306,11 @@ pub(crate) fn resolve(
         }
     }
 
+    let allowed_unsafe_sysctls = f.allowed_unsafe_sysctls.clone().unwrap_or_default();
+    if let Err(e) = crate::sysctl::Allowlist::new(allowed_unsafe_sysctls.iter().map(String::as_str)) {
+        c.err("allowedUnsafeSysctls", e);
+    }
+
     let hairpin_mode = f
         .hairpin_mode
         .clone()
@@ -526,6 +531,7 @@ pub(crate) fn resolve(
         cluster_domain: f.cluster_domain.clone().filter(|s| !s.is_empty()),
         cluster_dns,
         resolv_conf: f.resolv_conf.clone().unwrap_or_else(|| "/etc/resolv.conf".into()),
+        allowed_unsafe_sysctls,
         config_map_and_secret_change_detection_strategy: change_detection,
         hairpin_mode,
         volume_stats_agg_period: f.volume_stats_agg_period.unwrap_or(secs(60)),

@@ -99,6 +99,8 @@ pub struct PodConfig {
     pub sync_frequency: Duration,
     /// Pod capacity used when the node view reports no allocatable pods (`maxPods`, default 110).
     pub max_pods: u32,
+    /// The sysctls pods may set: `None` for the safe set alone, else with `allowedUnsafeSysctls`.
+    pub sysctls: Option<Arc<crate::sysctl::Allowlist>>,
     /// Relist period when the runtime has no event stream (1 s).
     pub relist_period: Duration,
     /// How long shutdown waits for tasks to finish.
@@ -124,6 +126,7 @@ impl PodConfig {
             kind: NodeKind::Hollow,
             sync_frequency: Duration::from_secs(60),
             max_pods: 110,
+            sysctls: None,
             relist_period: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(5),
             layout: RuntimeLayout::default(),

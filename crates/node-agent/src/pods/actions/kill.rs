@@ -100,7 +100,7 @@ pub(crate) async fn kill_container(
             pod_ip,
         };
         match tokio::time::timeout(grace, action::run(ctx, at, hook, grace)).await {
-            Ok(ProbeOutcome::Success) => {}
+            Ok(ProbeOutcome::Success | ProbeOutcome::Warning(_)) => {}
             Ok(ProbeOutcome::Failure(out) | ProbeOutcome::Unknown(out)) => {
                 let msg = format!("PreStopHook failed: {out}");
                 ctx.events

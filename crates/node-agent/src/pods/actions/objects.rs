@@ -1,4 +1,4 @@
-//! The API objects a pod's volumes and environment name: ConfigMaps and Secrets read from the API server (as
+//! The API objects a pod's volumes, environment and sandbox name: ConfigMaps and Secrets read from the API server (as
 //! the kubelet's configMap / secret managers read them), service account tokens from the TokenRequest API, and
 //! the Services whose links go into containers' environment.
 //!
@@ -9,8 +9,11 @@
 //! way). One agent's reads of one object are serialised, so fifty pods starting at once read it once. An
 //! object found missing is not cached: each retry of a pod waiting for it reads again.
 //!
+//! A pod's RuntimeClass is read when its sandbox is created, for the handler the runtime is asked for.
+//!
 //! Services are listed per namespace (the kubelet keeps a cluster-wide informer instead) and kept for
-//! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports.
+//! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports; a
+//! list read before a pod was created is read again for it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,6 +22,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -148,10 +152,23 @@ pub trait PodObjects: Send + Sync {
     /// A token for the pod's service account, bound to the pod.
     async fn token(&self, request: TokenFor<'_>) -> Result<Token, ObjectError>;
 
+    /// The `handler` of RuntimeClass `name`, or `None` when it does not exist. A source without an API server
+    /// knows no RuntimeClass.
+    async fn runtime_handler(&self, name: &str) -> Result<Option<String>, ObjectError> {
+        let _ = name;
+        Ok(None)
+    }
+
     /// The Services of `namespace` that have a cluster IP, or with `name` only that one (empty when it does not
-    /// exist or has none). A source without an API server has none.
-    async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {
-        let _ = (namespace, name);
+    /// exist or has none), as read after `created` (a pod's creation: a Service made just before the pod is in
+    /// what it gets). A source without an API server has none.
+    async fn services(
+        &self,
+        namespace: &str,
+        name: Option<&str>,
+        created: Option<Timestamp>,
+    ) -> Result<Arc<[ServiceLink]>, ObjectError> {
+        let _ = (namespace, name, created);
         Ok(Arc::new([]))
     }
 }
@@ -182,8 +199,9 @@ pub struct ApiObjects {
     cache: Mutex<ReadCache<Arc<ObjectData>>>,
     /// How long a Service read is kept (the sync period, whatever the ConfigMap strategy).
     services_ttl: Duration,
-    /// Services read, under the namespace (all of its Services) or `namespace/name` (one asked for alone).
-    services: Mutex<ReadCache<Arc<[ServiceLink]>>>,
+    /// Services read, under the namespace (all of its Services) or `namespace/name` (one asked for alone), with
+    /// the time the read was sent.
+    services: Mutex<ReadCache<(Arc<[ServiceLink]>, Timestamp)>>,
 }
 
 impl std::fmt::Debug for ApiObjects {
@@ -325,7 +343,29 @@ impl PodObjects for ApiObjects {
         Ok(data)
     }
 
-    async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {
+    async fn runtime_handler(&self, name: &str) -> Result<Option<String>, ObjectError> {
+        // read at each sandbox creation, the only time it is needed
+        let api: Api<RuntimeClass> = Api::all(self.client.kube());
+        match self
+            .api
+            .run("get", "runtimeclasses", Box::pin(api.get(name)))
+            .await
+        {
+            Ok(rc) => Ok(Some(rc.handler)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(ObjectError(format!(
+                "failed to lookup RuntimeClass {name}: {}",
+                describe(&e)
+            ))),
+        }
+    }
+
+    async fn services(
+        &self,
+        namespace: &str,
+        name: Option<&str>,
+        created: Option<Timestamp>,
+    ) -> Result<Arc<[ServiceLink]>, ObjectError> {
         // namespaces and names hold no `/`
         let key = match name {
             Some(name) => format!("{namespace}/{name}"),
@@ -333,15 +373,21 @@ impl PodObjects for ApiObjects {
         };
         let mut cache = self.services.lock().await;
         let now = Instant::now();
-        if let Some(links) = cache.fresh(&key, now, self.services_ttl) {
+        // a read sent before the pod was made may miss a Service made just before it (the kubelet's informer
+        // would have it): such a read is not reused for the pod. Creation times count whole seconds, so a read
+        // sent within the creation's second counts as before.
+        if let Some((links, read_at)) = cache.fresh(&key, now, self.services_ttl)
+            && created.is_none_or(|c| read_at.as_second() > c.as_second())
+        {
             return Ok(links);
         }
+        let read_at = Timestamp::now();
         let links = self
             .fetch_services(namespace, name)
             .await
             .map_err(|e| ObjectError(describe(&e)))?;
         let links = shared_links(links);
-        cache.put(&key, now, self.services_ttl, Some(links.clone()));
+        cache.put(&key, now, self.services_ttl, Some((links.clone(), read_at)));
         Ok(links)
     }
 

@@ -81,14 +81,14 @@ fn select(pod: &DesiredPod, master: &[ServiceLink], own: &[ServiceLink]) -> BTre
 /// the API server: it gets what could be read.
 pub(crate) async fn vars(ctx: &ActionCtx, pod: &DesiredPod) -> Result<Vec<(String, String)>, String> {
     let own = if pod.service_links {
-        ctx.objects.services(&pod.namespace, None).await
+        ctx.objects.services(&pod.namespace, None, pod.created).await
     } else {
         Ok(std::sync::Arc::new([]) as std::sync::Arc<[ServiceLink]>)
     };
     let master = if pod.service_links && pod.namespace == MASTER.0 {
         own.clone()
     } else {
-        ctx.objects.services(MASTER.0, Some(MASTER.1)).await
+        ctx.objects.services(MASTER.0, Some(MASTER.1), None).await
     };
     let static_pod = pod.annotations.get(SOURCE_ANNOTATION).is_some_and(|s| s != "api");
     let (own, master) = match (own, master) {

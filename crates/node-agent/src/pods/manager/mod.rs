@@ -491,7 +491,13 @@ impl PodManager {
                 }
                 let critical =
                     is_static || desired.priority >= crate::pods::model::spec::SYSTEM_CRITICAL_PRIORITY;
-                admission::admit(&pod, &desired, &view, &self.committed, critical)
+                let sysctls = self
+                    .ctx
+                    .config
+                    .sysctls
+                    .as_deref()
+                    .unwrap_or_else(|| crate::sysctl::Allowlist::safe());
+                admission::admit(&pod, &desired, &view, &self.committed, critical, sysctls)
             }
         };
         match verdict {
@@ -579,9 +585,12 @@ fn tick(every: &mut Option<Box<tokio::time::Interval>>) -> impl Future<Output = 
 
 /// The event reason of a rejection (event reasons are `&'static str`; admission's come from a fixed set).
 fn event_reason(reason: &str) -> &'static str {
-    const KNOWN: [&str; 10] = [
+    const KNOWN: [&str; 13] = [
         crate::pods::model::fields::REASON,
         "Evicted",
+        "SysctlForbidden",
+        "PodOSSelectorNodeLabelDoesNotMatch",
+        "PodOSNotSupported",
         "NodeShutdown",
         "OutOfcpu",
         "OutOfmemory",

@@ -187,7 +187,7 @@ impl PodProbeMetrics {
         };
         let s = &mut probes[at];
         let counter = match outcome {
-            ProbeOutcome::Success => &mut s.successful,
+            ProbeOutcome::Success | ProbeOutcome::Warning(_) => &mut s.successful,
             ProbeOutcome::Failure(_) => &mut s.failed,
             ProbeOutcome::Unknown(_) => &mut s.unknown,
         };

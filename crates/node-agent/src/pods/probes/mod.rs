@@ -52,6 +52,9 @@ impl ProbeKind {
 pub enum ProbeOutcome {
     /// Passed.
     Success,
+    /// Passed, with a warning shown in a `ProbeWarning` event (an HTTP probe answered with a redirect it did
+    /// not follow).
+    Warning(String),
     /// Failed, with the output or error shown in the `Unhealthy` event.
     Failure(String),
     /// Could not be run at all (ignored by the thresholds, like the kubelet does).

@@ -135,10 +135,12 @@ pub fn sandbox_config(pod: &DesiredPod, attempt: u32, layout: &RuntimeLayout) ->
         }),
         // as the kubelet: a pod on the host network shares the host's UTS namespace, and runc refuses to set a
         // hostname there ("unable to set hostname without a private UTS namespace")
+        // a pod whose FQDN does not fit never gets here: the sandbox's creation refuses it first
         hostname: if pod.host_network {
             String::new()
         } else {
-            pod.hostname().to_owned()
+            pod.kernel_hostname(&layout.dns.cluster_domain)
+                .unwrap_or_else(|_| pod.hostname().to_owned())
         },
         dns_config: Some(dns::pod_dns(pod, &layout.dns)),
         log_directory: format!(

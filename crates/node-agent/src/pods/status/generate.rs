@@ -3,8 +3,8 @@
 //!
 //! * container statuses: `state` from the newest instance (`waiting` with the last sync's reason while a
 //!   restart is pending, e.g. CrashLoopBackOff), `lastState` from the instance before (or the exited one being
-//!   restarted), `restartCount` from the instance's annotation, `ready` = running, started and readiness passed,
-//!   `started` = running and startup probe passed; app containers sorted by name, init containers in order;
+//!   restarted), `restartCount` from the instance's annotation, `ready` = running, started and readiness passed
+//!   (an init container that completed: exited 0), `started` = running and startup probe passed; app containers sorted by name, init containers in order;
 //! * phase: Pending until init containers finish, Running while any app container runs or will restart,
 //!   Succeeded / Failed when all are done for good;
 //! * conditions PodReadyToStartContainers, Initialized, Ready (with readiness gates), ContainersReady and
@@ -356,7 +356,21 @@ pub(crate) fn generate(i: &Inputs<'_>) -> (PodStatus, Phase) {
     let pod = i.pod;
     let initialized_now = initialized(pod, i.view, i.probes);
     let g = Gen { i };
-    let init: Vec<ContainerStatus> = pod.init_containers.iter().map(|c| g.status(c)).collect();
+    let init: Vec<ContainerStatus> = pod
+        .init_containers
+        .iter()
+        .map(|c| {
+            let mut s = g.status(c);
+            // as the kubelet: an init container that ran to completion is ready (a sidecar is ready as an app
+            // container is)
+            if !c.sidecar {
+                s.ready = is(&s.state, |st| {
+                    st.terminated.as_ref().is_some_and(|t| t.exit_code == 0)
+                });
+            }
+            s
+        })
+        .collect();
     let mut app: Vec<ContainerStatus> = pod.containers.iter().map(|c| g.status(c)).collect();
     let ephemeral: Vec<ContainerStatus> = pod.ephemeral().iter().map(|e| g.status(&e.container)).collect();
     let phase = i

@@ -1,5 +1,5 @@
-//! Why a worker stops its pod on request — a graceful node shutdown or an eviction — and how the pod's final
-//! status shows it, as the kubelet reports it.
+//! Why a worker stops its pod before its containers end — a graceful node shutdown or an eviction asked for, or
+//! the pod's `activeDeadlineSeconds` passed — and how the pod's final status shows it, as the kubelet reports it.
 
 use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -9,27 +9,39 @@ pub const SHUTDOWN_REASON: &str = "Terminated";
 /// `status.message` of a pod stopped by a node shutdown.
 pub const SHUTDOWN_MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
 
-/// Why a worker stops its pod on request.
+/// `status.reason` (and the event's reason) of a pod stopped at its `activeDeadlineSeconds`.
+pub const DEADLINE_REASON: &str = "DeadlineExceeded";
+/// `status.message` (and the event's message) of a pod stopped at its `activeDeadlineSeconds`.
+pub const DEADLINE_MESSAGE: &str = "Pod was active on the node longer than the specified deadline";
+
+/// Why a worker stops its pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum KillCause {
     /// Graceful node shutdown.
     Shutdown,
     /// Evicted: the status reason and message.
     Evicted { reason: String, message: String },
+    /// `activeDeadlineSeconds` passed since the pod's start.
+    Deadline,
 }
 
-/// Marks a final status with the disruption: phase Failed (a shutdown leaves a Succeeded pod Succeeded),
-/// the reason and message, and a `DisruptionTarget` condition (reason `TerminationByKubelet`).
+/// Marks a final status with the cause: phase Failed (a shutdown leaves a Succeeded pod Succeeded), the reason
+/// and message, and for a disruption (not a passed deadline) a `DisruptionTarget` condition (reason
+/// `TerminationByKubelet`).
 pub(crate) fn mark_status(status: &mut PodStatus, cause: &KillCause, generation: Option<i64>) {
     let (reason, message) = match cause {
         KillCause::Shutdown => (SHUTDOWN_REASON, SHUTDOWN_MESSAGE),
         KillCause::Evicted { reason, message } => (reason.as_str(), message.as_str()),
+        KillCause::Deadline => (DEADLINE_REASON, DEADLINE_MESSAGE),
     };
     if *cause != KillCause::Shutdown || status.phase.as_deref() != Some("Succeeded") {
         status.phase = Some("Failed".into());
     }
     status.reason = Some(reason.into());
     status.message = Some(message.into());
+    if *cause == KillCause::Deadline {
+        return;
+    }
     let conditions = status.conditions.get_or_insert_with(Vec::new);
     let existing = conditions.iter().position(|c| c.type_ == "DisruptionTarget");
     let condition = PodCondition {

@@ -211,7 +211,7 @@ impl PodWorker {
             Some((limit, KillCause::Shutdown)) => self.pod.grace_secs().min(*limit),
             // the eviction manager's override
             Some((grace, KillCause::Evicted { .. })) => *grace,
-            None => self.pod.grace_secs(),
+            Some((_, KillCause::Deadline)) | None => self.pod.grace_secs(),
         };
         let grace = Duration::from_secs(u64::try_from(grace_secs).unwrap_or(0));
         kill::kill_pod(&self.ctx, &self.pod, &self.view, grace).await?;

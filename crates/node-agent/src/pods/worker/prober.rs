@@ -211,13 +211,23 @@ impl Prober {
         e.next = (e.next + spec.period).max(started);
         let kind = e.kind;
         let label = match &outcome {
-            ProbeOutcome::Success => "successful",
+            ProbeOutcome::Success | ProbeOutcome::Warning(_) => "successful",
             ProbeOutcome::Failure(_) => "failed",
             ProbeOutcome::Unknown(_) => "unknown",
         };
         self.ctx.metrics.probe(kind.as_str(), label);
+        if let ProbeOutcome::Warning(output) = &outcome {
+            let message = format!("{} probe warning: {output}", kind.as_str());
+            self.ctx.events.container(
+                &self.pod,
+                &e.container,
+                EventType::Warning,
+                "ProbeWarning",
+                message,
+            );
+        }
         let new = match outcome {
-            ProbeOutcome::Success => {
+            ProbeOutcome::Success | ProbeOutcome::Warning(_) => {
                 e.ok_streak += 1;
                 e.fail_streak = 0;
                 (e.ok_streak >= spec.success_threshold).then_some(true)

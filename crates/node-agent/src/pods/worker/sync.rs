@@ -45,6 +45,9 @@ impl PodWorker {
             self.state = State::Terminating;
             return Ok(());
         }
+        if self.past_active_deadline() {
+            return Ok(());
+        }
         let ctx = self.ctx.clone();
         let pod = self.pod.clone();
         self.view
@@ -119,6 +122,32 @@ impl PodWorker {
         Ok(())
     }
 
+    /// `activeDeadlineSeconds` passed since the pod's start: a `DeadlineExceeded` event, and the pod is stopped
+    /// (with its own grace period) and Failed, as the kubelet's active deadline handler does. Before then, the
+    /// worker wakes at the deadline.
+    fn past_active_deadline(&mut self) -> bool {
+        use crate::pods::worker::disruption::{DEADLINE_MESSAGE, DEADLINE_REASON, KillCause};
+        let Some(deadline) = self.pod.active_deadline_secs() else {
+            return false;
+        };
+        let active = k8s_openapi::jiff::Timestamp::now().as_second() - self.start_time().as_second();
+        if active < deadline {
+            let left = u64::try_from(deadline - active).unwrap_or(0);
+            self.wake(Instant::now() + Duration::from_secs(left));
+            return false;
+        }
+        self.ctx.events.pod(
+            &self.pod,
+            EventType::Normal,
+            DEADLINE_REASON,
+            DEADLINE_MESSAGE.to_owned(),
+        );
+        let grace = self.pod.grace_secs();
+        self.stop.get_or_insert_default().order = Some((grace, KillCause::Deadline));
+        self.state = State::Terminating;
+        true
+    }
+
     /// Makes sure the pod's cgroup exists (a real node with QoS cgroups); `false` when it could not be made: a
     /// `FailedCreatePodContainer` event, retried after the pod worker back-off.
     async fn ensure_cgroup(&mut self) -> bool {
@@ -164,6 +193,30 @@ impl PodWorker {
     async fn create_sandbox(&mut self, attempt: u32) -> Result<(), RuntimeError> {
         let ctx = self.ctx.clone();
         let pod = self.pod.clone();
+        if !pod.host_network
+            && let Err(why) = pod.kernel_hostname(&ctx.config.layout.dns.cluster_domain)
+        {
+            let msg = format!("Failed to create pod sandbox: {why}");
+            ctx.events
+                .pod(&pod, EventType::Warning, "FailedCreatePodSandBox", msg);
+            return Err(RuntimeError::invalid_argument(why));
+        }
+        let runtime_handler = match pod.runtime_class() {
+            "" => String::new(),
+            class => match ctx.objects.runtime_handler(class).await {
+                Ok(Some(handler)) => handler,
+                result => {
+                    let why = match result {
+                        Err(e) => e.0,
+                        _ => format!("runtimeclass.node.k8s.io {class:?} not found"),
+                    };
+                    let msg = format!("Failed to create pod sandbox: {why}");
+                    ctx.events
+                        .pod(&pod, EventType::Warning, "FailedCreatePodSandBox", msg);
+                    return Err(RuntimeError::not_found(why));
+                }
+            },
+        };
         let config = labels::sandbox_config(&pod, attempt, &ctx.config.layout);
         if ctx.config.layout.create_log_dirs
             && let Err(error) = tokio::fs::create_dir_all(&config.log_directory).await
@@ -173,7 +226,7 @@ impl PodWorker {
         }
         let req = cri::RunPodSandboxRequest {
             config: Some(config),
-            runtime_handler: pod.runtime_handler().to_owned(),
+            runtime_handler,
         };
         match ctx.rt("run_podsandbox", ctx.runtime.run_pod_sandbox(req)).await {
             Ok(_) => {
@@ -282,6 +335,9 @@ impl PodWorker {
         if security::needs_image_user(&pod, c)
             && let Err(message) = image_user_allowed(&ctx, &pod, c).await
         {
+            return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message));
+        }
+        if let Err(message) = volumes::make_sub_paths(&ctx, &pod, c).await {
             return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message));
         }
         let mut mounts = volumes::mounts(&ctx, &pod, c);

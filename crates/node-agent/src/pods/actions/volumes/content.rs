@@ -160,8 +160,12 @@ pub fn resource_value(
             .parse::<Quantity>()
             .map_err(|e| format!("divisor {:?}: {e}", r.divisor))?
     };
-    let d = divisor.milli();
-    if d <= 0 {
+    // the API server defaults an unset divisor to "0", which the kubelet reads as 1
+    let d = match divisor.milli() {
+        0 => 1000,
+        d => d,
+    };
+    if d < 0 {
         return Err(format!("divisor {:?} must be positive", r.divisor));
     }
     // cpu: ceil(milli / divisor milli), at least 1 for a non-zero cpu (the kubelet's rounding)
@@ -246,6 +250,12 @@ mod tests {
             resource_value(&p, None, &r(resource, divisor), Some(&node)).unwrap()
         };
         assert_eq!(v("requests.cpu", ""), "1", "250m rounds up to one core");
+        assert_eq!(
+            v("requests.cpu", "0"),
+            "1",
+            "the API server's default divisor is 1"
+        );
+        assert_eq!(v("limits.memory", "0"), (128u64 << 20).to_string());
         assert_eq!(v("requests.cpu", "1m"), "250");
         assert_eq!(v("limits.cpu", ""), "4", "no limit: the node's allocatable");
         assert_eq!(v("limits.memory", "1Mi"), "128");

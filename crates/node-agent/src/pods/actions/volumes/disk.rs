@@ -108,8 +108,35 @@ fn is_mount_point(dir: &Path) -> bool {
     me.dev() != parent.dev()
 }
 
+/// Creates the directories of `sub` below `base` that do not exist yet, each with `base`'s mode (setgid and
+/// sticky bits included, whatever the umask), as the kubelet makes a missing `subPath` so that a container
+/// with an `fsGroup` can write there. `sub` must be relative and stay below `base`.
+pub fn make_sub_path(base: &Path, sub: &str) -> io::Result<()> {
+    let sub = Path::new(sub);
+    if !sub
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(invalid(format!("subPath {} leaves the volume", sub.display())));
+    }
+    let mode = fs::metadata(base)?.permissions().mode() & 0o7777;
+    let mut path = base.to_path_buf();
+    for part in sub.components() {
+        path.push(part);
+        match fs::symlink_metadata(&path) {
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir(&path)?;
+                fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Creates `dir` (mode 0777, as the kubelet's emptyDir) and, for a memory-backed volume, mounts a tmpfs on it
-/// (of `size` bytes when given).
+/// (of `size` bytes when given), whose root keeps a tmpfs's sticky bit (1777), as under the kubelet.
 pub fn make_dir(dir: &Path, tmpfs: bool, size: Option<i64>) -> io::Result<()> {
     fs::create_dir_all(dir)?;
     if tmpfs && !is_mount_point(dir) {
@@ -123,7 +150,8 @@ pub fn make_dir(dir: &Path, tmpfs: bool, size: Option<i64>) -> io::Result<()> {
         )
         .map_err(|e| io::Error::other(format!("mounting a tmpfs on {}: {e}", dir.display())))?;
     }
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o777))
+    let mode = if tmpfs { 0o1777 } else { 0o777 };
+    fs::set_permissions(dir, fs::Permissions::from_mode(mode))
 }
 
 /// Checks (and for the `...OrCreate` types, creates) a hostPath volume's path; the error is the kubelet's.
@@ -465,6 +493,24 @@ mod tests {
         nix::mount::umount2(&foreign, nix::mount::MntFlags::MNT_DETACH).unwrap();
         remove_pod_dir(&pod).unwrap();
         assert!(!pod.exists());
+    }
+
+    #[test]
+    fn a_missing_sub_path_gets_the_volumes_mode() {
+        let base = tempfile::tempdir().unwrap();
+        fs::set_permissions(base.path(), fs::Permissions::from_mode(0o3777)).unwrap();
+        make_sub_path(base.path(), "a/b").unwrap();
+        for dir in ["a", "a/b"] {
+            let mode = fs::metadata(base.path().join(dir)).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode, 0o3777, "{dir}");
+        }
+        // an existing one is left as it is
+        fs::set_permissions(base.path().join("a"), fs::Permissions::from_mode(0o700)).unwrap();
+        make_sub_path(base.path(), "a/c").unwrap();
+        let mode = fs::metadata(base.path().join("a")).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o700);
+        assert!(make_sub_path(base.path(), "../x").is_err());
+        assert!(make_sub_path(base.path(), "/x").is_err());
     }
 
     #[test]

@@ -350,6 +350,29 @@ async fn object(
     content::object_files(kind.name(), o, data.as_deref(), default_mode)
 }
 
+/// Creates the missing `subPath` directories of container `c`'s mounts (on a real node), as the kubelet does
+/// before the container is made: with the volume's mode, so the runtime does not make them root's 0755.
+pub async fn make_sub_paths(ctx: &ActionCtx, pod: &DesiredPod, c: &ContainerSpec) -> Result<(), String> {
+    if ctx.config.layout.pods_dir.is_none() {
+        return Ok(());
+    }
+    for m in c.mounts.iter().filter(|m| !m.sub_path.is_empty()) {
+        let Some(v) = m.volume.and_then(|i| pod.volumes.get(usize::from(i))) else {
+            continue;
+        };
+        let (base, sub) = (host_path(ctx, pod, v), m.sub_path.clone());
+        if let Err(error) = blocking(move || disk::make_sub_path(&base, &sub)).await {
+            tracing::warn!(pod = %pod.display(), volume = %v.name, %error, "cannot create a subPath directory");
+            // the kubelet's message, which keeps the node's paths to itself
+            return Err(format!(
+                "failed to create subPath directory for volumeMount {:?} of container {:?}",
+                v.name, c.name
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The CRI mounts of container `c`: each `volumeMount` onto its volume's directory (with `subPath`); mounts of
 /// configMap, secret, downward API and projected volumes are read-only, as the kubelet makes them.
 pub fn mounts(ctx: &ActionCtx, pod: &DesiredPod, c: &ContainerSpec) -> Vec<cri::Mount> {

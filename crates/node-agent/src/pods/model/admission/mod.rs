@@ -4,7 +4,8 @@
 //! This module judges a pod against [`NodeView`] — the few facts about the node that pods are judged against (allocatable,
 //! labels, `NoExecute` taints, host IPs) — and [`admit`], which first refuses pod fields this node does not
 //! honour ([`crate::pods::model::fields`], `UnsupportedPodField`), then applies the kubelet's rules in its order:
-//! node selector and required node affinity (`NodeAffinity`), host ports (`NodePorts`), resources
+//! node pressure (`Evicted`), sysctls (`SysctlForbidden`), the pod's OS (`PodOSSelectorNodeLabelDoesNotMatch`,
+//! `PodOSNotSupported`), node selector and required node affinity (`NodeAffinity`), host ports (`NodePorts`), resources
 //! (`OutOfcpu`, `OutOfmemory`, `OutOfephemeral-storage`, `OutOfpods`), and untolerated `NoExecute` taints
 //! (`TaintToleration`). A rejection carries the reason and message the pod's status and event show.
 
@@ -15,6 +16,7 @@ use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, Toleration};
 use crate::pods::model::node_view::NodeView;
 use crate::pods::model::resources::PodRequests;
 use crate::pods::model::spec::DesiredPod;
+use crate::sysctl::Allowlist;
 
 /// Why a pod was refused. Its status becomes `Failed` with this reason and `Pod was rejected: <message>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,13 +105,72 @@ pub fn admit_under_pressure(
     Err(format!("The node had condition: [{}]. ", conditions.join(" ")))
 }
 
-/// Decides whether `pod` may run on the node next to what is `committed`.
+/// The OS this agent runs pods of.
+const NODE_OS: &str = "linux";
+
+/// The pod's sysctls, judged against the node's allowlist (`SysctlForbidden`), as the kubelet's sysctl
+/// admission handler.
+fn admit_sysctls(pod: &Pod, sysctls: &Allowlist) -> Result<(), Rejection> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(());
+    };
+    let asked = spec
+        .security_context
+        .as_ref()
+        .and_then(|sc| sc.sysctls.as_deref())
+        .unwrap_or_default();
+    for s in asked {
+        let host_network = spec.host_network.unwrap_or(false);
+        let host_ipc = spec.host_ipc.unwrap_or(false);
+        if let Err(why) = sysctls.check(&s.name, host_network, host_ipc) {
+            return Err(Rejection {
+                reason: "SysctlForbidden".into(),
+                message: format!("forbidden sysctl: {why}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The pod's OS, as the kubelet judges it before its other predicates: a `kubernetes.io/os` label on the pod
+/// naming another OS than the node's (`PodOSSelectorNodeLabelDoesNotMatch`), or `spec.os.name` naming another
+/// (`PodOSNotSupported`).
+fn admit_os(pod: &Pod) -> Result<(), Rejection> {
+    // as the kubelet: the node's label counts as this OS even when it says otherwise (the node status loop
+    // puts it right)
+    let label = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("kubernetes.io/os"));
+    if label.is_some_and(|os| os != NODE_OS) {
+        return Err(Rejection {
+            reason: "PodOSSelectorNodeLabelDoesNotMatch".into(),
+            message: "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label".into(),
+        });
+    }
+    let os = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.os.as_ref())
+        .map(|os| os.name.as_str());
+    if os.is_some_and(|os| os != NODE_OS) {
+        return Err(Rejection {
+            reason: "PodOSNotSupported".into(),
+            message: "Failed to admit pod as the OS field doesn't match node OS".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Decides whether `pod` may run on the node next to what is `committed`, allowing the sysctls of `sysctls`.
 pub fn admit(
     pod: &Pod,
     desired: &DesiredPod,
     node: &NodeView,
     committed: &Committed,
     critical: bool,
+    sysctls: &Allowlist,
 ) -> Result<(), Rejection> {
     let refused = crate::pods::model::fields::refusals(pod);
     if !refused.is_empty() {
@@ -135,6 +196,8 @@ pub fn admit(
         reason: EVICTED.into(),
         message,
     })?;
+    admit_sysctls(pod, sysctls)?;
+    admit_os(pod)?;
     if !matches_node(
         spec.and_then(|s| s.node_selector.as_ref()),
         spec.and_then(required_terms),
@@ -286,6 +349,52 @@ mod tests {
     }
 
     #[test]
+    fn sysctls_and_the_pod_os_are_judged_first() {
+        let judge = |spec: serde_json::Value, labels: serde_json::Value, list: &Allowlist| {
+            let (mut p, d) = pod(spec);
+            p.metadata.labels = serde_json::from_value(labels).unwrap();
+            admit(&p, &d, &node(), &Committed::default(), false, list).map_err(|r| (r.reason, r.message))
+        };
+        let sysctls = |names: &[&str]| {
+            json!({"securityContext": {"sysctls": names.iter().map(|n| json!({"name": n, "value": "1"}))
+                .collect::<Vec<_>>()}})
+        };
+        let safe = Allowlist::safe();
+        assert!(judge(sysctls(&["net.ipv4.tcp_syncookies"]), json!(null), safe).is_ok());
+        assert_eq!(
+            judge(sysctls(&["kernel.msgmax"]), json!(null), safe).unwrap_err(),
+            (
+                "SysctlForbidden".to_owned(),
+                "forbidden sysctl: \"kernel.msgmax\" not allowlisted".to_owned()
+            )
+        );
+        let more = Allowlist::new(["kernel.msg*"]).unwrap();
+        assert!(judge(sysctls(&["kernel.msgmax"]), json!(null), &more).is_ok());
+
+        assert!(
+            judge(
+                json!({"os": {"name": "linux"}}),
+                json!({"kubernetes.io/os": "linux"}),
+                safe
+            )
+            .is_ok()
+        );
+        assert_eq!(
+            judge(json!({"os": {"name": "windows"}}), json!(null), safe)
+                .unwrap_err()
+                .0,
+            "PodOSNotSupported"
+        );
+        assert_eq!(
+            judge(json!({}), json!({"kubernetes.io/os": "windows"}), safe).unwrap_err(),
+            (
+                "PodOSSelectorNodeLabelDoesNotMatch".to_owned(),
+                "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label".to_owned()
+            )
+        );
+    }
+
+    #[test]
     fn node_view_reads_allocatable_and_addresses() {
         let n = node();
         assert_eq!((n.cpu_milli, n.memory, n.pods), (2000, 1 << 30, 3));
@@ -302,16 +411,16 @@ mod tests {
             {"name": "c", "image": "i", "resources": {"requests": {"cpu": "1500m"}}}
         ]}));
         let mut committed = Committed::default();
-        assert!(admit(&p, &d, &node(), &committed, false).is_ok());
+        assert!(admit(&p, &d, &node(), &committed, false, Allowlist::safe()).is_ok());
         committed.add(&d);
-        let err = admit(&p, &d, &node(), &committed, false).unwrap_err();
+        let err = admit(&p, &d, &node(), &committed, false, Allowlist::safe()).unwrap_err();
         assert_eq!(err.reason, "OutOfcpu");
         assert_eq!(
             err.message,
             "Node didn't have enough resource: cpu, requested: 1500, used: 1500, capacity: 2000"
         );
         committed.remove(&d);
-        assert!(admit(&p, &d, &node(), &committed, false).is_ok());
+        assert!(admit(&p, &d, &node(), &committed, false, Allowlist::safe()).is_ok());
     }
 
     #[test]
@@ -320,7 +429,7 @@ mod tests {
             {"name": "c", "image": "i", "resources": {"requests": {"memory": "2Gi"}}}
         ]}));
         assert_eq!(
-            admit(&p, &d, &node(), &Committed::default(), false)
+            admit(&p, &d, &node(), &Committed::default(), false, Allowlist::safe())
                 .unwrap_err()
                 .reason,
             "OutOfmemory"
@@ -331,7 +440,9 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            admit(&p, &d, &node(), &full, false).unwrap_err().reason,
+            admit(&p, &d, &node(), &full, false, Allowlist::safe())
+                .unwrap_err()
+                .reason,
             "OutOfpods"
         );
     }
@@ -339,7 +450,7 @@ mod tests {
     #[test]
     fn node_affinity_and_selector() {
         let (p, d) = pod(json!({"nodeSelector": {"zone": "b"}, "containers": [{"name": "c", "image": "i"}]}));
-        let err = admit(&p, &d, &node(), &Committed::default(), false).unwrap_err();
+        let err = admit(&p, &d, &node(), &Committed::default(), false, Allowlist::safe()).unwrap_err();
         assert_eq!(err.reason, "NodeAffinity");
         let (p, d) = pod(json!({
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -349,7 +460,7 @@ mod tests {
             "containers": [{"name": "c", "image": "i"}]
         }));
         assert!(
-            admit(&p, &d, &node(), &Committed::default(), false).is_ok(),
+            admit(&p, &d, &node(), &Committed::default(), false, Allowlist::safe()).is_ok(),
             "second term matches"
         );
     }
@@ -358,7 +469,7 @@ mod tests {
     fn untolerated_no_execute_taint_is_refused() {
         let (mut p, d) = pod(json!({"containers": [{"name": "c", "image": "i"}]}));
         p.spec.as_mut().unwrap().tolerations = None;
-        let err = admit(&p, &d, &node(), &Committed::default(), false).unwrap_err();
+        let err = admit(&p, &d, &node(), &Committed::default(), false, Allowlist::safe()).unwrap_err();
         assert_eq!(err.reason, "TaintToleration");
     }
 
@@ -370,7 +481,9 @@ mod tests {
         let mut committed = Committed::default();
         committed.add(&d);
         assert_eq!(
-            admit(&p, &d, &node(), &committed, false).unwrap_err().reason,
+            admit(&p, &d, &node(), &committed, false, Allowlist::safe())
+                .unwrap_err()
+                .reason,
             "NodePorts"
         );
     }

@@ -32,11 +32,7 @@ const BLOCK: &str = "raw block volumes need persistent volumes, which this node 
 /// that is not in the schema.
 pub static FIELDS: &[Field] = &[
     // PodSpec
-    f(
-        "PodSpec",
-        "activeDeadlineSeconds",
-        refused("the active deadline is not enforced by this node"),
-    ),
+    f("PodSpec", "activeDeadlineSeconds", Acts),
     f("PodSpec", "affinity", Control(SCHEDULER)),
     f(
         "PodSpec",
@@ -72,11 +68,7 @@ pub static FIELDS: &[Field] = &[
     f("PodSpec", "initContainers", Walk("Container")),
     f("PodSpec", "nodeName", Acts),
     f("PodSpec", "nodeSelector", Acts),
-    f(
-        "PodSpec",
-        "os",
-        Control("validated by the API server; the node does not yet reject a pod for another OS"),
-    ),
+    f("PodSpec", "os", Walk("PodOS")),
     f("PodSpec", "overhead", Acts),
     f(
         "PodSpec",
@@ -116,11 +108,7 @@ pub static FIELDS: &[Field] = &[
         Control("deprecated alias the API server copies into serviceAccountName"),
     ),
     f("PodSpec", "serviceAccountName", Acts),
-    f(
-        "PodSpec",
-        "setHostnameAsFQDN",
-        refused_unless("false", "the hostname is not set to the FQDN by this node"),
-    ),
+    f("PodSpec", "setHostnameAsFQDN", Acts),
     f("PodSpec", "shareProcessNamespace", Acts),
     f("PodSpec", "subdomain", Acts),
     f("PodSpec", "terminationGracePeriodSeconds", Acts),
@@ -231,6 +219,7 @@ pub static FIELDS: &[Field] = &[
     f("PodDNSConfigOption", "name", Acts),
     f("PodDNSConfigOption", "value", Acts),
     f("HostAlias", "hostnames", Acts),
+    f("PodOS", "name", Acts),
     f("HostAlias", "ip", Acts),
     f("LocalObjectReference", "name", Acts),
     f("PodReadinessGate", "conditionType", Acts),
@@ -346,11 +335,7 @@ pub static FIELDS: &[Field] = &[
     f("HTTPGetAction", "httpHeaders", Walk("HTTPHeader")),
     f("HTTPGetAction", "path", Acts),
     f("HTTPGetAction", "port", Acts),
-    f(
-        "HTTPGetAction",
-        "scheme",
-        refused_unless("\"HTTP\"", "HTTPS probes and hooks are not made by this node"),
-    ),
+    f("HTTPGetAction", "scheme", Acts),
     f("HTTPHeader", "name", Acts),
     f("HTTPHeader", "value", Acts),
     // volume mounts

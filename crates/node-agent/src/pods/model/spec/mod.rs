@@ -244,8 +244,8 @@ pub struct PodExtras {
     pub readiness_gates: Vec<String>,
     /// Status of each readiness-gate condition as last seen on the object (set by other controllers).
     pub gate_status: Vec<(String, bool)>,
-    /// `spec.runtimeClassName`, passed as the runtime handler.
-    pub runtime_handler: String,
+    /// `spec.runtimeClassName`: the RuntimeClass whose `handler` the sandbox runs with.
+    pub runtime_class: String,
     /// `spec.subdomain` (the sandbox hostname's domain part).
     pub subdomain: String,
     /// `spec.hostAliases` as (IP, hostnames).
@@ -254,6 +254,10 @@ pub struct PodExtras {
     pub image_pull_secrets: Vec<String>,
     /// `spec.hostname` (empty: the pod's name is its hostname, see [`DesiredPod::hostname`]).
     pub hostname: String,
+    /// `spec.setHostnameAsFQDN`: the sandbox's kernel hostname is the pod's FQDN.
+    pub hostname_as_fqdn: bool,
+    /// `spec.activeDeadlineSeconds`: how long the pod may be active on the node from its start.
+    pub active_deadline_secs: Option<i64>,
     /// `spec.overhead` (a RuntimeClass's), added to the containers' requests.
     pub overhead: PodRequests,
     /// `spec.ephemeralContainers`, added to a running pod (e.g. by `kubectl debug`), in order.
@@ -327,6 +331,19 @@ pub const FALLBACK_TO_LOGS: &str = "FallbackToLogsOnError";
 /// `kubernetes.io/config.source`: where a pod came from — `file`, `http` or `api`.
 pub const SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
 
+/// `name` cut to the 63 characters of a kernel hostname, without a trailing `-` or `.` (names reaching here
+/// are DNS names, ASCII; a name that cannot be cut on a character boundary is kept whole).
+fn truncate_hostname(name: &str) -> &str {
+    const HOSTNAME_MAX: usize = 63;
+    match name.get(..HOSTNAME_MAX) {
+        Some(cut) if name.len() > HOSTNAME_MAX => match cut.trim_end_matches(['-', '.']) {
+            "" => name,
+            trimmed => trimmed,
+        },
+        _ => name,
+    }
+}
+
 /// `system-cluster-critical`'s priority: pods at or above it are critical.
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
@@ -340,12 +357,48 @@ fn priority(spec: &k8s_openapi::api::core::v1::PodSpec) -> i32 {
 }
 
 impl DesiredPod {
-    /// The sandbox hostname: `spec.hostname`, or the pod's name.
+    /// The sandbox hostname: `spec.hostname`, or the pod's name; as the kubelet, one longer than the 63
+    /// characters a kernel hostname holds is cut to 63 and stripped of a trailing `-` or `.`.
     pub fn hostname(&self) -> &str {
-        match self.extras.as_ref().map_or("", |e| &e.hostname) {
+        let name = match self.extras.as_ref().map_or("", |e| &e.hostname) {
             "" => &self.name,
             set => set,
+        };
+        truncate_hostname(name)
+    }
+
+    /// `spec.activeDeadlineSeconds`.
+    pub fn active_deadline_secs(&self) -> Option<i64> {
+        self.extras.as_ref().and_then(|e| e.active_deadline_secs)
+    }
+
+    /// `spec.setHostnameAsFQDN`.
+    pub fn hostname_as_fqdn(&self) -> bool {
+        self.extras.as_ref().is_some_and(|e| e.hostname_as_fqdn)
+    }
+
+    /// The kernel hostname the sandbox gets, as the kubelet makes it: the [`hostname`](Self::hostname), or with
+    /// `setHostnameAsFQDN` and a subdomain the pod's FQDN `<hostname>.<subdomain>.<namespace>.svc.<domain>`,
+    /// refused when longer than the 64 characters the kernel's node name holds.
+    pub fn kernel_hostname(&self, cluster_domain: &str) -> Result<String, String> {
+        const FQDN_MAX: usize = 64;
+        let hostname = self.hostname();
+        if !self.hostname_as_fqdn() || self.subdomain().is_empty() {
+            return Ok(hostname.to_owned());
         }
+        let fqdn = format!(
+            "{hostname}.{}.{}.svc.{cluster_domain}",
+            self.subdomain(),
+            self.namespace
+        );
+        if fqdn.len() > FQDN_MAX {
+            return Err(format!(
+                "failed to construct FQDN from pod hostname and cluster domain, FQDN {fqdn} is too long \
+                 ({FQDN_MAX} characters is the max, {} characters requested)",
+                fqdn.len()
+            ));
+        }
+        Ok(fqdn)
     }
 
     /// Effective requests, for admission accounting: computed from the (shared) container lists and the
@@ -409,7 +462,7 @@ impl DesiredPod {
         let extras = PodExtras {
             readiness_gates,
             gate_status,
-            runtime_handler: spec.runtime_class_name.clone().unwrap_or_default(),
+            runtime_class: spec.runtime_class_name.clone().unwrap_or_default(),
             subdomain: spec.subdomain.clone().unwrap_or_default(),
             host_aliases: spec
                 .host_aliases
@@ -424,6 +477,8 @@ impl DesiredPod {
                 .map(|s| s.name.clone())
                 .collect(),
             hostname: spec.hostname.clone().unwrap_or_default(),
+            hostname_as_fqdn: spec.set_hostname_as_fqdn.unwrap_or(false),
+            active_deadline_secs: spec.active_deadline_seconds,
             overhead: resources::overhead(spec.overhead.as_ref()),
             ephemeral: spec
                 .ephemeral_containers
@@ -495,8 +550,8 @@ impl DesiredPod {
     }
 
     /// `spec.runtimeClassName` (empty: the runtime's default handler).
-    pub fn runtime_handler(&self) -> &str {
-        self.extras.as_ref().map_or("", |e| &e.runtime_handler)
+    pub fn runtime_class(&self) -> &str {
+        self.extras.as_ref().map_or("", |e| &e.runtime_class)
     }
 
     /// `spec.subdomain`.

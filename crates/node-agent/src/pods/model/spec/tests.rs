@@ -124,6 +124,42 @@ fn replicas_of_one_template_share_their_labels_and_keep_their_own_hostname() {
 }
 
 #[test]
+fn long_hostnames_are_cut_and_an_fqdn_too_long_is_refused() {
+    let mk = |name: &str, spec: serde_json::Value| {
+        let mut spec = spec;
+        spec["containers"] = json!([{"name": "c", "image": "img"}]);
+        DesiredPod::from_pod(&pod(json!({
+            "metadata": {"name": name, "uid": "u", "namespace": "ns"}, "spec": spec
+        })))
+        .unwrap()
+    };
+    // 62 characters, then a '-', then more: cut to 63, the trailing '-' dropped
+    let long = format!("{}-{}", "a".repeat(62), "b".repeat(10));
+    let p = mk(&long, json!({}));
+    assert_eq!(p.hostname(), "a".repeat(62));
+    assert_eq!(p.kernel_hostname("cluster.local").unwrap(), "a".repeat(62));
+    let short = mk(
+        "web",
+        json!({"hostname": "h", "subdomain": "s", "setHostnameAsFQDN": true}),
+    );
+    assert_eq!(
+        short.kernel_hostname("cluster.local").unwrap(),
+        "h.s.ns.svc.cluster.local"
+    );
+    let without_subdomain = mk("web", json!({"setHostnameAsFQDN": true}));
+    assert_eq!(without_subdomain.kernel_hostname("cluster.local").unwrap(), "web");
+    let too_long = mk(
+        "web",
+        json!({"hostname": "a".repeat(42), "subdomain": "s", "setHostnameAsFQDN": true}),
+    );
+    let err = too_long.kernel_hostname("cluster.local").unwrap_err();
+    assert!(
+        err.contains("is too long (64 characters is the max, 65 characters requested)"),
+        "{err}"
+    );
+}
+
+#[test]
 fn replicas_of_one_template_share_their_container_list() {
     let mk = |name: &str, image: &str, env: &str| {
         let p = pod(json!({
