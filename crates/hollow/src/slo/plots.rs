@@ -3,10 +3,12 @@
 //! with both plotters (layout) and resvg (rendering).
 //!
 //! * `cluster_cdf` — CDF of each clusterloader2 transition over every pod, with the thresholds;
-//! * `node_cdf` — CDF of each node-side stage, from the fleet's merged HDR histograms, on a log axis (the
-//!   stages differ by orders of magnitude);
+//! * `node_cdf` — CDF of each node-side stage, from the fleet's merged HDR histograms;
 //! * `timeline` — pods first seen (created), scheduled and running per second of the run;
 //! * `api_latency` — p99 of the API server's request latency per verb, per scrape interval.
+//!
+//! The two CDFs have a log axis: transitions and stages differ by orders of magnitude, and the thresholds lie
+//! far beyond a fast cluster's figures.
 //!
 //! Every axis starts at 0 (or, on a log axis, at the smallest value drawn). Series that would hide each other
 //! stay visible: identical ones are drawn once under one legend entry naming them all, and each later series
@@ -204,6 +206,11 @@ where
         } else {
             floored.collect()
         };
+        if let [only] = points[..] {
+            // one point makes no line: a dot shows it
+            c.draw_series(std::iter::once(Circle::new(only, 3, style.filled())))
+                .map_err(e)?;
+        }
         c.draw_series(LineSeries::new(points, style))
             .map_err(e)?
             .label(s.name.clone())
@@ -264,19 +271,27 @@ fn cluster_cdf(r: &SloResult) -> Chart<'static> {
     let definition = r.cluster.definition;
     let series = Transition::ALL
         .iter()
-        .map(|t| Series {
-            name: t.name().to_owned(),
-            points: cdf(r
+        .map(|t| {
+            let samples: Vec<f64> = r
                 .records
                 .iter()
                 .filter_map(|p| p.latency_ms(definition, *t))
-                .collect()),
+                .collect();
+            let all_zero = !samples.is_empty() && samples.iter().all(|ms| *ms == 0.0);
+            Series {
+                name: if all_zero {
+                    format!("{} (0 for every pod)", t.name())
+                } else {
+                    t.name().to_owned()
+                },
+                points: cdf(samples),
+            }
         })
         .filter(|s| !s.points.is_empty())
         .collect();
     Chart {
         title: "Pod start-up transitions (cluster side, every pod): CDF",
-        x_desc: "latency (ms)",
+        x_desc: "latency (ms, log scale; below 0.001 drawn at 0.001)",
         y_desc: "fraction of pods",
         series: merge_identical(series),
         markers: r
@@ -290,7 +305,7 @@ fn cluster_cdf(r: &SloResult) -> Chart<'static> {
             })
             .collect(),
         steps: false,
-        log_x: false,
+        log_x: true,
     }
 }
 
@@ -321,7 +336,7 @@ fn node_cdf(r: &SloResult) -> Option<Chart<'static>> {
         .collect();
     Some(Chart {
         title: "Node-side start-up stages (fleet, merged): CDF",
-        x_desc: "time since the previous stage (ms, log scale)",
+        x_desc: "time since the previous stage (ms, log scale; below 0.001 drawn at 0.001)",
         y_desc: "fraction of pods",
         series: merge_identical(series),
         markers: Vec::new(),

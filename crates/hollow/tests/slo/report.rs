@@ -130,9 +130,9 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
         node_span.p50
     );
 
-    // On a fast fleet the SLO's figure is what the pods take: its median within tens of milliseconds of the
-    // fleet's own pod_start (the same span less scheduling and the two deliveries), not the hundreds a
-    // one-second creationTimestamp adds.
+    // The SLO's figure is what the pods take: its median within tens of milliseconds of the fleet's own
+    // pod_start (the same span less scheduling and the two deliveries), not the hundreds a one-second
+    // creationTimestamp adds.
     let startup = result.cluster.get(Transition::PodStartup);
     let create_to_run = result.cluster.get(Transition::CreateToRun);
     let legacy = ClusterSide::from_records(&result.records, Definition::Legacy);
@@ -151,17 +151,30 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
         usize::try_from(pods)?,
         "pod_startup over every pod"
     );
+    // The scheduler and the two watch deliveries slow down with the machine as the fleet does: the allowance is
+    // 50 ms plus a quarter of the fleet's own median.
+    let apart = 50.0 + node_span.p50 / 4.0;
     assert!(
-        startup.p50 < 100.0,
-        "pod_startup p50 {} ms on a fast fleet",
-        startup.p50
-    );
-    assert!(
-        (startup.p50 - node_span.p50).abs() <= 50.0,
-        "pod_startup p50 {} ms against the fleet's pod_start p50 {} ms: more than 50 ms apart",
+        (startup.p50 - node_span.p50).abs() <= apart,
+        "pod_startup p50 {} ms against the fleet's pod_start p50 {} ms: more than {apart} ms apart",
         startup.p50,
         node_span.p50
     );
+    // Where the fleet's own stages say its pods start fast (pod_start p50 ≤ 50 ms), the SLO's figure is under
+    // 100 ms. A machine busy enough to slow the fleet itself moves both; the bound above holds then too.
+    if node_span.p50 <= 50.0 {
+        assert!(
+            startup.p50 < 100.0,
+            "pod_startup p50 {} ms where the fleet's pod_start p50 is {} ms",
+            startup.p50,
+            node_span.p50
+        );
+    } else {
+        println!(
+            "the fleet's own pod_start p50 is {:.1} ms on this machine now: pod_startup < 100 ms is not checked",
+            node_span.p50
+        );
+    }
     assert_eq!(
         create_to_run.count,
         usize::try_from(pods)?,
