@@ -251,6 +251,8 @@ struct ProfileTemplate {
     labels: BTreeMap<String, String>,
     /// Static pod manifests, shared by every node of the profile.
     static_pods: Vec<(String, Arc<k8s_openapi::api::core::v1::Pod>)>,
+    /// Node figures besides the pods', shared by every node of the profile.
+    host: Arc<node_agent::stats::Synthetic>,
 }
 
 fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError> {
@@ -273,6 +275,7 @@ fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError
             .into_iter()
             .map(|(name, pod)| (name, Arc::new(pod)))
             .collect(),
+        host: Arc::default(),
     };
     for (resource, value) in &p.capacity {
         let q = quantity(&p.name, resource, value)?;
@@ -296,6 +299,25 @@ fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError
         }));
     t.kubelet = Arc::new(kubelet);
     t.labels.insert(PROFILE_LABEL.into(), p.name.clone());
+    let baseline = |resource: &str, value: &Option<String>| -> Result<Option<Quantity>, FleetError> {
+        value
+            .as_deref()
+            .map(|v| quantity(&p.name, resource, v))
+            .transpose()
+    };
+    let cpu = baseline("baseline.cpu", &p.baseline.cpu)?;
+    let memory = baseline("baseline.memory", &p.baseline.memory)?;
+    t.host = Arc::new(node_agent::stats::Synthetic::with_baseline(
+        node_agent::stats::Baseline {
+            // a machine's own use is never 0: metrics-server drops a node reporting 0
+            nano_cores: cpu
+                .map_or(t.cpu_millis * 10_000, |q| {
+                    u64::try_from(q.milli() * 1_000_000).unwrap_or(0)
+                })
+                .max(1),
+            memory_bytes: memory.map_or(t.memory_bytes / 50, |q| whole(&q)).max(1),
+        },
+    ));
     Ok(t)
 }
 
@@ -392,7 +414,8 @@ impl NodeFactory {
             .node_watch_via(self.pool.watch_for_agent(index))
             .token(self.token.child_token())
             .metrics(self.metrics.clone())
-            .timer(self.timer.clone());
+            .timer(self.timer.clone())
+            .host_stats(t.host.clone());
         if let Some(limit) = &self.shared_limit {
             builder = builder.shared_limit(limit.clone());
         }

@@ -1,6 +1,7 @@
 //! The kubelet API of hollow nodes against the real control plane: `kubectl logs` through the API server returns
 //! a hollow container's scripted log lines; `/stats/summary` and `/metrics/resource` answer for the node asked
-//! (each node has a port of its own) with the scripted usage; credentials are checked as the kubelet checks
+//! (each node has a port of its own) with the scripted usage on top of the profile's baseline, which a node
+//! without pods reports alone (CPU and memory above 0, its CPU counter growing); credentials are checked as the kubelet checks
 //! them: anonymous 401, a token without RBAC 403 from our SubjectAccessReview, a token with it 200, a client
 //! certificate from the cluster CA 200.
 //!
@@ -35,6 +36,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const NODES: usize = 2;
+/// The default profile's baseline: 2% of 32 GiB, 1% of 8 CPUs.
+const BASELINE_MEMORY: u64 = (32 << 30) / 50;
+const BASELINE_NANO_CORES: u64 = 80_000_000;
 const NS: &str = "default";
 
 /// A base port with `n` free consecutive loopback ports above it.
@@ -325,7 +329,15 @@ async fn logs_stats_and_resource_metrics_of_hollow_nodes_with_the_kubelets_auth(
     assert_eq!(pod["containers"][0]["name"], "app");
     assert_eq!(pod["memory"]["workingSetBytes"], 48 << 20, "scripted memory");
     assert_eq!(pod["cpu"]["usageNanoCores"], 250_000_000, "scripted CPU");
-    assert_eq!(summary["node"]["memory"]["workingSetBytes"], 48 << 20);
+    // the node: the default profile's baseline (1% of 8 CPUs, 2% of 32 GiB) plus its pod
+    assert_eq!(
+        summary["node"]["memory"]["workingSetBytes"],
+        BASELINE_MEMORY + (48 << 20)
+    );
+    assert_eq!(
+        summary["node"]["cpu"]["usageNanoCores"],
+        BASELINE_NANO_CORES + 250_000_000
+    );
     let (status, other) = get(&anonymous, base, "/stats/summary", Some(&scraper)).await?;
     assert_eq!(status, 200);
     let other: serde_json::Value = serde_json::from_str(&other)?;
@@ -334,6 +346,30 @@ async fn logs_stats_and_resource_metrics_of_hollow_nodes_with_the_kubelets_auth(
         other["pods"].as_array().map(Vec::len),
         Some(0),
         "kapi-0 runs no pod"
+    );
+    // a node without pods still reports the machine's own use, never 0 (metrics-server drops a node at 0)
+    assert_eq!(other["node"]["memory"]["workingSetBytes"], BASELINE_MEMORY);
+    assert_eq!(other["node"]["cpu"]["usageNanoCores"], BASELINE_NANO_CORES);
+    let node_cpu_seconds = |text: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix("node_cpu_usage_seconds_total "))
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    let (status, idle) = get(&anonymous, base, "/metrics/resource", Some(&scraper)).await?;
+    assert_eq!(status, 200, "{idle}");
+    assert!(
+        idle.contains(&format!("node_memory_working_set_bytes {BASELINE_MEMORY} ")),
+        "{idle}"
+    );
+    let first = node_cpu_seconds(&idle).expect("node_cpu_usage_seconds_total");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, later) = get(&anonymous, base, "/metrics/resource", Some(&scraper)).await?;
+    let second = node_cpu_seconds(&later).expect("node_cpu_usage_seconds_total");
+    // metrics-server takes the node's CPU as the rate of this counter between two scrapes
+    assert!(
+        first > 0.0 && second > first,
+        "an idle node's CPU counter grows: {first} then {second}"
     );
 
     // /metrics/resource: the kubelet's names and labels
@@ -345,7 +381,13 @@ async fn logs_stats_and_resource_metrics_of_hollow_nodes_with_the_kubelets_auth(
         )),
         "{text}"
     );
-    assert!(text.contains("node_memory_working_set_bytes 50331648 "), "{text}");
+    assert!(
+        text.contains(&format!(
+            "node_memory_working_set_bytes {} ",
+            BASELINE_MEMORY + 50_331_648
+        )),
+        "{text}"
+    );
     assert!(text.contains("pod_cpu_usage_seconds_total{namespace=\"default\",pod=\"kapi-logs\"}"));
     // the scraper may not read logs (nodes/proxy)
     let (status, _) = get(

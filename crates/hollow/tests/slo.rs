@@ -1,6 +1,6 @@
 //! `hollow slo` against the real control plane and hollow fleets: a run produces the table, PerfData JSON
-//! and plots, with the cluster-side schedule_to_watch containing the node-side watch_observed →
-//! status_reported span; two extra seconds of container start show up in schedule_to_run and the node's
+//! and plots, its pod_startup within tens of milliseconds of the fleet's own stages and its schedule_to_watch
+//! containing the node-side watch_observed → status_reported span; two extra seconds of container start show up in schedule_to_run and the node's
 //! containers_started stage and decide the verdicts; a fleet split over two processes gives the merged
 //! table; Deployments in bursts over two namespaces with churn, and Jobs from a user's template kept with
 //! `--keep`, are measured and cleaned up; bad input is refused before any pod exists.
@@ -19,7 +19,7 @@ use e2e::{init_logging, node_is_ready, nodes_with_prefix, wait_for};
 use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
 use hollow::fleet::{Fleet, FleetSpec};
 use hollow::slo::cli::SloArgs;
-use hollow::slo::measure::Transition;
+use hollow::slo::measure::{ClusterSide, Definition, Transition};
 use hollow::slo::report::PerfData;
 use hollow::slo::run::{self, SloResult};
 use hollow::{profiles, server};

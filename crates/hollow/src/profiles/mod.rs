@@ -13,6 +13,8 @@
 //!   - name: general
 //!     weight: 1                 # the rest of the fleet, split by weight
 //!     capacity: {cpu: "8", memory: 32Gi, pods: "110"}
+//!     baseline: {cpu: 80m, memory: 640Mi}   # what the machine uses without pods (default: 1% of the CPU,
+//!                                           # 2% of the memory capacity)
 //!     staticPods:               # run on every node of the profile as static pods, mirrored in the API
 //!       - apiVersion: v1
 //!         kind: Pod
@@ -106,6 +108,18 @@ pub struct TaintSpec {
     pub effect: String,
 }
 
+/// A node's usage besides its pods, as written in a profile (Kubernetes quantities).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BaselineSpec {
+    /// CPU, e.g. `80m`.
+    #[serde(default)]
+    pub cpu: Option<String>,
+    /// Memory working set, e.g. `640Mi`.
+    #[serde(default)]
+    pub memory: Option<String>,
+}
+
 /// One kind of node.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -133,6 +147,11 @@ pub struct Profile {
     /// Zones, assigned round robin (label `topology.kubernetes.io/zone`).
     #[serde(default)]
     pub zones: Vec<String>,
+    /// What each node uses besides its pods (system daemons, runtime, agent): its node CPU and memory are this
+    /// plus its pods', as a kubelet reports the machine's own usage. Default: 1% of the CPU and 2% of the memory
+    /// capacity.
+    #[serde(default)]
+    pub baseline: BaselineSpec,
     /// Pod manifests every node of the profile runs as static pods (named `<name>-<node>`, with mirror pods
     /// in the API server, as a kubelet's `staticPodPath` gives them).
     #[serde(default, rename = "staticPods")]
@@ -202,6 +221,7 @@ pub fn default_profiles() -> Vec<Profile> {
         labels: BTreeMap::new(),
         taints: Vec::new(),
         zones: Vec::new(),
+        baseline: BaselineSpec::default(),
         static_pods: Vec::new(),
     }]
 }
@@ -255,6 +275,19 @@ pub fn parse_with_chaos(text: &str, origin: &str) -> Result<(Vec<Profile>, chaos
                 &k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()),
             )
             .map_err(|e| invalid(format!("capacity.{k}: {e}")))?;
+        }
+        for (k, v) in [("cpu", &p.baseline.cpu), ("memory", &p.baseline.memory)] {
+            if let Some(v) = v {
+                let q = node_agent::quantity::Quantity::from_api(
+                    &k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()),
+                )
+                .map_err(|e| invalid(format!("baseline.{k}: {e}")))?;
+                if q.milli() <= 0 {
+                    return Err(invalid(format!(
+                        "baseline.{k}: {v} is not above zero (metrics-server drops a node reporting 0)"
+                    )));
+                }
+            }
         }
         for t in &p.taints {
             if !matches!(t.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
@@ -403,6 +436,26 @@ profiles:
                 .unwrap_err()
                 .to_string()
                 .contains("capacity.cpu")
+        );
+        let zero = "profiles:\n  - {name: x, weight: 1, baseline: {cpu: \"0\"}}\n";
+        let err = parse(zero, "t").unwrap_err().to_string();
+        assert!(err.contains("baseline.cpu: 0 is not above zero"), "{err}");
+        let bad = "profiles:\n  - {name: x, weight: 1, baseline: {memory: much}}\n";
+        assert!(
+            parse(bad, "t")
+                .unwrap_err()
+                .to_string()
+                .contains("baseline.memory")
+        );
+        let typo = "profiles:\n  - {name: x, weight: 1, baseline: {cpus: 1}}\n";
+        assert!(parse(typo, "t").unwrap_err().to_string().contains("cpus"));
+        let fine = "profiles:\n  - {name: x, weight: 1, baseline: {cpu: 50m, memory: 300Mi}}\n";
+        assert_eq!(
+            parse(fine, "t").unwrap()[0].baseline,
+            BaselineSpec {
+                cpu: Some("50m".into()),
+                memory: Some("300Mi".into())
+            }
         );
         let effect = "profiles:\n  - {name: x, weight: 1, taints: [{key: k, effect: Never}]}\n";
         assert!(

@@ -8,6 +8,7 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Toleration;
 
 use super::load::{LoadSpec, Pace};
+use super::measure::Definition;
 use super::run::{self, SloOptions};
 use super::template::{self, Kind};
 use super::threshold::Threshold;
@@ -71,6 +72,11 @@ pub struct SloArgs {
     /// /histograms and /metrics give the node-side stages, merged across processes.
     #[arg(long)]
     pub fleet: Vec<String>,
+    /// How the cluster side's phases are taken: `current` (clusterloader2's today: every phase as the
+    /// measuring watch first saw it, at full precision) or `legacy` (its earlier one: creationTimestamp, the
+    /// Scheduled event and container startedAt, for comparing with runs published before the change).
+    #[arg(long, value_enum, default_value_t = Definition::Current)]
+    pub definition: Definition,
     /// SLO threshold [TRANSITION:]pNN=DURATION (repeatable; default pod_startup p99=5s).
     #[arg(long = "threshold")]
     pub thresholds: Vec<Threshold>,
@@ -161,6 +167,7 @@ impl SloArgs {
         Ok(SloOptions {
             load,
             fleet: self.fleet.clone(),
+            definition: self.definition,
             thresholds: if self.thresholds.is_empty() {
                 vec![Threshold::default()]
             } else {

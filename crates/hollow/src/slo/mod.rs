@@ -3,7 +3,9 @@
 //!
 //! * [`template`] — the pod template (built in or a user's YAML) and the objects made from it;
 //! * [`load`] — the load generator (pace, count or duration, namespaces, churn, cleanup, client QPS);
-//! * [`measure`] — the cluster-side measurement, as clusterloader2's PodStartupLatency, and SLO verdicts;
+//! * [`measure`] — the cluster-side measurement, as clusterloader2's PodStartupLatency (today's definition or
+//!   the legacy one);
+//! * [`threshold`] — SLO thresholds and their verdicts;
 //! * [`node_side`] — the fleet's per-stage HDR histograms and pod_start_sli, merged across processes;
 //! * [`apiserver`] — API request latency from the API server's /metrics during the run;
 //! * [`run`] — one run end to end;

@@ -10,7 +10,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::apiserver;
-use super::measure::{Percentiles, Transition};
+use super::measure::{Definition, Percentiles, Transition, View};
 use super::run::SloResult;
 
 /// clusterloader2's PerfData.
@@ -54,18 +54,36 @@ fn item(p: &Percentiles, labels: &[(&str, String)], with_max: bool) -> DataItem 
     }
 }
 
-/// The cluster-side transitions as clusterloader2's PodStartupLatency writes them.
-pub fn pod_startup_perfdata(r: &SloResult) -> PerfData {
+/// One view's transitions as clusterloader2's PodStartupLatency writes them, labelled with the definition.
+fn view_perfdata(r: &SloResult, view: &View) -> PerfData {
     PerfData {
         version: "1.0".to_owned(),
-        data_items: r
-            .cluster
+        data_items: view
             .transitions
             .iter()
-            .map(|(t, p)| item(p, &[("Metric", t.name().to_owned())], false))
+            .map(|s| {
+                item(
+                    &s.percentiles,
+                    &[("Metric", s.transition.name().to_owned())],
+                    false,
+                )
+            })
             .collect(),
-        labels: BTreeMap::from([("RunID".to_owned(), r.run_id.clone())]),
+        labels: BTreeMap::from([
+            ("RunID".to_owned(), r.run_id.clone()),
+            ("Definition".to_owned(), r.cluster.definition.name().to_owned()),
+        ]),
     }
+}
+
+/// The cluster-side transitions over every pod, as clusterloader2's PodStartupLatency writes them.
+pub fn pod_startup_perfdata(r: &SloResult) -> PerfData {
+    view_perfdata(r, &r.cluster.all)
+}
+
+/// The same over the pods without an image pull or init containers.
+pub fn without_pull_or_init_perfdata(r: &SloResult) -> PerfData {
+    view_perfdata(r, &r.cluster.without_pull_or_init)
 }
 
 /// The fleet's merged node-side stages (and the kubelet SLI), one item per stage.
@@ -147,19 +165,35 @@ fn row(out: &mut String, name: &str, p: &Percentiles, extra: &str) {
     let _ = writeln!(out, "{}", line.trim_end());
 }
 
+/// A view's transitions, one row each; pods whose latency was negative as measured are named beside it.
+fn view_rows(out: &mut String, view: &View, slo_figure: bool) {
+    for t in &view.transitions {
+        let mut extra = String::new();
+        if slo_figure && t.transition == Transition::PodStartup {
+            extra.push_str("<- the SLO's figure");
+        }
+        if t.clamped > 0 {
+            if !extra.is_empty() {
+                extra.push_str("; ");
+            }
+            let _ = write!(extra, "{} negative, counted as 0", t.clamped);
+        }
+        row(out, t.transition.name(), &t.percentiles, &extra);
+    }
+}
+
 /// The terminal table.
 pub fn table(r: &SloResult) -> String {
     let mut out = String::new();
     let c = &r.cluster;
     let _ = writeln!(
         out,
-        "Pod start-up, run {} — {} pods measured, {} Running, {} excluded from the SLO ({} image pull, {} init containers){}",
+        "Pod start-up, run {} — {} pods measured, {} Running ({} pulled an image, {} have init containers){}",
         r.run_id,
         c.pods,
         c.running,
-        c.excluded_pull + c.excluded_init,
-        c.excluded_pull,
-        c.excluded_init,
+        c.pulled_image,
+        c.init_containers,
         if c.schedule_from_watch > 0 {
             format!(
                 "; {} pods' schedule time from the watch (no Scheduled event)",
@@ -173,18 +207,25 @@ pub fn table(r: &SloResult) -> String {
         "  {:<22} {:>6} {:>9} {:>9} {:>9} {:>9}",
         "", "count", "p50 ms", "p90 ms", "p99 ms", "max ms"
     );
+    let how = match c.definition {
+        Definition::Current => "phases as its watch first saw them",
+        Definition::Legacy => "legacy definition: creationTimestamp, Scheduled event, startedAt, watch",
+    };
     let _ = writeln!(
         out,
-        "Cluster side (clusterloader2 PodStartupLatency, nearest rank):"
+        "Cluster side (clusterloader2 PodStartupLatency, {how}; every pod, nearest rank):"
     );
     let _ = writeln!(out, "{header}");
-    for (t, p) in &c.transitions {
-        let extra = if *t == Transition::PodStartup {
-            "<- the SLO's figure"
-        } else {
-            ""
-        };
-        row(&mut out, t.name(), p, extra);
+    view_rows(&mut out, &c.all, true);
+    if c.without_pull_or_init.pods < c.all.pods {
+        let _ = writeln!(
+            out,
+            "Cluster side without the {} pods that pulled an image or have init containers ({} pods):",
+            c.all.pods - c.without_pull_or_init.pods,
+            c.without_pull_or_init.pods
+        );
+        let _ = writeln!(out, "{header}");
+        view_rows(&mut out, &c.without_pull_or_init, false);
     }
     if let Some(fleet) = &r.fleet {
         let _ = writeln!(
@@ -333,6 +374,12 @@ pub fn write_dir(r: &SloResult, dir: &Path) -> anyhow::Result<Written> {
         &json(&pod_startup_perfdata(r))?,
         &mut files,
     )?;
+    write(
+        dir,
+        &format!("WithoutPullOrInitPodStartupLatency_{}.json", r.run_id),
+        &json(&without_pull_or_init_perfdata(r))?,
+        &mut files,
+    )?;
     if let Some(p) = node_perfdata(r) {
         write(
             dir,
@@ -408,21 +455,12 @@ mod tests {
 
     use super::*;
     use crate::slo::load::LoadOutcome;
-    use crate::slo::measure::ClusterSide;
+    use crate::slo::measure::side_with_pod_startup;
     use crate::slo::threshold::{Threshold, verdicts};
 
     fn result(not_running: usize) -> SloResult {
-        let cluster = ClusterSide {
-            transitions: vec![(
-                Transition::PodStartup,
-                Percentiles::nearest_rank(vec![800.0, 1200.0]),
-            )],
-            pods: 2 + not_running,
-            running: 2,
-            excluded_init: 0,
-            excluded_pull: 0,
-            schedule_from_watch: 0,
-        };
+        let mut cluster = side_with_pod_startup(vec![800.0, 1200.0]);
+        cluster.pods += not_running;
         SloResult {
             run_id: "r".into(),
             started: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::apiserver::{self, Scrape};
 use super::load::{Generator, LoadOutcome, LoadSpec};
-use super::measure::{ClusterSide, Counts, PodRecord, Recorder};
+use super::measure::{ClusterSide, Counts, Definition, PodRecord, Recorder};
 use super::node_side::{self, FleetSnapshot};
 use super::progress;
 use super::template::RUN_LABEL;
@@ -31,6 +31,8 @@ pub struct SloOptions {
     pub load: LoadSpec,
     /// Fleet endpoints (`http://host:port`), one per fleet process.
     pub fleet: Vec<String>,
+    /// How the cluster side's phases are taken.
+    pub definition: Definition,
     /// SLO thresholds.
     pub thresholds: Vec<Threshold>,
     /// How long to wait, after the load, for every pod to run.
@@ -242,7 +244,7 @@ async fn measure_run(client: kube::Client, opts: SloOptions) -> anyhow::Result<S
 
     read_events(&client, &generator.spec().namespaces, &recorder).await?;
     let records = recorder.lock().unwrap_or_else(|p| p.into_inner()).records();
-    let cluster = ClusterSide::from_records(&records);
+    let cluster = ClusterSide::from_records(&records, opts.definition);
     let verdicts = verdicts(&cluster, &opts.thresholds);
     let (fleet, fleet_parts) = if opts.fleet.is_empty() {
         (None, Vec::new())

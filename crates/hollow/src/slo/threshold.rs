@@ -112,7 +112,7 @@ pub fn verdicts(side: &ClusterSide, thresholds: &[Threshold]) -> Vec<Verdict> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slo::measure::Percentiles;
+    use crate::slo::measure::{Definition, side_with_pod_startup};
 
     #[test]
     fn thresholds_parse_and_verdicts_follow_the_data() {
@@ -129,17 +129,7 @@ mod tests {
         );
         assert!("p99".parse::<Threshold>().is_err());
         assert!("p99=0s".parse::<Threshold>().is_err());
-        let side = ClusterSide {
-            transitions: vec![(
-                Transition::PodStartup,
-                Percentiles::nearest_rank(vec![900.0, 1200.0, 2500.0]),
-            )],
-            pods: 3,
-            running: 3,
-            excluded_init: 0,
-            excluded_pull: 0,
-            schedule_from_watch: 0,
-        };
+        let side = side_with_pod_startup(vec![900.0, 1200.0, 2500.0]);
         let v = verdicts(
             &side,
             &[
@@ -150,7 +140,7 @@ mod tests {
         );
         assert_eq!(v.iter().map(|v| v.pass).collect::<Vec<_>>(), [false, true, false]);
         assert_eq!(v[0].value_ms, 2500.0);
-        let empty = ClusterSide::from_records(&[]);
+        let empty = ClusterSide::from_records(&[], Definition::Current);
         assert!(
             !verdicts(&empty, &[Threshold::default()])[0].pass,
             "no data is no pass"

@@ -287,7 +287,7 @@ impl AgentBuilder {
             self.runtime.clone(),
             config.clone(),
             self.host_stats
-                .unwrap_or_else(|| Arc::new(crate::stats::Synthetic)),
+                .unwrap_or_else(|| Arc::new(crate::stats::Synthetic::default())),
         );
         let pods = self.pods.unwrap_or_default();
         // a real node keeps pod files under its root directory; an in-memory one writes nothing

@@ -55,6 +55,8 @@ fn a_threshold_is_met_below_its_quantity_or_percentage() {
 fn observations_come_from_the_summary() {
     let summary = Summary {
         node: NodeUsage {
+            nano_cores: 0,
+            core_nanos: 0,
             memory_capacity: 4 * GI,
             memory_working_set: 3 * GI,
             nodefs: Some(FsStats {

@@ -45,8 +45,6 @@ pub fn summary_json(node: &NodeEndpoint, summary: &Summary) -> Value {
     let pods = &summary.pods;
     let n = &summary.node;
     let now = rfc3339(n.time_ns);
-    let nano_cores: u64 = pods.iter().map(|p| p.nano_cores).sum();
-    let core_nanos: u64 = pods.iter().map(|p| p.core_nanos).sum();
     let nodefs = n.nodefs.unwrap_or_default();
     let imagefs = n.imagefs.unwrap_or_default();
     let fs_json = |fs: &crate::stats::FsStats| {
@@ -96,7 +94,7 @@ pub fn summary_json(node: &NodeEndpoint, summary: &Summary) -> Value {
         "node": {
             "nodeName": node.ctx.node_name(),
             "systemContainers": [],
-            "cpu": cpu(&now, nano_cores, core_nanos),
+            "cpu": cpu(&now, n.nano_cores, n.core_nanos),
             "memory": {
                 "time": now,
                 "availableBytes": n.memory_available(),
@@ -178,7 +176,7 @@ pub fn resource_metrics_text(summary: &Summary) -> String {
         "Start time of the container since unix epoch in seconds",
         &mut containers().map(|(l, c)| format!("{l} {} {}", c.start_ns as f64 / 1e9, ms(c.time_ns))),
     );
-    let node_cpu: u64 = pods.iter().map(|p| p.core_nanos).sum();
+    let node_cpu = summary.node.core_nanos;
     let node_mem = summary.node.memory_working_set;
     family(
         "node_cpu_usage_seconds_total",
@@ -261,6 +259,7 @@ mod tests {
     fn resource_metrics_use_the_kubelets_names_labels_and_units() {
         let summary = Summary {
             node: crate::stats::NodeUsage {
+                core_nanos: 2_500_000_000,
                 memory_working_set: 64 << 20,
                 ..Default::default()
             },

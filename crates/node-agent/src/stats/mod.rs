@@ -8,8 +8,11 @@
 //!   `/proc/meminfo`), `statvfs` of the agent's root directory (nodefs) and of the runtime's image filesystem
 //!   mountpoint (imagefs, from `ImageFsInfo`), `kernel.pid_max` and the number of processes;
 //! * hollow mode — [`Synthetic`]: the node's capacity from its [`MachineInfo`](crate::MachineInfo), used by what
-//!   the (fake) runtime reports: the pods' working sets, and one filesystem holding the images and the
-//!   containers' writable layers.
+//!   the (fake) runtime reports — the pods' CPU and working sets, and one filesystem holding the images and the
+//!   containers' writable layers — plus a [`Baseline`] for what a machine runs besides its pods, so that a node
+//!   without pods reports non-zero CPU and memory as a kubelet does (metrics-server drops a node reporting 0).
+//!
+//! The node's CPU is its pods' plus what [`HostStats::cpu_besides_pods`] adds.
 
 pub mod host;
 
@@ -101,6 +104,10 @@ impl FsStats {
 /// The node's own figures.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeUsage {
+    /// CPU of the whole node now, nanocores.
+    pub nano_cores: u64,
+    /// Cumulative CPU of the whole node, core-nanoseconds.
+    pub core_nanos: u64,
     /// Memory capacity, bytes.
     pub memory_capacity: u64,
     /// Memory working set, bytes.
@@ -152,16 +159,60 @@ pub trait HostStats: Send + Sync {
     fn fs_at(&self, path: &str) -> Option<FsStats>;
     /// `(pid_max, processes)`.
     fn pids(&self) -> Option<(u64, u64)>;
+    /// Memory the node uses besides its pods, bytes, added to the pods' when
+    /// [`memory_working_set`](HostStats::memory_working_set) is `None`.
+    fn memory_besides_pods(&self) -> u64 {
+        0
+    }
+    /// CPU the node uses besides its pods at `now_ns` (Unix nanoseconds): nanocores now and core-nanoseconds so
+    /// far, added to the pods'.
+    fn cpu_besides_pods(&self, _now_ns: i64) -> (u64, u64) {
+        (0, 0)
+    }
+}
+
+/// What a machine uses besides its pods' containers (its system daemons, runtime and node agent).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Baseline {
+    /// CPU, nanocores.
+    pub nano_cores: u64,
+    /// Memory working set, bytes.
+    pub memory_bytes: u64,
 }
 
 /// Hollow nodes: nothing is read from the host; node figures are the machine's capacity used by what the
-/// runtime reports (see the module documentation).
+/// runtime reports, plus a constant [`Baseline`] (none by default), whose CPU accumulates from when this value
+/// was made (see the module documentation).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Synthetic;
+pub struct Synthetic {
+    baseline: Baseline,
+    since_ns: i64,
+}
+
+impl Synthetic {
+    /// A source adding `baseline` to every node it serves, its cumulative CPU counted from now.
+    pub fn with_baseline(baseline: Baseline) -> Self {
+        Self {
+            baseline,
+            since_ns: now_ns(),
+        }
+    }
+}
 
 impl HostStats for Synthetic {
     fn memory_working_set(&self) -> Option<u64> {
         None
+    }
+    fn memory_besides_pods(&self) -> u64 {
+        self.baseline.memory_bytes
+    }
+    fn cpu_besides_pods(&self, now_ns: i64) -> (u64, u64) {
+        let elapsed = u128::try_from(now_ns.saturating_sub(self.since_ns)).unwrap_or(0);
+        let core_nanos = u128::from(self.baseline.nano_cores) * elapsed / 1_000_000_000;
+        (
+            self.baseline.nano_cores,
+            u64::try_from(core_nanos).unwrap_or(u64::MAX),
+        )
     }
     fn node_fs(&self) -> Option<FsStats> {
         None
@@ -374,10 +425,16 @@ impl StatsProvider {
             .filesystems(images_used, &mountpoint, std::future::ready(layers))
             .await;
         let time_ns = pods.iter().map(|p| p.time_ns).max().unwrap_or_else(now_ns);
+        let (besides_now, besides_total) = self.host.cpu_besides_pods(time_ns);
         Ok(Summary {
             node: NodeUsage {
+                nano_cores: besides_now + pods.iter().map(|p| p.nano_cores).sum::<u64>(),
+                core_nanos: besides_total + pods.iter().map(|p| p.core_nanos).sum::<u64>(),
                 memory_capacity: self.config.machine.memory_bytes,
-                memory_working_set: self.host.memory_working_set().unwrap_or(pods_ws),
+                memory_working_set: self
+                    .host
+                    .memory_working_set()
+                    .unwrap_or_else(|| pods_ws + self.host.memory_besides_pods()),
                 nodefs: Some(nodefs),
                 imagefs: Some(imagefs),
                 pids: self.host.pids(),
@@ -385,5 +442,35 @@ impl StatsProvider {
             },
             pods,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_synthetic_baseline_is_constant_memory_and_cpu_accumulating_at_its_rate() {
+        let host = Synthetic {
+            baseline: Baseline {
+                nano_cores: 80_000_000,
+                memory_bytes: 512 << 20,
+            },
+            since_ns: 1_000_000_000,
+        };
+        assert_eq!(host.memory_working_set(), None, "the pods' are added to it");
+        assert_eq!(host.memory_besides_pods(), 512 << 20);
+        // 80 millicores for 2.5 s: 0.2 core-seconds
+        assert_eq!(host.cpu_besides_pods(3_500_000_000), (80_000_000, 200_000_000));
+        assert_eq!(
+            host.cpu_besides_pods(0),
+            (80_000_000, 0),
+            "no time before it began"
+        );
+        let none = Synthetic::default();
+        assert_eq!(
+            (none.memory_besides_pods(), none.cpu_besides_pods(3_500_000_000)),
+            (0, (0, 0))
+        );
     }
 }

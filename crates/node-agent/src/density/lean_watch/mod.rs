@@ -8,7 +8,8 @@
 //!
 //! Semantics as the kubelet's reflector and kube-runtime's watcher: a list first (`resourceVersion=0`, served
 //! from the API server's watch cache), then a watch from the list's resourceVersion with bookmarks, resumed from
-//! the last resourceVersion seen when the server ends it (`timeoutSeconds` 290) or the connection breaks; a
+//! the last resourceVersion seen when the server ends it (`timeoutSeconds` picked anew for every watch in
+//! [5, 10) minutes, as the reflector picks it) or the connection breaks; a
 //! `410 Gone` (the version is too old) lists again. Errors are returned to the caller, who logs them; the next
 //! call waits out a back-off (800 ms doubling to 30 s) before trying again.
 
@@ -21,8 +22,9 @@ use serde::de::DeserializeOwned;
 
 use crate::backoff::{Backoff, BackoffPolicy};
 
-/// The server ends a watch after this long (the kubelet's reflector picks 5–10 minutes; kube-runtime 290 s).
-const WATCH_TIMEOUT_SECS: u32 = 290;
+/// The server ends a watch after a time picked in this range (seconds) for every watch, as the kubelet's reflector
+/// picks it: watches a fleet opened together then end, and are opened again, spread over minutes, not together.
+const WATCH_TIMEOUT_SECS: std::ops::Range<u32> = 300..600;
 
 /// What changed.
 #[derive(Debug)]
@@ -245,7 +247,7 @@ async fn open_watch(
 ) -> Result<kube::client::Body, WatchError> {
     let params = WatchParams::default()
         .fields(selector)
-        .timeout(WATCH_TIMEOUT_SECS);
+        .timeout(rand::random_range(WATCH_TIMEOUT_SECS));
     let request = Request::new(url_path)
         .watch(&params, &version)
         .map_err(|e| WatchError::Request(kube::Error::BuildRequest(e)))?;

@@ -1,5 +1,6 @@
 //! Decoding the watch stream: lines split across chunks, several lines in one chunk, bookmarks moving the
-//! resume point, 410 Gone turning the next step into a list, other error events surfacing.
+//! resume point, 410 Gone turning the next step into a list, other error events surfacing; every watch asks
+//! for a timeout of its own between 5 and 10 minutes.
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -80,4 +81,33 @@ async fn other_error_events_and_garbage_are_errors() {
     let mut w = watching();
     let err = w.take_lines(b"not json\n").unwrap_err();
     assert!(matches!(err, WatchError::Decode(_)), "{err}");
+}
+
+#[tokio::test]
+async fn every_watch_asks_for_its_own_timeout_between_five_and_ten_minutes() {
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
+    let seen = asked.clone();
+    // a server whose every watch ends at once, so the watch is opened again at the next step
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let timeout = req.uri().query().and_then(|q| {
+            q.split('&')
+                .find_map(|kv| kv.strip_prefix("timeoutSeconds="))
+                .and_then(|v| v.parse::<u32>().ok())
+        });
+        seen.lock().unwrap().extend(timeout);
+        std::future::ready(Ok::<_, std::convert::Infallible>(http::Response::new(
+            kube::client::Body::from(Vec::new()),
+        )))
+    });
+    let mut w: LeanWatch<Pod> = LeanWatch::new(kube::Client::new(service, "default"), "spec.nodeName=n1");
+    w.resource_version = Some("100".into());
+    for _ in 0..40 {
+        // opens a watch, then reads its end
+        assert!(w.step().await.expect("a step").is_none());
+    }
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 20, "one timeout per watch: {asked:?}");
+    assert!(asked.iter().all(|t| (300..600).contains(t)), "{asked:?}");
+    let distinct: std::collections::BTreeSet<_> = asked.iter().collect();
+    assert!(distinct.len() > 1, "picked anew for each watch: {asked:?}");
 }
