@@ -6,7 +6,8 @@
 #   ${NODE_AGENT_CACHE:-$HOME/.cache/node-agent}/vm/<key>/{rootfs.img,vmlinuz,initrd.img}
 # where <key> is taken from this script's content, so an edit here builds a new guest. Needs root (mmdebstrap in
 # its root mode) and Debian's mirror; installs mmdebstrap and qemu with apt when missing.
-# Idempotent: does nothing when the image is already there. Prints the directory on stdout.
+# Idempotent: does nothing when the image is already there; concurrent callers wait for one build (a lock file in
+# the cache). Prints the directory on stdout.
 #
 # In the guest: the tests' share (9p, tag `host`) is mounted read-only at /mnt/host; the network is QEMU's user
 # network by DHCP (the host's loopback is 10.0.2.2); root has no password on the serial console.
@@ -15,9 +16,14 @@ self="${BASH_SOURCE[0]}"
 cache=${NODE_AGENT_CACHE:-$HOME/.cache/node-agent}
 key=$(sha256sum "$self" | cut -c1-16)
 dir="$cache/vm/$key"
-if [ -f "$dir/rootfs.img" ] && [ -f "$dir/vmlinuz" ] && [ -f "$dir/initrd.img" ]; then echo "$dir"; exit 0; fi
+built() { [ -f "$dir/rootfs.img" ] && [ -f "$dir/vmlinuz" ] && [ -f "$dir/initrd.img" ]; }
+if built; then echo "$dir"; exit 0; fi
 log() { echo "[build-vm-image] $*" >&2; }
 [ "$(id -u)" = 0 ] || { log "must run as root (mmdebstrap builds the guest in a chroot)"; exit 1; }
+mkdir -p "$cache/vm"
+exec 9>"$cache/vm/.lock"
+flock 9
+if built; then echo "$dir"; exit 0; fi
 
 need=()
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
