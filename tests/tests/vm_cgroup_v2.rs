@@ -1,7 +1,7 @@
 //! A real node on cgroup v2 with the cgroupfs driver, in a Debian guest (see `vm_node/harness.rs`): pods of the
-//! three QoS classes run in the kubelet's cgroups of the unified hierarchy with the kubelet's limits, as read
-//! from the guest's cgroup files; a container past its memory limit is OOM-killed and reported so; the node's
-//! and pods' figures come from the v2 files. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
+//! three QoS classes run in the kubelet's cgroups of the unified hierarchy with the kubelet's limits and the
+//! node's `podPidsLimit`, as read from the guest's cgroup files; a container past its memory limit is OOM-killed
+//! and reported so; the node's and pods' figures come from the v2 files. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
 
 #[path = "vm_node/harness.rs"]
 mod harness;
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use e2e::{init_logging, wait_for};
-use harness::{NODE, VmNode};
+use harness::{NODE, POD_PIDS_LIMIT, VmNode};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 
@@ -136,12 +136,19 @@ async fn qos_pods_run_in_the_kubelets_v2_cgroups_with_their_limits() -> anyhow::
             cgroup_file(node, cgroup, "cpu.weight").await?,
             cgroup_file(node, cgroup, "cpu.max").await?,
             cgroup_file(node, cgroup, "memory.max").await?,
+            cgroup_file(node, cgroup, "pids.max").await?,
         );
         report.push(format!(
-            "{cgroup}: cpu.weight {} cpu.max {} memory.max {}",
-            got.0, got.1, got.2
+            "{cgroup}: cpu.weight {} cpu.max {} memory.max {} pids.max {}",
+            got.0, got.1, got.2, got.3
         ));
-        assert_eq!(got, (weight.into(), max.into(), memory.into()), "{cgroup}");
+        let expected = (
+            weight.into(),
+            max.into(),
+            memory.into(),
+            POD_PIDS_LIMIT.to_string(),
+        );
+        assert_eq!(got, expected, "{cgroup}");
     }
     println!("[vm_cgroup_v2] {}", report.join("\n[vm_cgroup_v2] "));
 

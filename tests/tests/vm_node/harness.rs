@@ -26,6 +26,8 @@ pub const NODE: &str = "vm-node";
 const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// Where the guest's containerd keeps its state and socket.
 const CRI_DIR: &str = "/var/lib/na-cri";
+/// `podPidsLimit` of the node.
+pub const POD_PIDS_LIMIT: u32 = 1024;
 /// The agent's log in the guest.
 pub const AGENT_LOG: &str = "/var/log/node-agent.log";
 
@@ -250,7 +252,7 @@ fn write_share(cp: &testenv::ControlPlane, share: &Path) -> anyhow::Result<()> {
         format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\n\
              tlsCertFile: {}\ntlsPrivateKeyFile: {}\nauthentication:\n  x509:\n    clientCAFile: {}\n\
-             syncFrequency: 10s\n",
+             syncFrequency: 10s\npodPidsLimit: {POD_PIDS_LIMIT}\n",
             g("serving.crt"),
             g("serving.key"),
             g("ca.crt"),
