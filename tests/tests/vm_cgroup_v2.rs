@@ -162,6 +162,11 @@ async fn qos_pods_run_in_the_kubelets_v2_cgroups_with_their_limits() -> anyhow::
         "67108864",
         "the container's own limit"
     );
+    assert_eq!(
+        cgroup_file(node, &format!("{guaranteed}/{g_id}"), "memory.oom.group").await?,
+        "1",
+        "an OOM kill takes all of the container's processes, as the kubelet asks on v2"
+    );
 
     // the figures the node serves, read by the runtime and the agent from the v2 files
     let port = Api::<Node>::all(node.cp.admin_client().await?)

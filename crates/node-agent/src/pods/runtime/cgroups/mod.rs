@@ -6,7 +6,8 @@
 //! `kubepods/besteffort` (`cpu.shares` 2); Guaranteed pods live directly under `kubepods`. On a host whose only
 //! cgroup mount is the unified hierarchy the same tree is made there, each level's controllers enabled in its
 //! parent's `cgroup.subtree_control`, and the v1 settings are written as their v2 files ([`v2_setting`]): `cpu.weight`
-//! converted from the shares as the kubelet converts them, `cpu.max`, `memory.max`, `pids.max`. Before a pod's
+//! converted from the shares as the kubelet converts them, `cpu.max`, `memory.max`, `pids.max`; containers are
+//! created with `memory.oom.group` ([`QosCgroups::container_resources`]). Before a pod's
 //! sandbox is created its worker calls [`QosCgroups::ensure`], which creates `…/pod<uid>` with the pod's limits:
 //! `cpu.shares` from its cpu request (2 for BestEffort), and — for a Guaranteed pod, or a Burstable one whose
 //! every container declares that limit — `cpu.cfs_quota_us` (100 ms period) and `memory.limit_in_bytes` from
@@ -261,6 +262,17 @@ impl QosCgroups {
     /// Whether the pods' cgroups are in the unified hierarchy of a cgroup v2 host.
     pub fn is_v2(&self) -> bool {
         self.v2
+    }
+
+    /// Adds what the node's cgroups ask of every container's resources: on cgroup v2, `memory.oom.group` 1, so
+    /// that the kernel kills all of a container's processes when one of them runs it out of memory, as the
+    /// kubelet asks on v2 by default (`singleProcessOOMKill` is not read). Nothing on v1.
+    pub fn container_resources(&self, resources: &mut runtime_api::cri::LinuxContainerResources) {
+        if self.v2 {
+            resources
+                .unified
+                .insert("memory.oom.group".to_owned(), "1".to_owned());
+        }
     }
 
     fn build(

@@ -96,6 +96,9 @@ async fn qos_and_pod_cgroups_are_created_with_their_limits_and_removed() {
     std::fs::write(root.path().join("cpuset/cpuset.cpus"), "0-1\n").unwrap();
     std::fs::write(root.path().join("cpuset/cpuset.mems"), "0\n").unwrap();
     let cg = QosCgroups::start_on(hierarchies, "/", 0).unwrap();
+    let mut resources = runtime_api::cri::LinuxContainerResources::default();
+    cg.container_resources(&mut resources);
+    assert!(resources.unified.is_empty(), "nothing unified on v1");
     let read = |p: &str| std::fs::read_to_string(root.path().join(p)).unwrap_or_default();
     assert_eq!(read("cpu/kubepods/besteffort/cpu.shares"), "2");
     assert_eq!(read("cpu/kubepods/burstable/cpu.shares"), "2");
@@ -235,4 +238,11 @@ async fn v2_cgroups_get_their_controllers_and_v2_files() {
     assert_eq!(read("kubepods/podu1/memory.max"), (64u64 << 20).to_string());
     cg.remove(&g).await;
     assert!(!mount.join("kubepods/podu1").exists());
+
+    let mut resources = runtime_api::cri::LinuxContainerResources::default();
+    cg.container_resources(&mut resources);
+    assert_eq!(
+        resources.unified.get("memory.oom.group").map(String::as_str),
+        Some("1")
+    );
 }
