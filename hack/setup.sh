@@ -3,7 +3,7 @@
 # Debian packages (protoc for the CRI protos; containerd, runc, CNI plugins and busybox for real-mode tests),
 # rustfmt/clippy, the pinned Kubernetes binaries, the CNCF distribution registry the real-mode tests pull images
 # from, containerd 2.x (the second runtime of the real-mode tests) and the pod-resources test client, built once
-# from the Go module proxy, then cached.
+# from the Go module proxy, then cached; as root also the Debian guest of the VM tests (hack/build-vm-image.sh).
 # Idempotent and quick when everything is already there.
 #
 #   hack/setup.sh               everything
@@ -46,6 +46,8 @@ binaries() {
   bash "$root/hack/build-registry.sh" >/dev/null
   bash "$root/hack/build-containerd.sh" >/dev/null
   bash "$root/hack/build-podresources-client.sh" >/dev/null
+  # the VM tests' guest (mmdebstrap needs root; without root those tests fail saying so)
+  if [ "$(id -u)" = 0 ]; then bash "$root/hack/build-vm-image.sh" >/dev/null; fi
   echo "setup: ready (Kubernetes $(cat "$root/KUBERNETES_VERSION") in $(bash "$root/hack/build-kubernetes.sh"))" >&2
 }
 

@@ -155,12 +155,19 @@ rm -rf "$ROOTFS"
 mkdir -p "$ROOTFS"/{bin,sbin,usr/bin,usr/sbin,etc,root,tmp,proc,sys,dev,var}
 chmod 1777 "$ROOTFS/tmp"
 cp /bin/busybox "$ROOTFS/bin/busybox"
-for applet in $(busybox --list-full); do
-  case "$applet" in bin/busybox) continue ;; esac
-  depth=$(dirname "$applet" | tr -cd / | wc -c)
-  up=$(printf '../%.0s' $(seq 0 "$depth"))
-  ln -sfn "${up}bin/busybox" "$ROOTFS/$applet"
-done
+# one process for all the links (a process per applet is slow where processes are, e.g. in an emulated guest)
+busybox --list-full | python3 -c '
+import os, sys
+root = sys.argv[1]
+for applet in sys.stdin.read().split():
+    if applet == "bin/busybox":
+        continue
+    link = os.path.join(root, applet)
+    up = "../" * max(1, applet.count("/"))
+    if os.path.lexists(link):
+        os.remove(link)
+    os.symlink(up + "bin/busybox", link)
+' "$ROOTFS"
 echo 'root:x:0:0:root:/root:/bin/sh' > "$ROOTFS/etc/passwd"
 echo 'nobody:x:65534:65534:nobody:/:/bin/false' >> "$ROOTFS/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' > "$ROOTFS/etc/group"

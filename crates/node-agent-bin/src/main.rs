@@ -139,7 +139,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             if kubelet.cgroups_per_qos {
                 let cgroups = QosCgroups::start(&kubelet.cgroup_root, kubelet.pod_pids_limit)
                     .context("creating the QoS cgroups (cgroupsPerQOS)")?;
-                tracing::info!(kubepods = %cgroups.kubepods(), "pods run in QoS cgroups (cgroup v1, cgroupfs)");
+                let version = if cgroups.is_v2() { "cgroup v2" } else { "cgroup v1" };
+                tracing::info!(kubepods = %cgroups.kubepods(), "pods run in QoS cgroups ({version}, cgroupfs)");
                 pods = pods.with_cgroups(cgroups);
             } else if kubelet.pod_pids_limit > 0 {
                 tracing::warn!("podPidsLimit has no effect with cgroupsPerQOS: false (no pod cgroups)");

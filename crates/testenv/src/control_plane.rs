@@ -35,6 +35,9 @@ pub struct Options {
     pub scheduler_args: Vec<String>,
     /// How long to wait for everything to come up.
     pub start_timeout: Duration,
+    /// More addresses the API server's serving certificate names, for clients that reach the loopback it
+    /// listens on by another address (a VM guest's view of the host, `10.0.2.2` on QEMU's user network).
+    pub serving_ips: Vec<IpAddr>,
 }
 
 impl Default for Options {
@@ -46,6 +49,7 @@ impl Default for Options {
             controller_manager_args: Vec::new(),
             scheduler_args: Vec::new(),
             start_timeout: Duration::from_secs(90),
+            serving_ips: Vec::new(),
         }
     }
 }
@@ -198,7 +202,10 @@ impl ControlPlane {
         let (ca_crt, ca_key) = write_pem(&pki, "ca", ca.pem())?;
         let serving = ca.issue(&CertSpec {
             common_name: "kube-apiserver".into(),
-            ips: vec![localhost, IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1))],
+            ips: [localhost, IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1))]
+                .into_iter()
+                .chain(opts.serving_ips.iter().copied())
+                .collect(),
             dns: [
                 "localhost",
                 "kubernetes",

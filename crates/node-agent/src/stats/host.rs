@@ -1,5 +1,5 @@
-//! Node figures read from this machine (real mode): memory from the root memory cgroup (cgroup v1) or
-//! `/proc/meminfo`, filesystems by `statvfs`, processes from `/proc`.
+//! Node figures read from this machine (real mode): memory from the root memory cgroup (cgroup v1), the root
+//! cgroup's `memory.stat` (cgroup v2) or `/proc/meminfo`, filesystems by `statvfs`, processes from `/proc`.
 
 use std::path::{Path, PathBuf};
 
@@ -34,7 +34,7 @@ fn field(text: &str, key: &str) -> Option<u64> {
 }
 
 /// Working set of the root memory cgroup (usage minus inactive file pages), as the kubelet observes
-/// `memory.available`; `None` where there is no such cgroup (cgroup v2: see [`meminfo_working_set`]).
+/// `memory.available`; `None` where there is no such cgroup (cgroup v2: see [`cgroup_v2_working_set`]).
 fn cgroup_v1_working_set() -> Option<u64> {
     let usage: u64 = read("/sys/fs/cgroup/memory/memory.usage_in_bytes")?
         .trim()
@@ -43,6 +43,20 @@ fn cgroup_v1_working_set() -> Option<u64> {
     let stat = read("/sys/fs/cgroup/memory/memory.stat")?;
     let inactive = field(&stat, "total_inactive_file").unwrap_or(0);
     Some(usage.saturating_sub(inactive))
+}
+
+/// Working set of the whole machine on a cgroup v2 host, from the root cgroup's `memory.stat` (the root has no
+/// `memory.current`): its usage taken as anonymous plus file pages, less the inactive file pages, as the
+/// kubelet's stats provider reckons the root cgroup. `None` where `/sys/fs/cgroup` is not the unified hierarchy.
+fn cgroup_v2_working_set() -> Option<u64> {
+    read("/sys/fs/cgroup/cgroup.controllers")?;
+    v2_root_working_set(&read("/sys/fs/cgroup/memory.stat")?)
+}
+
+/// [`cgroup_v2_working_set`] of a root `memory.stat` text.
+fn v2_root_working_set(stat: &str) -> Option<u64> {
+    let usage = field(stat, "anon")? + field(stat, "file")?;
+    Some(usage.saturating_sub(field(stat, "inactive_file").unwrap_or(0)))
 }
 
 /// `MemTotal - MemAvailable`, bytes.
@@ -74,7 +88,9 @@ pub fn statvfs(path: &Path) -> Option<FsStats> {
 
 impl HostStats for RealHost {
     fn memory_working_set(&self) -> Option<u64> {
-        cgroup_v1_working_set().or_else(meminfo_working_set)
+        cgroup_v1_working_set()
+            .or_else(cgroup_v2_working_set)
+            .or_else(meminfo_working_set)
     }
 
     fn node_fs(&self) -> Option<FsStats> {
@@ -112,6 +128,17 @@ mod tests {
         assert_eq!(field(meminfo, "Cached"), None);
         let stat = "cache 5\ntotal_inactive_file 4096\n";
         assert_eq!(field(stat, "total_inactive_file"), Some(4096));
+    }
+
+    #[test]
+    fn the_v2_root_working_set_leaves_out_inactive_file_pages() {
+        let stat = "anon 1000\nfile 500\nkernel 7\nactive_file 300\ninactive_file 200\n";
+        assert_eq!(v2_root_working_set(stat), Some(1300));
+        assert_eq!(
+            v2_root_working_set("file 5\n"),
+            None,
+            "no anon: not a memory.stat"
+        );
     }
 
     #[test]

@@ -346,15 +346,15 @@ impl PodWorker {
             Ok(hosts) => mounts.extend(hosts),
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
         }
+        let mut config = labels::container_config(&pod, c, s.restart_count, resolved, mounts);
+        if let Some(cgroups) = &ctx.config.layout.cgroups
+            && let Some(resources) = config.linux.as_mut().and_then(|l| l.resources.as_mut())
+        {
+            cgroups.container_resources(resources);
+        }
         let req = cri::CreateContainerRequest {
             pod_sandbox_id: sandbox.id.to_string(),
-            config: Some(labels::container_config(
-                &pod,
-                c,
-                s.restart_count,
-                resolved,
-                mounts,
-            )),
+            config: Some(config),
             sandbox_config: Some(sandbox_config),
         };
         let id = match ctx

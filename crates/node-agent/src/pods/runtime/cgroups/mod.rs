@@ -1,9 +1,13 @@
-//! QoS and pod cgroups on a real node (`cgroupsPerQOS: true`, the kubelet's default), for cgroup v1 with the
-//! cgroupfs driver.
+//! QoS and pod cgroups on a real node (`cgroupsPerQOS: true`, the kubelet's default), for cgroup v1 and for
+//! cgroup v2 (the unified hierarchy), with the cgroupfs driver.
 //!
 //! [`QosCgroups::start`] finds the mounted v1 hierarchies (`/proc/self/mountinfo`) and creates, in each, the
 //! node's pod cgroup `<cgroupRoot>/kubepods` and the QoS cgroups `kubepods/burstable` and
-//! `kubepods/besteffort` (`cpu.shares` 2); Guaranteed pods live directly under `kubepods`. Before a pod's
+//! `kubepods/besteffort` (`cpu.shares` 2); Guaranteed pods live directly under `kubepods`. On a host whose only
+//! cgroup mount is the unified hierarchy the same tree is made there, each level's controllers enabled in its
+//! parent's `cgroup.subtree_control`, and the v1 settings are written as their v2 files ([`v2_setting`]): `cpu.weight`
+//! converted from the shares as the kubelet converts them, `cpu.max`, `memory.max`, `pids.max`; containers are
+//! created with `memory.oom.group` ([`QosCgroups::container_resources`]). Before a pod's
 //! sandbox is created its worker calls [`QosCgroups::ensure`], which creates `…/pod<uid>` with the pod's limits:
 //! `cpu.shares` from its cpu request (2 for BestEffort), and — for a Guaranteed pod, or a Burstable one whose
 //! every container declares that limit — `cpu.cfs_quota_us` (100 ms period) and `memory.limit_in_bytes` from
@@ -15,7 +19,7 @@
 //! has are found and removed by the orphan sweep ([`QosCgroups::pod_uids`], [`QosCgroups::remove_orphan`]).
 //!
 //! A hollow node has no `QosCgroups`: nothing of the machine's cgroups is touched. Node allocatable
-//! enforcement on `kubepods` (`enforceNodeAllocatable`), `qosReserved` and cgroup v2 are not provided.
+//! enforcement on `kubepods` (`enforceNodeAllocatable`), `qosReserved` and the systemd driver are not provided.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +32,8 @@ use crate::pods::model::spec::DesiredPod;
 const MIN_SHARES: i64 = 2;
 /// The kernel's largest `cpu.shares`.
 const MAX_SHARES: i64 = 262_144;
+/// The cgroup v2 controllers the kubelet enables for the pods' cgroups, where the kernel has them.
+pub const V2_CONTROLLERS: [&str; 5] = ["cpu", "cpuset", "memory", "hugetlb", "pids"];
 /// The CFS period the kubelet uses, in microseconds.
 const CFS_PERIOD_US: i64 = 100_000;
 /// The smallest CFS quota, in microseconds.
@@ -36,12 +42,12 @@ const MIN_QUOTA_US: i64 = 1000;
 /// Why the cgroups could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    /// No cgroup v1 hierarchy is mounted (a cgroup v2 host).
+    /// No cgroup hierarchy is mounted: neither v1 hierarchies nor the unified one at its usual place.
     #[error(
-        "no cgroup v1 hierarchy is mounted (node-agent's cgroupsPerQOS supports cgroup v1 with the cgroupfs driver \
-         only; set cgroupsPerQOS: false on this host)"
+        "no cgroup hierarchy is mounted (neither cgroup v1 hierarchies nor cgroup v2 at /sys/fs/cgroup); set \
+         cgroupsPerQOS: false on this host"
     )]
-    NoV1,
+    NoHierarchy,
     /// `cgroupRoot` is not an absolute path.
     #[error("cgroupRoot {0:?} must be an absolute path")]
     BadRoot(String),
@@ -69,6 +75,32 @@ pub fn shares(milli: i64) -> i64 {
         return MIN_SHARES;
     }
     (milli * 1024 / 1000).clamp(MIN_SHARES, MAX_SHARES)
+}
+
+/// `cpu.weight` (cgroup v2) for `cpu.shares`, mapping the shares' range `[2, 262144]` onto `[1, 10000]` as
+/// the kubelet does.
+pub fn weight(shares: i64) -> i64 {
+    if shares >= MAX_SHARES {
+        return 10_000;
+    }
+    1 + (shares.max(MIN_SHARES) - MIN_SHARES) * 9999 / (MAX_SHARES - MIN_SHARES)
+}
+
+/// The cgroup v2 file and value that stand for the v1 setting `(file, value)`: `cpu.shares` becomes
+/// `cpu.weight`, `memory.limit_in_bytes` `memory.max`, `pids.max` stays; the CFS period and quota become one
+/// `cpu.max` (`quota period`), written when the quota comes. `None`: nothing to write for this one.
+pub fn v2_setting(file: &str, value: &str) -> Option<(&'static str, String)> {
+    match file {
+        "cpu.shares" => Some((
+            "cpu.weight",
+            weight(value.parse().unwrap_or(MIN_SHARES)).to_string(),
+        )),
+        "cpu.cfs_period_us" => None,
+        "cpu.cfs_quota_us" => Some(("cpu.max", format!("{value} {CFS_PERIOD_US}"))),
+        "memory.limit_in_bytes" => Some(("memory.max", value.to_owned())),
+        "pids.max" => Some(("pids.max", value.to_owned())),
+        _ => None,
+    }
 }
 
 /// `cpu.cfs_quota_us` for a limit of `milli` millicores over the 100 ms period.
@@ -118,6 +150,15 @@ pub fn unified_hierarchy(mountinfo: &str) -> Option<PathBuf> {
     })
 }
 
+/// The unified hierarchy of a cgroup v2 host: `/sys/fs/cgroup` mounted as `cgroup2` and no v1 hierarchy beside it,
+/// in a `/proc/self/mountinfo` text.
+pub fn v2_only(mountinfo: &str) -> Option<PathBuf> {
+    if !v1_hierarchies(mountinfo).is_empty() {
+        return None;
+    }
+    unified_hierarchy(mountinfo).filter(|dir| dir == Path::new("/sys/fs/cgroup"))
+}
+
 /// The v1 hierarchies in a `/proc/self/mountinfo` text.
 pub fn v1_hierarchies(mountinfo: &str) -> Vec<Hierarchy> {
     let mut out: Vec<Hierarchy> = Vec::new();
@@ -157,7 +198,10 @@ pub fn v1_hierarchies(mountinfo: &str) -> Vec<Hierarchy> {
 /// The node's QoS cgroups and the pods it has given cgroups. One per real node, shared by its workers.
 #[derive(Debug)]
 pub struct QosCgroups {
+    /// The v1 hierarchies, or the one unified hierarchy of a v2 host (`v2`).
     hierarchies: Vec<Hierarchy>,
+    /// Whether `hierarchies` is the unified hierarchy of a cgroup v2 host.
+    v2: bool,
     /// The v2 hierarchy of a hybrid host: nothing is made there, but a pod's cgroup the runtime made there goes
     /// with the pod.
     unified: Option<PathBuf>,
@@ -169,10 +213,14 @@ pub struct QosCgroups {
 }
 
 impl QosCgroups {
-    /// Finds the host's v1 hierarchies and creates the QoS cgroups under `cgroup_root` (`cgroupRoot`).
+    /// Finds the host's v1 hierarchies, or its unified hierarchy on a cgroup v2 host, and creates the QoS
+    /// cgroups under `cgroup_root` (`cgroupRoot`).
     pub fn start(cgroup_root: &str, pods_pids_limit: i64) -> Result<Arc<Self>, CgroupError> {
         let mountinfo = "/proc/self/mountinfo";
         let text = std::fs::read_to_string(mountinfo).map_err(io(Path::new(mountinfo)))?;
+        if let Some(dir) = v2_only(&text) {
+            return Self::start_on_v2(&dir, cgroup_root, pods_pids_limit);
+        }
         Self::build(
             v1_hierarchies(&text),
             unified_hierarchy(&text),
@@ -191,14 +239,60 @@ impl QosCgroups {
         Self::build(hierarchies, None, cgroup_root, pods_pids_limit).map(Arc::new)
     }
 
+    /// [`QosCgroups::start`] on the unified hierarchy mounted at `mount`: the controllers the kubelet uses
+    /// ([`V2_CONTROLLERS`]) that `cgroup.controllers` there lists.
+    pub fn start_on_v2(
+        mount: &Path,
+        cgroup_root: &str,
+        pods_pids_limit: i64,
+    ) -> Result<Arc<Self>, CgroupError> {
+        let file = mount.join("cgroup.controllers");
+        let controllers = std::fs::read_to_string(&file).map_err(io(&file))?;
+        let hierarchy = Hierarchy {
+            dir: mount.to_owned(),
+            controllers: controllers
+                .split_whitespace()
+                .filter(|c| V2_CONTROLLERS.contains(c))
+                .map(str::to_owned)
+                .collect(),
+        };
+        Self::build_on(vec![hierarchy], true, None, cgroup_root, pods_pids_limit).map(Arc::new)
+    }
+
+    /// Whether the pods' cgroups are in the unified hierarchy of a cgroup v2 host.
+    pub fn is_v2(&self) -> bool {
+        self.v2
+    }
+
+    /// Adds what the node's cgroups ask of every container's resources: on cgroup v2, `memory.oom.group` 1, so
+    /// that the kernel kills all of a container's processes when one of them runs it out of memory, as the
+    /// kubelet asks on v2 by default (`singleProcessOOMKill` is not read). Nothing on v1.
+    pub fn container_resources(&self, resources: &mut runtime_api::cri::LinuxContainerResources) {
+        if self.v2 {
+            resources
+                .unified
+                .insert("memory.oom.group".to_owned(), "1".to_owned());
+        }
+    }
+
     fn build(
         hierarchies: Vec<Hierarchy>,
         unified: Option<PathBuf>,
         cgroup_root: &str,
         pods_pids_limit: i64,
     ) -> Result<Self, CgroupError> {
+        Self::build_on(hierarchies, false, unified, cgroup_root, pods_pids_limit)
+    }
+
+    fn build_on(
+        hierarchies: Vec<Hierarchy>,
+        v2: bool,
+        unified: Option<PathBuf>,
+        cgroup_root: &str,
+        pods_pids_limit: i64,
+    ) -> Result<Self, CgroupError> {
         if hierarchies.is_empty() {
-            return Err(CgroupError::NoV1);
+            return Err(CgroupError::NoHierarchy);
         }
         if !cgroup_root.starts_with('/') {
             return Err(CgroupError::BadRoot(cgroup_root.to_owned()));
@@ -206,6 +300,7 @@ impl QosCgroups {
         let kubepods = format!("{}/kubepods", cgroup_root.trim_end_matches('/'));
         let cg = Self {
             hierarchies,
+            v2,
             unified,
             kubepods,
             pids_limit: pods_pids_limit,
@@ -245,8 +340,13 @@ impl QosCgroups {
         h.controllers.iter().any(|c| c == controller)
     }
 
-    /// Creates `cgroup` in every hierarchy (a new cpuset cgroup gets its parent's cpus and memory nodes).
+    /// Creates `cgroup` in every hierarchy (a new cpuset cgroup gets its parent's cpus and memory nodes). In the
+    /// unified hierarchy each level down to it is made with the controllers enabled in its parent.
     fn create(&self, cgroup: &str) -> Result<(), CgroupError> {
+        if self.v2 {
+            let h = &self.hierarchies[0];
+            return create_v2(&h.dir, &self.dir(h, cgroup), &h.controllers);
+        }
         for h in &self.hierarchies {
             let dir = self.dir(h, cgroup);
             if dir.is_dir() {
@@ -261,7 +361,18 @@ impl QosCgroups {
     }
 
     /// Writes `value` to `file` of `cgroup` in the hierarchy holding the file's controller (if mounted).
+    /// In the unified hierarchy the setting is written as its v2 file ([`v2_setting`]).
     fn write(&self, cgroup: &str, file: &str, value: &str) -> Result<(), CgroupError> {
+        let v2;
+        let (file, value) = if self.v2 {
+            let Some(setting) = v2_setting(file, value) else {
+                return Ok(());
+            };
+            v2 = setting;
+            (v2.0, v2.1.as_str())
+        } else {
+            (file, value)
+        };
         let controller = file.split('.').next().unwrap_or_default();
         for h in self.hierarchies.iter().filter(|h| Self::has(h, controller)) {
             let path = self.dir(h, cgroup).join(file);
@@ -403,6 +514,44 @@ async fn blocking(f: impl FnOnce() -> Result<(), CgroupError> + Send + 'static) 
             source: std::io::Error::other(e.to_string()),
         })
     })
+}
+
+/// Creates `dir` and the cgroups between `mount` and it in the unified hierarchy mounted at `mount`, enabling
+/// `controllers` (those the hierarchy has) in `cgroup.subtree_control` of each parent first, so that each level
+/// gets the controllers' files and its children can have them too.
+fn create_v2(mount: &Path, dir: &Path, controllers: &[String]) -> Result<(), CgroupError> {
+    let mut chain: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|p| p.starts_with(mount) && *p != mount)
+        .collect();
+    chain.reverse();
+    for d in chain {
+        let Some(parent) = d.parent() else { continue };
+        enable_controllers(parent, controllers)?;
+        if !d.is_dir() {
+            std::fs::create_dir(d).map_err(io(d))?;
+        }
+    }
+    Ok(())
+}
+
+/// Adds `controllers` to `dir`'s `cgroup.subtree_control` where they are not there yet.
+fn enable_controllers(dir: &Path, controllers: &[String]) -> Result<(), CgroupError> {
+    let file = dir.join("cgroup.subtree_control");
+    let enabled = std::fs::read_to_string(&file).unwrap_or_default();
+    let missing: Vec<String> = controllers
+        .iter()
+        .filter(|c| {
+            !enabled
+                .split_whitespace()
+                .any(|e| e.trim_start_matches('+') == c.as_str())
+        })
+        .map(|c| format!("+{c}"))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    std::fs::write(&file, missing.join(" ")).map_err(io(&file))
 }
 
 /// Fills empty `cpuset.cpus` / `cpuset.mems` of `dir` and its parents below `mount` from the nearest ancestor

@@ -96,6 +96,9 @@ async fn qos_and_pod_cgroups_are_created_with_their_limits_and_removed() {
     std::fs::write(root.path().join("cpuset/cpuset.cpus"), "0-1\n").unwrap();
     std::fs::write(root.path().join("cpuset/cpuset.mems"), "0\n").unwrap();
     let cg = QosCgroups::start_on(hierarchies, "/", 0).unwrap();
+    let mut resources = runtime_api::cri::LinuxContainerResources::default();
+    cg.container_resources(&mut resources);
+    assert!(resources.unified.is_empty(), "nothing unified on v1");
     let read = |p: &str| std::fs::read_to_string(root.path().join(p)).unwrap_or_default();
     assert_eq!(read("cpu/kubepods/besteffort/cpu.shares"), "2");
     assert_eq!(read("cpu/kubepods/burstable/cpu.shares"), "2");
@@ -132,7 +135,7 @@ async fn qos_and_pod_cgroups_are_created_with_their_limits_and_removed() {
 fn a_host_without_v1_or_a_relative_root_is_refused() {
     assert!(matches!(
         QosCgroups::start_on(Vec::new(), "/", 0),
-        Err(CgroupError::NoV1)
+        Err(CgroupError::NoHierarchy)
     ));
     let root = tempfile::tempdir().unwrap();
     let err = QosCgroups::start_on(hierarchies(root.path()), "kube", 0).unwrap_err();
@@ -175,4 +178,71 @@ async fn orphaned_pod_cgroups_are_found_anywhere_and_removed() {
     cg.remove(&kept).await;
     assert!(cg.pod_uids().is_empty());
     assert!(!dir("unified/kubepods/besteffort/podu1").exists());
+}
+
+#[test]
+fn shares_become_the_kubelets_cpu_weight() {
+    assert_eq!(weight(2), 1);
+    assert_eq!(weight(1024), 39);
+    assert_eq!(weight(102), 4);
+    assert_eq!(weight(MAX_SHARES), 10_000);
+    assert_eq!(weight(0), 1);
+    assert_eq!(
+        v2_setting("cpu.cfs_quota_us", "50000"),
+        Some(("cpu.max", "50000 100000".to_owned()))
+    );
+    assert_eq!(v2_setting("cpu.cfs_period_us", "100000"), None);
+    assert_eq!(
+        v2_setting("memory.limit_in_bytes", "64"),
+        Some(("memory.max", "64".to_owned()))
+    );
+}
+
+#[test]
+fn a_v2_host_is_told_by_its_only_cgroup_mount() {
+    let v2 = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+    assert_eq!(v2_only(v2), Some(PathBuf::from("/sys/fs/cgroup")));
+    assert_eq!(v2_only(MOUNTINFO), None, "a hybrid host keeps to v1");
+}
+
+#[tokio::test]
+async fn v2_cgroups_get_their_controllers_and_v2_files() {
+    let root = tempfile::tempdir().unwrap();
+    let mount = root.path();
+    std::fs::write(
+        mount.join("cgroup.controllers"),
+        "cpuset cpu io memory hugetlb pids rdma misc\n",
+    )
+    .unwrap();
+    let cg = QosCgroups::start_on_v2(mount, "/", 0).unwrap();
+    assert!(cg.is_v2());
+    let read = |p: &str| std::fs::read_to_string(mount.join(p)).unwrap_or_default();
+    assert_eq!(
+        read("cgroup.subtree_control"),
+        "+cpuset +cpu +memory +hugetlb +pids"
+    );
+    assert_eq!(
+        read("kubepods/cgroup.subtree_control"),
+        "+cpuset +cpu +memory +hugetlb +pids"
+    );
+    assert_eq!(read("kubepods/besteffort/cpu.weight"), "1");
+    assert_eq!(read("kubepods/burstable/cpu.weight"), "1");
+    assert!(!mount.join("kubepods/burstable/cpu.shares").exists());
+
+    let g = desired(json!({"containers": [
+        {"name": "a", "image": "i", "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}}}
+    ]}));
+    cg.ensure(&g).await.unwrap();
+    assert_eq!(read("kubepods/podu1/cpu.weight"), "20");
+    assert_eq!(read("kubepods/podu1/cpu.max"), "50000 100000");
+    assert_eq!(read("kubepods/podu1/memory.max"), (64u64 << 20).to_string());
+    cg.remove(&g).await;
+    assert!(!mount.join("kubepods/podu1").exists());
+
+    let mut resources = runtime_api::cri::LinuxContainerResources::default();
+    cg.container_resources(&mut resources);
+    assert_eq!(
+        resources.unified.get("memory.oom.group").map(String::as_str),
+        Some("1")
+    );
 }
