@@ -2,8 +2,9 @@
 # Installs everything node-agent needs on a fresh machine of this project's kind (Debian with Go and rustup):
 # Debian packages (protoc for the CRI protos; containerd, runc, CNI plugins and busybox for real-mode tests),
 # rustfmt/clippy, the pinned Kubernetes binaries, the CNCF distribution registry the real-mode tests pull images
-# from, containerd 2.x (the second runtime of the real-mode tests) and the pod-resources test client, built once
-# from the Go module proxy, then cached.
+# from, containerd 2.x (the second runtime of the real-mode tests), the pod-resources test client and the upstream
+# node conformance suite with the images it uses (hack/conformance.sh build), built once from the Go module proxy,
+# then cached.
 # Idempotent and quick when everything is already there.
 #
 #   hack/setup.sh               everything
@@ -46,6 +47,7 @@ binaries() {
   bash "$root/hack/build-registry.sh" >/dev/null
   bash "$root/hack/build-containerd.sh" >/dev/null
   bash "$root/hack/build-podresources-client.sh" >/dev/null
+  bash "$root/hack/conformance.sh" build >/dev/null
   echo "setup: ready (Kubernetes $(cat "$root/KUBERNETES_VERSION") in $(bash "$root/hack/build-kubernetes.sh"))" >&2
 }
 
