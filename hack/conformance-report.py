@@ -6,6 +6,7 @@
   conformance-report.py compare OUT AGENT...  the totals side by side and the specs whose state differs
   conformance-report.py failures DIR          every spec that did not pass, with its failure message
   conformance-report.py subset-focus          the CI subset (SUBSET below) as one Ginkgo focus expression
+  conformance-report.py check-subset DIR      exits 1 unless every spec of SUBSET passed in DIR's report
 
 A spec's state is Ginkgo's: passed, failed, skipped, or timedout/interrupted/aborted/panicked (counted as failed);
 specs the suite never reached before its time limit are `interrupted` or absent (counted as not run).
@@ -15,24 +16,40 @@ import re
 import sys
 from pathlib import Path
 
-# The CI subset: one spec per theme, each passing on node-agent and quick (names as Ginkgo prints them, without
-# the container texts' tags; matched as substrings of the full text).
+# The CI subset: one spec per theme (pods, logs, hooks, probes, init and sidecar containers, downward API and
+# expansion, configMap/secret/projected/emptyDir/hostPath volumes, security context, /etc/hosts, RuntimeClass, the
+# node lease, pod networking), each passing on node-agent and quick; full spec texts as Ginkgo prints them.
 SUBSET = [
-    "Pods should get a host IP",
-    "Pods should be submitted and removed",
-    "Container Lifecycle Hook when create a pod with lifecycle hook should execute poststart exec hook properly",
-    "Probing container should be restarted with a exec \"cat /tmp/health\" liveness probe",
-    "InitContainer [NodeConformance] should invoke init containers on a RestartNever pod",
-    "Downward API should provide pod name, namespace and IP address as env vars",
-    "ConfigMap should be consumable from pods in volume",
-    "Secrets should be consumable from pods in volume",
-    "Projected combined should project all components that make up the projection API",
-    "EmptyDir volumes should support (root,0644,tmpfs)",
-    "HostPath should support subPath",
-    "Security Context When creating a container with runAsUser should run the container with uid 65534",
-    "Kubelet when scheduling a busybox command in a pod should print the output to logs",
-    "Variable Expansion should allow composing env vars into new env vars",
-    "Networking Granular Checks: Pods should function for intra-pod communication: http",
+    "[sig-node] Pods should get a host IP [NodeConformance] [Conformance]",
+    "[sig-node] Pods should support retrieving logs from the container over websockets [NodeConformance] [Conformance]",
+    "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook should execute poststart http hook "
+    "properly [NodeConformance] [Conformance]",
+    "[sig-node] Probing container should be restarted with a /healthz http liveness probe [NodeConformance] "
+    "[Conformance]",
+    "[sig-node] InitContainer [NodeConformance] should not start app containers and fail the pod if init containers "
+    "fail on a RestartNever pod [Conformance]",
+    "[sig-node] [NodeConformance] [FeatureGate:SidecarContainers] Restartable Init Container Lifecycle Hook when "
+    "create a pod with lifecycle hook should execute poststart exec hook properly",
+    "[sig-node] Downward API should provide pod name, namespace and IP address as env vars [NodeConformance] "
+    "[Conformance]",
+    "[sig-node] Variable Expansion should allow substituting values in a container's command [NodeConformance] "
+    "[Conformance]",
+    "[sig-storage] ConfigMap should be consumable from pods in volume with mappings [NodeConformance] [Conformance]",
+    "[sig-storage] Secrets should be consumable from pods in volume [NodeConformance] [Conformance]",
+    "[sig-storage] Projected configMap should be consumable from pods in volume [NodeConformance] [Conformance]",
+    "[sig-storage] EmptyDir volumes should support (root,0644,tmpfs) [LinuxOnly] [NodeConformance] [Conformance]",
+    "[sig-storage] HostPath should support subPath [NodeConformance]",
+    "[sig-node] Security Context When creating a container with runAsUser should run the container with uid 65534 "
+    "[LinuxOnly] [NodeConformance] [Conformance]",
+    "[sig-node] Kubelet when scheduling a read only busybox container should not write to root filesystem "
+    "[LinuxOnly] [NodeConformance] [Conformance]",
+    "[sig-node] KubeletManagedEtcHosts should test kubelet managed /etc/hosts file [NodeConformance] [Conformance]",
+    "[sig-node] RuntimeClass should schedule a Pod requesting a RuntimeClass without PodOverhead [NodeConformance] "
+    "[Conformance]",
+    "[sig-node] NodeLease [NodeConformance] NodeLease the kubelet should create and update a lease in the "
+    "kube-node-lease namespace",
+    "[sig-network] Networking Granular Checks: Pods should function for intra-pod communication: http "
+    "[NodeConformance] [Conformance]",
 ]
 
 FAILED = {"failed", "timedout", "interrupted", "aborted", "panicked"}
@@ -43,10 +60,47 @@ def spec_name(r):
 
 
 def reason(r):
+    """The failure's first line, then what the pod dump in it says of its containers (waiting reasons and their
+    messages): a timed-out wait for a pod says why only there."""
     f = r.get("Failure") or {}
     msg = (f.get("Message") or "").strip()
     lines = [l.strip() for l in msg.splitlines() if l.strip()]
-    return " | ".join(lines[:4])[:600]
+    out = lines[:1]
+    seen = set()
+    for i, l in enumerate(lines):
+        if l.startswith("reason:") or (l.startswith("message:") and i > 0 and lines[i - 1].startswith("reason:")):
+            value = l.split(":", 1)[1].strip().strip('"')
+            if value and value not in seen and value not in ("Ready", "PodCompleted"):
+                seen.add(value)
+                out.append(value[:200])
+    if len(out) == 1:
+        out += lines[1:4]
+    return " | ".join(out)[:700]
+
+
+EVENT = re.compile(r"event for [^:]+: \{kubelet [^}]*\} (\w+): (.*)$")
+ROUTINE = {"Pulled", "Created", "Started", "Scheduled", "Killing", "Pulling", "SandboxChanged"}
+
+
+def events(r):
+    """The distinct events the node posted for the spec's pods other than the routine ones, from the framework's
+    dump after a failure."""
+    out = []
+    for line in (r.get("CapturedGinkgoWriterOutput") or "").splitlines():
+        m = EVENT.search(line)
+        if m and m.group(1) not in ROUTINE:
+            e = f"{m.group(1)}: {m.group(2)[:300]}"
+            if e not in out:
+                out.append(e)
+    return out
+
+
+def load_reports(dir_):
+    path = Path(dir_) / "report" / "report.json"
+    if not path.exists():
+        return []
+    return [r for suite in json.loads(path.read_text()) for r in suite.get("SpecReports") or []
+            if r.get("LeafNodeType") == "It"]
 
 
 def load(dir_):
@@ -103,13 +157,29 @@ def compare(out, agents):
 
 
 def failures(dir_):
-    for state, name, why, took in sorted(load(dir_), key=lambda x: x[1]):
-        if state in FAILED:
-            print(f"{state} ({took:.0f}s): {name}\n    {why}\n")
+    for r in sorted(load_reports(dir_), key=spec_name):
+        if r.get("State") in FAILED:
+            print(f"* {spec_name(r).strip()} ({r['State']}, {r.get('RunTime', 0) / 1e9:.0f}s)\n    {reason(r)}")
+            for e in events(r)[:6]:
+                print(f"    event {e}")
+            print()
 
 
 def subset_focus():
     print("|".join(re.escape(s) for s in SUBSET))
+
+
+def check_subset(dir_):
+    results = load(dir_)
+    bad = []
+    for want in SUBSET:
+        found = [(state, name) for state, name, _, _ in results if name == want and state != "skipped"]
+        if len(found) != 1 or found[0][0] != "passed":
+            bad.append(f"{want}: {found or 'no such spec ran'}")
+    for b in bad:
+        print(f"subset: FAILED {b}")
+    print(f"subset: {len(SUBSET) - len(bad)} of {len(SUBSET)} specs passed")
+    sys.exit(1 if bad else 0)
 
 
 def main():
@@ -120,6 +190,8 @@ def main():
         compare(args[1], args[2:])
     elif args[:1] == ["failures"] and len(args) == 2:
         failures(args[1])
+    elif args[:1] == ["check-subset"] and len(args) == 2:
+        check_subset(args[1])
     elif args == ["subset-focus"]:
         subset_focus()
     else:
