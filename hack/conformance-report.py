@@ -4,7 +4,9 @@
   conformance-report.py summary AGENT DIR     DIR/report/report.json -> DIR/results.tsv (state, spec, reason) and
                                               the totals on stdout
   conformance-report.py compare OUT AGENT...  the totals side by side and the specs whose state differs
-  conformance-report.py failures DIR          every spec that did not pass, with its failure message
+  conformance-report.py failures DIR...       every spec that did not pass, with why (with several DIRs, a spec's
+                                              result in a later one replaces the earlier: a full run, then reruns)
+  conformance-report.py merge AGENT DIR...    the totals over DIRs in that way, and OUT=DIR[0]/merged.tsv
   conformance-report.py subset-focus          the CI subset (SUBSET below) as one Ginkgo focus expression
   conformance-report.py check-subset DIR      exits 1 unless every spec of SUBSET passed in DIR's report
 
@@ -156,8 +158,28 @@ def compare(out, agents):
                 print(f"differs: {a} {sa}, {b} {sb}: {n}")
 
 
-def failures(dir_):
-    for r in sorted(load_reports(dir_), key=spec_name):
+def merged_reports(dirs):
+    by = {}
+    for d in dirs:
+        for r in load_reports(d):
+            if r.get("State") != "skipped" or spec_name(r) not in by:
+                by[spec_name(r)] = r
+    return list(by.values())
+
+
+def merge(agent, dirs):
+    reports = merged_reports(dirs)
+    results = [(r.get("State", "?"), spec_name(r).strip(), reason(r), r.get("RunTime", 0) / 1e9) for r in reports]
+    with open(Path(dirs[0]) / "merged.tsv", "w") as f:
+        for state, name, why, took in sorted(results, key=lambda x: x[1]):
+            f.write(f"{state}\t{took:.0f}s\t{name}\t{why}\n")
+    t = totals(results)
+    print(f"{agent}: {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped "
+          f"(a full run, then the specs of {len(dirs) - 1} rerun(s))")
+
+
+def failures(dirs):
+    for r in sorted(merged_reports(dirs), key=spec_name):
         if r.get("State") in FAILED:
             print(f"* {spec_name(r).strip()} ({r['State']}, {r.get('RunTime', 0) / 1e9:.0f}s)\n    {reason(r)}")
             for e in events(r)[:6]:
@@ -188,8 +210,10 @@ def main():
         summary(args[1], args[2])
     elif args[:1] == ["compare"] and len(args) >= 3:
         compare(args[1], args[2:])
-    elif args[:1] == ["failures"] and len(args) == 2:
-        failures(args[1])
+    elif args[:1] == ["failures"] and len(args) >= 2:
+        failures(args[1:])
+    elif args[:1] == ["merge"] and len(args) >= 3:
+        merge(args[1], args[2:])
     elif args[:1] == ["check-subset"] and len(args) == 2:
         check_subset(args[1])
     elif args == ["subset-focus"]:

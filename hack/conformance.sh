@@ -174,8 +174,9 @@ build_go() {
 # --- the images the specs use ---------------------------------------------------------------------------------
 # Built from source under the exact names and tags of test/utils/image/manifest.go, as OCI archives for
 # `ctr images import` (no registry: the specs' images are present, and the pull policy IfNotPresent finds them).
-# keyed by this script's hash: a change to how the images are made rebuilds them (seconds)
-images_dir="$out_dir/images/$(sha256sum "$root/hack/conformance.sh" | cut -c1-12)"
+# keyed by the hash of this part of the script (from here to build()): a change to how the images are made
+# rebuilds them (seconds)
+images_dir="$out_dir/images/$(sed -n '/^# --- the images the specs use/,/^build() {/p' "$root/hack/conformance.sh" | sha256sum | cut -c1-12)"
 IMAGES=(
   "registry.k8s.io/e2e-test-images/busybox:1.37.0-1 busybox"
   "registry.k8s.io/e2e-test-images/agnhost:2.63.0 agnhost"
@@ -186,6 +187,7 @@ IMAGES=(
   "registry.k8s.io/e2e-test-images/nonewprivs:1.4 nonewprivs"
   "registry.k8s.io/e2e-test-images/nginx:1.15-4 nginx"
   "registry.k8s.io/e2e-test-images/nginx:1.27-0 nginx"
+  "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0 glibc-dns-testing"
   "registry.k8s.io/pause:3.10.2 pause"
 )
 
@@ -241,7 +243,6 @@ SH
 
 build_images() {
   local line ref kind tar r m args
-  [ -d "$images_dir" ] || rm -rf "$out_dir/images"
   mkdir -p "$images_dir"
   m=$(cd "$src" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
   for line in "${IMAGES[@]}"; do
@@ -267,6 +268,8 @@ build_images() {
         busybox_rootfs "$r"; mkdir -p "$r/usr/share/nginx/html"
         echo '<html><body>stand-in for nginx</body></html>' > "$r/usr/share/nginx/html/index.html"
         args=(--cmd '["httpd","-f","-p","80","-h","/usr/share/nginx/html"]') ;;
+      # upstream's is Debian with dnsutils; the specs run `hostname` and `hostname -f`, which busybox has
+      glibc-dns-testing) busybox_rootfs "$r"; args=(--cmd '["sh"]') ;;
       # the sandbox program of tests/containerd/setup.sh: a shell that sleeps until SIGTERM/SIGINT
       pause)
         mkdir -p "$r/bin"; cp /bin/busybox "$r/bin/busybox"
@@ -280,10 +283,14 @@ build_images() {
 }
 
 build() {
-  [ -x /bin/busybox ] && busybox --list-full >/dev/null 2>&1 || die "/bin/busybox is not Debian's busybox-static (hack/setup.sh installs it)"
   mkdir -p "$out_dir"
+  # one build at a time (runs side by side find the first one's results)
+  exec 8>"$out_dir/.lock"
+  flock 8
+  [ -x /bin/busybox ] && busybox --list-full >/dev/null 2>&1 || die "/bin/busybox is not Debian's busybox-static (hack/setup.sh installs it)"
   build_go
   build_images
+  exec 8>&-
 }
 
 # --- one run ----------------------------------------------------------------------------------------------------
@@ -303,8 +310,9 @@ launcher_of() {
 # run_agent AGENT DIR: a fresh control plane, containerd and AGENT (node-agent or kubelet) on node IP $node_ip,
 # the focus against them, the report in DIR; everything stopped and removed afterwards
 run_agent() {
-  local agent=$1 dir=$2 node="conformance-$1" agent_bin cp_dir cri_dir up agent_pid kubectl started
-  local -a saved_sysctls=()
+  # not local: the EXIT trap (stop_all) reads them after a failure has left the function
+  agent=$1 dir=$2 node="conformance-$1" agent_bin="" cp_dir="" cri_dir="" up="" agent_pid="" kubectl="" started=""
+  saved_sysctls=()
   case "$agent" in
     node-agent) agent_bin=$node_agent_bin ;;
     kubelet) agent_bin=$kubelet_bin ;;
@@ -407,7 +415,7 @@ CONF
   echo $(( $(date +%s) - started )) > "$dir/seconds"
   stop_all
   trap 'cleanup_node_ip' EXIT
-  python3 "$root/hack/conformance-report.py" summary "$agent" "$dir" | tee "$dir/summary.txt" >&2
+  python3 "$root/hack/conformance-report.py" summary "$agent" "$dir" > "$dir/summary.txt"
 }
 
 added_ip=""
