@@ -296,8 +296,18 @@ build() {
 # --- one run ----------------------------------------------------------------------------------------------------
 FOCUS='\[NodeConformance\]'
 SKIP='\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:|\[Alpha\]|\[Slow\]'
-# the kernel settings the kubelet sets at start (put back after each run)
+# the kernel settings the kubelet sets at start, and the iptables chains it keeps (both put back after each run)
 SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
+CHAINS=("iptables mangle KUBE-IPTABLES-HINT" "iptables filter KUBE-FIREWALL" "iptables mangle KUBE-KUBELET-CANARY"
+  "iptables nat KUBE-KUBELET-CANARY" "iptables filter KUBE-KUBELET-CANARY" "ip6tables mangle KUBE-IPTABLES-HINT"
+  "ip6tables mangle KUBE-KUBELET-CANARY" "ip6tables nat KUBE-KUBELET-CANARY" "ip6tables filter KUBE-KUBELET-CANARY")
+chain_exists() { "$1" -w 5 -t "$2" -n -L "$3" >/dev/null 2>&1; }
+# remove_chain CMD TABLE CHAIN: the chain, and the jumps to it (KUBE-FIREWALL from INPUT and OUTPUT)
+remove_chain() {
+  local from
+  for from in INPUT OUTPUT; do while "$1" -w 5 -t "$2" -D "$from" -j "$3" 2>/dev/null; do :; done; done
+  "$1" -w 5 -t "$2" -F "$3" 2>/dev/null; "$1" -w 5 -t "$2" -X "$3" 2>/dev/null
+}
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -312,7 +322,7 @@ launcher_of() {
 run_agent() {
   # not local: the EXIT trap (stop_all) reads them after a failure has left the function
   agent=$1 dir=$2 node="conformance-$1" agent_bin="" cp_dir="" cri_dir="" up="" agent_pid="" kubectl="" started=""
-  saved_sysctls=()
+  saved_sysctls=() absent_chains=()
   case "$agent" in
     node-agent) agent_bin=$node_agent_bin ;;
     kubelet) agent_bin=$kubelet_bin ;;
@@ -321,6 +331,10 @@ run_agent() {
   rm -rf "$dir"; mkdir -p "$dir"/{root,pod-logs,report}
   cp_dir="$dir/control-plane"; cri_dir="$dir/cri"
   for s in "${SYSCTLS[@]}"; do saved_sysctls+=("$s=$(cat "/proc/sys/$s" 2>/dev/null)"); done
+  for c in "${CHAINS[@]}"; do
+    # shellcheck disable=SC2086
+    command -v "${c%% *}" >/dev/null && ! chain_exists $c && absent_chains+=("$c")
+  done
 
   stop_all() {
     set +e
@@ -330,6 +344,8 @@ run_agent() {
     awk -v d="$dir/" 'index($2, d) == 1 { print $2 }' /proc/self/mounts | sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
     for h in /sys/fs/cgroup/*/; do [ -d "$h$cgroup_root" ] && find "$h$cgroup_root" -depth -type d -exec rmdir {} \; 2>/dev/null; done
     for kv in "${saved_sysctls[@]}"; do [ -n "${kv#*=}" ] && echo "${kv#*=}" > "/proc/sys/${kv%%=*}"; done
+    # shellcheck disable=SC2086
+    for c in "${absent_chains[@]}"; do remove_chain $c; done
     [ -d /var/log/containers ] && find /var/log/containers -maxdepth 1 -type l -lname "$dir/*" -delete
     agent_pid=""; up=""
     set -e
