@@ -280,6 +280,8 @@ build_images() {
     mv "$tar.tmp" "$tar"
     rm -rf "$r"
   done
+  # the newest two ways of making them (a run started before a change may still import the older)
+  ls -1dt "$out_dir/images"/*/ | tail -n +3 | xargs -r rm -rf
 }
 
 build() {
