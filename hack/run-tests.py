@@ -8,7 +8,9 @@ directory as cargo would run them. The longest-running binaries (as measured by 
 cache directory) start first. The binaries that start a private containerd with bridge networking
 (CONTAINERD_BINARIES) run one after another, never beside each other, each with its own pod subnet
 (NA_CRI_SUBNET, unless the environment sets one). The `hollow` and `node-agent` programs the same build made are
-handed to the tests (HOLLOW_BIN, NODE_AGENT_BIN, unless the environment sets them).
+handed to the tests (HOLLOW_BIN, NODE_AGENT_BIN, TESTENV_BIN, unless the environment sets them). Beside the test
+binaries runs the CI subset of the upstream node conformance suite (SCRIPTS: hack/conformance.sh --subset, with its
+own containerd, bridge and pod subnet).
 
 With NODE_AGENT_LINT=1 the workspace's own crates are compiled by clippy (cargo's RUSTC_WORKSPACE_WRAPPER), every
 warning an error: the lints ride on the one compile the tests need instead of a second pass of their own.
@@ -49,7 +51,12 @@ def package_name_of(package_id):
 
 
 # program binaries the tests start (tests/src/lib.rs builds them itself unless these variables name them)
-PROGRAMS = {"hollow": "HOLLOW_BIN", "node-agent": "NODE_AGENT_BIN"}
+PROGRAMS = {"hollow": "HOLLOW_BIN", "node-agent": "NODE_AGENT_BIN", "testenv": "TESTENV_BIN"}
+
+# label -> a command run beside the test binaries, as one of them (its exit status is its result): the subset of
+# the upstream node conformance suite (hack/conformance.sh --subset), which starts its own control plane,
+# containerd (own bridge and pod subnet) and node-agent; a real-node test, so NODE_AGENT_SKIP_REAL_NODE=1 skips it
+SCRIPTS = {"conformance/subset": ["bash", "hack/conformance.sh", "--subset"]}
 
 
 def build(root):
@@ -114,6 +121,10 @@ def main():
     def label(b):
         return f"{b[0]}/{b[2]}/{b[1]}"
 
+    if os.environ.get("NODE_AGENT_SKIP_REAL_NODE") != "1":
+        for name, cmd in SCRIPTS.items():
+            package, _, target = name.partition("/")
+            binaries.append((package, target, "script", cmd, str(root)))
     groups = {}
     for b in binaries:
         key = "containerd" if label(b) in CONTAINERD_BINARIES else label(b)
@@ -138,13 +149,12 @@ def main():
             log_path = logs / (label(b).replace("/", "-") + ".log")
             t0 = time.monotonic()
             with open(log_path, "w") as log:
-                code = subprocess.run(
-                    [b[3], f"--test-threads={threads}"], cwd=b[4], env=env, stdout=log, stderr=subprocess.STDOUT
-                ).returncode
+                cmd = b[3] if b[2] == "script" else [b[3], f"--test-threads={threads}"]
+                code = subprocess.run(cmd, cwd=b[4], env=env, stdout=log, stderr=subprocess.STDOUT).returncode
             took = time.monotonic() - t0
             summary = ""
             for line in reversed(log_path.read_text(errors="replace").splitlines()):
-                if line.startswith("test result:"):
+                if line.startswith("test result:") or line.startswith("subset:"):
                     summary = line
                     break
             with lock:

@@ -2,8 +2,9 @@
 # Installs everything node-agent needs on a fresh machine of this project's kind (Debian with Go and rustup):
 # Debian packages (protoc for the CRI protos; containerd, runc, CNI plugins and busybox for real-mode tests),
 # rustfmt/clippy, the pinned Kubernetes binaries, the CNCF distribution registry the real-mode tests pull images
-# from, containerd 2.x (the second runtime of the real-mode tests) and the pod-resources test client, built once
-# from the Go module proxy, then cached; as root also the Debian guest of the VM tests (hack/build-vm-image.sh).
+# from, containerd 2.x (the second runtime of the real-mode tests), the pod-resources test client and the upstream
+# node conformance suite with the images it uses (hack/conformance.sh build), built once from the Go module proxy,
+# then cached; as root also the Debian guest of the VM tests (hack/build-vm-image.sh).
 # Idempotent and quick when everything is already there.
 #
 #   hack/setup.sh               everything
@@ -41,13 +42,17 @@ toolchain() {
 }
 
 binaries() {
+  # the VM tests' guest (mmdebstrap needs root; without root those tests fail saying so), made from Debian's
+  # packages while the Go builds below use the CPU; the only step here that runs apt
+  local vm=""
+  if [ "$(id -u)" = 0 ]; then bash "$root/hack/build-vm-image.sh" >/dev/null & vm=$!; fi
   bash "$root/hack/build-kubernetes.sh" >/dev/null
   bash "$root/hack/build-helm.sh" >/dev/null
   bash "$root/hack/build-registry.sh" >/dev/null
   bash "$root/hack/build-containerd.sh" >/dev/null
   bash "$root/hack/build-podresources-client.sh" >/dev/null
-  # the VM tests' guest (mmdebstrap needs root; without root those tests fail saying so)
-  if [ "$(id -u)" = 0 ]; then bash "$root/hack/build-vm-image.sh" >/dev/null; fi
+  bash "$root/hack/conformance.sh" build >/dev/null
+  if [ -n "$vm" ]; then wait "$vm" || { echo "setup: the VM guest image could not be built" >&2; return 1; }; fi
   echo "setup: ready (Kubernetes $(cat "$root/KUBERNETES_VERSION") in $(bash "$root/hack/build-kubernetes.sh"))" >&2
 }
 
