@@ -8,8 +8,6 @@ use super::KubeletConfig;
 /// Fields this agent reads and validates (a bad value is refused by name, as by the kubelet) but does not act on
 /// yet. Warned about at start when given a value.
 pub(crate) const READ_WITHOUT_EFFECT: &[&str] = &[
-    "containerLogMaxFiles",
-    "containerLogMaxSize",
     "contentType",
     "failSwapOn",
     "featureGates",
@@ -49,8 +47,6 @@ pub(crate) const PARTIAL: &[Partial] = &[
 /// concern that a CRI-driving node agent does not own, or a feature not built). Their values are not checked.
 pub(crate) const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
     "allowedUnsafeSysctls",
-    "containerLogMaxWorkers",
-    "containerLogMonitorInterval",
     "cpuCFSQuota",
     "cpuCFSQuotaPeriod",
     "cpuManagerPolicy",
@@ -165,6 +161,8 @@ pub(crate) const KNOWN_FIELDS: &[&str] = &[
     "imageGCLowThresholdPercent",
     "containerLogMaxSize",
     "containerLogMaxFiles",
+    "containerLogMaxWorkers",
+    "containerLogMonitorInterval",
     "clusterDomain",
     "clusterDNS",
     "resolvConf",
