@@ -52,9 +52,18 @@ fn usage(dir: &Path) -> anyhow::Result<(usize, u64, usize)> {
     Ok((count, bytes, compressed))
 }
 
-/// `kubectl logs -f` of the writer, read until its last chunk: the lines of chunks it saw, the first of them,
-/// and how many lines were missing or out of order (a line other than the one after the previous).
-fn follow(mut child: std::process::Child) -> anyhow::Result<(u64, Option<(u32, u32)>, u64)> {
+/// What `kubectl logs -f` of the writer showed of its chunks.
+struct Followed {
+    /// Lines of chunks seen.
+    seen: u64,
+    /// The first (chunk, line) seen.
+    first: Option<(u32, u32)>,
+    /// Lines missing or out of order: a line other than the one after the previous.
+    gaps: u64,
+}
+
+/// `kubectl logs -f` of the writer, read until its last chunk.
+fn follow(mut child: std::process::Child) -> anyhow::Result<Followed> {
     use std::io::BufRead;
     let stdout = child.stdout.take().context("kubectl logs -f stdout")?;
     let (mut seen, mut first, mut gaps, mut last) = (0u64, None, 0u64, None::<(u32, u32)>);
@@ -80,7 +89,7 @@ fn follow(mut child: std::process::Child) -> anyhow::Result<(u64, Option<(u32, u
     }
     let _ = child.kill();
     let _ = child.wait();
-    Ok((seen, first, gaps))
+    Ok(Followed { seen, first, gaps })
 }
 
 /// The tick a log's last line names, if it is one.
@@ -202,7 +211,11 @@ async fn a_container_writing_50_mib_keeps_at_most_max_files_times_max_size_and_i
     println!(
         "[real_node_gc] writer: kubectl logs --tail=1 gave tick-{first}, the kubelet API then tick-{later}"
     );
-    let (seen, from, gaps) = tokio::time::timeout(Duration::from_secs(30), followed)
+    let Followed {
+        seen,
+        first: from,
+        gaps,
+    } = tokio::time::timeout(Duration::from_secs(30), followed)
         .await
         .context("kubectl logs -f did not reach the writer's last line")???;
     println!(
