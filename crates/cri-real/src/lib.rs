@@ -315,6 +315,13 @@ impl Runtime for RemoteRuntime {
         rpc!(self, runtime, port_forward, req)
     }
 
+    async fn reopen_container_log(
+        &self,
+        req: cri::ReopenContainerLogRequest,
+    ) -> Result<cri::ReopenContainerLogResponse> {
+        rpc!(self, runtime, reopen_container_log, req)
+    }
+
     async fn container_stats(&self, req: cri::ContainerStatsRequest) -> Result<cri::ContainerStatsResponse> {
         rpc!(self, runtime, container_stats, req)
     }

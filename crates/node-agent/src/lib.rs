@@ -32,6 +32,7 @@
 //! * [`quantity`] — exact resource quantity arithmetic.
 //! * [`machine`] — machine facts (host or synthetic).
 //! * `cri_log` — the CRI container log format.
+//! * [`container_logs`] — rotation of running containers' logs (real nodes).
 //! * [`server`] — the kubelet HTTPS API (authenticated, authorized), the healthz and read-only ports.
 //! * [`stats`] — node and pod usage (CRI stats, the machine or the synthetic node's capacity).
 //! * [`sysctl`] — sysctl names, namespaces and the allowlist pods are admitted against.
@@ -51,6 +52,7 @@ pub mod backoff;
 pub mod certs;
 pub mod client;
 pub mod config;
+pub mod container_logs;
 mod cri_log;
 pub mod density;
 pub mod events;

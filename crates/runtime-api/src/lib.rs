@@ -163,6 +163,18 @@ pub trait Runtime: Send + Sync + 'static {
         ))
     }
 
+    /// `ReopenContainerLog`: the runtime closes a running container's log file and opens `logPath` again (the
+    /// log rotation renamed the old file). Runtimes without it answer `Unimplemented` (the default).
+    async fn reopen_container_log(
+        &self,
+        req: cri::ReopenContainerLogRequest,
+    ) -> Result<cri::ReopenContainerLogResponse> {
+        let _ = req;
+        Err(RuntimeError::unimplemented(
+            "ReopenContainerLog: this runtime does not reopen logs",
+        ))
+    }
+
     /// `ContainerStats`.
     async fn container_stats(&self, req: cri::ContainerStatsRequest) -> Result<cri::ContainerStatsResponse>;
     /// `ListContainerStats`.

@@ -24,7 +24,7 @@ use super::harness::{LoopbackRegistry, NODE, NodeOptions, RealNode, scripts};
 
 const NS: &str = "rn-gc";
 
-/// The node's settings for this binary.
+/// The node's settings for this binary (log rotation's too: `log_rotation.rs`).
 pub fn options() -> NodeOptions {
     NodeOptions {
         extra_args: [
@@ -35,16 +35,19 @@ pub fn options() -> NodeOptions {
         .map(String::from)
         .into(),
         extra_config:
-            "imageGCHighThresholdPercent: 1\nimageGCLowThresholdPercent: 0\nimageMinimumGCAge: 1s\n".into(),
+            "imageGCHighThresholdPercent: 1\nimageGCLowThresholdPercent: 0\nimageMinimumGCAge: 1s\n\
+                       containerLogMaxSize: 2Mi\ncontainerLogMaxFiles: 10\ncontainerLogMaxWorkers: 2\n\
+                       containerLogMonitorInterval: 3s\n"
+                .into(),
     }
 }
 
 /// An anonymous registry on loopback holding the node's busybox under several tags, each a distinct image (its
 /// own config, shared layer); stopped on drop.
-struct Registry(LoopbackRegistry);
+pub struct Registry(LoopbackRegistry);
 
 impl Registry {
-    fn start(node: &RealNode, name: &str, tags: &[&str]) -> anyhow::Result<Self> {
+    pub fn start(node: &RealNode, name: &str, tags: &[&str]) -> anyhow::Result<Self> {
         let registry = Self(LoopbackRegistry::start(node, name, None)?);
         let rootfs = node.containerd_dir.join("images/busybox-rootfs");
         for tag in tags {
@@ -53,7 +56,7 @@ impl Registry {
         Ok(registry)
     }
 
-    fn image(&self, tag: &str) -> String {
+    pub fn image(&self, tag: &str) -> String {
         format!("{}/gc/busybox:{tag}", self.0.addr)
     }
 

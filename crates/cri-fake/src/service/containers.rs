@@ -1,4 +1,5 @@
-//! CreateContainer, StartContainer, StopContainer, RemoveContainer, ListContainers, ContainerStatus, ExecSync.
+//! CreateContainer, StartContainer, StopContainer, RemoveContainer, ListContainers, ContainerStatus, ExecSync,
+//! ReopenContainerLog.
 
 use std::sync::Arc;
 
@@ -357,4 +358,24 @@ pub(super) async fn exec_sync(rt: &FakeRuntime, req: cri::ExecSyncRequest) -> Re
     }
     FakeRuntime::pause(takes).await;
     Ok(response)
+}
+
+/// ReopenContainerLog: the fake writes no log file, so there is nothing to reopen; the answers are containerd's
+/// (an unknown container is not found, one that is not running cannot reopen its log).
+pub(super) async fn reopen_container_log(
+    rt: &FakeRuntime,
+    req: cri::ReopenContainerLogRequest,
+) -> Result<cri::ReopenContainerLogResponse> {
+    rt.check_reachable()?;
+    let (st, _) = rt.settled();
+    let key = st.container_key(&req.container_id).map_err(|_| {
+        RuntimeError::not_found(format!(
+            "an error occurred when try to find container {:?}: not found",
+            req.container_id
+        ))
+    })?;
+    if st.containers[&key].state != CState::Running {
+        return Err(unknown("container is not running"));
+    }
+    Ok(cri::ReopenContainerLogResponse {})
 }

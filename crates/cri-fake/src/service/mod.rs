@@ -140,6 +140,13 @@ impl Runtime for FakeRuntime {
         containers::exec_sync(self, req).await
     }
 
+    async fn reopen_container_log(
+        &self,
+        req: cri::ReopenContainerLogRequest,
+    ) -> Result<cri::ReopenContainerLogResponse> {
+        containers::reopen_container_log(self, req).await
+    }
+
     async fn container_stats(&self, req: cri::ContainerStatsRequest) -> Result<cri::ContainerStatsResponse> {
         images::container_stats(self, req).await
     }

@@ -297,3 +297,23 @@ async fn ids_resolve_by_unique_prefix() {
         "same seed, different runtime objects"
     );
 }
+
+#[tokio::test]
+async fn reopen_container_log_answers_for_running_containers_only() {
+    let rt = fake();
+    let pod = run_pod(&rt, "reopen", &[]).await;
+    let id = create(&rt, &pod, "app", 0, &[]).await.unwrap();
+    let reopen = |id: &str| {
+        rt.reopen_container_log(cri::ReopenContainerLogRequest {
+            container_id: id.to_owned(),
+        })
+    };
+    assert_eq!(
+        reopen(&id).await.unwrap_err().code,
+        Code::Unknown,
+        "created, not running"
+    );
+    start(&rt, &id).await.unwrap();
+    reopen(&id).await.unwrap();
+    assert_eq!(reopen("nope").await.unwrap_err().code, Code::NotFound);
+}

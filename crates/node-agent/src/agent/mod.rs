@@ -16,6 +16,7 @@
 //! | pod lifecycle ([`crate::pods`]) | desired pods, workers, probes, PLEG, pod statuses |
 //! | container and image GC ([`crate::gc`]) | dead containers, sandboxes, logs; unused images |
 //! | eviction ([`crate::eviction`]) | pressure conditions, evicting pods past a threshold |
+//! | container log rotation ([`crate::container_logs`]) | running containers' log files (real nodes only) |
 //!
 //! Everything another manager needs (node name, allocatable, runtime health, events, metrics, the API gate,
 //! pressure and health-check inputs, the token) is in the cheap-to-clone [`AgentContext`]; a manager that needs
@@ -23,7 +24,8 @@
 //! The pod lifecycle's side of the wiring is the `pods` submodule; the node side's is `node_side` (what its
 //! managers are built from) and `supervise` (their one supervised task). Adding a node-side manager is a builder
 //! in `node_side` and a branch in `supervise`; anything else runs with the agent through
-//! [`RunningAgent::spawn`].
+//! [`RunningAgent::spawn`]. Log rotation is a task of its own beside them, on real nodes only: a node on an
+//! in-memory runtime writes no log files, and a fleet of them pays nothing for it.
 
 #[cfg(test)]
 mod future_sizes;
@@ -312,6 +314,10 @@ impl AgentBuilder {
                 metrics.clone(),
             ),
         };
+        let log_rotation = real
+            .then(|| crate::container_logs::RotationPolicy::from_config(k))
+            .flatten()
+            .map(|policy| crate::container_logs::LogRotationManager::new(self.runtime.clone(), policy));
         let ctx = AgentContext {
             config,
             client: self.client,
@@ -343,6 +349,7 @@ impl AgentBuilder {
             pods,
             node_watch: self.node_watch,
             control: (control_tx, control_rx),
+            log_rotation,
         })
     }
 }
@@ -359,6 +366,8 @@ pub struct Agent {
     pods: crate::pods::PodOptions,
     node_watch: Option<crate::client::ApiClient>,
     control: PodControl,
+    /// The container log manager (real nodes, rotation on).
+    log_rotation: Option<crate::container_logs::LogRotationManager>,
 }
 
 /// The pod manager's control channel: shutdown requests and the garbage collector's questions.
@@ -396,9 +405,19 @@ impl Agent {
     }
 
     /// Spawns the agent's tasks. Must be called inside a tokio runtime.
-    pub fn start(self) -> RunningAgent {
+    pub fn start(mut self) -> RunningAgent {
+        let log_rotation = self.log_rotation.take();
         let (ctx, m) = self.managers();
         let tracker = TaskTracker::new();
+        if let Some(manager) = log_rotation {
+            let token = ctx.token.clone();
+            tracker.spawn(async move {
+                tokio::select! {
+                    () = manager.run() => {}
+                    () = token.cancelled() => {}
+                }
+            });
+        }
         ctx.events
             .normal(&ctx.node_reference(), "Starting", "Starting kubelet.");
         let (control_tx, control_rx) = m.control;
@@ -430,6 +449,7 @@ impl Agent {
             pods,
             node_watch,
             control,
+            log_rotation: _,
         } = self;
         let resync = Arc::new(Poke::new());
         let channels = StatusChannels {

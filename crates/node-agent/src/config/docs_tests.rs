@@ -166,6 +166,8 @@ imageGCHighThresholdPercent: 85
 imageGCLowThresholdPercent: 80
 containerLogMaxSize: 10Mi
 containerLogMaxFiles: 5
+containerLogMaxWorkers: 1
+containerLogMonitorInterval: 10s
 clusterDomain: cluster.local
 clusterDNS: [10.96.0.10]
 allowedUnsafeSysctls: [net.core.somaxconn, "kernel.msg*"]

@@ -8,8 +8,6 @@ use super::KubeletConfig;
 /// Fields this agent reads and validates (a bad value is refused by name, as by the kubelet) but does not act on
 /// yet. Warned about at start when given a value.
 pub(crate) const READ_WITHOUT_EFFECT: &[&str] = &[
-    "containerLogMaxFiles",
-    "containerLogMaxSize",
     "contentType",
     "failSwapOn",
     "featureGates",
@@ -48,8 +46,6 @@ pub(crate) const PARTIAL: &[Partial] = &[
 /// Fields the upstream kubelet reads that this agent accepts without acting on them (a host-level or cgroup
 /// concern that a CRI-driving node agent does not own, or a feature not built). Their values are not checked.
 pub(crate) const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
-    "containerLogMaxWorkers",
-    "containerLogMonitorInterval",
     "cpuCFSQuota",
     "cpuCFSQuotaPeriod",
     "cpuManagerPolicy",
@@ -164,6 +160,8 @@ pub(crate) const KNOWN_FIELDS: &[&str] = &[
     "imageGCLowThresholdPercent",
     "containerLogMaxSize",
     "containerLogMaxFiles",
+    "containerLogMaxWorkers",
+    "containerLogMonitorInterval",
     "clusterDomain",
     "clusterDNS",
     "allowedUnsafeSysctls",

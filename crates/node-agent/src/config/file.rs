@@ -253,6 +253,10 @@ pub(crate) struct FileConfig {
     pub container_log_max_size: Option<String>,
     #[serde(default)]
     pub container_log_max_files: Option<i64>,
+    #[serde(default)]
+    pub container_log_max_workers: Option<i64>,
+    #[serde(default, deserialize_with = "dur")]
+    pub container_log_monitor_interval: Option<Duration>,
 
     // --- pods
     #[serde(default)]

@@ -310,10 +310,15 @@ pub struct KubeletConfig {
     pub image_gc_high_threshold_percent: u8,
     /// Image GC frees down to this percent (default 80).
     pub image_gc_low_threshold_percent: u8,
-    /// Log rotation size (default 10Mi).
+    /// A running container's log is rotated once it reaches this size; negative turns rotation off (default
+    /// 10Mi).
     pub container_log_max_size: Quantity,
-    /// Log files kept per container (default 5).
+    /// Log files kept per container, the one being written included (default 5, at least 2).
     pub container_log_max_files: u32,
+    /// Containers whose logs are rotated at once (default 1).
+    pub container_log_max_workers: u32,
+    /// How often the container logs' sizes are checked (default 10s, at least 3s).
+    pub container_log_monitor_interval: Duration,
 
     /// Cluster DNS domain.
     pub cluster_domain: Option<String>,

@@ -274,29 +274,7 @@ pub(crate) fn resolve(
         );
     }
 
-    let container_log_max_size = match f
-        .container_log_max_size
-        .as_deref()
-        .unwrap_or("10Mi")
-        .parse::<Quantity>()
-    {
-        Ok(q) if q.milli() > 0 => q,
-        Ok(_) => {
-            c.err("containerLogMaxSize", "must be greater than zero");
-            Quantity::zero()
-        }
-        Err(e) => {
-            c.err("containerLogMaxSize", e.to_string());
-            Quantity::zero()
-        }
-    };
-    let container_log_max_files = c.non_negative("containerLogMaxFiles", f.container_log_max_files, 5);
-    if container_log_max_files < 2 {
-        c.err(
-            "containerLogMaxFiles",
-            format!("{container_log_max_files} must be at least 2"),
-        );
-    }
+    let container_logs = container_log_rotation(&mut c, f);
 
     let mut cluster_dns = Vec::new();
     for s in f.cluster_dns.iter().flatten() {
@@ -525,8 +503,10 @@ pub(crate) fn resolve(
         image_maximum_gc_age,
         image_gc_high_threshold_percent,
         image_gc_low_threshold_percent,
-        container_log_max_size,
-        container_log_max_files,
+        container_log_max_size: container_logs.max_size,
+        container_log_max_files: container_logs.max_files,
+        container_log_max_workers: container_logs.max_workers,
+        container_log_monitor_interval: container_logs.monitor_interval,
 
         cluster_domain: f.cluster_domain.clone().filter(|s| !s.is_empty()),
         cluster_dns,
@@ -572,5 +552,64 @@ fn static_pod_url(c: &mut Check<'_>, v: Option<&str>) -> Option<String> {
             c.err("staticPodURL", format!("{url:?} is not an http:// URL"));
             None
         }
+    }
+}
+
+/// The container log rotation settings, resolved.
+struct ContainerLogs {
+    max_size: Quantity,
+    max_files: u32,
+    max_workers: u32,
+    monitor_interval: Duration,
+}
+
+/// `containerLogMaxSize`, `containerLogMaxFiles`, `containerLogMaxWorkers`, `containerLogMonitorInterval`, checked
+/// as the kubelet checks them: the size a whole number of bytes (negative turns rotation off), at least 2 files,
+/// at least 1 worker, an interval of at least 3 s.
+fn container_log_rotation(c: &mut Check, f: &FileConfig) -> ContainerLogs {
+    let max_size = match f
+        .container_log_max_size
+        .as_deref()
+        .unwrap_or("10Mi")
+        .parse::<Quantity>()
+    {
+        Ok(q) if q.milli() % 1000 == 0 && i64::try_from(q.value()).is_ok() => q,
+        Ok(q) => {
+            c.err(
+                "containerLogMaxSize",
+                format!("{q} is not a whole number of bytes"),
+            );
+            Quantity::zero()
+        }
+        Err(e) => {
+            c.err("containerLogMaxSize", e.to_string());
+            Quantity::zero()
+        }
+    };
+    let max_files = c.non_negative("containerLogMaxFiles", f.container_log_max_files, 5);
+    if max_files < 2 {
+        c.err(
+            "containerLogMaxFiles",
+            format!("{max_files} must be greater than 1"),
+        );
+    }
+    let max_workers = c.non_negative("containerLogMaxWorkers", f.container_log_max_workers, 1);
+    if max_workers < 1 {
+        c.err("containerLogMaxWorkers", "must be greater than or equal to 1");
+    }
+    let monitor_interval = f
+        .container_log_monitor_interval
+        .unwrap_or(Duration::from_secs(10));
+    if monitor_interval < Duration::from_secs(3) {
+        c.err(
+            "containerLogMonitorInterval",
+            format!("{monitor_interval:?} must be at least 3s"),
+        );
+    }
+    ContainerLogs {
+        max_size,
+        max_files,
+        max_workers,
+        monitor_interval,
     }
 }

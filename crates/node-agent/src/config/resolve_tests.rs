@@ -47,6 +47,8 @@ fn defaults_equal_the_kubelets() {
     assert_eq!(d.eviction_pressure_transition_period, Duration::from_secs(300));
     assert_eq!(d.container_log_max_size.to_string(), "10Mi");
     assert_eq!(d.container_log_max_files, 5);
+    assert_eq!(d.container_log_max_workers, 1);
+    assert_eq!(d.container_log_monitor_interval, Duration::from_secs(10));
     assert!(d.serialize_image_pulls);
     assert_eq!(d.eviction_hard.len(), 5);
     assert_eq!(
@@ -162,4 +164,35 @@ fn thresholds_parse() {
     assert!(parse_threshold("101%").is_err());
     assert!(parse_threshold("-1Mi").is_err());
     assert!(matches!(parse_threshold("1Gi"), Ok(Threshold::Quantity(_))));
+}
+
+#[test]
+fn container_log_rotation_settings_are_checked_as_the_kubelet_checks_them() {
+    let k = from_yaml(
+        "containerLogMaxSize: 1Mi\ncontainerLogMaxFiles: 3\ncontainerLogMaxWorkers: 2\n\
+         containerLogMonitorInterval: 3s\n",
+    )
+    .unwrap();
+    assert_eq!(k.container_log_max_size.value(), 1 << 20);
+    assert_eq!(k.container_log_max_files, 3);
+    assert_eq!(k.container_log_max_workers, 2);
+    assert_eq!(k.container_log_monitor_interval, Duration::from_secs(3));
+    // a negative size turns rotation off; zero rotates at every check
+    assert!(
+        from_yaml("containerLogMaxSize: \"-1\"\n")
+            .unwrap()
+            .container_log_max_size
+            .is_negative()
+    );
+    assert!(from_yaml("containerLogMaxSize: \"0\"\n").is_ok());
+    for (yaml, field) in [
+        ("containerLogMaxSize: 1500m\n", "containerLogMaxSize"),
+        ("containerLogMaxSize: ten\n", "containerLogMaxSize"),
+        ("containerLogMaxFiles: 1\n", "containerLogMaxFiles"),
+        ("containerLogMaxWorkers: 0\n", "containerLogMaxWorkers"),
+        ("containerLogMonitorInterval: 2s\n", "containerLogMonitorInterval"),
+    ] {
+        let e = from_yaml(yaml).unwrap_err();
+        assert_eq!(e.fields(), [field], "{yaml}: {e}");
+    }
 }

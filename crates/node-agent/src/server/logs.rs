@@ -6,7 +6,9 @@
 //! `ContainerStatus.logPath`, read by a [`LogSource`]: [`FileLogs`] reads the file (real mode); a hollow node
 //! reads what its in-memory runtime wrote. Query parameters as the kubelet takes them: `follow`, `tailLines`,
 //! `limitBytes`, `sinceSeconds` / `sinceTime`, `timestamps`, `previous`. Bad values get 400, values out of range
-//! 422, an unknown pod or container 404. Rotated log files (`<logPath>.<time>`) are not read.
+//! 422, an unknown pod or container 404. Rotated log files (`<logPath>.<time>`, see [`crate::container_logs`])
+//! are not read, except by a follower when the log it follows is rotated: it reads the rest of the file it
+//! followed, then the new log from its start.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -31,6 +33,20 @@ use crate::pods::runtime::labels;
 pub trait LogSource: Send + Sync {
     /// The log of container `container_id` (whose status names `log_path`) from byte `offset` on.
     async fn read(&self, container_id: &str, log_path: &str, offset: u64) -> std::io::Result<Vec<u8>>;
+
+    /// Which file `log_path` names now (its inode), for a follower to notice a rotation; `None` (the default)
+    /// when the source's logs are never rotated.
+    async fn file_id(&self, log_path: &str) -> Option<u64> {
+        let _ = log_path;
+        None
+    }
+
+    /// What the rotated file of `log_path` that is `file_id` holds from `offset` on: the end a follower had not
+    /// read before the rotation (empty by default, and when that file is gone).
+    async fn read_rotated(&self, log_path: &str, file_id: u64, offset: u64) -> Vec<u8> {
+        let _ = (log_path, file_id, offset);
+        Vec::new()
+    }
 }
 
 /// Reads the log file the runtime writes (`ContainerStatus.logPath`).
@@ -46,6 +62,33 @@ impl LogSource for FileLogs {
         let mut out = Vec::new();
         file.read_to_end(&mut out).await?;
         Ok(out)
+    }
+
+    async fn file_id(&self, log_path: &str) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        tokio::fs::metadata(log_path).await.ok().map(|m| m.ino())
+    }
+
+    async fn read_rotated(&self, log_path: &str, file_id: u64, offset: u64) -> Vec<u8> {
+        let log = std::path::PathBuf::from(log_path);
+        let found = tokio::task::spawn_blocking(move || {
+            use std::os::unix::fs::MetadataExt;
+            // the newest rotated files first: the one just renamed is plain, the older ones gzipped
+            let rotated = crate::container_logs::rotated_files(&log).ok()?;
+            rotated
+                .into_iter()
+                .rev()
+                .find(|p| std::fs::metadata(p).is_ok_and(|m| m.ino() == file_id))
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some(path) = found else {
+            return Vec::new();
+        };
+        self.read("", &path.display().to_string(), offset)
+            .await
+            .unwrap_or_default()
     }
 }
 
@@ -303,6 +346,7 @@ pub async fn container_logs(
         Ok(st) => st,
         Err(resp) => return resp,
     };
+    let first_file = node.logs.file_id(&st.log_path).await;
     let raw = match node.logs.read(&id, &st.log_path, 0).await {
         Ok(raw) => raw,
         Err(e) => {
@@ -323,11 +367,21 @@ pub async fn container_logs(
     if !options.follow || !running || options.limit_bytes.is_some_and(|l| written >= l) {
         return (StatusCode::OK, headers, first).into_response();
     }
-    // follow: poll the log for what the container writes next, until it stops or the limit is reached
-    let state = (node, id, st.log_path, consumed as u64, written, options, false);
+    // follow: poll the log for what the container writes next, until it stops or the limit is reached; a
+    // rotation (the path names another file) is followed into the new file
+    let file = first_file;
+    let state = (
+        node,
+        id,
+        st.log_path,
+        (file, consumed as u64),
+        written,
+        options,
+        false,
+    );
     let rest = futures::stream::unfold(
         state,
-        |(node, id, path, offset, mut written, o, done)| async move {
+        |(node, id, path, (mut file, mut offset), mut written, o, done)| async move {
             if done {
                 return None;
             }
@@ -338,15 +392,24 @@ pub async fn container_logs(
                 let running = status(&node, &id)
                     .await
                     .is_ok_and(|s| s.state == cri::ContainerState::ContainerRunning as i32);
+                let mut chunk = Vec::new();
+                let now = node.logs.file_id(&path).await;
+                if now.is_some() && now != file {
+                    if let Some(old) = file {
+                        let rest = node.logs.read_rotated(&path, old, offset).await;
+                        chunk = render(&parse(&rest).0, &o, &mut written);
+                    }
+                    (file, offset) = (now, 0);
+                }
                 let raw = node.logs.read(&id, &path, offset).await.unwrap_or_default();
                 let (entries, consumed) = parse(&raw);
-                let chunk = render(&entries, &o, &mut written);
+                chunk.extend(render(&entries, &o, &mut written));
                 let finished = !running || o.limit_bytes.is_some_and(|l| written >= l);
+                offset += consumed as u64;
                 if !chunk.is_empty() || finished {
-                    let next = offset + consumed as u64;
                     return Some((
                         Ok::<_, std::io::Error>(chunk),
-                        (node, id, path, next, written, o, finished),
+                        (node, id, path, (file, offset), written, o, finished),
                     ));
                 }
             }
