@@ -318,7 +318,7 @@ async fn init_containers_run_in_order_sidecar_stays_and_oversized_or_unsupported
     // a field the node does not honour: refused, naming each such field, never run as though it were absent
     let labelled = json!({"volumes": [{"name": "v", "emptyDir": {}}],
         "containers": [{"name": "app", "image": "nginx:1.27",
-            "securityContext": {"seLinuxOptions": {"level": "s0:c123,c456"}},
+            "securityContext": {"appArmorProfile": {"type": "RuntimeDefault"}},
             "volumeMounts": [{"name": "v", "mountPath": "/v", "mountPropagation": "HostToContainer"}]}]});
     create_pod(&pods, pod_json("labelled", "pl-init", labelled, json!({}))).await?;
     let p = wait_pod(&pods, "labelled", "Failed", 30, |p| {
@@ -329,7 +329,7 @@ async fn init_containers_run_in_order_sidecar_stays_and_oversized_or_unsupported
     assert_eq!(s.reason.as_deref(), Some("UnsupportedPodField"));
     let message = s.message.as_deref().unwrap_or_default();
     for field in [
-        "spec.containers[0].securityContext.seLinuxOptions",
+        "spec.containers[0].securityContext.appArmorProfile",
         "spec.containers[0].volumeMounts[0].mountPropagation",
     ] {
         assert!(
@@ -344,7 +344,7 @@ async fn init_containers_run_in_order_sidecar_stays_and_oversized_or_unsupported
             let events = pod_events(&admin, "pl-init", "labelled").await?;
             Ok(events
                 .iter()
-                .any(|(r, m)| r == "UnsupportedPodField" && m.contains("seLinuxOptions"))
+                .any(|(r, m)| r == "UnsupportedPodField" && m.contains("appArmorProfile"))
                 .then_some(()))
         },
     )

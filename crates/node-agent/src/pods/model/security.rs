@@ -1,8 +1,8 @@
 //! Pod and container security contexts as the pod's spec states them (run as user / group, privileged,
-//! capabilities, privilege escalation, seccomp, proc mount), read once when the pod is read. How they become
+//! capabilities, privilege escalation, seccomp, proc mount, SELinux options), read once when the pod is read. How they become
 //! the runtime's settings is [`crate::pods::runtime::security`].
 
-use k8s_openapi::api::core::v1::{PodSecurityContext, SeccompProfile, SecurityContext};
+use k8s_openapi::api::core::v1::{PodSecurityContext, SELinuxOptions, SeccompProfile, SecurityContext};
 
 /// A seccomp profile choice.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +25,25 @@ fn seccomp(p: Option<&SeccompProfile>) -> Option<Seccomp> {
 }
 
 /// The pod-level settings (`spec.securityContext` and the namespace switches).
+/// `seLinuxOptions` as stated: user, role, type, level (empty when unset).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SeLinux {
+    pub user: String,
+    pub role: String,
+    pub type_: String,
+    pub level: String,
+}
+
+fn se_linux(o: Option<&SELinuxOptions>) -> Option<SeLinux> {
+    let o = o?;
+    Some(SeLinux {
+        user: o.user.clone().unwrap_or_default(),
+        role: o.role.clone().unwrap_or_default(),
+        type_: o.type_.clone().unwrap_or_default(),
+        level: o.level.clone().unwrap_or_default(),
+    })
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodSecurity {
     /// `runAsUser`.
@@ -47,6 +66,7 @@ pub struct PodSecurity {
     pub host_ipc: bool,
     /// `shareProcessNamespace`.
     pub share_pid: bool,
+    pub se_linux: Option<SeLinux>,
 }
 
 impl PodSecurity {
@@ -75,6 +95,7 @@ impl PodSecurity {
             host_pid: spec.host_pid.unwrap_or(false),
             host_ipc: spec.host_ipc.unwrap_or(false),
             share_pid: spec.share_process_namespace.unwrap_or(false),
+            se_linux: se_linux(sc.and_then(|s| s.se_linux_options.as_ref())),
         };
         (out != Self::default()).then(|| Box::new(out))
     }
@@ -103,6 +124,7 @@ pub struct ContainerSecurity {
     pub seccomp: Option<Seccomp>,
     /// `procMount: Unmasked`.
     pub unmasked_proc: bool,
+    pub se_linux: Option<SeLinux>,
 }
 
 impl ContainerSecurity {
@@ -121,6 +143,7 @@ impl ContainerSecurity {
             allow_privilege_escalation: sc.allow_privilege_escalation,
             seccomp: seccomp(sc.seccomp_profile.as_ref()),
             unmasked_proc: sc.proc_mount.as_deref() == Some("Unmasked"),
+            se_linux: se_linux(sc.se_linux_options.as_ref()),
         }))
     }
 }

@@ -76,6 +76,15 @@ pub fn namespaces(pod: &DesiredPod) -> cri::NamespaceOption {
     }
 }
 
+fn cri_se_linux(o: &crate::pods::model::security::SeLinux) -> cri::SeLinuxOption {
+    cri::SeLinuxOption {
+        user: o.user.clone(),
+        role: o.role.clone(),
+        r#type: o.type_.clone(),
+        level: o.level.clone(),
+    }
+}
+
 /// The sandbox's security context and sysctls.
 pub fn sandbox(
     pod: &DesiredPod,
@@ -98,6 +107,7 @@ pub fn sandbox(
         supplemental_groups: p.map(|p| p.supplemental_groups.clone()).unwrap_or_default(),
         privileged,
         seccomp: Some(seccomp_profile(p.and_then(|p| p.seccomp.as_ref()), root_dir)),
+        selinux_options: p.and_then(|p| p.se_linux.as_ref()).map(cri_se_linux),
         ..Default::default()
     };
     let sysctls = p.map(|p| p.sysctls.iter().cloned().collect()).unwrap_or_default();
@@ -157,6 +167,12 @@ pub fn container(
                 .or(p.and_then(|p| p.seccomp.as_ref())),
             root_dir,
         )),
+        // as the kubelet: the container's options, else the pod's; a runtime on a host without SELinux
+        // ignores them
+        selinux_options: own
+            .and_then(|s| s.se_linux.as_ref())
+            .or(p.and_then(|p| p.se_linux.as_ref()))
+            .map(cri_se_linux),
         ..Default::default()
     })
 }

@@ -24,7 +24,6 @@ const WINDOWS: &str = "Windows-only; a Linux node ignores it, as the kubelet doe
 const RESIZE: &str = "in-place resize is not performed by this node";
 const CLAIMS: &str = "dynamic resource allocation (resource claims) is not prepared by this node";
 const APPARMOR: &str = "AppArmor profiles are not passed to the runtime by this node";
-const SELINUX: &str = "SELinux labels are not passed to the runtime by this node";
 const FILE_ENV: &str = "environment variables from files in a volume are not read by this node";
 const BLOCK: &str = "raw block volumes need persistent volumes, which this node does not mount";
 
@@ -233,9 +232,11 @@ pub static FIELDS: &[Field] = &[
     f(
         "PodSecurityContext",
         "seLinuxChangePolicy",
-        Inert("governs SELinux relabelling of volumes, which needs SELinux labels (refused)"),
+        Inert(
+            "governs how volumes are relabelled on hosts with SELinux enabled; this node relabels no volume",
+        ),
     ),
-    f("PodSecurityContext", "seLinuxOptions", refused(SELINUX)),
+    f("PodSecurityContext", "seLinuxOptions", Walk("SELinuxOptions")),
     f("PodSecurityContext", "seccompProfile", Walk("SeccompProfile")),
     f("PodSecurityContext", "supplementalGroups", Acts),
     f(
@@ -250,6 +251,10 @@ pub static FIELDS: &[Field] = &[
     f("PodSecurityContext", "windowsOptions", Inert(WINDOWS)),
     f("Sysctl", "name", Acts),
     f("Sysctl", "value", Acts),
+    f("SELinuxOptions", "level", Acts),
+    f("SELinuxOptions", "role", Acts),
+    f("SELinuxOptions", "type", Acts),
+    f("SELinuxOptions", "user", Acts),
     f("SeccompProfile", "localhostProfile", Acts),
     f("SeccompProfile", "type", Acts),
     // SecurityContext (per container)
@@ -262,7 +267,7 @@ pub static FIELDS: &[Field] = &[
     f("SecurityContext", "runAsGroup", Acts),
     f("SecurityContext", "runAsNonRoot", Acts),
     f("SecurityContext", "runAsUser", Acts),
-    f("SecurityContext", "seLinuxOptions", refused(SELINUX)),
+    f("SecurityContext", "seLinuxOptions", Walk("SELinuxOptions")),
     f("SecurityContext", "seccompProfile", Walk("SeccompProfile")),
     f("SecurityContext", "windowsOptions", Inert(WINDOWS)),
     f("Capabilities", "add", Acts),
