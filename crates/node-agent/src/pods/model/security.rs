@@ -24,13 +24,16 @@ fn seccomp(p: Option<&SeccompProfile>) -> Option<Seccomp> {
     })
 }
 
-/// The pod-level settings (`spec.securityContext` and the namespace switches).
 /// `seLinuxOptions` as stated: user, role, type, level (empty when unset).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SeLinux {
+    /// The SELinux user label.
     pub user: String,
+    /// The SELinux role label.
     pub role: String,
+    /// The SELinux type label.
     pub type_: String,
+    /// The SELinux level label.
     pub level: String,
 }
 
@@ -44,6 +47,7 @@ fn se_linux(o: Option<&SELinuxOptions>) -> Option<SeLinux> {
     })
 }
 
+/// The pod-level settings (`spec.securityContext` and the namespace switches).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodSecurity {
     /// `runAsUser`.
@@ -66,6 +70,7 @@ pub struct PodSecurity {
     pub host_ipc: bool,
     /// `shareProcessNamespace`.
     pub share_pid: bool,
+    /// `seLinuxOptions` of the pod.
     pub se_linux: Option<SeLinux>,
 }
 
@@ -124,6 +129,7 @@ pub struct ContainerSecurity {
     pub seccomp: Option<Seccomp>,
     /// `procMount: Unmasked`.
     pub unmasked_proc: bool,
+    /// `seLinuxOptions` of the container (over the pod's).
     pub se_linux: Option<SeLinux>,
 }
 
