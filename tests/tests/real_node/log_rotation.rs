@@ -6,7 +6,8 @@
 //! follows it through the rotations without losing a line.
 //!
 //! The bound holds as it does for the kubelet: a log is measured once per interval, so it can outgrow the size by
-//! what the container writes in one interval; here that is about 3.6 MiB, within the bound with room to spare.
+//! what the container writes in one interval; this container writes far less in one interval than the bound
+//! leaves free.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -24,7 +25,7 @@ const NS: &str = "rn-logs";
 /// The node's `containerLogMaxSize` and `containerLogMaxFiles`.
 pub const MAX_SIZE: u64 = 2 << 20;
 pub const MAX_FILES: usize = 10;
-/// Chunks of 4,767 lines of 220 bytes: a little over 1 MiB each.
+/// How many chunks `WRITER` prints, each a little over a mebibyte of numbered lines.
 const CHUNKS: u32 = 50;
 
 /// 50 chunks of numbered lines, one a second, then a tick a second.
