@@ -6,8 +6,9 @@ heartbeats), so running a few side by side, each with more test threads than cor
 starving anything. The binaries are built first (`cargo test --no-run`), then run from their package's
 directory as cargo would run them. The longest-running binaries (as measured by earlier runs, kept in the
 cache directory) start first. The binaries that start a private containerd with bridge networking
-(CONTAINERD_BINARIES) run one after another, never beside each other, each with its own pod subnet
-(NA_CRI_SUBNET, unless the environment sets one). The `hollow` and `node-agent` programs the same build made are
+(CONTAINERD_BINARIES) run in CONTAINERD_LANES lanes, one binary after another in each, so at most that many real
+nodes load the machine at once; each has its own state directory, bridge and pod subnet (NA_CRI_SUBNET, unless
+the environment sets one). The `hollow` and `node-agent` programs the same build made are
 handed to the tests (HOLLOW_BIN, NODE_AGENT_BIN, TESTENV_BIN, unless the environment sets them). Beside the test
 binaries runs the CI subset of the upstream node conformance suite (SCRIPTS: hack/conformance.sh --subset, with its
 own containerd, bridge and pod subnet).
@@ -16,7 +17,7 @@ With NODE_AGENT_LINT=1 the workspace's own crates are compiled by clippy (cargo'
 warning an error: the lints ride on the one compile the tests need instead of a second pass of their own.
 `--build-only` builds and stops (CI starts the build while the Go-built binaries are made).
 
-Environment: NODE_AGENT_TEST_JOBS (binaries at once, default 3), NODE_AGENT_TEST_THREADS (test threads per
+Environment: NODE_AGENT_TEST_JOBS (binaries at once, default 4), NODE_AGENT_TEST_THREADS (test threads per
 binary, default 8), NODE_AGENT_CACHE (where the timings are kept), NODE_AGENT_LINT (see above).
 """
 
@@ -29,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-# label -> the pod subnet its containerd's bridge uses; these binaries form one serial group
+# label -> the pod subnet its containerd's bridge uses; these binaries run in CONTAINERD_LANES serial lanes
 CONTAINERD_BINARIES = {
     "cri-real/test/conformance": "10.88.0.0/16",
     "e2e/test/real_node": "10.90.0.0/16",
@@ -40,6 +41,10 @@ CONTAINERD_BINARIES = {
     "e2e/test/real_node_shutdown": "10.95.0.0/16",
     "e2e/test/real_node_chart": "10.97.0.0/16",
 }
+
+
+# how many real nodes on a private containerd run at once
+CONTAINERD_LANES = 2
 
 
 def package_name_of(package_id):
@@ -101,7 +106,7 @@ def build(root):
 
 def main():
     root = Path(__file__).resolve().parent.parent
-    jobs = int(os.environ.get("NODE_AGENT_TEST_JOBS", "3"))
+    jobs = int(os.environ.get("NODE_AGENT_TEST_JOBS", "4"))
     threads = os.environ.get("NODE_AGENT_TEST_THREADS", "8")
     cache = Path(os.environ.get("NODE_AGENT_CACHE", Path.home() / ".cache/node-agent"))
     timings_file = cache / "test-timings.json"
@@ -125,13 +130,21 @@ def main():
         for name, cmd in SCRIPTS.items():
             package, _, target = name.partition("/")
             binaries.append((package, target, "script", cmd, str(root)))
-    groups = {}
-    for b in binaries:
-        key = "containerd" if label(b) in CONTAINERD_BINARIES else label(b)
-        groups.setdefault(key, []).append(b)
-
     def expected(group):
         return sum(timings.get(label(b), 60.0) for b in group)
+
+    groups = {}
+    lanes = [[] for _ in range(CONTAINERD_LANES)]
+    real_nodes = sorted((b for b in binaries if label(b) in CONTAINERD_BINARIES), key=lambda b: expected([b]),
+                        reverse=True)
+    for b in real_nodes:
+        min(lanes, key=expected).append(b)
+    for i, lane in enumerate(lanes):
+        if lane:
+            groups[f"containerd-{i}"] = lane
+    for b in binaries:
+        if label(b) not in CONTAINERD_BINARIES:
+            groups[label(b)] = [b]
 
     order = sorted(groups.values(), key=expected, reverse=True)
     cargo = subprocess.run(["bash", "-c", "command -v cargo"], stdout=subprocess.PIPE, text=True).stdout.strip()
