@@ -229,17 +229,19 @@ agnhost_rootfs() {
   printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >> "$r/etc/group"
   cat > "$r/usr/bin/curl" <<'SH'
 #!/bin/sh
-# curl's common forms over busybox wget: the URL among the arguments, the time limits kept, other options dropped
+# curl's common forms over busybox wget: the URL among the arguments, the overall time limit kept (by `timeout`:
+# this busybox's wget crashes or prints nothing with its own -T), other options dropped
 url= timeout=
 while [ $# -gt 0 ]; do
   case "$1" in
-    --connect-timeout|-m|--max-time) timeout=$2; shift 2 ;;
-    -o|-H|-X|-d|--data|-w) shift 2 ;;
+    -m|--max-time) timeout=$2; shift 2 ;;
+    --connect-timeout|-o|-H|-X|-d|--data|-w) shift 2 ;;
     -*) shift ;;
     *) url=$1; shift ;;
   esac
 done
-exec wget -q -O - ${timeout:+-T "$timeout"} "$url"
+if [ -n "$timeout" ]; then exec timeout "$timeout" wget -q -O - "$url"; fi
+exec wget -q -O - "$url"
 SH
   chmod 0755 "$r/usr/bin/curl"
 }
