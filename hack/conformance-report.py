@@ -20,7 +20,7 @@ from pathlib import Path
 
 # The CI subset: one spec per theme (pods, logs, hooks, probes, init and sidecar containers, downward API and
 # expansion, configMap/secret/projected/emptyDir/hostPath volumes, security context, /etc/hosts, RuntimeClass, the
-# node lease, pod networking), each passing on node-agent and quick; full spec texts as Ginkgo prints them.
+# node lease, pod networking, hostnameOverride, a termination message from a log without a final newline), each passing on node-agent and quick; full spec texts as Ginkgo prints them.
 SUBSET = [
     "[sig-node] Pods should get a host IP [NodeConformance] [Conformance]",
     "[sig-node] Pods should support retrieving logs from the container over websockets [NodeConformance] [Conformance]",
@@ -52,6 +52,10 @@ SUBSET = [
     "kube-node-lease namespace",
     "[sig-network] Networking Granular Checks: Pods should function for intra-pod communication: http "
     "[NodeConformance] [Conformance]",
+    "[sig-node] Override hostname of Pod [NodeConformance] [FeatureGate:HostnameOverride] [Beta] a pod with only "
+    "hostnameOverride field will have hostnameOverride as hostname",
+    "[sig-node] Container Runtime blackbox test on terminated container should report termination message from log "
+    "output if TerminationMessagePolicy FallbackToLogsOnError is set [NodeConformance] [Conformance]",
 ]
 
 FAILED = {"failed", "timedout", "interrupted", "aborted", "panicked"}

@@ -5,12 +5,14 @@
 #                                 the e2e test binary of the [NodeConformance] packages, ginkgo's CLI and the images
 #                                 the specs use; prints the test binary's path
 #   hack/conformance.sh [run] [--agent node-agent|kubelet|both] [--procs N] [--focus RE] [--out DIR]
+#                     [--containerd 1.6|2]
 #                                 (root) the focus against each agent in turn (default both; the kubelet of the
 #                                 pinned release is built on its first run by hack/build-kubernetes.sh kubelet)
 #   hack/conformance.sh --subset  (root) the CI subset (hack/conformance-report.py SUBSET) against node-agent only
 #
 # Per run: a fresh control plane (testenv up; API server with --allow-privileged=true), a private containerd 1.6
-# (tests/containerd/setup.sh, bridge naconf0 on 10.99.0.0/16) with the images imported, the agent with one
+# (tests/containerd/setup.sh, bridge naconf0 on 10.99.0.0/16; --containerd 2: the 2.x that setup.sh builds) with
+# the images imported, the agent with one
 # KubeletConfiguration for both agents, its node IP 10.254.254.1 added as a /32 on lo for the run (the kubelet
 # refuses a loopback node IP); Ginkgo with 10 processes, the focus [NodeConformance] without
 # [Serial], [Disruptive], [Flaky], [Feature:, [Alpha], [Slow]. Results in $CONFORMANCE_DIR (default
@@ -28,7 +30,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 version=$(tr -d '[:space:]' < "$root/KUBERNETES_VERSION")
 cache=${NODE_AGENT_CACHE:-$HOME/.cache/node-agent}
 out_dir="$cache/conformance/$version"
-log() { echo "conformance: $*" >&2; }
+# each line with the seconds since the script started: where a run's time goes
+log() { echo "conformance: [${SECONDS}s] $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 # --- the Go module the suite is built from -------------------------------------------------------------------
@@ -226,17 +229,19 @@ agnhost_rootfs() {
   printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >> "$r/etc/group"
   cat > "$r/usr/bin/curl" <<'SH'
 #!/bin/sh
-# curl's common forms over busybox wget: the URL among the arguments, the time limits kept, other options dropped
+# curl's common forms over busybox wget: the URL among the arguments, the overall time limit kept (by `timeout`:
+# this busybox's wget crashes or prints nothing with its own -T), other options dropped
 url= timeout=
 while [ $# -gt 0 ]; do
   case "$1" in
-    --connect-timeout|-m|--max-time) timeout=$2; shift 2 ;;
-    -o|-H|-X|-d|--data|-w) shift 2 ;;
+    -m|--max-time) timeout=$2; shift 2 ;;
+    --connect-timeout|-o|-H|-X|-d|--data|-w) shift 2 ;;
     -*) shift ;;
     *) url=$1; shift ;;
   esac
 done
-exec wget -q -O - ${timeout:+-T "$timeout"} "$url"
+if [ -n "$timeout" ]; then exec timeout "$timeout" wget -q -O - "$url"; fi
+exec wget -q -O - "$url"
 SH
   chmod 0755 "$r/usr/bin/curl"
 }
@@ -297,6 +302,10 @@ build() {
 
 # --- one run ----------------------------------------------------------------------------------------------------
 FOCUS='\[NodeConformance\]'
+# the images the CI subset's specs run (as their archives are named): busybox, agnhost for the HTTP hooks, probes
+# and pod networking, the pause image the hooked pods run, and glibc-dns-testing for hostnameOverride
+SUBSET_IMAGES=(registry.k8s.io_e2e-test-images_busybox_1.37.0-1 registry.k8s.io_e2e-test-images_agnhost_2.63.0
+  registry.k8s.io_pause_3.10.2 registry.k8s.io_e2e-test-images_glibc-dns-testing_2.0.0)
 SKIP='\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:|\[Alpha\]|\[Slow\]'
 # the kernel settings the kubelet sets at start, and the iptables chains it keeps (both put back after each run)
 SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
@@ -341,8 +350,13 @@ run_agent() {
   stop_all() {
     set +e
     [ -n "${agent_pid:-}" ] && kill -TERM "$agent_pid" 2>/dev/null && { for _ in $(seq 1 300); do kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.1; done; kill -KILL "$agent_pid" 2>/dev/null; }
+    log "$agent: agent stopped"
+    # the control plane stops while containerd is removed
+    [ -n "${up:-}" ] && kill -TERM "$up" 2>/dev/null
     NA_CRI_DIR=$cri_dir NA_CRI_BRIDGE=$bridge bash "$root/tests/containerd/teardown.sh" >/dev/null 2>&1
-    [ -n "${up:-}" ] && kill -TERM "$up" 2>/dev/null && wait "$up" 2>/dev/null
+    log "$agent: containerd removed"
+    [ -n "${up:-}" ] && wait "$up" 2>/dev/null
+    log "$agent: control plane stopped"
     awk -v d="$dir/" 'index($2, d) == 1 { print $2 }' /proc/self/mounts | sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
     for h in /sys/fs/cgroup/*/; do [ -d "$h$cgroup_root" ] && find "$h$cgroup_root" -depth -type d -exec rmdir {} \; 2>/dev/null; done
     for kv in "${saved_sysctls[@]}"; do [ -n "${kv#*=}" ] && echo "${kv#*=}" > "/proc/sys/${kv%%=*}"; done
@@ -355,21 +369,29 @@ run_agent() {
   trap 'stop_all; cleanup_node_ip' EXIT
   trap 'exit 130' INT TERM
 
-  log "$agent: control plane"
+  # the control plane starts while containerd starts and takes the images (neither needs the other)
+  log "$agent: control plane; beside it containerd $containerd_label (pod subnet $subnet) and ${#images[@]} images"
   "$testenv_bin" up --dir "$cp_dir" >"$dir/control-plane.log" 2>&1 &
   up=$!
-  for _ in $(seq 1 180); do
+  NA_CRI_DIR=$cri_dir NA_CRI_SUBNET=$subnet NA_CRI_BRIDGE=$bridge NA_CRI_CONTAINERD=$containerd \
+    bash "$root/tests/containerd/setup.sh" >"$dir/containerd-setup.log" 2>&1 \
+    || die "containerd did not start: $(tail -5 "$dir/containerd-setup.log")"
+  log "$agent: containerd up; importing the images"
+  local imports=() t p
+  for t in "${images[@]}"; do
+    ctr --address "$cri_dir/containerd.sock" -n k8s.io images import "$t" >"$dir/import-${t##*/}.log" 2>&1 &
+    imports+=("$!")
+  done
+  for p in "${imports[@]}"; do wait "$p" || die "an image import failed (see $dir/import-*.log)"; done
+  log "$agent: images imported"
+  for _ in $(seq 1 360); do
     [ "$(launcher_of "$cp_dir/control-plane.json")" = "$up" ] && break
     kill -0 "$up" 2>/dev/null || die "the control plane did not start: $(tail -5 "$dir/control-plane.log")"
-    sleep 1
+    sleep 0.5
   done
   [ "$(launcher_of "$cp_dir/control-plane.json")" = "$up" ] || die "the control plane did not come up"
   kubectl="$k8s_bin/kubectl --kubeconfig $cp_dir/admin.kubeconfig"
-
-  log "$agent: containerd 1.6 (pod subnet $subnet)"
-  NA_CRI_DIR=$cri_dir NA_CRI_SUBNET=$subnet NA_CRI_BRIDGE=$bridge bash "$root/tests/containerd/setup.sh" >"$dir/containerd-setup.log" 2>&1 \
-    || die "containerd did not start: $(tail -5 "$dir/containerd-setup.log")"
-  for t in "$images_dir"/*.tar; do ctr --address "$cri_dir/containerd.sock" -n k8s.io images import "$t" >/dev/null; done
+  log "$agent: control plane up"
 
   # the agent: one KubeletConfiguration for both (as the kubelet benchmark's), its API on the node IP with a
   # serving certificate for that IP from the cluster CA
@@ -414,15 +436,15 @@ CONF
   "$agent_bin" --config "$dir/kubelet-config.yaml" --kubeconfig "$node_kc" --root-dir "$dir/root" \
     --hostname-override "$node" --node-ip "$node_ip" </dev/null >"$dir/$agent.log" 2>&1 &
   agent_pid=$!
-  for _ in $(seq 1 180); do
+  for _ in $(seq 1 360); do
     kill -0 "$agent_pid" 2>/dev/null || die "$agent exited: $(tail -20 "$dir/$agent.log")"
     [ "$($kubectl get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] && break
-    sleep 1
+    sleep 0.5
   done
   [ "$($kubectl get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] \
     || die "node $node not Ready in 180 s: $(tail -20 "$dir/$agent.log")"
 
-  log "$agent: the focus, $procs processes (log: $dir/e2e.log)"
+  log "$agent: node Ready; the focus, $procs processes (log: $dir/e2e.log)"
   started=$(date +%s)
   set +e
   (cd "$dir/report" && "$bin/ginkgo" --procs="$procs" --timeout="$suite_timeout" --no-color \
@@ -431,7 +453,9 @@ CONF
      --report-dir="$dir/report") >"$dir/e2e.log" 2>&1
   set -e
   echo $(( $(date +%s) - started )) > "$dir/seconds"
+  log "$agent: the focus ran in $(cat "$dir/seconds")s; stopping everything"
   stop_all
+  log "$agent: stopped"
   trap 'cleanup_node_ip' EXIT
   python3 "$root/hack/conformance-report.py" summary "$agent" "$dir" > "$dir/summary.txt"
 }
@@ -443,6 +467,7 @@ cleanup_node_ip() { [ -n "$added_ip" ] && ip addr del "$node_ip/32" dev lo 2>/de
 cmd=run
 case "${1:-}" in build|run) cmd=$1; shift ;; esac
 agents=(node-agent kubelet) procs=10 focus=$FOCUS subset=0 out=${CONFORMANCE_DIR:-/tmp/node-agent-conformance}
+containerd=${NA_CRI_CONTAINERD:-1.6}
 suite_timeout=3h
 node_ip=${CONFORMANCE_NODE_IP:-10.254.254.1}
 subnet=${CONFORMANCE_POD_SUBNET:-10.99.0.0/16}
@@ -451,6 +476,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --agent) case "$2" in both) agents=(node-agent kubelet) ;; *) agents=("$2") ;; esac; shift 2 ;;
     --procs) procs=$2; shift 2 ;;
+    --containerd) containerd=$2; shift 2 ;;
     --focus) focus=$2; shift 2 ;;
     --subset) subset=1; shift ;;
     --out) out=$2; shift 2 ;;
@@ -471,6 +497,18 @@ if [ "$subset" = 1 ]; then
   node_ip=${CONFORMANCE_NODE_IP:-10.254.254.2} subnet=${CONFORMANCE_POD_SUBNET:-10.98.0.0/16}
   bridge=${CONFORMANCE_BRIDGE:-naconf1} cgroup_root=${CONFORMANCE_CGROUP_ROOT:-node-agent-conformance-subset}
 fi
+case "$containerd" in
+  1.6) containerd_label=1.6 ;;
+  2) containerd_label=2.x ;;
+  *) die "--containerd: 1.6 or 2, not $containerd" ;;
+esac
+# the image archives this run imports: all of them, or for the subset only those its specs name
+images=()
+for t in "$images_dir"/*.tar; do
+  [ "$subset" = 1 ] && ! printf '%s\n' "${SUBSET_IMAGES[@]}" | grep -qx "$(basename "$t" .tar)" && continue
+  images+=("$t")
+done
+[ "${#images[@]}" -gt 0 ] || die "no image archives in $images_dir"
 k8s_bin=$(bash "$root/hack/build-kubernetes.sh")
 for agent in "${agents[@]}"; do
   [ "$agent" = kubelet ] && kubelet_bin="$(bash "$root/hack/build-kubernetes.sh" kubelet)/kubelet"

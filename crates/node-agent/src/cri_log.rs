@@ -12,13 +12,16 @@ pub(crate) struct Entry {
     pub time: OffsetDateTime,
     /// The time as written.
     pub stamp: String,
-    /// The text, with its final newline.
+    /// The text, with its final newline (none when the container's output ended without one: the runtime then
+    /// writes it as a partial line that nothing continues).
     pub text: Vec<u8>,
 }
 
 /// Parses complete CRI log lines from `buf`, joining partial (`P`) lines with their continuation; returns the
-/// entries and how many bytes were consumed (an unterminated last line, or a trailing run of partial lines, is
-/// left for the next read).
+/// entries and how many bytes were consumed (an unterminated last line, one the runtime is still writing, is
+/// left for the next read). A trailing run of partial lines is an entry without a final newline, as the kubelet
+/// shows it: it is all a container leaves when its output does not end in a newline, and a continuation written
+/// later is then an entry of its own.
 pub(crate) fn parse(buf: &[u8]) -> (Vec<Entry>, usize) {
     let mut out = Vec::new();
     let mut pending: Option<Entry> = None;
@@ -52,6 +55,10 @@ pub(crate) fn parse(buf: &[u8]) -> (Vec<Entry>, usize) {
             out.extend(pending.take());
             consumed = pos;
         }
+    }
+    if let Some(unended) = pending.take() {
+        out.push(unended);
+        consumed = pos;
     }
     (out, consumed)
 }

@@ -1,6 +1,7 @@
 //! Pod fields the node acts on as the kubelet does, on the real node: a pod name longer than a hostname holds
 //! is cut to 63 characters (the pod starts), `setHostnameAsFQDN` makes the FQDN the kernel hostname and one
-//! longer than 64 characters is refused (`FailedCreatePodSandBox`); `runtimeClassName` runs the sandbox with its
+//! longer than 64 characters is refused (`FailedCreatePodSandBox`), `hostnameOverride` is the hostname whole
+//! (over `hostname` and `subdomain`, also in `/etc/hosts`); `runtimeClassName` runs the sandbox with its
 //! RuntimeClass's handler, and a RuntimeClass deleted before the sandbox is made leaves the pod waiting with the
 //! kubelet's event; `activeDeadlineSeconds` fails the pod with `DeadlineExceeded` and kills its container; an
 //! HTTPS readiness probe (the server's certificate not verified) turns a pod Ready, and a liveness probe answered
@@ -99,6 +100,13 @@ async fn hostnames_are_cut_and_an_fqdn_hostname_is_set_or_refused() -> anyhow::R
         .await?;
     node.create_pod(&pods, &busybox("fqdn-long", fqdn_spec(&"x".repeat(40)), report)?)
         .await?;
+    let override_spec = serde_json::json!({
+        "hostname": "custom-host", "subdomain": "sub", "hostnameOverride": "override.example.host",
+    });
+    let report_override = "echo host=$(hostname); echo fqdn=$(hostname -f); echo hosts=$(grep -c override /etc/hosts); \
+         while :; do sleep 1; done";
+    node.create_pod(&pods, &busybox("override", override_spec, report_override)?)
+        .await?;
 
     let t0 = Instant::now();
     assert_eq!(logged(&pods, &long, "host=").await?, "l".repeat(62));
@@ -123,7 +131,11 @@ async fn hostnames_are_cut_and_an_fqdn_hostname_is_set_or_refused() -> anyhow::R
     );
     let p = pods.get("fqdn-long").await?;
     assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
-    for name in [long.as_str(), "fqdn", "fqdn-long"] {
+    // hostnameOverride: the kernel hostname and the pod's own /etc/hosts line, with no subdomain part
+    assert_eq!(logged(&pods, "override", "host=").await?, "override.example.host");
+    assert_eq!(logged(&pods, "override", "fqdn=").await?, "override.example.host");
+    assert_eq!(logged(&pods, "override", "hosts=").await?, "1");
+    for name in [long.as_str(), "fqdn", "fqdn-long", "override"] {
         pods.delete(name, &DeleteParams::default()).await?;
     }
     Ok(())

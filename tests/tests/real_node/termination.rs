@@ -1,6 +1,7 @@
 //! Termination messages on the real node: what a container writes to its `terminationMessagePath` before it exits
 //! shows in `state.terminated.message`; with `terminationMessagePolicy: FallbackToLogsOnError` a failed container
-//! that wrote nothing gets its log tail instead.
+//! that wrote nothing gets its log tail instead, also when its output does not end in a newline (which the log
+//! shows as written, too).
 
 use std::time::Duration;
 
@@ -72,6 +73,11 @@ async fn the_termination_message_comes_from_the_file_or_the_log_tail() -> anyhow
             serde_json::json!({"terminationMessagePolicy": "FallbackToLogsOnError"}),
         )?,
         pod("plain-fail", "echo not used; exit 1", serde_json::json!({}))?,
+        pod(
+            "unended",
+            "echo -n DONE; exit 1",
+            serde_json::json!({"terminationMessagePolicy": "FallbackToLogsOnError"}),
+        )?,
     ];
     for p in &cases {
         node.create_pod(&pods, p).await?;
@@ -101,6 +107,11 @@ async fn the_termination_message_comes_from_the_file_or_the_log_tail() -> anyhow
         (1, None),
         "policy File, nothing written: {t:?}"
     );
+    // the runtime writes output without a final newline as a partial line nothing continues
+    let t = terminated(node, &pods, "unended").await?;
+    assert_eq!((t.exit_code, t.message.as_deref()), (1, Some("DONE")), "{t:?}");
+    let logs = pods.logs("unended", &Default::default()).await?;
+    assert_eq!(logs, "DONE");
     println!("[real_node] termination messages: from the file, a custom path and the log tail");
     Ok(())
 }

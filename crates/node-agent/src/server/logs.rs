@@ -457,6 +457,22 @@ mod tests {
     }
 
     #[test]
+    fn output_without_a_final_newline_is_shown_as_the_runtime_wrote_it() {
+        // what containerd writes for `echo one; echo -n DONE`: the unended text as a partial line, then nothing
+        let log = b"2026-01-01T00:00:01.000000000Z stdout F one\n\
+2026-01-01T00:00:01.100000000Z stdout P DONE\n";
+        let (entries, consumed) = parse(log);
+        assert_eq!(consumed, log.len());
+        let mut written = 0;
+        let shown = render(
+            &select(entries, &LogOptions::default()),
+            &LogOptions::default(),
+            &mut written,
+        );
+        assert_eq!(String::from_utf8(shown).unwrap(), "one\nDONE");
+    }
+
+    #[test]
     fn tail_since_timestamps_and_limit_shape_the_output() {
         let now = OffsetDateTime::now_utc();
         let tail = LogOptions::from_query(&q(&[("tailLines", "2")]), now).unwrap_or_default();

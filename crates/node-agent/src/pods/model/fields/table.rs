@@ -58,11 +58,7 @@ pub static FIELDS: &[Field] = &[
         ),
     ),
     f("PodSpec", "hostname", Acts),
-    f(
-        "PodSpec",
-        "hostnameOverride",
-        refused("hostnameOverride is not applied by this node"),
-    ),
+    f("PodSpec", "hostnameOverride", Acts),
     f("PodSpec", "imagePullSecrets", Walk("LocalObjectReference")),
     f("PodSpec", "initContainers", Walk("Container")),
     f("PodSpec", "nodeName", Acts),

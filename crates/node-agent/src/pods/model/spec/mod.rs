@@ -254,6 +254,8 @@ pub struct PodExtras {
     pub image_pull_secrets: Vec<String>,
     /// `spec.hostname` (empty: the pod's name is its hostname, see [`DesiredPod::hostname`]).
     pub hostname: String,
+    /// `spec.hostnameOverride`: the sandbox's hostname in place of `hostname`, the pod's name and the subdomain.
+    pub hostname_override: Option<String>,
     /// `spec.setHostnameAsFQDN`: the sandbox's kernel hostname is the pod's FQDN.
     pub hostname_as_fqdn: bool,
     /// `spec.activeDeadlineSeconds`: how long the pod may be active on the node from its start.
@@ -344,6 +346,19 @@ fn truncate_hostname(name: &str) -> &str {
     }
 }
 
+/// A DNS-1123 subdomain: at most 253 characters, dot-separated non-empty labels of lower-case letters, digits
+/// and `-`, each starting and ending with a letter or digit.
+fn is_dns_subdomain(name: &str) -> bool {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    name.len() <= 253 && name.split('.').all(label_ok)
+}
+
 /// `system-cluster-critical`'s priority: pods at or above it are critical.
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
@@ -357,14 +372,23 @@ fn priority(spec: &k8s_openapi::api::core::v1::PodSpec) -> i32 {
 }
 
 impl DesiredPod {
-    /// The sandbox hostname: `spec.hostname`, or the pod's name; as the kubelet, one longer than the 63
-    /// characters a kernel hostname holds is cut to 63 and stripped of a trailing `-` or `.`.
+    /// The sandbox hostname: `spec.hostnameOverride`, else `spec.hostname`, else the pod's name; as the
+    /// kubelet, one longer than the 63 characters a kernel hostname holds is cut to 63 and stripped of a
+    /// trailing `-` or `.`.
     pub fn hostname(&self) -> &str {
+        if let Some(name) = self.hostname_override() {
+            return truncate_hostname(name);
+        }
         let name = match self.extras.as_ref().map_or("", |e| &e.hostname) {
             "" => &self.name,
             set => set,
         };
         truncate_hostname(name)
+    }
+
+    /// `spec.hostnameOverride`.
+    pub fn hostname_override(&self) -> Option<&str> {
+        self.extras.as_ref().and_then(|e| e.hostname_override.as_deref())
     }
 
     /// `spec.activeDeadlineSeconds`.
@@ -382,6 +406,14 @@ impl DesiredPod {
     /// refused when longer than the 64 characters the kernel's node name holds.
     pub fn kernel_hostname(&self, cluster_domain: &str) -> Result<String, String> {
         const FQDN_MAX: usize = 64;
+        if let Some(name) = self.hostname_override()
+            && !is_dns_subdomain(name)
+        {
+            return Err(format!(
+                "pod HostnameOverride {name:?} is not a valid DNS subdomain: lower case alphanumeric \
+                 characters, '-' or '.', starting and ending with an alphanumeric character, at most 253"
+            ));
+        }
         let hostname = self.hostname();
         if !self.hostname_as_fqdn() || self.subdomain().is_empty() {
             return Ok(hostname.to_owned());
@@ -477,6 +509,7 @@ impl DesiredPod {
                 .map(|s| s.name.clone())
                 .collect(),
             hostname: spec.hostname.clone().unwrap_or_default(),
+            hostname_override: spec.hostname_override.clone(),
             hostname_as_fqdn: spec.set_hostname_as_fqdn.unwrap_or(false),
             active_deadline_secs: spec.active_deadline_seconds,
             overhead: resources::overhead(spec.overhead.as_ref()),
@@ -554,9 +587,13 @@ impl DesiredPod {
         self.extras.as_ref().map_or("", |e| &e.runtime_class)
     }
 
-    /// `spec.subdomain`.
+    /// `spec.subdomain`, the hostname's domain part; none when `spec.hostnameOverride` names the hostname
+    /// whole (as the kubelet, which then gives the pod no domain).
     pub fn subdomain(&self) -> &str {
-        self.extras.as_ref().map_or("", |e| &e.subdomain)
+        match &self.extras {
+            Some(e) if e.hostname_override.is_none() => &e.subdomain,
+            _ => "",
+        }
     }
 
     /// `spec.hostAliases` as (IP, hostnames).

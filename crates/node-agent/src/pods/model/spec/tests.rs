@@ -201,3 +201,30 @@ fn replicas_of_one_template_share_their_container_list() {
     assert_eq!(d.containers[0].env[1].1, EnvValue::Literal("d".into()));
     assert_eq!(e.containers[0].env[1].1, EnvValue::Literal("e".into()));
 }
+
+#[test]
+fn hostname_override_names_the_hostname_whole_and_drops_the_domain() {
+    let mk = |spec: serde_json::Value| {
+        let mut spec = spec;
+        spec["containers"] = json!([{"name": "c", "image": "img"}]);
+        DesiredPod::from_pod(&pod(json!({
+            "metadata": {"name": "web", "uid": "u", "namespace": "ns"}, "spec": spec
+        })))
+        .unwrap()
+    };
+    let p = mk(json!({"hostname": "h", "subdomain": "s", "hostnameOverride": "override.example.host"}));
+    assert_eq!(p.hostname(), "override.example.host");
+    assert_eq!(p.subdomain(), "");
+    assert_eq!(
+        p.kernel_hostname("cluster.local").unwrap(),
+        "override.example.host"
+    );
+    let invalid = mk(json!({"hostnameOverride": "Not-RFC1123"}));
+    let err = invalid.kernel_hostname("cluster.local").unwrap_err();
+    assert!(
+        err.starts_with("pod HostnameOverride \"Not-RFC1123\" is not a valid DNS subdomain"),
+        "{err}"
+    );
+    // without an override, spec.subdomain is the domain as before
+    assert_eq!(mk(json!({"subdomain": "s"})).subdomain(), "s");
+}
