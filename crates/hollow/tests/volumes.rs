@@ -2,7 +2,8 @@
 //! ConfigMaps, Secrets and service account tokens its pods name, as a kubelet does, so a missing object holds a
 //! pod back exactly as on a real node — `CreateContainerConfigError` for an environment reference,
 //! `FailedMount` for a volume — and the pod runs once the object exists. Every pod's service account token
-//! (the `kube-api-access-*` volume the API server adds) is requested from the TokenRequest API.
+//! (the `kube-api-access-*` volume the API server adds) is requested from the TokenRequest API. Objects are
+//! followed by watches of their own (the default `Watch` strategy), never read by GET.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +57,23 @@ async fn event_for(client: &kube::Client, pod: &str, reason: &str) -> anyhow::Re
         .into_iter()
         .find(|e| e.reason.as_deref() == Some(reason))
         .and_then(|e| e.message))
+}
+
+/// Watches of ConfigMaps in one namespace the API server holds open now (the controllers' are cluster-wide).
+async fn namespaced_config_map_watches(client: &kube::Client) -> anyhow::Result<u64> {
+    let text = client
+        .request_text(http::Request::get("/metrics").body(Vec::new())?)
+        .await?;
+    Ok(text
+        .lines()
+        .filter(|l| {
+            l.starts_with("apiserver_longrunning_requests{")
+                && l.contains("resource=\"configmaps\"")
+                && l.contains("scope=\"namespace\"")
+                && l.contains("verb=\"WATCH\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,13 +164,13 @@ async fn missing_objects_hold_pods_back_with_the_kubelets_reasons_until_they_exi
     })
     .await?;
 
-    // a missing object is not remembered as missing: each retry asks again, as a watch would see it appear
-    wait_for(
-        "the nodes asking again for the missing ConfigMap",
-        Duration::from_secs(60),
-        || async { Ok((metrics.request_count("get", "configmaps", 404) >= 3).then_some(())) },
-    )
-    .await?;
+    // the default strategy (Watch) follows each object with a watch of its own: no node reads one by GET
+    let gets = |code| metrics.request_count("get", "configmaps", code);
+    assert_eq!(
+        (gets(200), gets(404)),
+        (0, 0),
+        "ConfigMaps read by GET (200, 404)"
+    );
 
     // the ConfigMap appears: both pods that waited for it run, the one naming a missing key still waits
     let cm: ConfigMap = serde_json::from_value(json!({
@@ -169,10 +187,17 @@ async fn missing_objects_hold_pods_back_with_the_kubelets_reasons_until_they_exi
         .await?;
     }
     println!(
-        "[volumes] both pods Running {:.1} s after the ConfigMap appeared ({} reads answered 404 before)",
+        "[volumes] both pods Running {:.1} s after the ConfigMap appeared",
         appeared.elapsed().as_secs_f64(),
-        metrics.request_count("get", "configmaps", 404)
     );
+    assert_eq!(
+        (gets(200), gets(404)),
+        (0, 0),
+        "ConfigMaps read by GET (200, 404)"
+    );
+    let watches = namespaced_config_map_watches(&admin).await?;
+    println!("[volumes] ConfigMap watches in a namespace the API server holds: {watches}");
+    assert!(watches >= 1, "no node follows its pods' ConfigMaps by watch");
     wait_for("bad-key names its key", Duration::from_secs(60), || async {
         let p = pods.get("bad-key").await?;
         let want = (

@@ -30,6 +30,9 @@ enum Cmd {
         /// The controller-manager's --node-monitor-grace-period, in seconds.
         #[arg(long)]
         node_monitor_grace_period: Option<u64>,
+        /// One more kube-apiserver flag, as `--apiserver-arg=--flag=value` (repeatable), e.g. an audit log.
+        #[arg(long = "apiserver-arg", allow_hyphen_values = true)]
+        apiserver_args: Vec<String>,
     },
     /// Stop a control plane started by `up`.
     Down {
@@ -63,7 +66,8 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Up {
             dir,
             node_monitor_grace_period,
-        } => up(dir, node_monitor_grace_period).await,
+            apiserver_args,
+        } => up(dir, node_monitor_grace_period, apiserver_args).await,
         Cmd::Down { dir } => down(dir).await,
         Cmd::NodeKubeconfig { dir, node } => {
             let cp = ControlPlane::attach(&dir)?;
@@ -84,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn up(dir: PathBuf, grace: Option<u64>) -> anyhow::Result<()> {
+async fn up(dir: PathBuf, grace: Option<u64>, apiserver_args: Vec<String>) -> anyhow::Result<()> {
     if let Ok(old) = ControlPlane::attach(&dir)
         && let Some((_, pid)) = old.info().pids.iter().find(|(n, _)| n == "launcher")
         && testenv::process::pid_alive(*pid)
@@ -98,6 +102,7 @@ async fn up(dir: PathBuf, grace: Option<u64>) -> anyhow::Result<()> {
     let opts = Options {
         dir: Some(dir.clone()),
         node_monitor_grace_period: grace.map(Duration::from_secs),
+        apiserver_args,
         ..Options::default()
     };
     let cp = ControlPlane::start(opts).await?;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use futures::FutureExt;
 
 use super::AgentContext;
+use crate::pods::actions::objects::ChangeDetection;
 use crate::pods::runtime::dns::NodeDns;
 use crate::pods::{
     NodeViewFeed, NodeViews, PlegHealth, PodConfig, PodLifecycle, PodOptions, StaticPodConfig,
@@ -72,9 +73,10 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
     let pleg = PlegHealth::new();
     config.pleg_health = Some(pleg.clone());
     ctx.health_checks.add("PLEG", move || pleg.check());
-    config.object_ttl = match k.config_map_and_secret_change_detection_strategy.as_str() {
-        "Get" => std::time::Duration::ZERO,
-        _ => k.sync_frequency,
+    config.change_detection = match k.config_map_and_secret_change_detection_strategy.as_str() {
+        "Get" => ChangeDetection::Get,
+        "Cache" => ChangeDetection::Cache,
+        _ => ChangeDetection::Watch,
     };
     let statics = StaticPodConfig {
         path: k.static_pod_path.clone(),

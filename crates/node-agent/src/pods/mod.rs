@@ -110,8 +110,8 @@ pub struct PodConfig {
     /// Static pod sources (default: none; boxed, and taken when the pod side is built: most nodes of a fleet
     /// have none, and no pod worker reads it).
     pub static_pods: Option<Box<StaticPodConfig>>,
-    /// How long a read ConfigMap or Secret is reused (0: read at every use); see [`objects`](actions::objects).
-    pub object_ttl: Duration,
+    /// How pods' ConfigMaps and Secrets are read; see [`objects`](actions::objects).
+    pub change_detection: actions::objects::ChangeDetection,
     /// How image pulls are paced (default: no limit); the gate is made with the pod side.
     pub pulls: actions::pull_gate::PullSettings,
     /// Where the PLEG records when it was last active, for the node's `PLEG` health check (default: nowhere).
@@ -131,7 +131,7 @@ impl PodConfig {
             shutdown_grace: Duration::from_secs(5),
             layout: RuntimeLayout::default(),
             static_pods: None,
-            object_ttl: Duration::from_secs(60),
+            change_detection: actions::objects::ChangeDetection::Watch,
             pulls: actions::pull_gate::PullSettings::default(),
             pleg_health: None,
         }
@@ -418,7 +418,7 @@ impl PodLifecycle {
         let objects = Arc::new(actions::objects::ApiObjects::new(
             self.client.clone(),
             self.api.clone(),
-            self.config.object_ttl,
+            self.config.change_detection,
             self.config.sync_frequency,
         ));
         let (reports, reports_rx) = crate::density::chan::unbounded_channel();

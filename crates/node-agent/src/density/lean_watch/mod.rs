@@ -59,6 +59,8 @@ pub enum WatchError {
 /// A list+watch of the objects of kind `K` matching a field selector.
 pub struct LeanWatch<K> {
     client: crate::client::ApiClient,
+    /// The namespace watched; `None`: every namespace (or a cluster-scoped kind).
+    namespace: Option<Box<str>>,
     selector: Box<str>,
     /// Where to resume; `None`: list (first, or after 410 Gone).
     resource_version: Option<Box<str>>,
@@ -85,6 +87,7 @@ where
     pub fn new(client: impl Into<crate::client::ApiClient>, field_selector: impl Into<String>) -> Self {
         Self {
             client: client.into(),
+            namespace: None,
             selector: field_selector.into().into_boxed_str(),
             resource_version: None,
             body: None,
@@ -92,6 +95,22 @@ where
             ready: None,
             backoff: None,
         }
+    }
+
+    /// A watch of the `K`s of `namespace` matching `field_selector` (e.g. `metadata.name=settings`).
+    pub fn namespaced(
+        client: impl Into<crate::client::ApiClient>,
+        namespace: &str,
+        field_selector: impl Into<String>,
+    ) -> Self {
+        Self {
+            namespace: Some(namespace.into()),
+            ..Self::new(client, field_selector)
+        }
+    }
+
+    fn path(&self) -> String {
+        K::url_path(&(), self.namespace.as_deref())
     }
 
     /// The field selector it follows.
@@ -138,15 +157,8 @@ where
         }
         let Some(body) = self.body.as_mut() else {
             let version = self.resource_version.as_deref().unwrap_or_default().to_owned();
-            self.body = Some(
-                Box::pin(open_watch(
-                    &self.client,
-                    &K::url_path(&(), None),
-                    &self.selector,
-                    version,
-                ))
-                .await?,
-            );
+            self.body =
+                Some(Box::pin(open_watch(&self.client, &self.path(), &self.selector, version)).await?);
             return Ok(None);
         };
         match body.frame().await {
@@ -168,7 +180,7 @@ where
 
     async fn list(&mut self) -> Result<Change<K>, WatchError> {
         let params = ListParams::default().fields(&self.selector).match_any();
-        let request = Request::new(K::url_path(&(), None))
+        let request = Request::new(self.path())
             .list(&params)
             .map_err(|e| WatchError::Request(kube::Error::BuildRequest(e)))?;
         let body = send(&self.client, request).await?;

@@ -3,11 +3,12 @@
 //! the Services whose links go into containers' environment.
 //!
 //! This module owns [`PodObjects`], the source every worker of one agent asks, and [`ApiObjects`], its
-//! implementation over the agent's client and rate limit. Reads are cached per agent for a time to live set by
-//! `configMapAndSecretChangeDetectionStrategy`: `Get` reads at every use, `Cache` and `Watch` keep a read for
-//! the sync period (the kubelet's `Watch` keeps a watch per object; changes reach pods at their next sync either
-//! way). One agent's reads of one object are serialised, so fifty pods starting at once read it once. An
-//! object found missing is not cached: each retry of a pod waiting for it reads again.
+//! implementation over the agent's client and rate limit. ConfigMaps and Secrets are read as
+//! `configMapAndSecretChangeDetectionStrategy` ([`ChangeDetection`]) says: `Watch` follows each object with a watch
+//! of its own ([`object_watches`](super::object_watches)), `Cache` keeps a read for the sync period, `Get` reads at
+//! every use; changes reach pods at their next sync either way. Under `Cache`, one agent's reads of one object
+//! are serialised, so fifty pods starting at once read it once, and an object found missing is not cached: each
+//! retry of a pod waiting for it reads again.
 //!
 //! A pod's RuntimeClass is read when its sandbox is created, for the handler the runtime is asked for.
 //!
@@ -30,10 +31,57 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::api::{ApiCalls, is_not_found};
+use crate::pods::actions::object_watches::ObjectWatches;
 use crate::pods::actions::read_cache::ReadCache;
 
 /// The keys and values of a ConfigMap (`data` and `binaryData`) or a Secret.
 pub type ObjectData = BTreeMap<String, Vec<u8>>;
+
+/// How pods' ConfigMaps and Secrets are read (`configMapAndSecretChangeDetectionStrategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeDetection {
+    /// Read at every use.
+    Get,
+    /// A read is kept for the sync period.
+    Cache,
+    /// Each object followed by a watch of its own (the kubelet's default).
+    Watch,
+}
+
+/// The content of a ConfigMap: `data`, then `binaryData`.
+pub(crate) fn config_map_data(cm: ConfigMap) -> ObjectData {
+    let mut data: ObjectData = cm
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.into_bytes()))
+        .collect();
+    data.extend(
+        cm.binary_data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0)),
+    );
+    data
+}
+
+/// The content of a Secret: `data` (and `stringData`, write-only, which an object that skipped the API server
+/// may carry).
+pub(crate) fn secret_data(s: Secret) -> ObjectData {
+    let mut data: ObjectData = s
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect();
+    data.extend(
+        s.string_data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.into_bytes())),
+    );
+    data
+}
 
 /// A ConfigMap or a Secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -192,6 +240,9 @@ impl PodObjects for NoObjects {
 pub struct ApiObjects {
     client: crate::client::ApiClient,
     api: ApiCalls,
+    /// With `Watch`: the objects followed (`None` under `Get` and `Cache`).
+    watches: Option<ObjectWatches>,
+    /// With `Cache`: how long a read is kept (zero under `Get`).
     ttl: Duration,
     /// ConfigMaps and Secrets read, under `resource/namespace/name`. An object that did not exist is not kept:
     /// a pod waiting for it reads again at its next retry, so the object's creation reaches the pod as soon as
@@ -213,20 +264,27 @@ impl std::fmt::Debug for ApiObjects {
 }
 
 impl ApiObjects {
-    /// Reads through `client` and `api`, keeping each ConfigMap and Secret read for `ttl` (zero: read at every
-    /// use) and each Service read for `services_ttl`.
+    /// Reads through `client` and `api`, ConfigMaps and Secrets as `strategy` says (`Cache` keeps a read for
+    /// `sync_period`; a `Watch` ends three sync periods after its last read), each Service read kept for
+    /// `sync_period`.
     pub fn new(
         client: impl Into<crate::client::ApiClient>,
         api: ApiCalls,
-        ttl: Duration,
-        services_ttl: Duration,
+        strategy: ChangeDetection,
+        sync_period: Duration,
     ) -> Self {
+        let client = client.into();
         Self {
-            client: client.into(),
+            watches: (strategy == ChangeDetection::Watch)
+                .then(|| ObjectWatches::new(client.clone(), sync_period * 3)),
+            ttl: match strategy {
+                ChangeDetection::Cache => sync_period,
+                ChangeDetection::Get | ChangeDetection::Watch => Duration::ZERO,
+            },
+            client,
             api,
-            ttl,
             cache: Mutex::default(),
-            services_ttl,
+            services_ttl: sync_period,
             services: Mutex::default(),
         }
     }
@@ -261,43 +319,14 @@ impl ApiObjects {
                 self.api
                     .run("get", "configmaps", Box::pin(api.get(name)))
                     .await
-                    .map(|cm| {
-                        let mut data: ObjectData = cm
-                            .data
-                            .unwrap_or_default()
-                            .into_iter()
-                            .map(|(k, v)| (k, v.into_bytes()))
-                            .collect();
-                        data.extend(
-                            cm.binary_data
-                                .unwrap_or_default()
-                                .into_iter()
-                                .map(|(k, v)| (k, v.0)),
-                        );
-                        data
-                    })
+                    .map(config_map_data)
             }
             ObjectKind::Secret => {
                 let api: Api<Secret> = Api::namespaced(self.client.kube(), namespace);
                 self.api
                     .run("get", "secrets", Box::pin(api.get(name)))
                     .await
-                    .map(|s| {
-                        let mut data: ObjectData = s
-                            .data
-                            .unwrap_or_default()
-                            .into_iter()
-                            .map(|(k, v)| (k, v.0))
-                            .collect();
-                        // stringData is write-only, but an object that skipped the API server may carry it
-                        data.extend(
-                            s.string_data
-                                .unwrap_or_default()
-                                .into_iter()
-                                .map(|(k, v)| (k, v.into_bytes())),
-                        );
-                        data
-                    })
+                    .map(secret_data)
             }
         };
         match result {
@@ -323,6 +352,9 @@ impl PodObjects for ApiObjects {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Arc<ObjectData>>, ObjectError> {
+        if let Some(watches) = &self.watches {
+            return watches.get(kind, namespace, name).await;
+        }
         let key = format!("{}/{namespace}/{name}", kind.resource());
         let mut cache = self.cache.lock().await;
         let now = Instant::now();
