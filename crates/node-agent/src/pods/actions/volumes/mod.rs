@@ -37,7 +37,7 @@ use self::claims::{BoundClaim, ClaimError, PersistentSource};
 use self::content::File;
 use crate::pods::actions::context::ActionCtx;
 use crate::pods::actions::objects::{ObjectKind, TokenFor};
-use crate::pods::model::spec::volumes::{ObjectVolume, Projection, VolumeSource};
+use crate::pods::model::spec::volumes::{ObjectVolume, Projection, Propagation, VolumeSource};
 use crate::pods::model::spec::{ContainerSpec, DesiredPod, VolumeSpec};
 
 /// The longest a token is used before it is renewed, however long it lives.
@@ -462,18 +462,33 @@ async fn object(
     content::object_files(kind.name(), o, data.as_deref(), default_mode)
 }
 
-/// Creates the missing `subPath` directories of container `c`'s mounts (on a real node), as the kubelet does
-/// before the container is made: with the volume's mode, so the runtime does not make them root's 0755.
-pub async fn make_sub_paths(
+/// Prepares the mounts of container `c` before it is made, with `sub_paths` its mounts' `subPath`s (in the
+/// order of `c.mounts`, see [`env::sub_paths`](crate::pods::actions::env::sub_paths)): `Bidirectional`
+/// propagation only for a privileged container; and on a real node the missing `subPath` directories, created
+/// as the kubelet creates them: with the volume's mode, so the runtime does not make them root's 0755.
+pub async fn prepare_mounts(
     ctx: &ActionCtx,
     pod: &DesiredPod,
     c: &ContainerSpec,
     vols: Option<&PodVolumes>,
+    sub_paths: &[String],
 ) -> Result<(), String> {
+    let privileged = c.security.as_deref().is_some_and(|s| s.privileged);
+    for m in &c.mounts {
+        match m.propagation {
+            Propagation::Invalid => return Err("invalid MountPropagation mode".to_owned()),
+            Propagation::Bidirectional if !privileged => {
+                return Err(
+                    "Bidirectional mount propagation is available only to privileged containers".to_owned(),
+                );
+            }
+            _ => {}
+        }
+    }
     if ctx.config.layout.pods_dir.is_none() {
         return Ok(());
     }
-    for m in c.mounts.iter().filter(|m| !m.sub_path.is_empty()) {
+    for (m, sub) in c.mounts.iter().zip(sub_paths).filter(|(_, sub)| !sub.is_empty()) {
         let Some((i, v)) = m
             .volume
             .map(usize::from)
@@ -481,7 +496,7 @@ pub async fn make_sub_paths(
         else {
             continue;
         };
-        let (base, sub) = (host_path(ctx, pod, i, v, vols), m.sub_path.clone());
+        let (base, sub) = (host_path(ctx, pod, i, v, vols), sub.clone());
         if let Err(error) = blocking(move || disk::make_sub_path(&base, &sub)).await {
             tracing::warn!(pod = %pod.display(), volume = %v.name, %error, "cannot create a subPath directory");
             // the kubelet's message, which keeps the node's paths to itself
@@ -496,21 +511,24 @@ pub async fn make_sub_paths(
 
 /// The CRI mounts of container `c`: each `volumeMount` onto its volume's directory (with `subPath`); mounts of
 /// configMap, secret, downward API and projected volumes are read-only, as the kubelet makes them, and so are
-/// those of a claim mounted `readOnly`.
+/// those of a claim mounted `readOnly`. `sub_paths` are the mounts' `subPath`s, as [`prepare_mounts`] took
+/// them; each mount's propagation is passed on.
 pub fn mounts(
     ctx: &ActionCtx,
     pod: &DesiredPod,
     c: &ContainerSpec,
     vols: Option<&PodVolumes>,
+    sub_paths: &[String],
 ) -> Vec<cri::Mount> {
     c.mounts
         .iter()
-        .filter_map(|m| {
+        .enumerate()
+        .filter_map(|(n, m)| {
             let i = usize::from(m.volume?);
             let v = pod.volumes.get(i)?;
             let mut host = host_path(ctx, pod, i, v, vols);
-            if !m.sub_path.is_empty() {
-                host = host.join(&m.sub_path);
+            if let Some(sub) = sub_paths.get(n).filter(|s| !s.is_empty()) {
+                host = host.join(sub);
             }
             let forced_ro = matches!(
                 *v.source,
@@ -520,10 +538,16 @@ pub fn mounts(
                     | VolumeSource::Projected(_)
                     | VolumeSource::Claim { read_only: true, .. }
             );
+            let propagation = match m.propagation {
+                Propagation::HostToContainer => cri::MountPropagation::PropagationHostToContainer,
+                Propagation::Bidirectional => cri::MountPropagation::PropagationBidirectional,
+                Propagation::None | Propagation::Invalid => cri::MountPropagation::PropagationPrivate,
+            };
             Some(cri::Mount {
                 container_path: m.path.clone(),
                 host_path: host.display().to_string(),
                 readonly: m.read_only || forced_ro,
+                propagation: propagation as i32,
                 ..Default::default()
             })
         })

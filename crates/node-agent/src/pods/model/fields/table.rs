@@ -345,14 +345,7 @@ pub static FIELDS: &[Field] = &[
     f("HTTPHeader", "value", Acts),
     // volume mounts
     f("VolumeMount", "mountPath", Acts),
-    f(
-        "VolumeMount",
-        "mountPropagation",
-        refused_unless(
-            "\"None\"",
-            "mount propagation is not passed to the runtime by this node",
-        ),
-    ),
+    f("VolumeMount", "mountPropagation", Acts),
     f("VolumeMount", "name", Acts),
     f("VolumeMount", "readOnly", Acts),
     f(
@@ -364,11 +357,7 @@ pub static FIELDS: &[Field] = &[
         ),
     ),
     f("VolumeMount", "subPath", Acts),
-    f(
-        "VolumeMount",
-        "subPathExpr",
-        refused("subPathExpr is not expanded by this node"),
-    ),
+    f("VolumeMount", "subPathExpr", Acts),
     // volumes
     f("Volume", "awsElasticBlockStore", FailsMount),
     f("Volume", "azureDisk", FailsMount),

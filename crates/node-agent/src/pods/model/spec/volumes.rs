@@ -183,8 +183,27 @@ pub struct MountSpec {
     pub path: String,
     /// A path inside the volume to mount instead of its root.
     pub sub_path: String,
+    /// `subPathExpr`: a `subPath` with `$(VAR)` references to the container's environment, expanded when the
+    /// container is created (the API server allows only one of the two).
+    pub sub_path_expr: String,
     /// Mounted read-only.
     pub read_only: bool,
+    /// `mountPropagation`.
+    pub propagation: Propagation,
+}
+
+/// `mountPropagation` of a volume mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Propagation {
+    /// `None` (or unset): private.
+    #[default]
+    None,
+    /// `HostToContainer`: mounts made on the host later appear in the container.
+    HostToContainer,
+    /// `Bidirectional`: and the container's mounts appear on the host (privileged containers only).
+    Bidirectional,
+    /// A value the API does not define (refused when the container is created).
+    Invalid,
 }
 
 impl MountSpec {
@@ -196,7 +215,14 @@ impl MountSpec {
                 .and_then(|i| u16::try_from(i).ok()),
             path: m.mount_path.clone(),
             sub_path: m.sub_path.clone().unwrap_or_default(),
+            sub_path_expr: m.sub_path_expr.clone().unwrap_or_default(),
             read_only: m.read_only.unwrap_or(false),
+            propagation: match m.mount_propagation.as_deref() {
+                None | Some("None") => Propagation::None,
+                Some("HostToContainer") => Propagation::HostToContainer,
+                Some("Bidirectional") => Propagation::Bidirectional,
+                Some(_) => Propagation::Invalid,
+            },
         }
     }
 }
