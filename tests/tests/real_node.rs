@@ -15,6 +15,8 @@ mod debugging;
 mod harness;
 #[path = "real_node/images.rs"]
 mod images;
+#[path = "real_node/persistent.rs"]
+mod persistent;
 #[path = "real_node/pod_fields.rs"]
 mod pod_fields;
 #[path = "real_node/pod_resources.rs"]

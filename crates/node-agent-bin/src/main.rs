@@ -135,6 +135,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("connecting to the container runtime at {endpoint}"))?;
             tracing::info!(%endpoint, "connected to the container runtime");
+            node_agent::pods::make_root_shared(&flags.root_dir)
+                .context("making the root directory a shared mount (for mountPropagation)")?;
             let mut pods = PodOptions::default().with_root_dir(&flags.root_dir);
             if kubelet.cgroups_per_qos {
                 let cgroups = QosCgroups::start(&kubelet.cgroup_root, kubelet.pod_pids_limit)

@@ -125,3 +125,21 @@ pub fn helm() -> anyhow::Result<PathBuf> {
     }
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
+
+/// The pinned Rancher local-path-provisioner, built into the cache by `hack/build-local-path-provisioner.sh`
+/// when missing.
+pub fn local_path_provisioner() -> anyhow::Result<PathBuf> {
+    let script = repo_root().join("hack/build-local-path-provisioner.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}

@@ -319,7 +319,8 @@ async fn init_containers_run_in_order_sidecar_stays_and_oversized_or_unsupported
     let labelled = json!({"volumes": [{"name": "v", "emptyDir": {}}],
         "containers": [{"name": "app", "image": "nginx:1.27",
             "securityContext": {"appArmorProfile": {"type": "RuntimeDefault"}},
-            "volumeMounts": [{"name": "v", "mountPath": "/v", "mountPropagation": "HostToContainer"}]}]});
+            "volumeMounts": [{"name": "v", "mountPath": "/v", "readOnly": true,
+                              "recursiveReadOnly": "Enabled"}]}]});
     create_pod(&pods, pod_json("labelled", "pl-init", labelled, json!({}))).await?;
     let p = wait_pod(&pods, "labelled", "Failed", 30, |p| {
         p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
@@ -330,7 +331,7 @@ async fn init_containers_run_in_order_sidecar_stays_and_oversized_or_unsupported
     let message = s.message.as_deref().unwrap_or_default();
     for field in [
         "spec.containers[0].securityContext.appArmorProfile",
-        "spec.containers[0].volumeMounts[0].mountPropagation",
+        "spec.containers[0].volumeMounts[0].recursiveReadOnly",
     ] {
         assert!(
             message.contains(field),

@@ -73,6 +73,12 @@ use crate::backoff::{Backoff, BackoffPolicy};
 use crate::density::watch;
 use crate::metrics::Metrics;
 
+/// Makes the agent's root directory a shared mount, as the kubelet does at start-up, so its pods' volumes can
+/// be mounted with `mountPropagation` (a real node only; needs root).
+pub fn make_root_shared(root_dir: &std::path::Path) -> std::io::Result<()> {
+    actions::volumes::disk::make_rshared(root_dir)
+}
+
 /// Which kind of node runs a pod lifecycle; where they differ, the code asks this rather than guessing from
 /// what is configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,7 +1,8 @@
 //! A container's environment, command and arguments as the kubelet builds them when it creates the container:
 //! service links first ([`service_links`](crate::pods::actions::service_links)), then `envFrom` sources (ConfigMap / Secret keys with their prefix), then `env` in order — literal values
 //! with `$(VAR)` references expanded against the variables before them, pod fields, the pod and host IPs,
-//! ConfigMap and Secret keys, requests and limits — and finally `$(VAR)` expanded in command and args.
+//! ConfigMap and Secret keys, requests and limits — and finally `$(VAR)` expanded in command and args, and
+//! in volume mounts' `subPathExpr` ([`sub_paths`]).
 //!
 //! A missing object or key that is not optional fails the container's creation with the kubelet's
 //! `CreateContainerConfigError` message; the worker reports it and retries.
@@ -13,8 +14,50 @@ use runtime_api::cri;
 use crate::pods::actions::context::ActionCtx;
 use crate::pods::actions::objects::ObjectKind;
 use crate::pods::actions::volumes::content;
-use crate::pods::model::spec::{ContainerSpec, DesiredPod, EnvValue};
+use crate::pods::model::spec::{ContainerSpec, DesiredPod, EnvValue, MountSpec};
 use crate::pods::runtime::labels::Resolved;
+
+/// The `subPath` of every mount of `c`, in order, with `env` its environment: see [`sub_path`].
+pub fn sub_paths(c: &ContainerSpec, env: &[cri::KeyValue]) -> Result<Vec<String>, String> {
+    c.mounts.iter().map(|m| sub_path(m, env)).collect()
+}
+
+/// The `subPath` of mount `m` of a container with environment `env`: `subPathExpr` expanded as the kubelet
+/// expands it (a reference to a variable that is unset or empty is an error naming it), then checked to stay
+/// inside the volume.
+pub fn sub_path(m: &MountSpec, env: &[cri::KeyValue]) -> Result<String, String> {
+    let path = if m.sub_path_expr.is_empty() {
+        m.sub_path.clone()
+    } else {
+        let missing = std::cell::RefCell::new(std::collections::BTreeSet::new());
+        let expanded = expand(&m.sub_path_expr, |name| {
+            let value = env
+                .iter()
+                .rev()
+                .find(|kv| kv.key == name)
+                .map(|kv| kv.value.clone());
+            if value.as_deref().is_none_or(str::is_empty) {
+                missing.borrow_mut().insert(name.to_owned());
+            }
+            Some(value.unwrap_or_default())
+        });
+        let missing = missing.into_inner();
+        if !missing.is_empty() {
+            let names: Vec<String> = missing.into_iter().collect();
+            return Err(format!("missing value for {}", names.join(", ")));
+        }
+        expanded
+    };
+    if path.starts_with('/') {
+        return Err(format!("error SubPath `{path}` must not be an absolute path"));
+    }
+    if path.split('/').any(|part| part == "..") {
+        return Err(format!(
+            "unable to provision SubPath `{path}`: must not contain '..'"
+        ));
+    }
+    Ok(path)
+}
 
 /// Expands `$(NAME)` in `input` with `lookup`; `$$` is a literal `$`; a reference to an unknown name, or one
 /// never closed, stays as written.
@@ -181,6 +224,41 @@ fn not_found(kind: ObjectKind, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sub_path_expr_is_expanded_from_the_environment_and_kept_inside_the_volume() {
+        let env: Vec<cri::KeyValue> = [("POD", "web-0"), ("EMPTY", "")]
+            .into_iter()
+            .map(|(k, v)| cri::KeyValue {
+                key: k.into(),
+                value: v.into(),
+            })
+            .collect();
+        let mount = |sub_path: &str, expr: &str| MountSpec {
+            volume: Some(0),
+            path: "/data".into(),
+            sub_path: sub_path.into(),
+            sub_path_expr: expr.into(),
+            read_only: false,
+            propagation: Default::default(),
+        };
+        assert_eq!(sub_path(&mount("", "logs/$(POD)"), &env), Ok("logs/web-0".into()));
+        assert_eq!(sub_path(&mount("plain", ""), &env), Ok("plain".into()));
+        assert_eq!(sub_path(&mount("", "$$(POD)"), &env), Ok("$(POD)".into()));
+        assert_eq!(
+            sub_path(&mount("", "$(NOPE)/$(EMPTY)/$(POD)"), &env),
+            Err("missing value for EMPTY, NOPE".into()),
+            "unset and empty variables are both missing, named in order"
+        );
+        assert_eq!(
+            sub_path(&mount("", "/$(POD)"), &env),
+            Err("error SubPath `/web-0` must not be an absolute path".into())
+        );
+        assert_eq!(
+            sub_path(&mount("", "$(POD)/../x"), &env),
+            Err("unable to provision SubPath `web-0/../x`: must not contain '..'".into())
+        );
+    }
 
     #[test]
     fn expansion_follows_the_kubelet_rules() {

@@ -337,10 +337,16 @@ impl PodWorker {
         {
             return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message));
         }
-        if let Err(message) = volumes::make_sub_paths(&ctx, &pod, c).await {
+        let sub_paths = match env::sub_paths(c, &resolved.env) {
+            Ok(subs) => subs,
+            Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
+        };
+        if let Err(message) =
+            volumes::prepare_mounts(&ctx, &pod, c, self.volumes.as_deref(), &sub_paths).await
+        {
             return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message));
         }
-        let mut mounts = volumes::mounts(&ctx, &pod, c);
+        let mut mounts = volumes::mounts(&ctx, &pod, c, self.volumes.as_deref(), &sub_paths);
         mounts.extend(termination::mount(ctx.config.layout.pods_dir.as_deref(), &pod, c).await);
         match volumes::etc_hosts(&ctx, &pod, c, &pod_ip).await {
             Ok(hosts) => mounts.extend(hosts),

@@ -291,6 +291,43 @@ fn still_mounted(what: &Path, mounts: &[(PathBuf, String)]) -> io::Error {
     ))
 }
 
+/// Makes `dir` a shared mount, as the kubelet makes its root directory at start-up: volumes below it can then
+/// be mounted into containers with `HostToContainer` or `Bidirectional` propagation (the runtime refuses a
+/// source whose mount is private). When `dir` is not a mount point of its own it is first bind-mounted onto
+/// itself; nothing is done when it already is a shared one.
+pub fn make_rshared(dir: &Path) -> io::Result<()> {
+    use nix::mount::{MsFlags, mount};
+    fs::create_dir_all(dir)?;
+    let dir = fs::canonicalize(dir)?;
+    let text = fs::read_to_string("/proc/self/mountinfo")?;
+    let own = text.lines().find_map(|line| {
+        let (left, _) = line.split_once(" - ")?;
+        let fields: Vec<&str> = left.split(' ').collect();
+        (Path::new(&unescape(fields.get(4)?)) == dir)
+            .then(|| fields[6..].iter().any(|f| f.starts_with("shared:")))
+    });
+    match own {
+        Some(true) => return Ok(()),
+        Some(false) => {}
+        None => mount(
+            Some(&dir),
+            &dir,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| io::Error::other(format!("bind-mounting {} onto itself: {e}", dir.display())))?,
+    }
+    mount(
+        None::<&str>,
+        &dir,
+        None::<&str>,
+        MsFlags::MS_SHARED | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| io::Error::other(format!("making {} a shared mount: {e}", dir.display())))
+}
+
 /// Removes a pod's directory: its volumes first ([`remove_volumes`]), then the rest (termination-message
 /// files, `etc-hosts`) — never while anything is still mounted below it. hostPath volumes live outside it and
 /// are never touched.

@@ -341,14 +341,7 @@ pub static FIELDS: &[Field] = &[
     f("HTTPHeader", "value", Acts),
     // volume mounts
     f("VolumeMount", "mountPath", Acts),
-    f(
-        "VolumeMount",
-        "mountPropagation",
-        refused_unless(
-            "\"None\"",
-            "mount propagation is not passed to the runtime by this node",
-        ),
-    ),
+    f("VolumeMount", "mountPropagation", Acts),
     f("VolumeMount", "name", Acts),
     f("VolumeMount", "readOnly", Acts),
     f(
@@ -360,11 +353,7 @@ pub static FIELDS: &[Field] = &[
         ),
     ),
     f("VolumeMount", "subPath", Acts),
-    f(
-        "VolumeMount",
-        "subPathExpr",
-        refused("subPathExpr is not expanded by this node"),
-    ),
+    f("VolumeMount", "subPathExpr", Acts),
     // volumes
     f("Volume", "awsElasticBlockStore", FailsMount),
     f("Volume", "azureDisk", FailsMount),
@@ -387,7 +376,11 @@ pub static FIELDS: &[Field] = &[
     f("Volume", "iscsi", FailsMount),
     f("Volume", "name", Acts),
     f("Volume", "nfs", FailsMount),
-    f("Volume", "persistentVolumeClaim", FailsMount),
+    f(
+        "Volume",
+        "persistentVolumeClaim",
+        Walk("PersistentVolumeClaimVolumeSource"),
+    ),
     f("Volume", "photonPersistentDisk", FailsMount),
     f("Volume", "portworxVolume", FailsMount),
     f("Volume", "projected", Walk("ProjectedVolumeSource")),
@@ -397,6 +390,8 @@ pub static FIELDS: &[Field] = &[
     f("Volume", "secret", Walk("SecretVolumeSource")),
     f("Volume", "storageos", FailsMount),
     f("Volume", "vsphereVolume", FailsMount),
+    f("PersistentVolumeClaimVolumeSource", "claimName", Acts),
+    f("PersistentVolumeClaimVolumeSource", "readOnly", Acts),
     f("ConfigMapVolumeSource", "defaultMode", Acts),
     f("ConfigMapVolumeSource", "items", Walk("KeyToPath")),
     f("ConfigMapVolumeSource", "name", Acts),

@@ -108,7 +108,7 @@ pub enum HostPathType {
 }
 
 impl HostPathType {
-    fn parse(value: Option<&str>) -> Self {
+    pub(crate) fn parse(value: Option<&str>) -> Self {
         match value {
             Some("DirectoryOrCreate") => Self::DirectoryOrCreate,
             Some("Directory") => Self::Directory,
@@ -147,6 +147,14 @@ pub enum VolumeSource {
     DownwardApi(Vec<DownwardFile>),
     /// `projected`.
     Projected(Vec<Projection>),
+    /// `persistentVolumeClaim`: whatever the claim's bound PersistentVolume names, resolved when the volume is
+    /// set up.
+    Claim {
+        /// The claim's name (same namespace as the pod).
+        claim: String,
+        /// `readOnly`: every mount of the volume is read-only.
+        read_only: bool,
+    },
     /// Any other kind (persistentVolumeClaim, csi, nfs, ...): named for the error message.
     Unsupported(&'static str),
 }
@@ -175,8 +183,27 @@ pub struct MountSpec {
     pub path: String,
     /// A path inside the volume to mount instead of its root.
     pub sub_path: String,
+    /// `subPathExpr`: a `subPath` with `$(VAR)` references to the container's environment, expanded when the
+    /// container is created (the API server allows only one of the two).
+    pub sub_path_expr: String,
     /// Mounted read-only.
     pub read_only: bool,
+    /// `mountPropagation`.
+    pub propagation: Propagation,
+}
+
+/// `mountPropagation` of a volume mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Propagation {
+    /// `None` (or unset): private.
+    #[default]
+    None,
+    /// `HostToContainer`: mounts made on the host later appear in the container.
+    HostToContainer,
+    /// `Bidirectional`: and the container's mounts appear on the host (privileged containers only).
+    Bidirectional,
+    /// A value the API does not define (refused when the container is created).
+    Invalid,
 }
 
 impl MountSpec {
@@ -188,7 +215,14 @@ impl MountSpec {
                 .and_then(|i| u16::try_from(i).ok()),
             path: m.mount_path.clone(),
             sub_path: m.sub_path.clone().unwrap_or_default(),
+            sub_path_expr: m.sub_path_expr.clone().unwrap_or_default(),
             read_only: m.read_only.unwrap_or(false),
+            propagation: match m.mount_propagation.as_deref() {
+                None | Some("None") => Propagation::None,
+                Some("HostToContainer") => Propagation::HostToContainer,
+                Some("Bidirectional") => Propagation::Bidirectional,
+                Some(_) => Propagation::Invalid,
+            },
         }
     }
 }
@@ -290,8 +324,7 @@ fn projection(p: &VolumeProjection) -> Projection {
 
 /// The name of a volume kind this agent does not set up.
 fn unsupported_kind(v: &Volume) -> &'static str {
-    let kinds: [(&'static str, bool); 11] = [
-        ("persistentVolumeClaim", v.persistent_volume_claim.is_some()),
+    let kinds: [(&'static str, bool); 10] = [
         ("csi", v.csi.is_some()),
         ("ephemeral", v.ephemeral.is_some()),
         ("nfs", v.nfs.is_some()),
@@ -350,6 +383,12 @@ impl VolumeSpec {
         } else if let Some(p) = &v.projected {
             let sources = p.sources.iter().flatten().map(projection).collect();
             (p.default_mode, VolumeSource::Projected(sources))
+        } else if let Some(c) = &v.persistent_volume_claim {
+            let source = VolumeSource::Claim {
+                claim: c.claim_name.clone(),
+                read_only: c.read_only.unwrap_or(false),
+            };
+            (None, source)
         } else {
             (None, VolumeSource::Unsupported(unsupported_kind(v)))
         };
