@@ -3,7 +3,7 @@
 # into
 #   ${NODE_AGENT_CACHE:-$HOME/.cache/node-agent}/local-path-provisioner/<version>/local-path-provisioner
 # The real dynamic provisioner the persistent-volume tests run against the test control plane (built on those
-# tests' first run, not in CI setup). Idempotent. Prints the binary's path on stdout.
+# tests; hack/setup.sh --binaries builds it). Idempotent. Prints the binary's path on stdout.
 set -euo pipefail
 version=v0.0.30
 cache=${NODE_AGENT_CACHE:-$HOME/.cache/node-agent}

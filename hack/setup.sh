@@ -2,7 +2,8 @@
 # Installs everything node-agent needs on a fresh machine of this project's kind (Debian with Go and rustup):
 # Debian packages (protoc for the CRI protos; containerd, runc, CNI plugins and busybox for real-mode tests),
 # rustfmt/clippy, the pinned Kubernetes binaries, the CNCF distribution registry the real-mode tests pull images
-# from, containerd 2.x (the second runtime of the real-mode tests), the pod-resources test client and the upstream
+# from, containerd 2.x (the second runtime of the real-mode tests), the pod-resources test client, the
+# local-path provisioner of the persistent-volume tests and the upstream
 # node conformance suite with the images it uses (hack/conformance.sh build), built once from the Go module proxy,
 # then cached; as root also the Debian guest of the VM tests (hack/build-vm-image.sh).
 # Idempotent and quick when everything is already there.
@@ -51,6 +52,7 @@ binaries() {
   bash "$root/hack/build-registry.sh" >/dev/null
   bash "$root/hack/build-containerd.sh" >/dev/null
   bash "$root/hack/build-podresources-client.sh" >/dev/null
+  bash "$root/hack/build-local-path-provisioner.sh" >/dev/null
   bash "$root/hack/conformance.sh" build >/dev/null
   if [ -n "$vm" ]; then wait "$vm" || { echo "setup: the VM guest image could not be built" >&2; return 1; }; fi
   echo "setup: ready (Kubernetes $(cat "$root/KUBERNETES_VERSION") in $(bash "$root/hack/build-kubernetes.sh"))" >&2
