@@ -115,7 +115,7 @@ pub fn limit_properties(settings: &[(&str, String)], v2: bool) -> Vec<(&'static 
 pub struct SystemdError {
     what: String,
     #[source]
-    source: zbus::Error,
+    source: Box<zbus::Error>,
 }
 
 /// A connection to systemd's manager on the system bus.
@@ -129,7 +129,7 @@ impl Systemd {
     pub async fn connect() -> Result<Self, SystemdError> {
         let conn = zbus::Connection::system().await.map_err(|source| SystemdError {
             what: "connecting to the system bus".to_owned(),
-            source,
+            source: Box::new(source),
         })?;
         Ok(Self { conn })
     }
@@ -142,7 +142,10 @@ impl Systemd {
             .call_method(Some(DESTINATION), PATH, Some(MANAGER), method, body)
             .await
             .map(drop)
-            .map_err(|source| SystemdError { what, source })
+            .map_err(|source| SystemdError {
+                what,
+                source: Box::new(source),
+            })
     }
 
     /// Starts the transient slice `unit` under `parent` with `limits` (or, when it exists already, sets its
@@ -189,7 +192,7 @@ impl Systemd {
         }
         Err(SystemdError {
             what: format!("{unit} started but {} did not appear", dir.display()),
-            source: zbus::Error::Failure("timed out".to_owned()),
+            source: Box::new(zbus::Error::Failure("timed out".to_owned())),
         })
     }
 
