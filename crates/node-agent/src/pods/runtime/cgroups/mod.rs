@@ -411,8 +411,8 @@ impl QosCgroups {
     }
 
     /// Makes `cgroup` (when `create`: with the systemd driver, starts its slice with the settings as its
-    /// properties; with cgroupfs, makes its directories) or updates its slice's properties, then writes the
-    /// settings to its files.
+    /// properties first; then makes its directories where they are missing, with their controllers) or updates
+    /// its slice's properties, then writes the settings to its files.
     async fn apply(
         self: &Arc<Self>,
         cgroup: &str,
@@ -433,7 +433,7 @@ impl QosCgroups {
         let this = self.clone();
         let cgroup = cgroup.to_owned();
         blocking(move || {
-            if create && this.systemd.is_none() {
+            if create {
                 this.create(&cgroup)?;
             }
             for (file, value) in &settings {
