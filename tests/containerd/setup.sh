@@ -14,6 +14,10 @@
 #                       config is this script's version-2 config migrated by `containerd config migrate`
 #        NA_CRI_REGISTRIES  space-separated HOST:PORT of registries to pull from over plain HTTP (more can be added
 #                       later: registry.sh start writes their hosts.toml when NA_CRI_DIR is set)
+#        NA_CRI_SYSTEMD_CGROUP=1  runc makes the containers' cgroups through systemd (SystemdCgroup = true; the
+#                       kubelet's cgroupDriver: systemd)
+#        NA_CRI_OOM_SCORE_ADJ=free  containers get the oom_score_adj asked for, not clamped to containerd's own
+#                       (on a machine where containerd may lower scores)
 #        NA_CRI_POD_CIDR_FROM_NODE=1  no CNI network until the CRI client hands containerd a pod CIDR
 #                       (UpdateRuntimeConfig, as a kubelet does with its Node's spec.podCIDR): the bridge conflist is
 #                       then written from a template with that CIDR, and NetworkReady stays false until it is;
@@ -79,6 +83,10 @@ if [ "${NA_CRI_CONTAINERD:-1.6}" = 2 ]; then
   # its own shim first on the PATH: containerd finds containerd-shim-runc-v2 there
   export PATH="$bin_dir:$PATH"
 fi
+SYSTEMD_CGROUP=false
+[ "${NA_CRI_SYSTEMD_CGROUP:-0}" = 1 ] && SYSTEMD_CGROUP=true
+RESTRICT_OOM=true
+[ "${NA_CRI_OOM_SCORE_ADJ:-}" = free ] && RESTRICT_OOM=false
 cat > "$DIR/config.toml" <<CONF
 version = 2
 root = "$DIR/root"
@@ -94,7 +102,7 @@ state = "$DIR/state"
   enable_selinux = false
   disable_apparmor = true
   # these machines lack CAP_SYS_RESOURCE: runc cannot set a negative oom_score_adj, so clamp to ours
-  restrict_oom_score_adj = true
+  restrict_oom_score_adj = $RESTRICT_OOM
   netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
@@ -102,7 +110,7 @@ state = "$DIR/state"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
+        SystemdCgroup = $SYSTEMD_CGROUP
         Root = "$DIR/runc"
   # one directory per registry host (HOST:PORT/hosts.toml), read at each pull
   [plugins."io.containerd.grpc.v1.cri".registry]

@@ -137,12 +137,21 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             tracing::info!(%endpoint, "connected to the container runtime");
             node_agent::pods::make_root_shared(&flags.root_dir)
                 .context("making the root directory a shared mount (for mountPropagation)")?;
+            node_agent::node_cgroups::apply_own_oom_score(kubelet.oom_score_adj);
             let mut pods = PodOptions::default().with_root_dir(&flags.root_dir);
             if kubelet.cgroups_per_qos {
-                let cgroups = QosCgroups::start(&kubelet.cgroup_root, kubelet.pod_pids_limit)
-                    .context("creating the QoS cgroups (cgroupsPerQOS)")?;
+                let cgroups = if kubelet.cgroup_driver == "systemd" {
+                    QosCgroups::start_systemd(&kubelet.cgroup_root, kubelet.pod_pids_limit).await
+                } else {
+                    QosCgroups::start(&kubelet.cgroup_root, kubelet.pod_pids_limit)
+                }
+                .context("creating the QoS cgroups (cgroupsPerQOS)")?;
                 let version = if cgroups.is_v2() { "cgroup v2" } else { "cgroup v1" };
-                tracing::info!(kubepods = %cgroups.kubepods(), "pods run in QoS cgroups ({version}, cgroupfs)");
+                let driver = &kubelet.cgroup_driver;
+                tracing::info!(kubepods = %cgroups.kubepods(), "pods run in QoS cgroups ({version}, {driver})");
+                node_agent::node_cgroups::enforce(&cgroups, &config)
+                    .await
+                    .context("enforcing node allocatable (enforceNodeAllocatable)")?;
                 pods = pods.with_cgroups(cgroups);
             } else if kubelet.pod_pids_limit > 0 {
                 tracing::warn!("podPidsLimit has no effect with cgroupsPerQOS: false (no pod cgroups)");

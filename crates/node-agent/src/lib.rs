@@ -22,6 +22,7 @@
 //! * [`config`] — KubeletConfiguration file + flags -> [`KubeletConfig`] / [`AgentConfig`].
 //! * [`agent`] — wiring: [`Agent`], [`AgentContext`], [`RunningAgent`].
 //! * [`node`] — registration, status loop and conditions, lease.
+//! * [`node_cgroups`] — node allocatable enforcement on the node's cgroups, the agent's own OOM score.
 //! * [`runtime_health`] — CRI `Status` polling.
 //! * [`events`] — the event recorder and its sink.
 //! * [`api`] — rate limit and request accounting for API calls.
@@ -61,6 +62,7 @@ pub mod gc;
 pub mod machine;
 pub mod metrics;
 pub mod node;
+pub mod node_cgroups;
 pub mod pod_resources;
 pub mod pods;
 pub mod quantity;

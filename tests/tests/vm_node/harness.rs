@@ -1,7 +1,8 @@
 //! A real node on a modern host: the control plane on this machine's loopback, and in a Debian guest booted
 //! under QEMU ([`e2e::vm`]; cgroup v2, systemd as PID 1) Debian's containerd started by the project's
-//! `tests/containerd/setup.sh` (runc with the cgroupfs driver, bridge CNI from the node's pod CIDR) and this
-//! build's `node-agent` registered as node [`NODE`]. The guest reaches the API server at
+//! `tests/containerd/setup.sh` (runc with the cgroup driver the [`NodeSetup`] names, containers' OOM scores as
+//! asked, bridge CNI from the node's pod CIDR) and this build's `node-agent` registered as node [`NODE`], with
+//! [`RESERVED`] kept from the pods. The guest reaches the API server at
 //! [`e2e::vm::HOST_FROM_GUEST`] (named in its serving certificate); the agent's kubelet port is forwarded from
 //! 127.0.0.1 on the host to the same port in the guest, and the Node reports 127.0.0.1 as its address, so the
 //! API server reaches the agent as it reaches a node on this machine. One guest per test binary, shared by its
@@ -30,6 +31,22 @@ const CRI_DIR: &str = "/var/lib/na-cri";
 pub const POD_PIDS_LIMIT: u32 = 1024;
 /// The agent's log in the guest.
 pub const AGENT_LOG: &str = "/var/log/node-agent.log";
+/// The node's reservations (`kubeReserved`, `systemReserved`): 300m of cpu and 384 MiB of memory in all.
+pub const RESERVED: &str =
+    "kubeReserved: {cpu: 200m, memory: 256Mi}\nsystemReserved: {cpu: 100m, memory: 128Mi}\n";
+/// The memory [`RESERVED`] keeps from the pods, bytes.
+pub const RESERVED_MEMORY: u64 = 384 << 20;
+/// The cpu [`RESERVED`] keeps from the pods, millicores.
+pub const RESERVED_CPU: u64 = 300;
+
+/// How the guest's node is set up.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeSetup {
+    /// `cgroupDriver: systemd`, containerd with `SystemdCgroup = true`; else the cgroupfs driver on both.
+    pub systemd: bool,
+    /// Lines added to the agent's KubeletConfiguration.
+    pub config: &'static str,
+}
 
 /// The guest node, with the control plane it is registered with.
 pub struct VmNode {
@@ -37,20 +54,23 @@ pub struct VmNode {
     pub cp: &'static testenv::ControlPlane,
     /// The guest.
     pub vm: Vm,
+    /// How it was set up.
+    pub setup: NodeSetup,
 }
 
 static NODE_CELL: OnceCell<VmNode> = OnceCell::const_new();
 
 impl VmNode {
-    /// The binary's node, started by the first caller; `None` when `NODE_AGENT_SKIP_REAL_NODE=1`.
-    pub async fn get() -> anyhow::Result<Option<&'static VmNode>> {
+    /// The binary's node, set up as `setup` asks, started by the first caller; `None` when
+    /// `NODE_AGENT_SKIP_REAL_NODE=1`.
+    pub async fn get(setup: NodeSetup) -> anyhow::Result<Option<&'static VmNode>> {
         if e2e::containerd::skip_real_node(env!("CARGO_CRATE_NAME")) {
             return Ok(None);
         }
-        NODE_CELL.get_or_try_init(Self::start).await.map(Some)
+        NODE_CELL.get_or_try_init(|| Self::start(setup)).await.map(Some)
     }
 
-    async fn start() -> anyhow::Result<Self> {
+    async fn start(setup: NodeSetup) -> anyhow::Result<Self> {
         if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self")?) != 0 {
             bail!("the VM tests need root (the guest image is built with mmdebstrap)");
         }
@@ -74,7 +94,7 @@ impl VmNode {
             t0.elapsed()
         );
         let port = free_port()?;
-        write_share(cp, &share)?;
+        write_share(cp, &share, setup)?;
         let mut options = VmOptions::new(&share);
         options.forwards = vec![port];
         let t_boot = Instant::now();
@@ -88,7 +108,8 @@ impl VmNode {
         vm.run(
             &format!(
                 "NA_CRI_DIR={CRI_DIR} NA_CRI_BRIDGE=cni0 NA_CRI_POD_CIDR_FROM_NODE=1 NA_CRI_SKIP_APT=1 \
-                 bash {GUEST_SHARE}/containerd/setup.sh"
+                 NA_CRI_OOM_SCORE_ADJ=free NA_CRI_SYSTEMD_CGROUP={} bash {GUEST_SHARE}/containerd/setup.sh",
+                u8::from(setup.systemd)
             ),
             long,
         )
@@ -114,7 +135,7 @@ impl VmNode {
         )
         .await
         .context("starting node-agent in the guest")?;
-        let node = Self { cp, vm };
+        let node = Self { cp, vm, setup };
         let nodes: Api<Node> = Api::all(cp.admin_client().await?);
         let t1 = Instant::now();
         let ready = wait_for(
@@ -212,7 +233,7 @@ fn free_port() -> anyhow::Result<u16> {
 
 /// Fills the directory the guest sees: the agent, the containerd scripts, the node's credentials and a
 /// kubeconfig naming the API server as the guest reaches it, and the agent's configuration.
-fn write_share(cp: &testenv::ControlPlane, share: &Path) -> anyhow::Result<()> {
+fn write_share(cp: &testenv::ControlPlane, share: &Path, setup: NodeSetup) -> anyhow::Result<()> {
     // a hard link where the file system allows (the agent's binary is large), else a copy
     let copy = |from: &Path, to: &str| -> anyhow::Result<()> {
         let to = share.join(to);
@@ -250,12 +271,14 @@ fn write_share(cp: &testenv::ControlPlane, share: &Path) -> anyhow::Result<()> {
     std::fs::write(
         share.join("kubelet-config.yaml"),
         format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\n\
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: {}\n\
              tlsCertFile: {}\ntlsPrivateKeyFile: {}\nauthentication:\n  x509:\n    clientCAFile: {}\n\
-             syncFrequency: 10s\npodPidsLimit: {POD_PIDS_LIMIT}\n",
+             syncFrequency: 10s\npodPidsLimit: {POD_PIDS_LIMIT}\n{RESERVED}{}",
+            if setup.systemd { "systemd" } else { "cgroupfs" },
             g("serving.crt"),
             g("serving.key"),
             g("ca.crt"),
+            setup.config,
         ),
     )?;
     Ok(())

@@ -138,6 +138,10 @@ maxPods: 110
 podsPerCore: 0
 podCIDR: 10.0.0.0/24
 podPidsLimit: -1
+enforceNodeAllocatable: [pods]
+kubeReservedCgroup: /kube.slice
+systemReservedCgroup: /system.slice
+oomScoreAdj: -999
 kubeReserved: {cpu: 100m}
 systemReserved: {memory: 100Mi}
 evictionHard: {memory.available: 100Mi}

@@ -193,6 +193,14 @@ pub(crate) struct FileConfig {
     pub pod_cidr: Option<String>,
     #[serde(default)]
     pub pod_pids_limit: Option<i64>,
+    #[serde(default)]
+    pub enforce_node_allocatable: Option<Vec<String>>,
+    #[serde(default)]
+    pub kube_reserved_cgroup: Option<String>,
+    #[serde(default)]
+    pub system_reserved_cgroup: Option<String>,
+    #[serde(default, rename = "oomScoreAdj")]
+    pub oom_score_adj: Option<i64>,
     #[serde(default, deserialize_with = "string_map")]
     pub kube_reserved: Option<BTreeMap<String, String>>,
     #[serde(default, deserialize_with = "string_map")]

@@ -257,6 +257,16 @@ pub struct KubeletConfig {
     pub pod_cidr: Option<String>,
     /// Max PIDs per pod, -1 = no limit (default -1).
     pub pod_pids_limit: i64,
+    /// `enforceNodeAllocatable` (default `[pods]`; empty for `[none]`, and with `cgroupsPerQOS: false` when not
+    /// given): `pods` limits the node's pod cgroup to allocatable, `kube-reserved` / `system-reserved` (and their
+    /// `-compressible` forms, cpu only) limit the named reservation cgroups to the reservations.
+    pub enforce_node_allocatable: Vec<String>,
+    /// `kubeReservedCgroup`: the existing cgroup `kube-reserved` is enforced on (empty: none).
+    pub kube_reserved_cgroup: String,
+    /// `systemReservedCgroup`: the existing cgroup `system-reserved` is enforced on (empty: none).
+    pub system_reserved_cgroup: String,
+    /// `oomScoreAdj`: the agent's own `oom_score_adj` (default -999).
+    pub oom_score_adj: i64,
     /// Resources reserved for Kubernetes daemons (`kubeReserved`).
     pub kube_reserved: BTreeMap<String, Quantity>,
     /// Resources reserved for the OS (`systemReserved`).

@@ -187,6 +187,22 @@ pub(crate) fn resolve(
         Some(n) => n,
     };
 
+    let oom_score_adj = f.oom_score_adj.unwrap_or(-999);
+    if !(-1000..=1000).contains(&oom_score_adj) {
+        c.err(
+            "oomScoreAdj",
+            format!("{oom_score_adj} must be between -1000 and 1000, inclusive"),
+        );
+    }
+    let kube_reserved_cgroup = f.kube_reserved_cgroup.clone().unwrap_or_default();
+    let system_reserved_cgroup = f.system_reserved_cgroup.clone().unwrap_or_default();
+    let enforce_node_allocatable = enforce_node_allocatable(
+        &mut c,
+        f.enforce_node_allocatable.as_deref(),
+        f.cgroups_per_qos.unwrap_or(true),
+        &kube_reserved_cgroup,
+        &system_reserved_cgroup,
+    );
     let kube_reserved = c.reserved("kubeReserved", f.kube_reserved.as_ref());
     let system_reserved = c.reserved("systemReserved", f.system_reserved.as_ref());
     let merge_defaults = f.merge_default_eviction_settings.unwrap_or(false);
@@ -314,15 +330,10 @@ pub(crate) fn resolve(
     }
     let cgroup_driver = f.cgroup_driver.clone().unwrap_or_else(|| "cgroupfs".into());
     match cgroup_driver.as_str() {
-        "cgroupfs" => {}
-        "systemd" => c.err(
-            "cgroupDriver",
-            "systemd is not supported by node-agent (only cgroupfs; configure the runtime's cgroup driver to match)"
-                .to_owned(),
-        ),
+        "cgroupfs" | "systemd" => {}
         _ => c.err(
             "cgroupDriver",
-            format!("{cgroup_driver:?} must be cgroupfs (systemd is not supported by node-agent)"),
+            format!("{cgroup_driver:?} must be cgroupfs or systemd"),
         ),
     }
     let cgroup_root = f
@@ -473,6 +484,10 @@ pub(crate) fn resolve(
         pods_per_core: c.non_negative("podsPerCore", f.pods_per_core, 0),
         pod_cidr,
         pod_pids_limit,
+        enforce_node_allocatable,
+        kube_reserved_cgroup,
+        system_reserved_cgroup,
+        oom_score_adj,
         kube_reserved,
         system_reserved,
         eviction_hard,
@@ -529,6 +544,77 @@ pub(crate) fn resolve(
     } else {
         Err(ConfigError::Invalid { errors: c.errors })
     }
+}
+
+/// `enforceNodeAllocatable` checked as the kubelet checks it: known values, no duplicates, `none` alone, a
+/// `kube-reserved*` / `system-reserved*` value only with its cgroup named, and none of them without
+/// `cgroupsPerQOS`. Not given: `[pods]`, or nothing with `cgroupsPerQOS: false` (where the kubelet would refuse
+/// its own default, node-agent enforces nothing). `[none]` resolves to nothing.
+fn enforce_node_allocatable(
+    c: &mut Check<'_>,
+    given: Option<&[String]>,
+    cgroups_per_qos: bool,
+    kube_cgroup: &str,
+    system_cgroup: &str,
+) -> Vec<String> {
+    const FIELD: &str = "enforceNodeAllocatable";
+    let Some(given) = given else {
+        return if cgroups_per_qos {
+            vec!["pods".to_owned()]
+        } else {
+            Vec::new()
+        };
+    };
+    let mut out: Vec<String> = Vec::new();
+    for value in given {
+        if out.contains(value) {
+            c.err(FIELD, format!("{value:?} is given twice"));
+            continue;
+        }
+        match value.as_str() {
+            "pods" => {}
+            "kube-reserved" | "kube-reserved-compressible" if kube_cgroup.is_empty() => {
+                c.err(FIELD, format!("{value:?} needs kubeReservedCgroup"))
+            }
+            "system-reserved" | "system-reserved-compressible" if system_cgroup.is_empty() => {
+                c.err(FIELD, format!("{value:?} needs systemReservedCgroup"))
+            }
+            "kube-reserved"
+            | "kube-reserved-compressible"
+            | "system-reserved"
+            | "system-reserved-compressible" => {}
+            "none" => {
+                if given.len() > 1 {
+                    c.err(FIELD, "\"none\" may not be given with other values".to_owned());
+                }
+                continue;
+            }
+            other => {
+                c.err(
+                    FIELD,
+                    format!(
+                        "{other:?} must be pods, system-reserved, system-reserved-compressible, kube-reserved, \
+                         kube-reserved-compressible or none"
+                    ),
+                );
+                continue;
+            }
+        }
+        if !cgroups_per_qos {
+            c.err(FIELD, format!("{value:?} needs cgroupsPerQOS: true"));
+        }
+        out.push(value.clone());
+    }
+    for name in ["kube-reserved", "system-reserved"] {
+        let compressible = format!("{name}-compressible");
+        if out.iter().any(|v| v == name) && out.contains(&compressible) {
+            c.err(
+                FIELD,
+                format!("{name:?} and {compressible:?} may not be given together"),
+            );
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -65,12 +65,14 @@ fn defaults_equal_the_kubelets() {
 }
 
 #[test]
-fn the_systemd_cgroup_driver_and_a_relative_cgroup_root_are_refused_by_name() {
-    let e = from_yaml("cgroupDriver: systemd\ncgroupRoot: kube\n").unwrap_err();
+fn an_unknown_cgroup_driver_and_a_relative_cgroup_root_are_refused_by_name() {
+    let e = from_yaml("cgroupDriver: openrc\ncgroupRoot: kube\n").unwrap_err();
     let text = e.to_string();
     assert!(e.fields().contains(&"cgroupDriver"), "{text}");
     assert!(e.fields().contains(&"cgroupRoot"), "{text}");
-    assert!(text.contains("systemd is not supported by node-agent"), "{text}");
+    assert!(text.contains("must be cgroupfs or systemd"), "{text}");
+    let c = from_yaml("cgroupDriver: systemd\n").unwrap();
+    assert_eq!(c.cgroup_driver, "systemd");
     let c = from_yaml("cgroupRoot: /custom\ncgroupsPerQOS: false\n").unwrap();
     assert_eq!((c.cgroup_root.as_str(), c.cgroups_per_qos), ("/custom", false));
 }

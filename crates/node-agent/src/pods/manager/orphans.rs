@@ -159,13 +159,11 @@ async fn remove(ctx: &AgentCtx, uid: &str, held: Held) {
     if let Some(cgroups) = ctx.config.layout.cgroups.clone()
         && (held.runtime || held.cgroup)
     {
-        let id = uid.to_owned();
-        match tokio::task::spawn_blocking(move || cgroups.remove_orphan(&id)).await {
-            Ok(Ok(())) if held.cgroup => {
+        match cgroups.remove_orphan(uid).await {
+            Ok(()) if held.cgroup => {
                 tracing::info!(%uid, "removed the cgroup of a pod that no longer exists")
             }
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%uid, %error, "orphaned pod cgroup not removed"),
+            Ok(()) => {}
             Err(error) => tracing::warn!(%uid, %error, "orphaned pod cgroup not removed"),
         }
     }

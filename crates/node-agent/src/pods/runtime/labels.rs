@@ -66,6 +66,9 @@ pub struct RuntimeLayout {
     /// The QoS cgroups of a real node with `cgroupsPerQOS`: sandboxes get their pod's cgroup as parent.
     /// `None` (a hollow node, or `cgroupsPerQOS: false`): the runtime's default parent.
     pub cgroups: Option<Arc<QosCgroups>>,
+    /// The node's memory capacity, bytes: Burstable containers' `oom_score_adj` is their request's share of it
+    /// ([`oom_score`](super::oom_score)).
+    pub memory_capacity: u64,
 }
 
 impl RuntimeLayout {
@@ -86,6 +89,7 @@ impl Default for RuntimeLayout {
             pods_dir: None,
             dns: Arc::default(),
             cgroups: None,
+            memory_capacity: 0,
         }
     }
 }
@@ -176,6 +180,7 @@ pub fn container_config(
     restart_count: u32,
     resolved: Resolved,
     mounts: Vec<cri::Mount>,
+    memory_capacity: u64,
 ) -> cri::ContainerConfig {
     let mut labels = pod_labels(pod);
     labels.insert(CONTAINER_NAME.to_owned(), c.name.clone());
@@ -207,6 +212,7 @@ pub fn container_config(
         cpu_period: if r.cpu_limit.is_some() { 100_000 } else { 0 },
         cpu_quota: r.cpu_limit.map_or(0, |m| (m * 100).max(1000)),
         memory_limit_in_bytes: r.memory_limit.unwrap_or(0),
+        oom_score_adj: super::oom_score::container(pod, c, memory_capacity),
         ..Default::default()
     };
     cri::ContainerConfig {
@@ -292,7 +298,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let cc = container_config(&d, &d.containers[0], 3, resolved, Vec::new());
+        let cc = container_config(&d, &d.containers[0], 3, resolved, Vec::new(), 1 << 30);
         assert_eq!(cc.labels[CONTAINER_NAME], "app");
         assert_eq!(cc.labels[POD_NAMESPACE], "ns");
         assert_eq!(restart_count(&cc.annotations), 3);

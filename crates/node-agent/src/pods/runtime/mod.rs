@@ -8,10 +8,12 @@
 //! * [`dns`] — the pod's resolver configuration.
 //! * [`cgroups`] — QoS and pod cgroups of a real node.
 //! * [`termination`] — a container's termination message.
+//! * [`oom_score`] — each container's `oom_score_adj` by QoS class.
 
 pub mod cgroups;
 pub mod dns;
 pub mod labels;
 pub(crate) mod observed;
+pub mod oom_score;
 pub mod security;
 pub(crate) mod termination;

@@ -352,7 +352,14 @@ impl PodWorker {
             Ok(hosts) => mounts.extend(hosts),
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
         }
-        let mut config = labels::container_config(&pod, c, s.restart_count, resolved, mounts);
+        let mut config = labels::container_config(
+            &pod,
+            c,
+            s.restart_count,
+            resolved,
+            mounts,
+            ctx.config.layout.memory_capacity,
+        );
         if let Some(cgroups) = &ctx.config.layout.cgroups
             && let Some(resources) = config.linux.as_mut().and_then(|l| l.resources.as_mut())
         {

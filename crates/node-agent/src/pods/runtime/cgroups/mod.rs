@@ -18,8 +18,15 @@
 //! (`/sys/fs/cgroup/unified`), where node-agent makes nothing itself. Pod cgroups of pods the node no longer
 //! has are found and removed by the orphan sweep ([`QosCgroups::pod_uids`], [`QosCgroups::remove_orphan`]).
 //!
-//! A hollow node has no `QosCgroups`: nothing of the machine's cgroups is touched. Node allocatable
-//! enforcement on `kubepods` (`enforceNodeAllocatable`), `qosReserved` and the systemd driver are not provided.
+//! With the systemd driver (`cgroupDriver: systemd`, [`QosCgroups::start_systemd`]) the same tree is made of
+//! slices systemd creates as transient units over D-Bus ([`systemd`]): `kubepods.slice`,
+//! `kubepods-burstable.slice`, `kubepods-besteffort.slice`, `kubepods-burstable-pod<uid>.slice`, their limits
+//! given as unit properties and written to their files as well; the runtime is handed the pod's slice name as
+//! its `cgroup_parent`, the form a runtime using systemd for its cgroups (containerd's `SystemdCgroup = true`)
+//! expects. Internally every cgroup keeps its cgroupfs name (`/kubepods/burstable/pod<uid>`); [`QosCgroups::fs_name`]
+//! maps it to the path it has in the hierarchy.
+//!
+//! A hollow node has no `QosCgroups`: nothing of the machine's cgroups is touched.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,6 +34,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::pods::model::resources::{self, QosClass};
 use crate::pods::model::spec::DesiredPod;
+
+pub mod systemd;
 
 /// The kernel's smallest `cpu.shares`.
 const MIN_SHARES: i64 = 2;
@@ -51,6 +60,15 @@ pub enum CgroupError {
     /// `cgroupRoot` is not an absolute path.
     #[error("cgroupRoot {0:?} must be an absolute path")]
     BadRoot(String),
+    /// `cgroupDriver: systemd` on a machine whose init is not systemd.
+    #[error(
+        "cgroupDriver: systemd needs systemd as the machine's init (/run/systemd/system is missing); use \
+         cgroupDriver: cgroupfs here"
+    )]
+    NoSystemd,
+    /// systemd refused or failed a request.
+    #[error(transparent)]
+    Systemd(#[from] systemd::SystemdError),
     /// A cgroup file or directory could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -129,6 +147,37 @@ pub fn pod_settings(pod: &DesiredPod, pids_limit: i64) -> Vec<(&'static str, Str
         out.push(("pids.max", pids_limit.to_string()));
     }
     out
+}
+
+/// What a node-level cgroup is limited to (node allocatable enforcement): `None` leaves that limit as it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeLimits {
+    /// Millicores, given as `cpu.shares` (a weight, as the kubelet gives it, never a quota).
+    pub cpu_milli: Option<i64>,
+    /// Bytes of memory.
+    pub memory: Option<i64>,
+    /// Processes.
+    pub pids: Option<i64>,
+}
+
+impl NodeLimits {
+    /// The settings written for these limits: all of them, or with `compressible_only` the cpu weight alone.
+    pub fn settings(&self, compressible_only: bool) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(cpu) = self.cpu_milli {
+            out.push(("cpu.shares", shares(cpu).to_string()));
+        }
+        if compressible_only {
+            return out;
+        }
+        if let Some(memory) = self.memory {
+            out.push(("memory.limit_in_bytes", memory.to_string()));
+        }
+        if let Some(pids) = self.pids {
+            out.push(("pids.max", pids.to_string()));
+        }
+        out
+    }
 }
 
 /// One mounted v1 hierarchy: its mount point and the controllers it holds (`cpu`, `memory`, `name=systemd`...).
@@ -210,6 +259,9 @@ pub struct QosCgroups {
     pids_limit: i64,
     /// Burstable pods' cpu requests by UID: the burstable cgroup's `cpu.shares` is their sum.
     burstable: Mutex<HashMap<String, i64>>,
+    /// The systemd driver's connection to systemd: every cgroup of the tree is a slice it makes. `None`: the
+    /// cgroupfs driver.
+    systemd: Option<systemd::Systemd>,
 }
 
 impl QosCgroups {
@@ -246,17 +298,33 @@ impl QosCgroups {
         cgroup_root: &str,
         pods_pids_limit: i64,
     ) -> Result<Arc<Self>, CgroupError> {
-        let file = mount.join("cgroup.controllers");
-        let controllers = std::fs::read_to_string(&file).map_err(io(&file))?;
-        let hierarchy = Hierarchy {
-            dir: mount.to_owned(),
-            controllers: controllers
-                .split_whitespace()
-                .filter(|c| V2_CONTROLLERS.contains(c))
-                .map(str::to_owned)
-                .collect(),
-        };
+        let hierarchy = v2_hierarchy(mount)?;
         Self::build_on(vec![hierarchy], true, None, cgroup_root, pods_pids_limit).map(Arc::new)
+    }
+
+    /// The systemd driver's [`QosCgroups::start`]: the tree made of slices systemd creates, in the unified
+    /// hierarchy of a cgroup v2 host or in the v1 hierarchies. Refused where systemd is not the init.
+    pub async fn start_systemd(cgroup_root: &str, pods_pids_limit: i64) -> Result<Arc<Self>, CgroupError> {
+        if !systemd::booted() {
+            return Err(CgroupError::NoSystemd);
+        }
+        let mountinfo = "/proc/self/mountinfo";
+        let text = std::fs::read_to_string(mountinfo).map_err(io(Path::new(mountinfo)))?;
+        let (hierarchies, v2, unified) = match v2_only(&text) {
+            Some(dir) => (vec![v2_hierarchy(&dir)?], true, None),
+            None => (v1_hierarchies(&text), false, unified_hierarchy(&text)),
+        };
+        let sd = systemd::Systemd::connect().await?;
+        let cg = Arc::new(Self::new(
+            hierarchies,
+            v2,
+            unified,
+            cgroup_root,
+            pods_pids_limit,
+            Some(sd),
+        )?);
+        cg.create_tree().await?;
+        Ok(cg)
     }
 
     /// Whether the pods' cgroups are in the unified hierarchy of a cgroup v2 host.
@@ -291,21 +359,7 @@ impl QosCgroups {
         cgroup_root: &str,
         pods_pids_limit: i64,
     ) -> Result<Self, CgroupError> {
-        if hierarchies.is_empty() {
-            return Err(CgroupError::NoHierarchy);
-        }
-        if !cgroup_root.starts_with('/') {
-            return Err(CgroupError::BadRoot(cgroup_root.to_owned()));
-        }
-        let kubepods = format!("{}/kubepods", cgroup_root.trim_end_matches('/'));
-        let cg = Self {
-            hierarchies,
-            v2,
-            unified,
-            kubepods,
-            pids_limit: pods_pids_limit,
-            burstable: Mutex::new(HashMap::new()),
-        };
+        let cg = Self::new(hierarchies, v2, unified, cgroup_root, pods_pids_limit, None)?;
         for name in ["", "/burstable", "/besteffort"] {
             cg.create(&format!("{}{name}", cg.kubepods))?;
         }
@@ -314,17 +368,110 @@ impl QosCgroups {
             "cpu.shares",
             &MIN_SHARES.to_string(),
         )?;
-        cg.update_burstable()?;
+        cg.write_burstable()?;
         Ok(cg)
     }
 
-    /// `<cgroupRoot>/kubepods`.
-    pub fn kubepods(&self) -> &str {
-        &self.kubepods
+    fn new(
+        hierarchies: Vec<Hierarchy>,
+        v2: bool,
+        unified: Option<PathBuf>,
+        cgroup_root: &str,
+        pods_pids_limit: i64,
+        systemd: Option<systemd::Systemd>,
+    ) -> Result<Self, CgroupError> {
+        if hierarchies.is_empty() {
+            return Err(CgroupError::NoHierarchy);
+        }
+        if !cgroup_root.starts_with('/') {
+            return Err(CgroupError::BadRoot(cgroup_root.to_owned()));
+        }
+        let kubepods = format!("{}/kubepods", cgroup_root.trim_end_matches('/'));
+        Ok(Self {
+            hierarchies,
+            v2,
+            unified,
+            kubepods,
+            pids_limit: pods_pids_limit,
+            burstable: Mutex::new(HashMap::new()),
+            systemd,
+        })
     }
 
-    /// The pod's cgroup as the runtime names it: `…/kubepods[/burstable|/besteffort]/pod<uid>`.
+    /// The systemd driver's tree: `kubepods.slice` and the QoS slices, started in order (each one's parent
+    /// first).
+    async fn create_tree(self: &Arc<Self>) -> Result<(), CgroupError> {
+        self.apply(&self.kubepods.clone(), Vec::new(), true).await?;
+        self.apply(&format!("{}/burstable", self.kubepods), Vec::new(), true)
+            .await?;
+        let besteffort = vec![("cpu.shares", MIN_SHARES.to_string())];
+        self.apply(&format!("{}/besteffort", self.kubepods), besteffort, true)
+            .await?;
+        self.update_burstable().await
+    }
+
+    /// Makes `cgroup` (when `create`: with the systemd driver, starts its slice with the settings as its
+    /// properties first; then makes its directories where they are missing, with their controllers) or updates
+    /// its slice's properties, then writes the settings to its files.
+    async fn apply(
+        self: &Arc<Self>,
+        cgroup: &str,
+        settings: Vec<(&'static str, String)>,
+        create: bool,
+    ) -> Result<(), CgroupError> {
+        if let Some(sd) = &self.systemd {
+            let expanded = self.fs_name(cgroup);
+            let (unit, parent) = systemd::unit_and_parent(&expanded);
+            let limits = systemd::limit_properties(&settings, self.v2);
+            if create {
+                let dir = self.dir(&self.hierarchies[0], cgroup);
+                sd.start_slice(&unit, &parent, &limits, &dir).await?;
+            } else {
+                sd.set_limits(&unit, &limits).await?;
+            }
+        }
+        let this = self.clone();
+        let cgroup = cgroup.to_owned();
+        blocking(move || {
+            if create {
+                this.create(&cgroup)?;
+            }
+            for (file, value) in &settings {
+                this.write(&cgroup, file, value)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// `<cgroupRoot>/kubepods` as it is in the hierarchy (`/kubepods.slice` with the systemd driver).
+    pub fn kubepods(&self) -> String {
+        self.fs_name(&self.kubepods)
+    }
+
+    /// Where the cgroup named `cgroup` (its cgroupfs name) is in the hierarchy: the name itself with cgroupfs,
+    /// the path of its slice with systemd.
+    pub fn fs_name(&self, cgroup: &str) -> String {
+        if self.systemd.is_some() {
+            systemd::expand(cgroup)
+        } else {
+            cgroup.to_owned()
+        }
+    }
+
+    /// The pod's cgroup as the runtime is handed it (its `cgroup_parent`): `…/kubepods[/burstable|/besteffort]/pod<uid>`
+    /// with cgroupfs, the slice `kubepods[-burstable|-besteffort]-pod<uid>.slice` with systemd.
     pub fn pod_path(&self, qos: QosClass, uid: &str) -> String {
+        let name = self.pod_name(qos, uid);
+        if self.systemd.is_some() {
+            systemd::unit_and_parent(&systemd::expand(&name)).0
+        } else {
+            name
+        }
+    }
+
+    /// The pod's cgroup name: `…/kubepods[/burstable|/besteffort]/pod<uid>`.
+    fn pod_name(&self, qos: QosClass, uid: &str) -> String {
         match qos {
             QosClass::Guaranteed => format!("{}/pod{uid}", self.kubepods),
             QosClass::Burstable => format!("{}/burstable/pod{uid}", self.kubepods),
@@ -333,7 +480,7 @@ impl QosCgroups {
     }
 
     fn dir(&self, h: &Hierarchy, cgroup: &str) -> PathBuf {
-        h.dir.join(cgroup.trim_start_matches('/'))
+        h.dir.join(self.fs_name(cgroup).trim_start_matches('/'))
     }
 
     fn has(h: &Hierarchy, controller: &str) -> bool {
@@ -381,17 +528,58 @@ impl QosCgroups {
         Ok(())
     }
 
-    fn update_burstable(&self) -> Result<(), CgroupError> {
+    /// Limits `kubepods` (node allocatable enforcement; the node's capacity when only the weight is to be
+    /// right).
+    pub async fn limit_kubepods(self: &Arc<Self>, limits: &NodeLimits) -> Result<(), CgroupError> {
+        self.apply(&self.kubepods.clone(), limits.settings(false), false)
+            .await
+    }
+
+    /// Limits the existing cgroup at `path` (as in the hierarchy, e.g. `/system.slice` with the systemd driver)
+    /// to `limits`, or with `compressible_only` its cpu weight alone: the enforcement of `kube-reserved` /
+    /// `system-reserved` on their cgroups. A cgroup that does not exist is an error, as with the kubelet.
+    pub async fn limit_existing(
+        self: &Arc<Self>,
+        path: &str,
+        limits: &NodeLimits,
+        compressible_only: bool,
+    ) -> Result<(), CgroupError> {
+        let name = if self.systemd.is_some() {
+            systemd::cgroup_name(path)
+        } else {
+            path.to_owned()
+        };
+        if !self.hierarchies.iter().all(|h| self.dir(h, &name).is_dir()) {
+            let dir = self.dir(&self.hierarchies[0], &name);
+            return Err(CgroupError::Io {
+                path: dir,
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "the cgroup does not exist"),
+            });
+        }
+        self.apply(&name, limits.settings(compressible_only), false).await
+    }
+
+    /// The burstable cgroup's `cpu.shares`: from the sum of its pods' cpu requests.
+    fn burstable_settings(&self) -> Vec<(&'static str, String)> {
         let sum: i64 = self
             .burstable
             .lock()
             .map(|m| m.values().sum())
             .unwrap_or_default();
-        self.write(
-            &format!("{}/burstable", self.kubepods),
-            "cpu.shares",
-            &shares(sum).to_string(),
-        )
+        vec![("cpu.shares", shares(sum).to_string())]
+    }
+
+    fn write_burstable(&self) -> Result<(), CgroupError> {
+        for (file, value) in self.burstable_settings() {
+            self.write(&format!("{}/burstable", self.kubepods), file, &value)?;
+        }
+        Ok(())
+    }
+
+    async fn update_burstable(self: &Arc<Self>) -> Result<(), CgroupError> {
+        let settings = self.burstable_settings();
+        self.apply(&format!("{}/burstable", self.kubepods), settings, false)
+            .await
     }
 
     /// Makes sure `pod`'s cgroup exists with its limits (created once; an existing one is left as it is).
@@ -402,54 +590,51 @@ impl QosCgroups {
             }
             _ => false,
         };
-        let path = self.pod_path(pod.qos, &pod.uid);
-        let settings = pod_settings(pod, self.pids_limit);
-        let this = self.clone();
-        blocking(move || {
-            if changed {
-                this.update_burstable()?;
-            }
-            let exists = this.hierarchies.iter().all(|h| this.dir(h, &path).is_dir());
-            if exists {
-                return Ok(());
-            }
-            this.create(&path)?;
-            for (file, value) in &settings {
-                this.write(&path, file, value)?;
-            }
-            Ok(())
-        })
-        .await
+        if changed {
+            self.update_burstable().await?;
+        }
+        let name = self.pod_name(pod.qos, &pod.uid);
+        // a stat per hierarchy: cheap enough not to leave the async thread
+        if self.hierarchies.iter().all(|h| self.dir(h, &name).is_dir()) {
+            return Ok(());
+        }
+        self.apply(&name, pod_settings(pod, self.pids_limit), true).await
     }
 
-    /// Removes `pod`'s cgroup (and whatever the runtime left inside) from every hierarchy; a cgroup that still
-    /// holds processes stays (logged).
+    /// Removes `pod`'s cgroup (and whatever the runtime left inside) from every hierarchy — with systemd, stops
+    /// its slice first; a cgroup that still holds processes stays (logged).
     pub async fn remove(self: &Arc<Self>, pod: &DesiredPod) {
         let changed = self
             .burstable
             .lock()
             .map(|mut m| m.remove(&*pod.uid).is_some())
             .unwrap_or(false);
-        let path = self.pod_path(pod.qos, &pod.uid);
-        let this = self.clone();
-        let result = blocking(move || {
-            this.remove_everywhere(&path)?;
-            if changed {
-                this.update_burstable()?;
-            }
-            Ok(())
-        })
-        .await;
+        let name = self.pod_name(pod.qos, &pod.uid);
+        let mut result = self.remove_cgroup(name).await;
+        if changed && result.is_ok() {
+            result = self.update_burstable().await;
+        }
         if let Err(error) = result {
             tracing::warn!(pod = %pod.display(), %error, "cannot remove the pod's cgroup");
         }
+    }
+
+    /// Stops the slice of `cgroup` (systemd driver) and removes its directories wherever they are.
+    async fn remove_cgroup(self: &Arc<Self>, cgroup: String) -> Result<(), CgroupError> {
+        if let Some(sd) = &self.systemd {
+            let (unit, _) = systemd::unit_and_parent(&self.fs_name(&cgroup));
+            sd.stop(&unit).await?;
+        }
+        let this = self.clone();
+        blocking(move || this.remove_everywhere(&cgroup)).await
     }
 }
 
 impl QosCgroups {
     /// `cgroup`'s directory in every hierarchy: the v1 ones, and the v2 one of a hybrid host.
     fn everywhere(&self, cgroup: &str) -> Vec<PathBuf> {
-        let rel = cgroup.trim_start_matches('/');
+        let name = self.fs_name(cgroup);
+        let rel = name.trim_start_matches('/');
         self.hierarchies
             .iter()
             .map(|h| h.dir.as_path())
@@ -479,10 +664,15 @@ impl QosCgroups {
                 };
                 for entry in entries.flatten() {
                     let name = entry.file_name().to_string_lossy().into_owned();
-                    if let Some(uid) = name.strip_prefix("pod")
+                    let uid = if self.systemd.is_some() {
+                        systemd::pod_uid(&name)
+                    } else {
+                        name.strip_prefix("pod").map(str::to_owned)
+                    };
+                    if let Some(uid) = uid
                         && entry.file_type().is_ok_and(|t| t.is_dir())
                     {
-                        uids.insert(uid.to_owned());
+                        uids.insert(uid);
                     }
                 }
             }
@@ -492,16 +682,18 @@ impl QosCgroups {
 
     /// Removes the cgroup of pod `uid`, whatever its QoS class, from every hierarchy: for a pod the node no
     /// longer knows (deleted while the agent was down). A cgroup that still holds processes stays (the error
-    /// says so; the next housekeeping tries again). Blocking.
-    pub fn remove_orphan(&self, uid: &str) -> Result<(), CgroupError> {
-        if let Ok(mut m) = self.burstable.lock()
-            && m.remove(uid).is_some()
-        {
-            drop(m);
-            self.update_burstable()?;
+    /// says so; the next housekeeping tries again).
+    pub async fn remove_orphan(self: &Arc<Self>, uid: &str) -> Result<(), CgroupError> {
+        let known = self
+            .burstable
+            .lock()
+            .map(|mut m| m.remove(uid).is_some())
+            .unwrap_or(false);
+        if known {
+            self.update_burstable().await?;
         }
         for qos in [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort] {
-            self.remove_everywhere(&self.pod_path(qos, uid))?;
+            self.remove_cgroup(self.pod_name(qos, uid)).await?;
         }
         Ok(())
     }
@@ -513,6 +705,21 @@ async fn blocking(f: impl FnOnce() -> Result<(), CgroupError> + Send + 'static) 
             path: PathBuf::new(),
             source: std::io::Error::other(e.to_string()),
         })
+    })
+}
+
+/// The unified hierarchy mounted at `mount`, with the controllers the kubelet uses ([`V2_CONTROLLERS`]) that its
+/// `cgroup.controllers` lists.
+fn v2_hierarchy(mount: &Path) -> Result<Hierarchy, CgroupError> {
+    let file = mount.join("cgroup.controllers");
+    let controllers = std::fs::read_to_string(&file).map_err(io(&file))?;
+    Ok(Hierarchy {
+        dir: mount.to_owned(),
+        controllers: controllers
+            .split_whitespace()
+            .filter(|c| V2_CONTROLLERS.contains(c))
+            .map(str::to_owned)
+            .collect(),
     })
 }
 

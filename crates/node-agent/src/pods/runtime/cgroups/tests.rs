@@ -169,8 +169,8 @@ async fn orphaned_pod_cgroups_are_found_anywhere_and_removed() {
     std::fs::create_dir_all(dir("unified/kubepods/burstable/podgone/inner")).unwrap();
     std::fs::create_dir_all(dir("unified/kubepods/besteffort/podu1")).unwrap();
     assert_eq!(cg.pod_uids(), ["gone", "stray", "u1"]);
-    cg.remove_orphan("stray").unwrap();
-    cg.remove_orphan("gone").unwrap();
+    cg.remove_orphan("stray").await.unwrap();
+    cg.remove_orphan("gone").await.unwrap();
     assert_eq!(cg.pod_uids(), ["u1"]);
     assert!(!dir("unified/kubepods/burstable/podgone").exists());
     assert!(dir("cpu/kubepods/besteffort/podu1").is_dir());

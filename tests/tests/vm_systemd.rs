@@ -1,0 +1,174 @@
+//! A real node on cgroup v2 with the systemd cgroup driver, in a Debian guest (see `vm_node/harness.rs`;
+//! `cgroupDriver: systemd`, containerd with `SystemdCgroup = true`): pods of the three QoS classes run in the
+//! kubelet's slices (`kubepods.slice`, `kubepods-burstable.slice`, `kubepods-burstable-pod<uid>.slice`) made by
+//! systemd as transient units, with the kubelet's limits and OOM scores, as read from the guest's cgroup and proc
+//! files and from systemd; `kubepods.slice` is limited to the node's allocatable; a container past its memory
+//! limit is OOM-killed and reported so; a BestEffort pod filling the node's memory is evicted by the v2 figures
+//! while a Guaranteed pod stays. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
+
+#[path = "vm_node/checks.rs"]
+mod checks;
+#[path = "vm_node/harness.rs"]
+mod harness;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use e2e::{init_logging, wait_for};
+use harness::{NODE, NodeSetup, VmNode};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use tokio::sync::RwLock;
+
+const NS: &str = "vm-systemd";
+const TAG: &str = "vm_systemd";
+/// The hard eviction threshold on memory: 600 MiB of the guest's 2 GiB, above the reservations (384 MiB), so
+/// that pods filling `kubepods.slice` reach it before the slice's limit.
+const SETUP: NodeSetup = NodeSetup {
+    systemd: true,
+    config: "evictionHard: {memory.available: 600Mi}\nevictionPressureTransitionPeriod: 10s\n",
+};
+
+/// The memory-pressure test holds it alone: under pressure the node admits no BestEffort pod.
+static PRESSURE: RwLock<()> = RwLock::const_new(());
+
+#[tokio::test]
+async fn qos_pods_run_in_the_kubelets_slices_with_their_limits() -> anyhow::Result<()> {
+    init_logging();
+    let Some(node) = VmNode::get(SETUP).await? else {
+        return Ok(());
+    };
+    let _shared = PRESSURE.read().await;
+    let pods = node.namespace(NS).await?;
+    checks::qos_pods_run_in_their_cgroups(node, &pods, TAG).await?;
+    // systemd knows the slices as units, with the limits as their properties
+    let uid = pods
+        .get("guaranteed")
+        .await?
+        .metadata
+        .uid
+        .context("uid")?
+        .replace('-', "_");
+    let unit = format!("kubepods-pod{uid}.slice");
+    let show = node
+        .vm
+        .run(
+            &format!("systemctl show -p ActiveState,MemoryMax,CPUQuotaPerSecUSec,TasksMax,Slice {unit}"),
+            Duration::from_secs(30),
+        )
+        .await?;
+    println!(
+        "[{TAG}] {unit}: {}",
+        show.split_whitespace().collect::<Vec<_>>().join(" ")
+    );
+    for line in [
+        "ActiveState=active",
+        "MemoryMax=67108864",
+        "CPUQuotaPerSecUSec=500ms",
+        "Slice=kubepods.slice",
+    ] {
+        assert!(show.lines().any(|l| l == line), "{unit}: {line} in {show}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubepods_slice_is_limited_to_the_nodes_allocatable() -> anyhow::Result<()> {
+    init_logging();
+    let Some(node) = VmNode::get(SETUP).await? else {
+        return Ok(());
+    };
+    checks::pods_cgroup_is_limited_to_allocatable(node, TAG).await
+}
+
+#[tokio::test]
+async fn a_container_past_its_memory_limit_is_oom_killed() -> anyhow::Result<()> {
+    init_logging();
+    let Some(node) = VmNode::get(SETUP).await? else {
+        return Ok(());
+    };
+    let _shared = PRESSURE.read().await;
+    let pods = node.namespace(NS).await?;
+    checks::a_container_past_its_limit_is_oom_killed(node, &pods, TAG).await
+}
+
+/// The node's MemoryPressure condition.
+async fn memory_pressure(nodes: &Api<Node>) -> anyhow::Result<bool> {
+    Ok(nodes
+        .get(NODE)
+        .await?
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "MemoryPressure" && c.status == "True"))
+}
+
+#[tokio::test]
+async fn a_best_effort_memory_hog_is_evicted_and_the_guaranteed_pod_stays() -> anyhow::Result<()> {
+    init_logging();
+    let Some(node) = VmNode::get(SETUP).await? else {
+        return Ok(());
+    };
+    let _alone = PRESSURE.write().await;
+    let pods = node.namespace("vm-pressure").await?;
+    let nodes: Api<Node> = Api::all(node.cp.admin_client().await?);
+    node.create_pod(
+        &pods,
+        &checks::pod(
+            "steady",
+            "while :; do sleep 1; done",
+            serde_json::json!({"limits": {"cpu": "100m", "memory": "32Mi"}}),
+        )?,
+    )
+    .await?;
+    checks::running(node, &pods, "steady").await?;
+    // 1400 MiB written to a memory-backed emptyDir, 10 MiB at a time: pages charged to the pod that no reclaim
+    // can take back, pushing the node's available memory under the threshold before the slice's limit
+    let mut hog: Pod = checks::pod(
+        "hog",
+        "i=0; while [ $i -lt 140 ]; do dd if=/dev/zero of=/fill/$i bs=1M count=10 2>/dev/null; i=$((i+1)); \
+         sleep 0.2; done; while :; do sleep 1; done",
+        serde_json::json!({}),
+    )?;
+    let spec = hog.spec.as_mut().context("spec")?;
+    spec.volumes = Some(serde_json::from_value(serde_json::json!([
+        {"name": "fill", "emptyDir": {"medium": "Memory", "sizeLimit": "1500Mi"}}
+    ]))?);
+    spec.containers[0].volume_mounts = Some(serde_json::from_value(serde_json::json!([
+        {"name": "fill", "mountPath": "/fill"}
+    ]))?);
+    node.create_pod(&pods, &hog).await?;
+    checks::running(node, &pods, "hog").await?;
+    let evicted = wait_for("the hog evicted", Duration::from_secs(300), || async {
+        let status = pods.get("hog").await?.status.context("status")?;
+        Ok((status.phase.as_deref() == Some("Failed")).then_some(status))
+    })
+    .await;
+    let evicted = match evicted {
+        Ok(s) => s,
+        Err(e) => return Err(e.context(format!("agent log:\n{}", node.agent_log_tail().await))),
+    };
+    println!(
+        "[{TAG}] hog: {:?} {:?}",
+        evicted.reason,
+        evicted.message.as_deref().unwrap_or_default()
+    );
+    assert_eq!(evicted.reason.as_deref(), Some("Evicted"), "{evicted:?}");
+    assert!(
+        evicted.message.as_deref().unwrap_or_default().contains("memory"),
+        "the eviction names the memory signal: {evicted:?}"
+    );
+    let steady = pods.get("steady").await?;
+    assert_eq!(
+        steady.status.and_then(|s| s.phase).as_deref(),
+        Some("Running"),
+        "the Guaranteed pod stays"
+    );
+    // the other tests' BestEffort pods are admitted again once the pressure is gone
+    wait_for("MemoryPressure False", Duration::from_secs(180), || async {
+        Ok((!memory_pressure(&nodes).await?).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
