@@ -422,6 +422,30 @@ impl QosCgroups {
         .await
     }
 
+    /// Writes `pod`'s limits again into its existing cgroup (an in-place resize changed them), and the
+    /// burstable cgroup's shares.
+    pub async fn resize(self: &Arc<Self>, pod: &DesiredPod) -> Result<(), CgroupError> {
+        let changed = match self.burstable.lock() {
+            Ok(mut m) if pod.qos == QosClass::Burstable => {
+                m.insert(pod.uid.to_string(), pod.requests().cpu_milli) != Some(pod.requests().cpu_milli)
+            }
+            _ => false,
+        };
+        let path = self.pod_path(pod.qos, &pod.uid);
+        let settings = pod_settings(pod, self.pids_limit);
+        let this = self.clone();
+        blocking(move || {
+            if changed {
+                this.update_burstable()?;
+            }
+            for (file, value) in &settings {
+                this.write(&path, file, value)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Removes `pod`'s cgroup (and whatever the runtime left inside) from every hierarchy; a cgroup that still
     /// holds processes stays (logged).
     pub async fn remove(self: &Arc<Self>, pod: &DesiredPod) {
