@@ -1,8 +1,9 @@
 //! In-place pod resize on the real node, as a user sees it: `kubectl patch pod --subresource resize` of a
 //! running pod's CPU changes the container's cgroup (CFS quota and shares, read on the host) and the pod
 //! cgroup's, without a restart — same container ID, restart count 0 — and the status reports the new
-//! resources and allocation; a resize larger than the node waits with `PodResizePending` (`Deferred`, the
-//! kubelet's message) and the container keeps its resources; a memory resize of a container whose
+//! resources and allocation; a resize that does not fit beside the other pods waits with `PodResizePending`
+//! (`Deferred`, the kubelet's message) and the container keeps its resources (one beyond the node's whole
+//! allocatable the API server refuses itself); a memory resize of a container whose
 //! `resizePolicy` says `RestartContainer` restarts that container alone, with the new memory limit.
 
 use std::path::Path;
@@ -188,10 +189,17 @@ async fn a_running_pods_cpu_is_resized_in_place_and_a_memory_resize_restarts_onl
         "[real_node] cpu resize applied in place in {took:?}: quota 20000 -> 40000, same container, 0 restarts"
     );
 
-    // more than the node has: waits, Deferred, the container keeps its resources
+    // within the node's allocatable (the API server refuses more) but not beside another pod's 500m: waits,
+    // Deferred, the container keeps its resources
+    let mut filler = pod()?;
+    filler.metadata.name = Some("filler".into());
+    if let Some(spec) = filler.spec.as_mut() {
+        spec.containers.truncate(1);
+    }
+    node.create_pod(&pods, &filler).await?;
     resize(
         &pods,
-        serde_json::json!({"requests": {"cpu": "1000", "memory": "32Mi"}, "limits": {"cpu": "1000", "memory": "64Mi"}}),
+        serde_json::json!({"requests": {"cpu": "1800m", "memory": "32Mi"}, "limits": {"cpu": "1800m", "memory": "64Mi"}}),
     )
     .await?;
     let pending = wait_for("PodResizePending", Duration::from_secs(60), || async {
@@ -204,7 +212,7 @@ async fn a_running_pods_cpu_is_resized_in_place_and_a_memory_resize_restarts_onl
     assert_eq!(pending.reason.as_deref(), Some("Deferred"));
     let message = pending.message.clone().unwrap_or_default();
     assert!(
-        message.starts_with("Node didn't have enough resource: cpu, requested: 1000100, used: "),
+        message.starts_with("Node didn't have enough resource: cpu, requested: 1900, used: "),
         "{message}"
     );
     let p = pods.get("resized").await?;
@@ -215,7 +223,7 @@ async fn a_running_pods_cpu_is_resized_in_place_and_a_memory_resize_restarts_onl
         "the allocation stays"
     );
     assert_eq!(read("cpu", &main_cgroup, "cpu.cfs_quota_us")?, "40000");
-    println!("[real_node] a 1000-cpu resize waits: {message}");
+    println!("[real_node] a 1800m resize beside another pod waits: {message}");
 
     // memory with RestartContainer: main restarts with the new limit, other keeps running
     resize(
@@ -257,5 +265,6 @@ async fn a_running_pods_cpu_is_resized_in_place_and_a_memory_resize_restarts_onl
     println!("[real_node] memory resize with RestartContainer: main restarted once (96Mi), other untouched");
 
     pods.delete("resized", &DeleteParams::default()).await?;
+    pods.delete("filler", &DeleteParams::default()).await?;
     Ok(())
 }
