@@ -195,6 +195,9 @@ async fn a_running_pods_cpu_is_resized_in_place_and_a_memory_resize_restarts_onl
     filler.metadata.name = Some("filler".into());
     if let Some(spec) = filler.spec.as_mut() {
         spec.containers.truncate(1);
+        spec.containers[0].resources = Some(serde_json::from_value(
+            serde_json::json!({"requests": {"cpu": "500m", "memory": "32Mi"}, "limits": {"cpu": "500m", "memory": "64Mi"}}),
+        )?);
     }
     node.create_pod(&pods, &filler).await?;
     resize(
