@@ -23,6 +23,8 @@ mod pod_fields;
 mod pod_resources;
 #[path = "real_node/probes.rs"]
 mod probes;
+#[path = "real_node/resize.rs"]
+mod resize;
 #[path = "real_node/running.rs"]
 mod running;
 #[path = "real_node/security.rs"]

@@ -1,6 +1,6 @@
 //! Serving a [`Runtime`] as CRI v1 over gRPC on a unix socket: the k8s-cri `RuntimeService` and `ImageService`
 //! servers, forwarding each call to the runtime. Calls the trait does not cover (Exec, Attach, PortForward,
-//! UpdateContainerResources, CheckpointContainer, metrics, RuntimeConfig) answer
+//! CheckpointContainer, metrics, RuntimeConfig) answer
 //! `Unimplemented`. PullImage ends at the caller's deadline (`grpc-timeout`) with `DeadlineExceeded`. Works for
 //! any runtime, not only the fake.
 
@@ -173,6 +173,7 @@ forward! {
         container_status(ContainerStatusRequest) -> ContainerStatusResponse;
         exec_sync(ExecSyncRequest) -> ExecSyncResponse;
         reopen_container_log(ReopenContainerLogRequest) -> ReopenContainerLogResponse;
+        update_container_resources(UpdateContainerResourcesRequest) -> UpdateContainerResourcesResponse;
         container_stats(ContainerStatsRequest) -> ContainerStatsResponse;
         list_container_stats(ListContainerStatsRequest) -> ListContainerStatsResponse;
         pod_sandbox_stats(PodSandboxStatsRequest) -> PodSandboxStatsResponse;
@@ -182,7 +183,6 @@ forward! {
     }
 
     unimplemented {
-        update_container_resources(UpdateContainerResourcesRequest) -> UpdateContainerResourcesResponse;
         exec(ExecRequest) -> ExecResponse;
         attach(AttachRequest) -> AttachResponse;
         port_forward(PortForwardRequest) -> PortForwardResponse;

@@ -315,6 +315,13 @@ impl Runtime for RemoteRuntime {
         rpc!(self, runtime, port_forward, req)
     }
 
+    async fn update_container_resources(
+        &self,
+        req: cri::UpdateContainerResourcesRequest,
+    ) -> Result<cri::UpdateContainerResourcesResponse> {
+        rpc!(self, runtime, update_container_resources, req)
+    }
+
     async fn reopen_container_log(
         &self,
         req: cri::ReopenContainerLogRequest,

@@ -137,6 +137,18 @@ pub trait Runtime: Send + Sync + 'static {
         &self,
         req: cri::ContainerStatusRequest,
     ) -> Result<cri::ContainerStatusResponse>;
+    /// `UpdateContainerResources`: change a running container's CPU and memory (its cgroup) in place, for an
+    /// in-place pod resize. Runtimes that cannot answer `Unimplemented` (the default).
+    async fn update_container_resources(
+        &self,
+        req: cri::UpdateContainerResourcesRequest,
+    ) -> Result<cri::UpdateContainerResourcesResponse> {
+        let _ = req;
+        Err(RuntimeError::unimplemented(
+            "UpdateContainerResources: this runtime does not update resources",
+        ))
+    }
+
     /// `ExecSync`: run a command in a container and collect its output.
     async fn exec_sync(&self, req: cri::ExecSyncRequest) -> Result<cri::ExecSyncResponse>;
 

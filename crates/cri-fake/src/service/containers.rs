@@ -379,3 +379,34 @@ pub(super) async fn reopen_container_log(
     }
     Ok(cri::ReopenContainerLogResponse {})
 }
+
+/// UpdateContainerResources: the container's Linux resources are replaced by the request's, so its status
+/// reports them from then on; the answers for an unknown or finished container are containerd's.
+pub(super) async fn update_container_resources(
+    rt: &FakeRuntime,
+    req: cri::UpdateContainerResourcesRequest,
+) -> Result<cri::UpdateContainerResourcesResponse> {
+    rt.check_reachable()?;
+    let (mut st, _) = rt.settled();
+    let key = st.container_key(&req.container_id).map_err(|_| {
+        RuntimeError::not_found(format!(
+            "failed to find container {:?}: not found",
+            req.container_id
+        ))
+    })?;
+    let c = st
+        .containers
+        .get_mut(&key)
+        .ok_or_else(|| RuntimeError::not_found(format!("container {:?} not found", req.container_id)))?;
+    if !matches!(c.state, CState::Created | CState::Running) {
+        return Err(unknown(format!(
+            "failed to update resources: container {:?} is in {} state",
+            req.container_id,
+            c.state.cri().as_str_name()
+        )));
+    }
+    if let Some(linux) = req.linux {
+        c.resources = Some(prost::Message::encode_to_vec(&linux).into_boxed_slice());
+    }
+    Ok(cri::UpdateContainerResourcesResponse {})
+}

@@ -140,6 +140,13 @@ impl Runtime for FakeRuntime {
         containers::exec_sync(self, req).await
     }
 
+    async fn update_container_resources(
+        &self,
+        req: cri::UpdateContainerResourcesRequest,
+    ) -> Result<cri::UpdateContainerResourcesResponse> {
+        containers::update_container_resources(self, req).await
+    }
+
     async fn reopen_container_log(
         &self,
         req: cri::ReopenContainerLogRequest,

@@ -34,6 +34,7 @@ mod answers;
 pub(crate) mod control;
 pub(crate) mod first_pod;
 pub(crate) mod orphans;
+mod resize;
 pub mod shutdown;
 mod turns;
 use turns::{Slot, start_turn};
@@ -45,6 +46,10 @@ struct Entry {
     admitted: bool,
     /// The worker reported the pod stopped for good (terminal, or terminated awaiting deletion).
     stopped: bool,
+    /// The pod as its resources were allocated (what `committed` counts): `pod`, unless a resize changed them.
+    allocated: Arc<DesiredPod>,
+    /// A resize that waits for room (boxed: rare).
+    deferred: Option<Arc<DesiredPod>>,
 }
 
 pub(crate) struct PodManager {
@@ -409,12 +414,18 @@ impl PodManager {
                 return;
             }
         };
+        let mut released = false;
         if let Some(e) = self.workers.get_mut(&uid) {
             e.stopped = true;
+            e.deferred = None;
             if e.admitted {
                 e.admitted = false;
-                self.committed.remove(&e.pod);
+                self.committed.remove(&e.allocated);
+                released = true;
             }
+        }
+        if released {
+            self.retry_deferred();
         }
         if gone {
             self.workers.remove(&uid);
@@ -447,13 +458,17 @@ impl PodManager {
         if self.finished.contains(&*desired.uid) {
             return;
         }
-        if let Some(e) = self.workers.get_mut(&*desired.uid) {
+        if let Some(e) = self.workers.get(&*desired.uid) {
             // one allocation of the UID for the pod's life (the table's key): the update's own goes
             if let Some(fresh) = Arc::get_mut(&mut desired) {
                 fresh.uid = e.pod.uid.clone();
             }
-            e.pod = desired.clone();
-            e.deliver(WorkerMsg::Update(desired), &self.tracker);
+            let uid = e.pod.uid.clone();
+            let desired = self.allocate(&uid, desired);
+            if let Some(e) = self.workers.get_mut(&uid) {
+                e.pod = desired.clone();
+                e.deliver(WorkerMsg::Update(desired), &self.tracker);
+            }
             return;
         }
         let observed = Timeline::observed(desired.created);
@@ -507,17 +522,23 @@ impl PodManager {
                     t.mark(Stage::Admitted);
                     t
                 });
-                self.committed.add(&desired);
+                // a pod resized before a restart of node-agent starts from what was allocated to it
+                let restored = self.restored(&pod, &desired);
+                let first = restored.clone().unwrap_or_else(|| desired.clone());
+                self.committed.add(&first);
                 self.spawn(
-                    desired.clone(),
+                    first.clone(),
                     WorkerInit {
-                        pod: desired,
+                        pod: first,
                         api_status,
                         rejected: None,
                         timeline,
                     },
                     true,
                 );
+                if restored.is_some() {
+                    self.retry_deferred_of(desired);
+                }
             }
             Err(rejection) => {
                 tracing::info!(pod = %desired.name, namespace = %desired.namespace, reason = %rejection.reason, "pod rejected");
@@ -543,9 +564,11 @@ impl PodManager {
             desired.uid.clone(),
             Entry {
                 worker: Slot::Busy(Vec::new()),
+                allocated: desired.clone(),
                 pod: desired,
                 admitted,
                 stopped: false,
+                deferred: None,
             },
         );
     }

@@ -7,12 +7,14 @@
 //! * [`node_view`] — what the pod side knows of its node (allocatable, labels, taints, host IPs).
 //! * [`fields`] — every pod field the node could act on, classified; the refused ones found on a pod.
 //! * [`admission`] — whether a pod fits the node, as the kubelet's admit handlers decide.
+//! * [`resize`] — whether an in-place resize of a running pod fits the node.
 //! * [`gofmt`] — durations printed as Go prints them, for messages users search for.
 
 pub mod admission;
 pub mod fields;
 pub(crate) mod gofmt;
 pub mod node_view;
+pub mod resize;
 pub mod resources;
 pub mod security;
 pub mod spec;

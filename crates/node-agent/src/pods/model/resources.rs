@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use crate::quantity::Quantity;
 
 /// A container's requests and limits (cpu in millicores, the rest in bytes). `None` = not set.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ContainerResources {
     /// `requests.cpu`, millicores.
     pub cpu_request: Option<i64>,
@@ -21,11 +21,20 @@ pub struct ContainerResources {
     pub memory_limit: Option<i64>,
     /// `requests.ephemeral-storage`, bytes.
     pub ephemeral_request: Option<i64>,
+    /// The memory request was written with a binary suffix (`Mi`, `Gi`), so the status prints it so again.
+    pub memory_request_binary: bool,
+    /// The memory limit was written with a binary suffix.
+    pub memory_limit_binary: bool,
 }
 
 fn milli(map: Option<&BTreeMap<String, ApiQuantity>>, key: &str) -> Option<i64> {
     let q = Quantity::from_api(map?.get(key)?).ok()?;
     i64::try_from(q.milli()).ok()
+}
+
+fn binary(map: Option<&BTreeMap<String, ApiQuantity>>, key: &str) -> Option<bool> {
+    let q = Quantity::from_api(map?.get(key)?).ok()?;
+    Some(q.format() == crate::quantity::Format::BinarySI)
 }
 
 fn units(map: Option<&BTreeMap<String, ApiQuantity>>, key: &str) -> Option<i64> {
@@ -47,7 +56,46 @@ impl ContainerResources {
             memory_limit,
             ephemeral_request: units(requests, "ephemeral-storage")
                 .or_else(|| units(limits, "ephemeral-storage")),
+            memory_request_binary: binary(requests, "memory")
+                .or_else(|| binary(limits, "memory"))
+                .unwrap_or(false),
+            memory_limit_binary: binary(limits, "memory").unwrap_or(false),
         }
+    }
+
+    /// The requests as the API writes them (`cpu`, `memory`; what a container status reports as its
+    /// `allocatedResources`).
+    pub fn requests_api(&self) -> BTreeMap<String, ApiQuantity> {
+        self.api(self.cpu_request, self.memory_request, self.memory_request_binary)
+    }
+
+    /// The limits as the API writes them.
+    pub fn limits_api(&self) -> BTreeMap<String, ApiQuantity> {
+        self.api(self.cpu_limit, self.memory_limit, self.memory_limit_binary)
+    }
+
+    fn api(&self, cpu: Option<i64>, memory: Option<i64>, binary: bool) -> BTreeMap<String, ApiQuantity> {
+        use crate::quantity::Format;
+        let mut out = BTreeMap::new();
+        if let Some(m) = cpu {
+            out.insert("cpu".to_owned(), Quantity::from_milli(m).to_api());
+        }
+        if let Some(b) = memory {
+            let format = if binary {
+                Format::BinarySI
+            } else {
+                Format::DecimalSI
+            };
+            out.insert("memory".to_owned(), Quantity::from_units(b, format).to_api());
+        }
+        out
+    }
+
+    /// Whether CPU or memory requests or limits differ from `other`'s (how they were written aside).
+    pub fn differs(&self, other: &Self) -> (bool, bool) {
+        let cpu = self.cpu_request != other.cpu_request || self.cpu_limit != other.cpu_limit;
+        let memory = self.memory_request != other.memory_request || self.memory_limit != other.memory_limit;
+        (cpu, memory)
     }
 }
 

@@ -205,15 +205,9 @@ pub fn container_config(
             pod.termination_grace_secs.to_string(),
         ),
     ]);
-    let r = &c.resources;
     let resources = cri::LinuxContainerResources {
-        // the kubelet's conversions: shares from the request, CFS quota from the limit, 100 ms period
-        cpu_shares: r.cpu_request.map_or(2, |m| (m * 1024 / 1000).max(2)),
-        cpu_period: if r.cpu_limit.is_some() { 100_000 } else { 0 },
-        cpu_quota: r.cpu_limit.map_or(0, |m| (m * 100).max(1000)),
-        memory_limit_in_bytes: r.memory_limit.unwrap_or(0),
         oom_score_adj: super::oom_score::container(pod, c, memory_capacity),
-        ..Default::default()
+        ..linux_resources(&c.resources)
     };
     cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata {
@@ -240,6 +234,20 @@ pub fn container_config(
             resources: Some(resources),
             security_context: resolved.security,
         }),
+        ..Default::default()
+    }
+}
+
+/// A container's Linux resources as the kubelet converts them: CPU shares from the request, a CFS quota over
+/// a 100 ms period from the limit, the memory limit.
+pub fn linux_resources(
+    r: &crate::pods::model::resources::ContainerResources,
+) -> cri::LinuxContainerResources {
+    cri::LinuxContainerResources {
+        cpu_shares: r.cpu_request.map_or(2, |m| (m * 1024 / 1000).max(2)),
+        cpu_period: if r.cpu_limit.is_some() { 100_000 } else { 0 },
+        cpu_quota: r.cpu_limit.map_or(0, |m| (m * 100).max(1000)),
+        memory_limit_in_bytes: r.memory_limit.unwrap_or(0),
         ..Default::default()
     }
 }

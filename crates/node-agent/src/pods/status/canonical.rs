@@ -20,6 +20,10 @@ pub(crate) const OWNED_CONDITIONS: [&str; 5] = [
     "PodScheduled",
 ];
 
+/// The conditions of an in-place resize, also the agent's: reported only while they hold; when absent, the
+/// patch deletes them.
+const TRANSIENT_CONDITIONS: [&str; 2] = ["PodResizePending", "PodResizeInProgress"];
+
 // Every object below writes its keys in byte order, as a `serde_json::Value` map would hold them: the text is
 // canonical whichever way it is made. They serialise straight from the status they borrow: a status write or
 // fingerprint builds no JSON tree (a tree is many small allocations, made for every status write and every
@@ -91,8 +95,8 @@ impl<'a> PatchBody<'a> {
     }
 }
 
-/// The owned conditions in [`OWNED_CONDITIONS`] order, then DisruptionTarget when the agent set it (graceful
-/// node shutdown).
+/// The owned conditions in [`OWNED_CONDITIONS`] order, the resize conditions present, then DisruptionTarget
+/// when the agent set it (graceful node shutdown); then a delete directive for each resize condition absent.
 struct Conditions<'a>(&'a PodStatus);
 
 impl Serialize for Conditions<'_> {
@@ -103,10 +107,32 @@ impl Serialize for Conditions<'_> {
             .find(|c| c.type_ == "DisruptionTarget" && c.reason.as_deref() == Some("TerminationByKubelet"));
         let owned = OWNED_CONDITIONS
             .iter()
+            .chain(&TRANSIENT_CONDITIONS)
             .filter_map(|t| all.iter().find(|c| c.type_ == *t))
             .chain(disruption);
-        ser.collect_seq(owned.map(Condition))
+        let mut seq = ser.serialize_seq(None)?;
+        for c in owned {
+            seq.serialize_element(&Condition(c))?;
+        }
+        for t in TRANSIENT_CONDITIONS {
+            if !all.iter().any(|c| c.type_ == t) {
+                seq.serialize_element(&Delete {
+                    patch: "delete",
+                    type_: t,
+                })?;
+            }
+        }
+        seq.end()
     }
+}
+
+/// A strategic-merge directive removing the condition of one type.
+#[derive(Serialize)]
+struct Delete {
+    #[serde(rename = "$patch")]
+    patch: &'static str,
+    #[serde(rename = "type")]
+    type_: &'static str,
 }
 
 struct Condition<'a>(&'a PodCondition);
@@ -138,13 +164,15 @@ struct Container<'a>(&'a ContainerStatus);
 impl Serialize for Container<'_> {
     fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         let c = self.0;
-        let mut m = ser.serialize_map(Some(9))?;
+        let mut m = ser.serialize_map(Some(11))?;
+        m.serialize_entry("allocatedResources", &c.allocated_resources)?;
         m.serialize_entry("containerID", &c.container_id)?;
         m.serialize_entry("image", &c.image)?;
         m.serialize_entry("imageID", &c.image_id)?;
         m.serialize_entry("lastState", &State(c.last_state.as_ref()))?;
         m.serialize_entry("name", &c.name)?;
         m.serialize_entry("ready", &c.ready)?;
+        m.serialize_entry("resources", &c.resources)?;
         m.serialize_entry("restartCount", &c.restart_count)?;
         m.serialize_entry("started", &c.started)?;
         m.serialize_entry("state", &State(c.state.as_ref()))?;
@@ -284,9 +312,14 @@ mod tests {
         );
         assert_eq!(v["podIPs"][0]["$patch"], "replace");
         assert_eq!(
-            v["conditions"].as_array().unwrap().len(),
-            1,
-            "foreign conditions are not ours"
+            v["conditions"],
+            json!([
+                {"type": "Ready", "status": "True", "reason": null, "message": null,
+                    "lastTransitionTime": null, "observedGeneration": null},
+                {"$patch": "delete", "type": "PodResizePending"},
+                {"$patch": "delete", "type": "PodResizeInProgress"},
+            ]),
+            "foreign conditions are not ours; resize conditions absent are deleted"
         );
         let mut other = s.clone();
         assert_eq!(fingerprint(&s), fingerprint(&other));
@@ -341,15 +374,19 @@ mod tests {
                             "lastTransitionTime": null, "observedGeneration": null},
                         {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
                             "message": null, "lastTransitionTime": null, "observedGeneration": null},
+                        {"$patch": "delete", "type": "PodResizePending"},
+                        {"$patch": "delete", "type": "PodResizeInProgress"},
                     ],
                     "initContainerStatuses": [{"name": "i", "image": "busybox", "imageID": "sha256:1",
                         "containerID": "containerd://1", "ready": false, "started": null, "restartCount": 0,
+                        "allocatedResources": null, "resources": null,
                         "state": {"waiting": null, "running": null, "terminated": {"exitCode": 0,
                             "reason": "Completed", "message": null, "containerID": "containerd://1",
                             "startedAt": "2024-01-01T00:00:00Z", "finishedAt": "2024-01-01T00:00:01Z"}},
                         "lastState": {"waiting": null, "running": null, "terminated": null}}],
                     "containerStatuses": [{"name": "a", "image": "i", "imageID": "", "containerID": null,
                         "ready": false, "started": false, "restartCount": 2,
+                        "allocatedResources": null, "resources": null,
                         "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"},
                             "running": null, "terminated": null},
                         "lastState": {"waiting": null, "running": null, "terminated": {"exitCode": 1,

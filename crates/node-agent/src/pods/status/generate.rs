@@ -19,6 +19,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::pods::model::resize;
+use crate::pods::model::resources::ContainerResources;
 use crate::pods::model::spec::{ContainerSpec, DesiredPod};
 use crate::pods::probes::ProbeResults;
 use crate::pods::runtime::observed::{CState, ContainerRecord, RuntimeView};
@@ -78,6 +80,21 @@ pub(crate) struct Inputs<'a> {
     pub runtime_type: &'a str,
     /// A phase decided elsewhere (the pod terminated).
     pub terminal: Option<Phase>,
+    /// An in-place resize the worker has not finished applying.
+    pub resizing: Option<Resizing<'a>>,
+}
+
+/// An in-place resize not yet applied to every container.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Resizing<'a> {
+    /// Per running container (by runtime ID): the resources it still runs with.
+    pub actuated: &'a BTreeMap<String, ContainerResources>,
+    /// Why the last attempt failed.
+    pub error: Option<&'a str>,
+    /// The pod generation the resize was accepted at.
+    pub generation: Option<i64>,
+    /// When it was accepted, seconds since the epoch.
+    pub since: i64,
 }
 
 /// What status generation keeps of the status reported before, in place of the whole status: when each
@@ -258,6 +275,16 @@ impl Gen<'_> {
         let ready = started
             && (c.readiness.is_none() || self.i.probes.ready(&r.id) == Some(true))
             && pod.ephemeral_named(&c.name).is_none();
+        // as the kubelet: a running container reports the resources it runs with, any other its allocation
+        let running_with = match r.state {
+            CState::Running => self
+                .i
+                .resizing
+                .and_then(|z| z.actuated.get(&*r.id))
+                .copied()
+                .unwrap_or(c.resources),
+            _ => c.resources,
+        };
         ContainerStatus {
             name: c.name.clone(),
             image: if r.image().is_empty() {
@@ -272,6 +299,8 @@ impl Gen<'_> {
             ready,
             started: Some(started),
             restart_count: i32::try_from(r.restart_count).unwrap_or(i32::MAX),
+            resources: Some(resize::requirements(&running_with)),
+            allocated_resources: Some(c.resources.requests_api()).filter(|r| !r.is_empty()),
             ..Default::default()
         }
     }
@@ -485,6 +514,31 @@ pub(crate) fn generate(i: &Inputs<'_>) -> (PodStatus, Phase) {
     ];
     for c in &mut conditions {
         c.observed_generation = pod.generation;
+    }
+    // the resize conditions carry the time their cause arose (kept by who holds them, so an unchanged
+    // condition is not written again)
+    let since = |second: i64| Time(Timestamp::from_second(second).unwrap_or(Timestamp::UNIX_EPOCH));
+    if let Some(p) = pod.resize_pending() {
+        conditions.push(PodCondition {
+            type_: resize::PENDING.to_owned(),
+            status: "True".to_owned(),
+            reason: Some(p.reason.to_owned()),
+            message: Some(p.message.clone()),
+            last_transition_time: Some(since(p.since)),
+            observed_generation: p.generation,
+            ..Default::default()
+        });
+    }
+    if let Some(z) = i.resizing {
+        conditions.push(PodCondition {
+            type_: resize::IN_PROGRESS.to_owned(),
+            status: "True".to_owned(),
+            reason: z.error.map(|_| "Error".to_owned()),
+            message: z.error.map(str::to_owned),
+            last_transition_time: Some(since(z.since)),
+            observed_generation: z.generation,
+            ..Default::default()
+        });
     }
 
     let mut pod_ips: Vec<String> = i.view.sandbox().map(|s| s.ips.clone()).unwrap_or_default();

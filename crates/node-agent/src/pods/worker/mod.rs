@@ -4,15 +4,18 @@
 //! * [`pod_worker`] — a worker's turn: sync while the pod should run, terminate, then report it gone.
 //! * [`sync`] — one sync of a running pod (the kubelet's SyncPod), following the [`plan`] it computes.
 //! * [`restart`] — CrashLoopBackOff.
+//! * [`resize`], [`actuate`] — an in-place resize: what is left to apply, and applying it.
 //! * [`disruption`] — why a pod is stopped on request (shutdown, eviction) and its final status.
 //! * [`prober`] — each pod's probes on their timers, results to the worker.
 //! * [`pleg`] — runtime events (or a relist) to the workers of the pods they concern.
 
+pub(crate) mod actuate;
 pub(crate) mod disruption;
 pub(crate) mod plan;
 pub(crate) mod pleg;
 pub(crate) mod pod_worker;
 pub(crate) mod prober;
+pub(crate) mod resize;
 pub(crate) mod restart;
 pub(crate) mod state;
 pub(crate) mod sync;

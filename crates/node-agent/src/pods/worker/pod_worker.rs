@@ -83,6 +83,10 @@ impl PodWorker {
             images: Images::default(),
             start_second,
             last: init.api_status.as_ref().map(LastReport::of),
+            last_terminal: init
+                .api_status
+                .as_ref()
+                .is_some_and(crate::pods::worker::state::is_terminal),
             terminal,
             timeline: init.timeline.map(Box::new),
             prober: None,
@@ -93,13 +97,17 @@ impl PodWorker {
             stepped: false,
             stop: None,
             volumes: None,
+            resize: None,
         }
     }
 
     /// Takes one input (the manager hands them over between turns; the next turn acts on them).
     pub(crate) fn handle(&mut self, msg: WorkerMsg) {
         match msg {
-            WorkerMsg::Update(pod) => self.pod = pod,
+            WorkerMsg::Update(pod) => {
+                self.note_resize(&pod);
+                self.pod = pod;
+            }
             WorkerMsg::Removed => self.removed = true,
             WorkerMsg::Runtime | WorkerMsg::Wake => {}
             WorkerMsg::Probe(update) => self.probes.apply(&update),
@@ -256,7 +264,7 @@ impl PodWorker {
         // removed (a retry after a failed removal would otherwise report them as never started).
         // A pod whose terminal status is already written (by this worker, or before an agent restart) keeps it:
         // its containers may be gone from the runtime by now.
-        let reported_terminal = self.last.as_ref().is_some_and(|l| l.terminal);
+        let reported_terminal = self.last.is_some() && self.last_terminal;
         if first && self.rejected.is_none() && !self.removed && !reported_terminal {
             self.report_status();
         }

@@ -83,9 +83,16 @@ pub(crate) enum State {
 pub(crate) struct LastReport {
     /// [`hash_of`](crate::pods::status::canonical::hash_of) the whole status.
     pub fingerprint: u64,
-    /// Its phase was Succeeded or Failed.
-    pub terminal: bool,
     pub previous: Previous,
+}
+
+/// Whether `status`'s phase is Succeeded or Failed.
+pub(crate) fn is_terminal(status: &PodStatus) -> bool {
+    status
+        .phase
+        .as_deref()
+        .and_then(Phase::parse)
+        .is_some_and(Phase::is_terminal)
 }
 
 impl LastReport {
@@ -93,11 +100,6 @@ impl LastReport {
     pub(crate) fn new(status: &PodStatus, fingerprint: u64) -> Self {
         Self {
             fingerprint,
-            terminal: status
-                .phase
-                .as_deref()
-                .and_then(Phase::parse)
-                .is_some_and(Phase::is_terminal),
             previous: Previous::of(status),
         }
     }
@@ -127,6 +129,8 @@ pub(crate) struct PodWorker {
     pub(crate) start_second: i64,
     /// What was last reported (or what the API server held when the worker started).
     pub(crate) last: Option<LastReport>,
+    /// The status last reported was Succeeded or Failed.
+    pub(crate) last_terminal: bool,
     pub(crate) terminal: Option<Phase>,
     pub(crate) timeline: Option<Box<Timeline>>,
     /// The link to the pod's prober, made when the first probed container runs (boxed: most pods have none).
@@ -144,6 +148,8 @@ pub(crate) struct PodWorker {
     pub(crate) stop: Option<Box<StopRequests>>,
     /// The pod's volumes, once it has any.
     pub(crate) volumes: Option<Box<PodVolumes>>,
+    /// An in-place resize not yet applied to every container.
+    pub(crate) resize: Option<Box<crate::pods::worker::resize::Resizing>>,
 }
 
 /// Per container, why it waits: the reason and the message.

@@ -64,6 +64,7 @@ impl PodWorker {
         if let Some(t) = self.timeline.as_deref_mut() {
             t.mark(Stage::VolumesReady);
         }
+        self.apply_resize().await?;
         for _round in 0..2 {
             let plan = plan::plan(&pod, &self.view, &self.probes);
             if let Some(phase) = plan.terminal {
@@ -501,6 +502,12 @@ impl PodWorker {
                 } else {
                     self.terminal
                 },
+                resizing: self.resize.as_deref().map(|z| generate::Resizing {
+                    actuated: &z.actuated,
+                    error: z.error.as_deref(),
+                    generation: z.generation,
+                    since: z.since,
+                }),
             }),
         };
         let mut status = status;
@@ -521,6 +528,7 @@ impl PodWorker {
             return;
         }
         self.last = Some(LastReport::new(&status, fingerprint));
+        self.last_terminal = crate::pods::worker::state::is_terminal(&status);
         self.ctx.status.send(StatusMsg::Set {
             uid: pod.uid.clone(),
             namespace: pod.namespace.clone(),

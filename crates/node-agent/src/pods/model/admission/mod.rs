@@ -214,16 +214,33 @@ pub fn admit(
             "node(s) didn't have free ports for the requested pod ports",
         ));
     }
-    let short = |name: &str, requested: i64, used: i64, capacity: i64| Rejection {
+    if committed.pods + 1 > node.pods {
+        return Err(short("pods", 1, committed.pods, node.pods));
+    }
+    fit_resources(desired.requests(), committed.requests, node)?;
+    let tolerations: &[Toleration] = spec.and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
+    let untolerated = node
+        .no_execute_taints
+        .iter()
+        .any(|(key, value)| !tolerations.iter().any(|t| tolerates(t, key, value)));
+    if untolerated {
+        return Err(predicate("TaintToleration", "node(s) had untolerated taint(s)"));
+    }
+    Ok(())
+}
+
+fn short(name: &str, requested: i64, used: i64, capacity: i64) -> Rejection {
+    Rejection {
         reason: format!("OutOf{name}"),
         message: format!(
             "Node didn't have enough resource: {name}, requested: {requested}, used: {used}, capacity: {capacity}"
         ),
-    };
-    if committed.pods + 1 > node.pods {
-        return Err(short("pods", 1, committed.pods, node.pods));
     }
-    let (want, used) = (desired.requests(), committed.requests);
+}
+
+/// Whether requests `want` fit beside `used` in the node's allocatable, as the kubelet's resource predicate
+/// judges them (cpu, then memory, then ephemeral storage; a resource not requested always fits).
+pub fn fit_resources(want: PodRequests, used: PodRequests, node: &NodeView) -> Result<(), Rejection> {
     if want.cpu_milli > 0 && used.cpu_milli + want.cpu_milli > node.cpu_milli {
         return Err(short("cpu", want.cpu_milli, used.cpu_milli, node.cpu_milli));
     }
@@ -237,14 +254,6 @@ pub fn admit(
             used.ephemeral,
             node.ephemeral,
         ));
-    }
-    let tolerations: &[Toleration] = spec.and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
-    let untolerated = node
-        .no_execute_taints
-        .iter()
-        .any(|(key, value)| !tolerations.iter().any(|t| tolerates(t, key, value)));
-    if untolerated {
-        return Err(predicate("TaintToleration", "node(s) had untolerated taint(s)"));
     }
     Ok(())
 }

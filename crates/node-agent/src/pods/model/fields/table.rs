@@ -21,7 +21,6 @@ const fn refused_unless(unless: &'static str, why: &'static str) -> Handling {
 
 const SCHEDULER: &str = "read by the scheduler; the node re-checks only required node affinity at admission";
 const WINDOWS: &str = "Windows-only; a Linux node ignores it, as the kubelet does";
-const RESIZE: &str = "in-place resize is not performed by this node";
 const CLAIMS: &str = "dynamic resource allocation (resource claims) is not prepared by this node";
 const APPARMOR: &str = "AppArmor profiles are not passed to the runtime by this node";
 const FILE_ENV: &str = "environment variables from files in a volume are not read by this node";
@@ -126,7 +125,7 @@ pub static FIELDS: &[Field] = &[
     f("Container", "name", Acts),
     f("Container", "ports", Walk("ContainerPort")),
     f("Container", "readinessProbe", Walk("Probe")),
-    f("Container", "resizePolicy", refused(RESIZE)),
+    f("Container", "resizePolicy", Walk("ContainerResizePolicy")),
     f("Container", "resources", Walk("ResourceRequirements")),
     f("Container", "restartPolicy", Acts),
     f(
@@ -296,6 +295,8 @@ pub static FIELDS: &[Field] = &[
     f("SecretEnvSource", "name", Acts),
     f("SecretEnvSource", "optional", Acts),
     // ports and resources
+    f("ContainerResizePolicy", "resourceName", Acts),
+    f("ContainerResizePolicy", "restartPolicy", Acts),
     f("ContainerPort", "containerPort", Acts),
     f("ContainerPort", "hostIP", Acts),
     f("ContainerPort", "hostPort", Acts),

@@ -229,6 +229,7 @@ pub(crate) fn container(c: &Container, init: bool, ctx: &mut EnvCtx<'_>) -> Cont
             .map(Box::new),
         sidecar: init && c.restart_policy.as_deref() == Some("Always"),
         resources: ContainerResources::from_api(c.resources.as_ref()),
+        resize_restart: crate::pods::model::spec::ResizeRestart::from_api(c.resize_policy.as_deref()),
         termination_message_path: c
             .termination_message_path
             .clone()

@@ -179,6 +179,8 @@ pub struct ContainerSpec {
     pub sidecar: bool,
     /// Requests and limits.
     pub resources: ContainerResources,
+    /// `resizePolicy`: which resources' in-place resize restarts the container.
+    pub resize_restart: ResizeRestart,
     /// Where the container writes its termination message.
     pub termination_message_path: String,
     /// `terminationMessagePolicy: FallbackToLogsOnError`: a failed container's log tail stands in for an empty
@@ -194,6 +196,32 @@ pub struct ContainerSpec {
     pub security: Option<Box<ContainerSecurity>>,
     /// Hash of the fields whose change restarts the container.
     pub hash: u64,
+}
+
+/// A container's `resizePolicy`: `true` where the resource's policy is `RestartContainer` (the default,
+/// `NotRequired`, resizes in place).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResizeRestart {
+    /// CPU.
+    pub cpu: bool,
+    /// Memory.
+    pub memory: bool,
+}
+
+impl ResizeRestart {
+    /// Reads a container's `resizePolicy`.
+    pub fn from_api(policies: Option<&[k8s_openapi::api::core::v1::ContainerResizePolicy]>) -> Self {
+        let restarts = |name: &str| {
+            policies
+                .into_iter()
+                .flatten()
+                .any(|p| p.resource_name == name && p.restart_policy == "RestartContainer")
+        };
+        Self {
+            cpu: restarts("cpu"),
+            memory: restarts("memory"),
+        }
+    }
 }
 
 /// For interning: equal containers hash equal, since the name, image and restart hash are part of equality.
@@ -264,6 +292,9 @@ pub struct PodExtras {
     pub overhead: PodRequests,
     /// `spec.ephemeralContainers`, added to a running pod (e.g. by `kubectl debug`), in order.
     pub ephemeral: Vec<EphemeralSpec>,
+    /// The containers ask for other resources than the node allocated them and the node cannot give them
+    /// yet: the pod's containers carry the allocated resources, and this says why.
+    pub resize_pending: Option<ResizePending>,
 }
 
 /// An ephemeral container: started once in the pod's sandbox when it appears, never restarted.
@@ -327,6 +358,19 @@ pub struct DesiredPod {
     pub priority: i32,
 }
 
+/// Why an in-place resize waits (the `PodResizePending` condition).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResizePending {
+    /// `Deferred` (may fit later) or `Infeasible` (never will on this node).
+    pub reason: &'static str,
+    /// The kubelet's message.
+    pub message: String,
+    /// The pod generation the decision was made for.
+    pub generation: Option<i64>,
+    /// When the resize began to wait for this reason, seconds since the epoch.
+    pub since: i64,
+}
+
 /// `terminationMessagePolicy: FallbackToLogsOnError`, the value that asks for the log tail when a failed container wrote no message.
 pub const FALLBACK_TO_LOGS: &str = "FallbackToLogsOnError";
 
@@ -372,6 +416,60 @@ fn priority(spec: &k8s_openapi::api::core::v1::PodSpec) -> i32 {
 }
 
 impl DesiredPod {
+    /// Why a resize of this pod waits, if one does.
+    pub fn resize_pending(&self) -> Option<&ResizePending> {
+        self.extras.as_ref()?.resize_pending.as_ref()
+    }
+
+    /// This pod with each container's resources taken from `resources` by name (containers not named keep
+    /// theirs).
+    pub fn with_resources(
+        &self,
+        resources: &std::collections::BTreeMap<String, ContainerResources>,
+    ) -> DesiredPod {
+        let take = |list: &Containers| {
+            let mut out = list.as_ref().clone();
+            for c in &mut out {
+                if let Some(r) = resources.get(&c.name) {
+                    c.resources = *r;
+                }
+            }
+            intern_containers(out)
+        };
+        let mut pod = self.clone();
+        pod.init_containers = take(&self.init_containers);
+        pod.containers = take(&self.containers);
+        pod
+    }
+
+    /// Each container's resources, by name.
+    pub fn resources_by_name(&self) -> std::collections::BTreeMap<String, ContainerResources> {
+        self.init_containers
+            .iter()
+            .chain(self.containers.iter())
+            .map(|c| (c.name.clone(), c.resources))
+            .collect()
+    }
+
+    /// This pod with each container's resources taken from the same-named container of `allocated`: what the
+    /// node runs while a resize of this pod waits for `pending`.
+    pub fn with_allocated(&self, allocated: &DesiredPod, pending: ResizePending) -> DesiredPod {
+        let take = |list: &Containers, from: &Containers| {
+            let mut out = list.as_ref().clone();
+            for c in &mut out {
+                if let Some(a) = from.iter().find(|a| a.name == c.name) {
+                    c.resources = a.resources;
+                }
+            }
+            intern_containers(out)
+        };
+        let mut pod = self.clone();
+        pod.init_containers = take(&self.init_containers, &allocated.init_containers);
+        pod.containers = take(&self.containers, &allocated.containers);
+        pod.extras.get_or_insert_default().resize_pending = Some(pending);
+        pod
+    }
+
     /// The sandbox hostname: `spec.hostnameOverride`, else `spec.hostname`, else the pod's name; as the
     /// kubelet, one longer than the 63 characters a kernel hostname holds is cut to 63 and stripped of a
     /// trailing `-` or `.`.
@@ -522,6 +620,7 @@ impl DesiredPod {
                     target: e.target_container_name.clone(),
                 })
                 .collect(),
+            resize_pending: None,
         };
         let extras = (extras != PodExtras::default()).then(|| Box::new(extras));
         let qos = resources::qos_class(init_containers.iter().chain(&containers));

@@ -601,6 +601,22 @@ impl QosCgroups {
         self.apply(&name, pod_settings(pod, self.pids_limit), true).await
     }
 
+    /// Writes `pod`'s limits again into its existing cgroup (an in-place resize changed them), and the
+    /// burstable cgroup's shares.
+    pub async fn resize(self: &Arc<Self>, pod: &DesiredPod) -> Result<(), CgroupError> {
+        let changed = match self.burstable.lock() {
+            Ok(mut m) if pod.qos == QosClass::Burstable => {
+                m.insert(pod.uid.to_string(), pod.requests().cpu_milli) != Some(pod.requests().cpu_milli)
+            }
+            _ => false,
+        };
+        if changed {
+            self.update_burstable().await?;
+        }
+        let name = self.pod_name(pod.qos, &pod.uid);
+        self.apply(&name, pod_settings(pod, self.pids_limit), false).await
+    }
+
     /// Removes `pod`'s cgroup (and whatever the runtime left inside) from every hierarchy — with systemd, stops
     /// its slice first; a cgroup that still holds processes stays (logged).
     pub async fn remove(self: &Arc<Self>, pod: &DesiredPod) {

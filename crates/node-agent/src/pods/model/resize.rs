@@ -1,0 +1,169 @@
+//! In-place pod resize, the node's decision: whether a pod's containers now ask for other CPU or memory than
+//! the node allocated them, and whether the new requests fit in the node's allocatable beside what the other
+//! pods hold — as the kubelet's allocation manager decides. A resize that does not fit waits `Deferred` (the
+//! kubelet judges a resize by the same resource predicate as an admission, so one beyond the node's whole
+//! allocatable is deferred too); the pod then runs with its allocated resources
+//! ([`DesiredPod::with_allocated`]).
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use serde::Serialize;
+
+use crate::pods::model::admission::{Committed, fit_resources};
+use crate::pods::model::node_view::NodeView;
+use crate::pods::model::resources::ContainerResources;
+use crate::pods::model::spec::{ContainerSpec, DesiredPod, ResizePending};
+
+/// The condition of a resize that waits.
+pub const PENDING: &str = "PodResizePending";
+/// The condition of a resize accepted and not yet applied to every container.
+pub const IN_PROGRESS: &str = "PodResizeInProgress";
+/// The reason of a resize that may fit later.
+pub const DEFERRED: &str = "Deferred";
+/// The reason of a resize that never will on this node.
+pub const INFEASIBLE: &str = "Infeasible";
+
+/// Whether any container of `desired` asks for other CPU or memory than the same container in `allocated`.
+pub fn resized(desired: &DesiredPod, allocated: &DesiredPod) -> bool {
+    let pairs = |d: &[ContainerSpec], a: &[ContainerSpec]| {
+        d.iter().any(|c| {
+            a.iter()
+                .find(|o| o.name == c.name)
+                .is_some_and(|o| c.resources.differs(&o.resources) != (false, false))
+        })
+    };
+    pairs(&desired.containers, &allocated.containers)
+        || pairs(&desired.init_containers, &allocated.init_containers)
+}
+
+/// Whether the node can allocate `desired`'s requests in place of `allocated`'s, next to the rest of
+/// `committed` (which counts `allocated`).
+pub fn decide(
+    desired: &DesiredPod,
+    allocated: &DesiredPod,
+    node: &NodeView,
+    committed: &Committed,
+) -> Result<(), ResizePending> {
+    let others = committed.requests.minus(allocated.requests());
+    fit_resources(desired.requests(), others, node).map_err(|r| ResizePending {
+        reason: DEFERRED,
+        message: r.message,
+        generation: desired.generation,
+        since: k8s_openapi::jiff::Timestamp::now().as_second(),
+    })
+}
+
+#[derive(Serialize)]
+struct Allocation<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "is_empty")]
+    resources: ResourceRequirements,
+}
+
+fn is_empty(r: &ResourceRequirements) -> bool {
+    r.limits.is_none() && r.requests.is_none()
+}
+
+#[derive(Serialize)]
+struct Summary<'a> {
+    #[serde(rename = "initContainers", skip_serializing_if = "Vec::is_empty")]
+    init_containers: Vec<Allocation<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    containers: Vec<Allocation<'a>>,
+    generation: i64,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    error: &'a str,
+}
+
+/// A container's CPU and memory as the API writes them.
+pub fn requirements(r: &ContainerResources) -> ResourceRequirements {
+    let (limits, requests) = (r.limits_api(), r.requests_api());
+    ResourceRequirements {
+        claims: None,
+        limits: (!limits.is_empty()).then_some(limits),
+        requests: (!requests.is_empty()).then_some(requests),
+    }
+}
+
+/// The text of the kubelet's resize events: `<prefix>: <the pod's container resources as JSON>` (with the
+/// generation, and the error when there is one).
+pub fn event_message(pod: &DesiredPod, prefix: &str, error: &str) -> String {
+    fn list(cs: &[ContainerSpec]) -> Vec<Allocation<'_>> {
+        cs.iter()
+            .map(|c| Allocation {
+                name: &c.name,
+                resources: requirements(&c.resources),
+            })
+            .collect()
+    }
+    let summary = Summary {
+        init_containers: list(&pod.init_containers),
+        containers: list(&pod.containers),
+        generation: pod.generation.unwrap_or(0),
+        error,
+    };
+    match serde_json::to_string(&summary) {
+        Ok(json) => format!("{prefix}: {json}"),
+        Err(_) => prefix.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::json;
+
+    fn pod(cpu: &str, generation: i64) -> (Pod, std::sync::Arc<DesiredPod>) {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": "u1", "generation": generation},
+            "spec": {"nodeName": "n", "containers": [
+                {"name": "c", "image": "i", "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}
+            ]}
+        }))
+        .unwrap();
+        let d = DesiredPod::from_pod(&p).unwrap();
+        (p, d)
+    }
+
+    fn node() -> NodeView {
+        NodeView {
+            cpu_milli: 2000,
+            memory: 1 << 30,
+            pods: 10,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_resize_that_fits_is_allocated_and_one_that_does_not_is_deferred_with_the_kubelet_message() {
+        let (_, old) = pod("500m", 1);
+        let (_, same) = pod("500m", 2);
+        assert!(!resized(&same, &old));
+        let mut committed = Committed::default();
+        committed.add(&old);
+        let (other_pod, other) = pod("1", 1);
+        let _ = other_pod;
+        committed.add(&other);
+        let (_, up) = pod("1", 2);
+        assert!(resized(&up, &old));
+        assert_eq!(decide(&up, &old, &node(), &committed), Ok(()));
+        let (_, huge) = pod("3", 3);
+        let pending = decide(&huge, &old, &node(), &committed).unwrap_err();
+        assert_eq!(pending.reason, "Deferred");
+        assert_eq!(
+            pending.message,
+            "Node didn't have enough resource: cpu, requested: 3000, used: 1000, capacity: 2000"
+        );
+        assert_eq!(pending.generation, Some(3));
+        let held = huge.with_allocated(&old, pending);
+        assert_eq!(held.containers[0].resources.cpu_request, Some(500));
+        assert_eq!(
+            event_message(
+                &huge,
+                "Pod resize Deferred",
+                "Node didn't have enough resource: cpu"
+            ),
+            r#"Pod resize Deferred: {"containers":[{"name":"c","resources":{"requests":{"cpu":"3","memory":"64Mi"}}}],"generation":3,"error":"Node didn't have enough resource: cpu"}"#
+        );
+    }
+}
