@@ -174,7 +174,10 @@ pub async fn watch(agent: &RunningAgent, period: Duration) {
     loop {
         match Session::open(period).await {
             Ok(session) => {
-                tracing::info!(?period, "graceful node shutdown armed: holding logind's delay inhibitor lock");
+                tracing::info!(
+                    ?period,
+                    "graceful node shutdown armed: holding logind's delay inhibitor lock"
+                );
                 warned = false;
                 follow(agent, session).await;
                 tracing::warn!("the system bus connection ended; watching for the machine's shutdown again");
@@ -212,7 +215,10 @@ async fn follow(agent: &RunningAgent, mut session: Session) {
             tracing::info!("logind called the shutdown off");
             agent.cancel_shutdown();
             if let Err(error) = session.acquire().await {
-                tracing::error!(error = format!("{error:#}"), "graceful node shutdown is not armed again");
+                tracing::error!(
+                    error = format!("{error:#}"),
+                    "graceful node shutdown is not armed again"
+                );
             }
         }
     }
