@@ -1,5 +1,5 @@
-//! Graceful node shutdown on the real node: with `shutdownGracePeriod: 10s` and
-//! `shutdownGracePeriodCriticalPods: 3s`, SIGTERM to node-agent stops the node's pods on containerd — regular
+//! Graceful node shutdown on the real node of a machine without systemd-logind: with `shutdownGracePeriod:
+//! 10s`, `shutdownGracePeriodCriticalPods: 3s` and `--shutdown-trigger=sigterm`, SIGTERM to node-agent stops the node's pods on containerd — regular
 //! pods first, within 7 s, then the critical ones within 3 s — reports each Failed with the kubelet's
 //! `Terminated` reason and message, marks the Node NotReady (`node is shutting down`) with a `NodeShutdown`
 //! event, and only then exits. The order is read from the containers themselves: the regular pod takes 2 s to
@@ -63,7 +63,8 @@ async fn sigterm_shuts_the_node_down_gracefully() -> anyhow::Result<()> {
     init_logging();
     let options = NodeOptions {
         extra_config: "shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 3s\n".into(),
-        ..Default::default()
+        // this host has no logind: SIGTERM is the machine's shutdown
+        extra_args: vec!["--shutdown-trigger=sigterm".into()],
     };
     let Some(node) = RealNode::get_with(&options).await? else {
         return Ok(());

@@ -3,10 +3,12 @@
 //! Builds everything the library core is handed — the configuration (KubeletConfiguration file + flags), the
 //! API client (from `--kubeconfig`), the container runtime (`--container-runtime-endpoint`, or the in-memory
 //! fake with `--runtime fake`) and the machine facts — then runs the agent until SIGTERM or SIGINT, and stops it
-//! gracefully. Configuration errors are reported naming the field, with exit code 1, before anything else
+//! gracefully. With `shutdownGracePeriod` set, the machine's shutdown as systemd-logind announces it shuts the
+//! pods down first ([`logind`]; or SIGTERM itself with `--shutdown-trigger=sigterm`). Configuration errors are reported naming the field, with exit code 1, before anything else
 //! happens.
 
 mod credentials;
+mod logind;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use cri_fake::{FakeConfig, FakeRuntime};
-use node_agent::config::RuntimeKind;
+use node_agent::config::{RuntimeKind, ShutdownTrigger};
 use node_agent::pods::runtime::cgroups::QosCgroups;
 use node_agent::pods::{NetTarget, PodOptions, ScriptedProbes};
 use node_agent::server::{FileLogs, LogSource, NodeEndpoint, ScriptedLogs, serve_agent};
@@ -206,21 +208,33 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
 
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    // the machine's shutdown, as logind announces it, shuts the pods down while the agent runs on; SIGTERM then
+    // only stops the agent
+    let machine_shutdown = async {
+        match (flags.shutdown_trigger, agent.shutdown_period()) {
+            (ShutdownTrigger::Logind, Some(period)) if flags.runtime == RuntimeKind::Remote => {
+                logind::watch(&agent, period).await
+            }
+            _ => std::future::pending().await,
+        }
+    };
     let graceful = tokio::select! {
         _ = term.recv() => {
             tracing::info!("SIGTERM received, stopping");
-            true
+            flags.shutdown_trigger == ShutdownTrigger::Sigterm
         }
         _ = int.recv() => {
             tracing::info!("SIGINT received, stopping");
             false
         }
         () = token.cancelled() => false,
+        () = machine_shutdown => false,
     };
     if graceful {
-        // with shutdownGracePeriod set: the kubelet's graceful node shutdown (pods stopped, reported Failed)
+        // --shutdown-trigger=sigterm: the kubelet's graceful node shutdown (pods stopped, reported Failed)
         agent.shutdown(flags.shutdown_timeout).await?;
     } else {
+        // pods keep running: the next start takes them over
         agent.stop(flags.shutdown_timeout).await?;
     }
     tracing::info!(%node, "node agent stopped");

@@ -292,7 +292,8 @@ async fn bad_config_file_exits_non_zero_naming_the_field() -> anyhow::Result<()>
     Ok(())
 }
 
-/// Graceful node shutdown: SIGTERM with `shutdownGracePeriod: 10s` and `shutdownGracePeriodCriticalPods: 4s`.
+/// Graceful node shutdown: SIGTERM with `shutdownGracePeriod: 10s`, `shutdownGracePeriodCriticalPods: 4s` and
+/// `--shutdown-trigger=sigterm` (the machine's shutdown on a host without systemd-logind).
 /// The Node turns NotReady ("node is shutting down") with a NodeShutdown event; the regular pods are stopped
 /// first (one in its own 3 s, one killed when the regular 6 s are over), the critical pod
 /// (system-cluster-critical) only after them; each reported as the kubelet reports it (Failed, reason
@@ -316,7 +317,15 @@ async fn sigterm_with_a_shutdown_grace_period_stops_regular_pods_then_critical_o
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
          shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 4s\n",
     )?;
-    let mut agent = AgentProcess::start(cp, name, &["--config", &config.display().to_string()])?;
+    let mut agent = AgentProcess::start(
+        cp,
+        name,
+        &[
+            "--config",
+            &config.display().to_string(),
+            "--shutdown-trigger=sigterm",
+        ],
+    )?;
     if let Err(e) = wait_node(&nodes, name, "Ready=True", Duration::from_secs(30), |n| {
         ready_status(n).as_deref() == Some("True")
     })

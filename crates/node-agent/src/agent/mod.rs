@@ -536,11 +536,30 @@ impl RunningAgent {
     }
 
     /// Graceful node shutdown, as the kubelet does when the machine shuts down, when `shutdownGracePeriod` (or
-    /// `shutdownGracePeriodByPodPriority`) is set; else the same as [`RunningAgent::stop`]. The Node turns
-    /// NotReady (`node is shutting down`) with a `NodeShutdown` event, new pods are refused, running pods are
-    /// stopped by priority group within their periods (see [`crate::pods::manager::shutdown`]) and reported Failed,
-    /// then the agent stops (`grace` as in [`RunningAgent::stop`]).
+    /// `shutdownGracePeriodByPodPriority`) is set, followed by [`RunningAgent::stop`] (`grace` as there); without
+    /// those fields the same as [`RunningAgent::stop`].
     pub async fn shutdown(self, grace: Duration) -> Result<(), AgentError> {
+        self.shut_down_pods().await;
+        self.stop(grace).await
+    }
+
+    /// Whether graceful node shutdown is configured (`shutdownGracePeriod` or
+    /// `shutdownGracePeriodByPodPriority` set), and the total of its periods.
+    pub fn shutdown_period(&self) -> Option<Duration> {
+        let k = &self.side.ctx.config.kubelet;
+        let groups = crate::pods::manager::shutdown::groups(
+            k.shutdown_grace_period,
+            k.shutdown_grace_period_critical_pods,
+            &k.shutdown_grace_period_by_pod_priority,
+        );
+        (!groups.is_empty()).then(|| groups.iter().map(|g| g.grace).sum())
+    }
+
+    /// The pod side of graceful node shutdown, the agent left running: the Node turns NotReady (`node is
+    /// shutting down`) with a `NodeShutdown` event, new pods are refused, running pods are stopped by priority
+    /// group within their periods (see [`crate::pods::manager::shutdown`]) and reported Failed. Returns when
+    /// they are (or the periods are over); does nothing without a configured shutdown period.
+    pub async fn shut_down_pods(&self) {
         let k = &self.side.ctx.config.kubelet;
         let groups = crate::pods::manager::shutdown::groups(
             k.shutdown_grace_period,
@@ -548,7 +567,7 @@ impl RunningAgent {
             &k.shutdown_grace_period_by_pod_priority,
         );
         if groups.is_empty() {
-            return self.stop(grace).await;
+            return;
         }
         let total: Duration = groups.iter().map(|g| g.grace).sum();
         tracing::info!(node = %self.side.ctx.config.node_name, period = ?total, "graceful node shutdown");
@@ -557,7 +576,7 @@ impl RunningAgent {
             "NodeShutdown",
             "Shutdown manager detected shutdown event",
         );
-        self.side.ctx.health_checks.set_shutting_down();
+        self.side.ctx.health_checks.set_shutting_down(true);
         self.resync.notify_one();
         let (done, wait) = tokio::sync::oneshot::channel();
         let request = crate::pods::manager::shutdown::ShutdownRequest { groups, done };
@@ -568,7 +587,21 @@ impl RunningAgent {
                 tracing::warn!(node = %self.side.ctx.config.node_name, "pods not all stopped within the shutdown period");
             }
         }
-        self.stop(grace).await
+    }
+
+    /// A shutdown called off (the machine's shutdown cancelled), as the kubelet takes it: a `NodeShutdown`
+    /// event, the Node Ready again and new pods admitted again. Pods already stopped stay stopped.
+    pub fn cancel_shutdown(&self) {
+        self.side.ctx.events.normal(
+            &self.side.ctx.node_reference(),
+            "NodeShutdown",
+            "Shutdown manager detected shutdown cancellation",
+        );
+        self.side.ctx.health_checks.set_shutting_down(false);
+        let _ = self
+            .shutdown_tx
+            .send(crate::pods::ManagerControl::ShutdownCancelled);
+        self.resync.notify_one();
     }
 
     /// Graceful stop: fire the token, wait up to `grace` for the tasks, then (if configured) mark the Node

@@ -25,6 +25,18 @@ pub enum RuntimeKind {
     Fake,
 }
 
+/// What starts graceful node shutdown (`--shutdown-trigger`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum ShutdownTrigger {
+    /// The machine's shutdown as systemd-logind announces it (a delay inhibitor lock and its
+    /// `PrepareForShutdown` signal), as the kubelet does; SIGTERM only stops node-agent, pods keep running.
+    #[default]
+    Logind,
+    /// SIGTERM, for machines without systemd-logind: any stop of node-agent (a service restart too) stops
+    /// the node's pods.
+    Sigterm,
+}
+
 /// `key=value` pairs (`--node-labels`, `--kube-reserved`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct KeyValues(pub BTreeMap<String, String>);
@@ -209,6 +221,12 @@ pub struct Flags {
     /// How often unused images are garbage collected (node-agent's own; the kubelet's is fixed at 5m).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5m")]
     pub image_gc_period: Duration,
+
+    /// What starts graceful node shutdown when `shutdownGracePeriod` is set: `logind` (the machine's shutdown,
+    /// as the kubelet) or `sigterm` (for machines without systemd-logind; a restart of node-agent then stops
+    /// the pods too).
+    #[arg(long, value_enum, value_name = "TRIGGER", default_value_t = ShutdownTrigger::Logind)]
+    pub shutdown_trigger: ShutdownTrigger,
 
     /// How long a graceful stop may take before tasks are abandoned, e.g. 10s.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]

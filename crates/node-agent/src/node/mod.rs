@@ -166,11 +166,12 @@ impl HealthChecks {
         self.lock().push((name.into(), Arc::new(check)));
     }
 
-    /// Marks the node as shutting down (graceful node shutdown): Ready fails with `node is shutting down`.
-    pub fn set_shutting_down(&self) {
+    /// Marks the node as shutting down (graceful node shutdown: Ready fails with `node is shutting down`), or
+    /// no longer (the shutdown cancelled).
+    pub fn set_shutting_down(&self, shutting_down: bool) {
         self.inner
             .shutting_down
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+            .store(shutting_down, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The failures, worded for the Ready message.
@@ -209,7 +210,7 @@ mod tests {
             vec!["PLEG is not healthy: pleg was last seen active 3m0s ago; threshold is 3m0s".to_string()]
         );
         // a clone shares the flag; the shutdown's message stands as it is, first
-        checks.clone().set_shutting_down();
+        checks.clone().set_shutting_down(true);
         assert_eq!(
             checks.failures(),
             vec![
@@ -217,5 +218,8 @@ mod tests {
                 "PLEG is not healthy: pleg was last seen active 3m0s ago; threshold is 3m0s".to_string()
             ]
         );
+        // a cancelled shutdown takes it back
+        checks.set_shutting_down(false);
+        assert_eq!(checks.failures().len(), 1);
     }
 }

@@ -21,6 +21,7 @@ impl PodManager {
     pub(crate) fn on_control(&mut self, request: ManagerControl) {
         match request {
             ManagerControl::Shutdown(request) => self.on_shutdown(*request),
+            ManagerControl::ShutdownCancelled => self.shutting_down = false,
             ManagerControl::ActivePods(answer) => {
                 let _ = answer.send(self.active_pods());
             }

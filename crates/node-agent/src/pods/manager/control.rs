@@ -21,6 +21,8 @@ pub enum ManagerControl {
     /// Graceful node shutdown (see [`shutdown`](crate::pods::manager::shutdown); boxed: an idle node keeps this channel's first
     /// block of 32 messages for its whole life).
     Shutdown(Box<ShutdownRequest>),
+    /// The shutdown called off: pods are admitted again.
+    ShutdownCancelled,
     /// Which pods the manager has; `None` until every pod source (the API server's list and each static
     /// source) has been seen once — before that an unknown pod may merely not have been read yet.
     KnownPods(oneshot::Sender<Option<KnownPods>>),

@@ -122,6 +122,8 @@ fn answer(request: ManagerControl, listed: bool) -> Option<ManagerControl> {
             let _ = order.done.send(false);
         }
         ManagerControl::Shutdown(_) => return Some(request),
+        // nothing has been stopped yet: no shutdown to call off
+        ManagerControl::ShutdownCancelled => {}
     }
     None
 }
