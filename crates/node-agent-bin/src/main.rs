@@ -185,6 +185,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 tracing::error!(%error, "the pod-resources API stopped");
             }
         });
+        plugin_registration(&agent, &flags.root_dir, &node, &token);
     }
     let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);
     if let Some((_, server)) =
@@ -214,6 +215,49 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     }
     tracing::info!(%node, "node agent stopped");
     Ok(())
+}
+
+/// Kubelet plugin registration on a real node: the watcher of `<root-dir>/plugins_registry` with the CSI
+/// handler, and the node's `CSINode` object created once the Node is registered (as the kubelet creates it at
+/// start). Both run with the agent's tasks.
+fn plugin_registration(
+    agent: &node_agent::RunningAgent,
+    root_dir: &std::path::Path,
+    node: &str,
+    token: &CancellationToken,
+) {
+    use node_agent::csi::CsiDrivers;
+    use node_agent::csi::node_info::NodeInfo;
+    use node_agent::csi::registration::CsiPluginHandler;
+    use node_agent::plugins::{CSI_PLUGIN, PluginWatcher, registry_dir};
+
+    let ctx = agent.context();
+    let node_info = NodeInfo::new(ctx.client.clone(), ctx.api.clone(), node);
+    let csi = CsiPluginHandler::new(CsiDrivers::default(), node_info.clone());
+    let watcher = PluginWatcher::new(registry_dir(root_dir)).handler(CSI_PLUGIN, Arc::new(csi));
+    agent.spawn(watcher.run(token.clone()));
+    let mut registered = ctx.registered.clone();
+    let token = token.clone();
+    agent.spawn(async move {
+        let ensure = async {
+            if registered.wait_for(Option::is_some).await.is_err() {
+                return;
+            }
+            let mut delay = std::time::Duration::from_secs(1);
+            loop {
+                match node_info.ensure_csi_node().await {
+                    Ok(()) => return,
+                    Err(error) => tracing::warn!(%error, "creating the node's CSINode object; trying again"),
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(60));
+            }
+        };
+        tokio::select! {
+            () = ensure => {}
+            () = token.cancelled() => {}
+        }
+    });
 }
 
 #[cfg(test)]
