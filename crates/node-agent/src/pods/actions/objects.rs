@@ -11,6 +11,10 @@
 //!
 //! A pod's RuntimeClass is read when its sandbox is created, for the handler the runtime is asked for.
 //!
+//! PersistentVolumeClaims and PersistentVolumes are read uncached, each time a claim's volume is resolved (see
+//! [`claims`](crate::pods::actions::volumes::claims)): only until the volume is set up, as the kubelet's volume
+//! manager reads them when it adds a pod's volume.
+//!
 //! Services are listed per namespace (the kubelet keeps a cluster-wide informer instead) and kept for
 //! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports; a
 //! list read before a pod was created is read again for it.
@@ -21,7 +25,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -155,6 +161,19 @@ pub trait PodObjects: Send + Sync {
     /// The `handler` of RuntimeClass `name`, or `None` when it does not exist. A source without an API server
     /// knows no RuntimeClass.
     async fn runtime_handler(&self, name: &str) -> Result<Option<String>, ObjectError> {
+        let _ = name;
+        Ok(None)
+    }
+
+    /// PersistentVolumeClaim `name` of `namespace`, or `None` when it does not exist. A source without an API
+    /// server knows none.
+    async fn claim(&self, namespace: &str, name: &str) -> Result<Option<PersistentVolumeClaim>, ObjectError> {
+        let _ = (namespace, name);
+        Ok(None)
+    }
+
+    /// PersistentVolume `name`, or `None` when it does not exist.
+    async fn persistent_volume(&self, name: &str) -> Result<Option<PersistentVolume>, ObjectError> {
         let _ = name;
         Ok(None)
     }
@@ -357,6 +376,32 @@ impl PodObjects for ApiObjects {
                 "failed to lookup RuntimeClass {name}: {}",
                 describe(&e)
             ))),
+        }
+    }
+
+    async fn claim(&self, namespace: &str, name: &str) -> Result<Option<PersistentVolumeClaim>, ObjectError> {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.kube(), namespace);
+        match self
+            .api
+            .run("get", "persistentvolumeclaims", Box::pin(api.get(name)))
+            .await
+        {
+            Ok(claim) => Ok(Some(claim)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(ObjectError(describe(&e))),
+        }
+    }
+
+    async fn persistent_volume(&self, name: &str) -> Result<Option<PersistentVolume>, ObjectError> {
+        let api: Api<PersistentVolume> = Api::all(self.client.kube());
+        match self
+            .api
+            .run("get", "persistentvolumes", Box::pin(api.get(name)))
+            .await
+        {
+            Ok(pv) => Ok(Some(pv)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(ObjectError(describe(&e))),
         }
     }
 

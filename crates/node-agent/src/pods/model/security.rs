@@ -60,6 +60,9 @@ pub struct PodSecurity {
     pub supplemental_groups: Vec<i64>,
     /// `fsGroup`: the group of the volumes the node provides (see `volumes::ownership`).
     pub fs_group: Option<i64>,
+    /// `fsGroupChangePolicy: OnRootMismatch`: volumes that honour the policy keep their ownership when their
+    /// root already has the group and its permissions.
+    pub fs_group_on_root_mismatch: bool,
     /// `sysctls`.
     pub sysctls: Vec<(String, String)>,
     /// `seccompProfile`.
@@ -91,6 +94,8 @@ impl PodSecurity {
                 })
                 .collect(),
             fs_group: sc.and_then(|s| s.fs_group),
+            fs_group_on_root_mismatch: sc.and_then(|s| s.fs_group_change_policy.as_deref())
+                == Some("OnRootMismatch"),
             sysctls: sc
                 .into_iter()
                 .flat_map(|s| s.sysctls.iter().flatten())

@@ -337,10 +337,10 @@ impl PodWorker {
         {
             return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message));
         }
-        if let Err(message) = volumes::make_sub_paths(&ctx, &pod, c).await {
+        if let Err(message) = volumes::make_sub_paths(&ctx, &pod, c, self.volumes.as_deref()).await {
             return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message));
         }
-        let mut mounts = volumes::mounts(&ctx, &pod, c);
+        let mut mounts = volumes::mounts(&ctx, &pod, c, self.volumes.as_deref());
         mounts.extend(termination::mount(ctx.config.layout.pods_dir.as_deref(), &pod, c).await);
         match volumes::etc_hosts(&ctx, &pod, c, &pod_ip).await {
             Ok(hosts) => mounts.extend(hosts),

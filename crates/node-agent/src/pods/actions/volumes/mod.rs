@@ -11,10 +11,16 @@
 //! changed content is rewritten and tokens are renewed at 80 % of their life (at most 24 h). With the pod's
 //! `fsGroup`, a real node gives every volume but hostPath that group ([`ownership`]) after each write.
 //!
-//! Persistent and network volumes (persistentVolumeClaim, csi, nfs, ...) are not provided: on a real node the
-//! pod fails to start with a `FailedMount` event naming the kind; a hollow node has no disk to mount and lets
-//! the pod run.
+//! A `persistentVolumeClaim` volume is resolved to its bound PersistentVolume ([`claims`]) in both modes, so a
+//! pod whose claim is missing or unbound waits in `ContainerCreating` with the kubelet's `FailedMount` event
+//! (`Unable to attach or mount volumes: ...`) and runs once the claim is bound. A real node then mounts a
+//! `hostPath` or `local` PersistentVolume's path into the containers directly (the hostPath checks, and for a
+//! writable `local` volume the pod's `fsGroup` under its `fsGroupChangePolicy`).
+//!
+//! Other volume kinds (csi, nfs, ...) are not provided: on a real node the pod fails to start with a
+//! `FailedMount` event naming the kind; a hollow node has no disk to mount and lets the pod run.
 
+pub mod claims;
 pub mod content;
 pub mod disk;
 pub mod ownership;
@@ -27,6 +33,7 @@ use std::time::Duration;
 use runtime_api::cri;
 use tokio::time::Instant;
 
+use self::claims::{BoundClaim, ClaimError, PersistentSource};
 use self::content::File;
 use crate::pods::actions::context::ActionCtx;
 use crate::pods::actions::objects::{ObjectKind, TokenFor};
@@ -36,6 +43,9 @@ use crate::pods::model::spec::{ContainerSpec, DesiredPod, VolumeSpec};
 /// The longest a token is used before it is renewed, however long it lives.
 const TOKEN_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 
+/// The longest a pod waiting for its claim waits between two reads of it.
+const CLAIM_RETRY_MAX: Duration = Duration::from_secs(4);
+
 /// Why a volume could not be set up: the kubelet's `FailedMount` event text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountError {
@@ -43,10 +53,22 @@ pub struct MountError {
     pub volume: String,
     /// What went wrong.
     pub message: String,
+    /// The volume could not even be resolved (a claim missing or unbound): the kubelet's volume manager never
+    /// took it on, and says so.
+    pub unprocessed: bool,
 }
 
 impl std::fmt::Display for MountError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.unprocessed {
+            let v = &self.volume;
+            return write!(
+                f,
+                "Unable to attach or mount volumes: unmounted volumes=[{v}], unattached volumes=[], failed to \
+                 process volumes=[{v}]: {}",
+                self.message
+            );
+        }
         write!(
             f,
             "MountVolume.SetUp failed for volume \"{}\" : {}",
@@ -66,6 +88,10 @@ pub struct PodVolumes {
     token_due: Option<Instant>,
     /// Failed set-ups in a row (the retry back-off).
     failures: u32,
+    /// The last failure was a claim not yet usable (retried sooner: it is waiting for the control plane).
+    waiting_for_claim: bool,
+    /// The claims resolved, by volume index: what a container mounts for them.
+    claims: Vec<(usize, BoundClaim)>,
 }
 
 fn plugin(source: &VolumeSource) -> &'static str {
@@ -76,6 +102,7 @@ fn plugin(source: &VolumeSource) -> &'static str {
         VolumeSource::Secret(_) => "kubernetes.io~secret",
         VolumeSource::DownwardApi(_) => "kubernetes.io~downward-api",
         VolumeSource::Projected(_) => "kubernetes.io~projected",
+        VolumeSource::Claim { .. } => "kubernetes.io~persistent-volume",
         VolumeSource::Unsupported(_) => "kubernetes.io~unsupported",
     }
 }
@@ -85,10 +112,20 @@ pub fn pod_dir(pods_dir: &std::path::Path, uid: &str) -> PathBuf {
     pods_dir.join(uid)
 }
 
-/// Where volume `v` of `pod` lives on the node (for a hollow node: where it would).
-fn host_path(ctx: &ActionCtx, pod: &DesiredPod, v: &VolumeSpec) -> PathBuf {
+/// Where volume `v` (the `index`th) of `pod` lives on the node (for a hollow node: where it would): a claim's
+/// once it is resolved in `vols`.
+fn host_path(
+    ctx: &ActionCtx,
+    pod: &DesiredPod,
+    index: usize,
+    v: &VolumeSpec,
+    vols: Option<&PodVolumes>,
+) -> PathBuf {
     if let VolumeSource::HostPath { path, .. } = &*v.source {
         return PathBuf::from(path);
+    }
+    if let Some(bound) = vols.and_then(|vols| vols.claim(index)) {
+        return PathBuf::from(bound.source.path());
     }
     let root = ctx
         .config
@@ -155,7 +192,44 @@ fn fs_user(pod: &DesiredPod) -> Option<u32> {
     }
 }
 
+/// Checks (and prepares) the node path of a resolved claim on a real node: hostPath's type check; a `local`
+/// volume's directory must exist, and a writable one gets the pod's `fsGroup` (all of it, or with
+/// `OnRootMismatch` only when its root lacks the group).
+fn prepare_claim(bound: &BoundClaim, fs_group: Option<u32>, on_root_mismatch: bool) -> Result<(), String> {
+    if bound.block {
+        return Err(format!(
+            "PersistentVolume {} has volumeMode Block, which node-agent does not provide",
+            bound.volume
+        ));
+    }
+    match &bound.source {
+        PersistentSource::HostPath { path, kind } => disk::check_host_path(path, *kind),
+        PersistentSource::Local { path } => {
+            let dir = std::path::Path::new(path);
+            if !dir.is_dir() {
+                return Err(format!(
+                    "local volume path {path} is not a directory on this node"
+                ));
+            }
+            let (Some(gid), false) = (fs_group, bound.read_only) else {
+                return Ok(());
+            };
+            let keep =
+                on_root_mismatch && ownership::root_matches(dir, gid, false).map_err(|e| e.to_string())?;
+            if keep {
+                return Ok(());
+            }
+            ownership::set(dir, gid, false).map_err(|e| e.to_string())
+        }
+    }
+}
+
 impl PodVolumes {
+    /// The claim of volume `index`, once resolved.
+    pub fn claim(&self, index: usize) -> Option<&BoundClaim> {
+        self.claims.iter().find(|(i, _)| *i == index).map(|(_, b)| b)
+    }
+
     /// Sets up (or refreshes) every volume of `pod`; the first failure stops it.
     pub async fn setup(&mut self, ctx: &ActionCtx, pod: &DesiredPod) -> Result<(), MountError> {
         if self.set_up.len() != pod.volumes.len() {
@@ -170,8 +244,9 @@ impl PodVolumes {
             let err = |message: String| MountError {
                 volume: v.name.clone(),
                 message,
+                unprocessed: false,
             };
-            let dir = host_path(ctx, pod, v);
+            let dir = host_path(ctx, pod, i, v, Some(self));
             let on_disk = ctx.config.kind == crate::pods::NodeKind::Real;
             let fs_group = fs_group(pod).map_err(err)?;
             let files = match &*v.source {
@@ -199,6 +274,36 @@ impl PodVolumes {
                             Ok(Err(message)) => return Err(err(message)),
                             Err(e) => return Err(err(e.to_string())),
                         }
+                    }
+                    self.set_up[i] = Some(0);
+                    continue;
+                }
+                VolumeSource::Claim { claim, read_only } => {
+                    if self.set_up[i].is_none() {
+                        self.waiting_for_claim = false;
+                        let bound = match claims::resolve(&*ctx.objects, &pod.namespace, claim, *read_only).await {
+                            Ok(bound) => bound,
+                            Err(ClaimError::Waiting(message)) => {
+                                self.waiting_for_claim = true;
+                                return Err(MountError {
+                                    volume: v.name.clone(),
+                                    message,
+                                    unprocessed: true,
+                                });
+                            }
+                            Err(ClaimError::Refused(message)) => return Err(err(message)),
+                        };
+                        if on_disk {
+                            let policy = pod.security.as_deref().is_some_and(|s| s.fs_group_on_root_mismatch);
+                            let check = bound.clone();
+                            match tokio::task::spawn_blocking(move || prepare_claim(&check, fs_group, policy)).await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(message)) => return Err(err(message)),
+                                Err(e) => return Err(err(e.to_string())),
+                            }
+                        }
+                        self.claims.retain(|(index, _)| *index != i);
+                        self.claims.push((i, bound));
                     }
                     self.set_up[i] = Some(0);
                     continue;
@@ -323,10 +428,17 @@ impl PodVolumes {
 
     /// How long to wait before retrying a failed set-up: 0.5 s doubling up to about 2 minutes, as the
     /// kubelet's volume operations back off.
+    /// A claim not yet bound is read again at least every few seconds, so the pod starts soon after it is bound
+    /// (the kubelet's volume manager looks every 100 ms).
     pub fn retry_delay(&mut self) -> Duration {
         self.failures = self.failures.saturating_add(1);
         let exp = self.failures.min(9) - 1;
-        Duration::from_millis(500 << exp).min(Duration::from_secs(122))
+        let cap = if self.waiting_for_claim {
+            CLAIM_RETRY_MAX
+        } else {
+            Duration::from_secs(122)
+        };
+        Duration::from_millis(500 << exp).min(cap)
     }
 
     /// Whether every volume was set up at least once.
@@ -352,15 +464,24 @@ async fn object(
 
 /// Creates the missing `subPath` directories of container `c`'s mounts (on a real node), as the kubelet does
 /// before the container is made: with the volume's mode, so the runtime does not make them root's 0755.
-pub async fn make_sub_paths(ctx: &ActionCtx, pod: &DesiredPod, c: &ContainerSpec) -> Result<(), String> {
+pub async fn make_sub_paths(
+    ctx: &ActionCtx,
+    pod: &DesiredPod,
+    c: &ContainerSpec,
+    vols: Option<&PodVolumes>,
+) -> Result<(), String> {
     if ctx.config.layout.pods_dir.is_none() {
         return Ok(());
     }
     for m in c.mounts.iter().filter(|m| !m.sub_path.is_empty()) {
-        let Some(v) = m.volume.and_then(|i| pod.volumes.get(usize::from(i))) else {
+        let Some((i, v)) = m
+            .volume
+            .map(usize::from)
+            .and_then(|i| Some((i, pod.volumes.get(i)?)))
+        else {
             continue;
         };
-        let (base, sub) = (host_path(ctx, pod, v), m.sub_path.clone());
+        let (base, sub) = (host_path(ctx, pod, i, v, vols), m.sub_path.clone());
         if let Err(error) = blocking(move || disk::make_sub_path(&base, &sub)).await {
             tracing::warn!(pod = %pod.display(), volume = %v.name, %error, "cannot create a subPath directory");
             // the kubelet's message, which keeps the node's paths to itself
@@ -374,13 +495,20 @@ pub async fn make_sub_paths(ctx: &ActionCtx, pod: &DesiredPod, c: &ContainerSpec
 }
 
 /// The CRI mounts of container `c`: each `volumeMount` onto its volume's directory (with `subPath`); mounts of
-/// configMap, secret, downward API and projected volumes are read-only, as the kubelet makes them.
-pub fn mounts(ctx: &ActionCtx, pod: &DesiredPod, c: &ContainerSpec) -> Vec<cri::Mount> {
+/// configMap, secret, downward API and projected volumes are read-only, as the kubelet makes them, and so are
+/// those of a claim mounted `readOnly`.
+pub fn mounts(
+    ctx: &ActionCtx,
+    pod: &DesiredPod,
+    c: &ContainerSpec,
+    vols: Option<&PodVolumes>,
+) -> Vec<cri::Mount> {
     c.mounts
         .iter()
         .filter_map(|m| {
-            let v = pod.volumes.get(usize::from(m.volume?))?;
-            let mut host = host_path(ctx, pod, v);
+            let i = usize::from(m.volume?);
+            let v = pod.volumes.get(i)?;
+            let mut host = host_path(ctx, pod, i, v, vols);
             if !m.sub_path.is_empty() {
                 host = host.join(&m.sub_path);
             }
@@ -390,6 +518,7 @@ pub fn mounts(ctx: &ActionCtx, pod: &DesiredPod, c: &ContainerSpec) -> Vec<cri::
                     | VolumeSource::Secret(_)
                     | VolumeSource::DownwardApi(_)
                     | VolumeSource::Projected(_)
+                    | VolumeSource::Claim { read_only: true, .. }
             );
             Some(cri::Mount {
                 container_path: m.path.clone(),

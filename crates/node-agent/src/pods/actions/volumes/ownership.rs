@@ -2,8 +2,10 @@
 //! of the volume (walked without following symlinks) gets group `fsGroup`; files gain group read and write
 //! (read only for the volumes the kubelet mounts read-only: configMap, secret, downwardAPI, projected), and
 //! directories also gain group search and the setgid bit, so what a container creates there belongs to the
-//! group too. The owner is left as it is. For these volume kinds the kubelet ignores
-//! `fsGroupChangePolicy` and always changes the whole tree, and so does this. Blocking: run it off the runtime.
+//! group too. The owner is left as it is. For the volumes the node writes itself the kubelet ignores
+//! `fsGroupChangePolicy` and always changes the whole tree, and so does this; for `local` persistent volumes
+//! `OnRootMismatch` skips the walk when the root already has the group and its permissions
+//! ([`root_matches`]). Blocking: run it off the runtime.
 
 use std::fs;
 use std::io;
@@ -19,6 +21,15 @@ const SETGID: u32 = 0o2000;
 pub fn set(dir: &Path, gid: u32, read_only: bool) -> io::Result<()> {
     let meta = fs::symlink_metadata(dir)?;
     walk(dir, &meta, gid, if read_only { READ_ONLY } else { READ_WRITE })
+}
+
+/// Whether `dir` itself already has group `gid` and the group permissions [`set`] gives a directory (the
+/// kubelet's `OnRootMismatch` test).
+pub fn root_matches(dir: &Path, gid: u32, read_only: bool) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(dir)?;
+    let want = if read_only { READ_ONLY } else { READ_WRITE } | SEARCH | SETGID;
+    Ok(meta.gid() == gid && meta.permissions().mode() & want == want)
 }
 
 fn walk(path: &Path, meta: &fs::Metadata, gid: u32, mask: u32) -> io::Result<()> {
@@ -76,7 +87,9 @@ mod tests {
         assert_eq!(mode(&dir.join("sub")), 0o2750);
         assert_eq!(mode(&dir), 0o2755);
         assert_eq!(fs::symlink_metadata(dir.join("link")).unwrap().gid(), gid);
+        assert!(!root_matches(&dir, gid, false).unwrap(), "read-only bits only");
         set(&dir, gid, false).unwrap();
+        assert!(root_matches(&dir, gid, false).unwrap());
         assert_eq!(mode(&dir.join("sub/key")), 0o660);
         assert_eq!(mode(&dir.join("sub")), 0o2770);
         assert!(set(&tmp.path().join("missing"), gid, false).is_err());

@@ -108,7 +108,7 @@ pub enum HostPathType {
 }
 
 impl HostPathType {
-    fn parse(value: Option<&str>) -> Self {
+    pub(crate) fn parse(value: Option<&str>) -> Self {
         match value {
             Some("DirectoryOrCreate") => Self::DirectoryOrCreate,
             Some("Directory") => Self::Directory,
@@ -147,6 +147,14 @@ pub enum VolumeSource {
     DownwardApi(Vec<DownwardFile>),
     /// `projected`.
     Projected(Vec<Projection>),
+    /// `persistentVolumeClaim`: whatever the claim's bound PersistentVolume names, resolved when the volume is
+    /// set up.
+    Claim {
+        /// The claim's name (same namespace as the pod).
+        claim: String,
+        /// `readOnly`: every mount of the volume is read-only.
+        read_only: bool,
+    },
     /// Any other kind (persistentVolumeClaim, csi, nfs, ...): named for the error message.
     Unsupported(&'static str),
 }
@@ -290,8 +298,7 @@ fn projection(p: &VolumeProjection) -> Projection {
 
 /// The name of a volume kind this agent does not set up.
 fn unsupported_kind(v: &Volume) -> &'static str {
-    let kinds: [(&'static str, bool); 11] = [
-        ("persistentVolumeClaim", v.persistent_volume_claim.is_some()),
+    let kinds: [(&'static str, bool); 10] = [
         ("csi", v.csi.is_some()),
         ("ephemeral", v.ephemeral.is_some()),
         ("nfs", v.nfs.is_some()),
@@ -350,6 +357,12 @@ impl VolumeSpec {
         } else if let Some(p) = &v.projected {
             let sources = p.sources.iter().flatten().map(projection).collect();
             (p.default_mode, VolumeSource::Projected(sources))
+        } else if let Some(c) = &v.persistent_volume_claim {
+            let source = VolumeSource::Claim {
+                claim: c.claim_name.clone(),
+                read_only: c.read_only.unwrap_or(false),
+            };
+            (None, source)
         } else {
             (None, VolumeSource::Unsupported(unsupported_kind(v)))
         };
