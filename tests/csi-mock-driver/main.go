@@ -3,11 +3,13 @@
 // Identity, Controller and Node services on --csi-endpoint and the kubelet plugin registration API
 // (pluginregistration.v1) on <--registration-dir>/<driver>-reg.sock, as node-driver-registrar would beside a
 // driver. It prints one line per registration status the kubelet reports ("registration: ok" or
-// "registration: failed: <error>") and one JSON line per CSI call the driver answers.
+// "registration: failed: <error>") and one line per CSI call it answers: "csi: <method> <request as JSON> -> ok"
+// or "-> error: <error>".
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
@@ -17,9 +19,9 @@ import (
 	"syscall"
 
 	"google.golang.org/grpc"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/kubernetes/test/e2e/storage/drivers/csi-test/driver"
 	"k8s.io/kubernetes/test/e2e/storage/drivers/csi-test/mock/service"
-	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
 type registrar struct {
@@ -46,6 +48,18 @@ func (r *registrar) NotifyRegistrationStatus(ctx context.Context, s *registerapi
 		fmt.Printf("registration: failed: %s\n", s.Error)
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil
+}
+
+// logCalls prints each CSI call and its outcome, so a test sees what the node asked for.
+func logCalls(ctx context.Context, req interface{}, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (interface{}, error) {
+	rsp, err := handler(ctx, req)
+	body, _ := json.Marshal(req)
+	if err != nil {
+		fmt.Printf("csi: %s %s -> error: %v\n", info.FullMethod, body, err)
+	} else {
+		fmt.Printf("csi: %s %s -> ok\n", info.FullMethod, body)
+	}
+	return rsp, err
 }
 
 func listen(path string) net.Listener {
@@ -83,7 +97,7 @@ func main() {
 		EnableTopology: *topology,
 	})
 	csiDriver := driver.NewCSIDriver(&driver.CSIDriverServers{Controller: svc, Identity: svc, Node: svc})
-	if err := csiDriver.Start(listen(*endpoint), nil); err != nil {
+	if err := csiDriver.Start(listen(*endpoint), logCalls); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -160,7 +160,8 @@ async fn a_csi_driver_registers_in_csinode_and_leaves_when_its_socket_goes() -> 
         Some(TOPOLOGY_VALUE),
         "the driver's topology segment is a Node label"
     );
-    assert_eq!(node_ids(&n), serde_json::json!({name: name}));
+    // the other tests' drivers may be registered beside it
+    assert_eq!(node_ids(&n)[name], name);
 
     // the driver stops and removes its registration socket: the agent removes it from CSINode and the Node's
     // node IDs; the topology label stays, as the kubelet leaves it
@@ -177,7 +178,7 @@ async fn a_csi_driver_registers_in_csinode_and_leaves_when_its_socket_goes() -> 
         t1.elapsed()
     );
     let n = nodes.get(NODE).await?;
-    assert_eq!(node_ids(&n), serde_json::Value::Null);
+    assert_eq!(node_ids(&n).get(name), None);
     assert!(
         csi_nodes.get_opt(NODE).await?.is_some(),
         "the CSINode object stays, with no drivers"
@@ -210,6 +211,165 @@ async fn a_driver_offering_no_supported_csi_version_is_told_why() -> anyhow::Res
         )
     );
     assert_eq!(csi_node_driver(node, name).await?, None);
+    driver.proc.stop(Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// The driver's CSI calls of `method` (its log lines "csi: /csi.v1.Node/<method> <request> -> <outcome>").
+fn calls(driver: &Driver, method: &str) -> Vec<String> {
+    let needle = format!("csi: /csi.v1.Node/{method} ");
+    std::fs::read_to_string(&driver.log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix(&needle).map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_csi_persistent_volume_is_staged_published_used_and_torn_down() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+    use k8s_openapi::api::storage::v1::CSIDriver;
+    use kube::api::{DeleteParams, PostParams};
+
+    e2e::init_logging();
+    let Some(node) = RealNode::get().await? else {
+        return Ok(());
+    };
+    let name = "csi-mock-vol.node-agent.test";
+    // the mock driver without ControllerPublish, and a CSIDriver saying so: no VolumeAttachment to wait for
+    let driver = Driver::start(node, name, &["--disable-attach"]).await?;
+    driver.logged("registration: ok", Duration::from_secs(30)).await?;
+    let admin = node.cp.admin_client().await?;
+    let csi_drivers: Api<CSIDriver> = Api::all(admin.clone());
+    let object: CSIDriver = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"attachRequired": false, "podInfoOnMount": false},
+    }))?;
+    if csi_drivers.get_opt(name).await?.is_none() {
+        csi_drivers.create(&PostParams::default(), &object).await?;
+    }
+    // the mock driver's volume "2" as a PersistentVolume, bound to a claim by name
+    let pv_name = "csi-mock-volume-2";
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "csi": {"driver": name, "volumeHandle": "2", "volumeAttributes": {"purpose": "test"}},
+        },
+    }))?;
+    if pvs.get_opt(pv_name).await?.is_none() {
+        pvs.create(&PostParams::default(), &pv).await?;
+    }
+    let pods = node.namespace("csi-volume").await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "csi-volume");
+    let claim: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv_name,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))?;
+    claims.create(&PostParams::default(), &claim).await?;
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "writer"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": "localhost/busybox:local",
+                "command": ["sh", "-c", "echo written-by-the-pod > /data/file && cat /data/file && sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+        },
+    }))?;
+    let t0 = Instant::now();
+    let created = node.create_pod(&pods, &pod).await?;
+    let uid = created.metadata.uid.clone().context("uid")?;
+    wait_for("the pod Running", Duration::from_secs(90), || async {
+        let p = pods.get("writer").await?;
+        Ok((p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).then_some(()))
+    })
+    .await
+    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    println!(
+        "[real_node_csi] CSI volume pod Running {:?} after its creation",
+        t0.elapsed()
+    );
+
+    // staged at the kubelet's global mount path, published into the pod's volume directory
+    let root = &node.agent_root;
+    let staging = root
+        .join("plugins/kubernetes.io/csi")
+        .join(name)
+        // sha256("2")
+        .join("d4735e3a265e16eee03f59718b9b5d03019c07d8b6c51f90da3a666eec13ab35")
+        .join("globalmount");
+    let target = root
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~csi")
+        .join(pv_name)
+        .join("mount");
+    let staged = calls(&driver, "NodeStageVolume");
+    assert_eq!(staged.len(), 1, "{staged:?}");
+    assert!(
+        staged[0].contains(&format!("\"staging_target_path\":\"{}\"", staging.display())),
+        "{}",
+        staged[0]
+    );
+    assert!(staged[0].ends_with("-> ok"), "{}", staged[0]);
+    let published = calls(&driver, "NodePublishVolume");
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert!(
+        published[0].contains(&format!("\"target_path\":\"{}\"", target.display())),
+        "{}",
+        published[0]
+    );
+    assert!(
+        published[0].contains("\"purpose\":\"test\""),
+        "the volume context: {}",
+        published[0]
+    );
+    let vol_data: serde_json::Value = serde_json::from_slice(&std::fs::read(
+        target.parent().context("parent")?.join("vol_data.json"),
+    )?)?;
+    assert_eq!(vol_data["driverName"], name);
+    assert_eq!(vol_data["volumeHandle"], "2");
+    assert_eq!(vol_data["specVolID"], pv_name);
+    // what the pod wrote is in the published directory (the mock driver publishes a plain directory)
+    let written = wait_for("the pod's file", Duration::from_secs(30), || async {
+        Ok(std::fs::read_to_string(target.join("file")).ok())
+    })
+    .await?;
+    assert_eq!(written, "written-by-the-pod\n");
+
+    // the pod goes: unpublished, then unstaged (no other pod uses the volume), directories removed
+    let t1 = Instant::now();
+    pods.delete("writer", &DeleteParams::default()).await?;
+    wait_for("the volume unstaged", Duration::from_secs(60), || async {
+        Ok(calls(&driver, "NodeUnstageVolume").first().cloned())
+    })
+    .await
+    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    println!(
+        "[real_node_csi] CSI volume unpublished and unstaged {:?} after the pod's deletion",
+        t1.elapsed()
+    );
+    let unpublished = calls(&driver, "NodeUnpublishVolume");
+    assert_eq!(unpublished.len(), 1, "{unpublished:?}");
+    assert!(unpublished[0].contains(&format!("\"target_path\":\"{}\"", target.display())));
+    assert!(
+        calls(&driver, "NodeUnstageVolume")[0]
+            .contains(&format!("\"staging_target_path\":\"{}\"", staging.display()))
+    );
+    assert!(
+        !target.parent().context("parent")?.exists(),
+        "the pod's CSI volume directory is removed"
+    );
+    assert!(!staging.exists(), "the global mount directory is removed");
     driver.proc.stop(Duration::from_secs(10)).await?;
     Ok(())
 }

@@ -135,7 +135,9 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("connecting to the container runtime at {endpoint}"))?;
             tracing::info!(%endpoint, "connected to the container runtime");
-            let mut pods = PodOptions::default().with_root_dir(&flags.root_dir);
+            let mut pods = PodOptions::default()
+                .with_root_dir(&flags.root_dir)
+                .with_csi_drivers(node_agent::csi::CsiDrivers::default());
             if kubelet.cgroups_per_qos {
                 let cgroups = QosCgroups::start(&kubelet.cgroup_root, kubelet.pod_pids_limit)
                     .context("creating the QoS cgroups (cgroupsPerQOS)")?;
@@ -154,6 +156,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let token = CancellationToken::new();
     let node = config.node_name.clone();
     let (serving_host, serving_ip) = (config.hostname.clone(), config.node_ip);
+    let csi_drivers = pods.csi_drivers.clone().unwrap_or_default();
     let mut builder = Agent::builder(config, client, runtime)
         .token(token.clone())
         .metrics(metrics)
@@ -179,13 +182,13 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         // the kubelet's pod-resources API, always served by a real node (a unix socket under the root directory)
         let path = node_agent::pod_resources::socket_path(&flags.root_dir);
         let server = node_agent::pod_resources::PodResourcesServer::bind(&path, agent.pods_query())?;
-        let token = token.clone();
+        let stop = token.clone();
         agent.spawn(async move {
-            if let Err(error) = server.run(token).await {
+            if let Err(error) = server.run(stop).await {
                 tracing::error!(%error, "the pod-resources API stopped");
             }
         });
-        plugin_registration(&agent, &flags.root_dir, &node, &token);
+        plugin_registration(&agent, &flags.root_dir, &node, csi_drivers, &token);
     }
     let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);
     if let Some((_, server)) =
@@ -218,30 +221,32 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
 }
 
 /// Kubelet plugin registration on a real node: the watcher of `<root-dir>/plugins_registry` with the CSI
-/// handler, and the node's `CSINode` object created once the Node is registered (as the kubelet creates it at
+/// handler (registering into `drivers`, which the pods' CSI volumes are published through), and the node's `CSINode` object created once the Node is registered (as the kubelet creates it at
 /// start). Both run with the agent's tasks.
 fn plugin_registration(
     agent: &node_agent::RunningAgent,
     root_dir: &std::path::Path,
     node: &str,
+    drivers: node_agent::csi::CsiDrivers,
     token: &CancellationToken,
 ) {
-    use node_agent::csi::CsiDrivers;
     use node_agent::csi::node_info::NodeInfo;
     use node_agent::csi::registration::CsiPluginHandler;
     use node_agent::plugins::{CSI_PLUGIN, PluginWatcher, registry_dir};
 
     let ctx = agent.context();
     let node_info = NodeInfo::new(ctx.client.clone(), ctx.api.clone(), node);
-    let csi = CsiPluginHandler::new(CsiDrivers::default(), node_info.clone());
+    let csi = CsiPluginHandler::new(drivers, node_info.clone());
     let watcher = PluginWatcher::new(registry_dir(root_dir)).handler(CSI_PLUGIN, Arc::new(csi));
     agent.spawn(watcher.run(token.clone()));
     let mut registered = ctx.registered.clone();
     let token = token.clone();
     agent.spawn(async move {
         let ensure = async {
-            if registered.wait_for(Option::is_some).await.is_err() {
-                return;
+            while registered.borrow_and_update().is_none() {
+                if registered.changed().await.is_err() {
+                    return;
+                }
             }
             let mut delay = std::time::Duration::from_secs(1);
             loop {

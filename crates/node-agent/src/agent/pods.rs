@@ -61,6 +61,7 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
     config.kind = options.kind;
     config.layout.pods_dir = options.root_dir.as_ref().map(|r| r.join("pods"));
     config.layout.cgroups = options.cgroups.clone();
+    config.csi_drivers = options.csi_drivers.clone();
     config.layout.dns = node_dns(k);
     config.pulls = PullSettings {
         serialize: k.serialize_image_pulls,
