@@ -24,7 +24,6 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use serde::{Deserialize, Serialize};
 
-use super::claims::BoundClaim;
 use crate::csi::v1 as csi;
 use crate::csi::v1::node_client::NodeClient;
 use crate::csi::{CsiDrivers, Driver, connect};
@@ -430,11 +429,22 @@ async fn attachment(
     }
 }
 
-/// Attaches (waits for the attachment), stages and publishes the CSI volume of claim `bound` for `pod`.
+/// A claim's CSI volume as the pod uses it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClaimUse<'a> {
+    /// The PersistentVolume's name.
+    pub volume: &'a str,
+    /// Mounted read-only by the pod.
+    pub read_only: bool,
+    /// `volumeMode: Block`.
+    pub block: bool,
+}
+
+/// Attaches (waits for the attachment), stages and publishes the CSI volume `source` of a claim for `pod`.
 pub(crate) async fn set_up(
     ctx: &ActionCtx,
     pod: &DesiredPod,
-    bound: &BoundClaim,
+    bound: ClaimUse<'_>,
     source: &CsiSource,
 ) -> Result<(), SetUpError> {
     let (Some(drivers), Some(pods_dir)) = (&ctx.config.csi_drivers, &ctx.config.layout.pods_dir) else {
@@ -449,7 +459,7 @@ pub(crate) async fn set_up(
         root_dir: pods_dir.parent().unwrap_or(pods_dir),
         pod_dir: &pod_dir,
         node: &ctx.config.node_name,
-        volume: &bound.volume,
+        volume: bound.volume,
         source,
         read_only: bound.read_only,
         block: bound.block,

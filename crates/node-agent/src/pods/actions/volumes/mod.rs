@@ -308,7 +308,12 @@ impl PodVolumes {
                                 Err(e) => return Err(err(e.to_string())),
                             }
                             if let PersistentSource::Csi(source) = &bound.source {
-                                match csi::set_up(ctx, pod, &bound, source).await {
+                                let using = csi::ClaimUse {
+                                    volume: &bound.volume,
+                                    read_only: bound.read_only,
+                                    block: bound.block,
+                                };
+                                match csi::set_up(ctx, pod, using, source).await {
                                     Ok(()) => {}
                                     Err(csi::SetUpError::Waiting(message)) => {
                                         self.waiting_for_claim = true;
