@@ -1,13 +1,20 @@
 //! Compiles the APIs the agent serves from the project's own `.proto` files (`proto/` at the workspace root):
-//! the pod-resources API v1. The descriptor set is built in Rust (`protox`), so no `protoc` is needed here.
+//! the pod-resources API v1, and the APIs it calls: the kubelet plugin registration API v1 and the CSI node side.
+//! The descriptor set is built in Rust (`protox`), so no `protoc` is needed here.
 
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let file = root.join("podresources/v1/api.proto");
-    println!("cargo:rerun-if-changed={}", file.display());
-    let descriptors = protox::compile([&file], [&root])?;
+    let files = [
+        root.join("podresources/v1/api.proto"),
+        root.join("pluginregistration/v1/api.proto"),
+        root.join("csi/v1/csi.proto"),
+    ];
+    for file in &files {
+        println!("cargo:rerun-if-changed={}", file.display());
+    }
+    let descriptors = protox::compile(&files, [&root])?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

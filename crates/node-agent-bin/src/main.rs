@@ -140,7 +140,9 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             node_agent::pods::make_root_shared(&flags.root_dir)
                 .context("making the root directory a shared mount (for mountPropagation)")?;
             node_agent::node_cgroups::apply_own_oom_score(kubelet.oom_score_adj);
-            let mut pods = PodOptions::default().with_root_dir(&flags.root_dir);
+            let mut pods = PodOptions::default()
+                .with_root_dir(&flags.root_dir)
+                .with_csi_drivers(node_agent::csi::CsiDrivers::default());
             if kubelet.cgroups_per_qos {
                 let cgroups = if kubelet.cgroup_driver == "systemd" {
                     QosCgroups::start_systemd(&kubelet.cgroup_root, kubelet.pod_pids_limit).await
@@ -167,6 +169,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let token = CancellationToken::new();
     let node = config.node_name.clone();
     let (serving_host, serving_ip) = (config.hostname.clone(), config.node_ip);
+    let csi_drivers = pods.csi_drivers.clone().unwrap_or_default();
     let mut builder = Agent::builder(config, client, runtime)
         .token(token.clone())
         .metrics(metrics)
@@ -192,12 +195,13 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         // the kubelet's pod-resources API, always served by a real node (a unix socket under the root directory)
         let path = node_agent::pod_resources::socket_path(&flags.root_dir);
         let server = node_agent::pod_resources::PodResourcesServer::bind(&path, agent.pods_query())?;
-        let token = token.clone();
+        let stop = token.clone();
         agent.spawn(async move {
-            if let Err(error) = server.run(token).await {
+            if let Err(error) = server.run(stop).await {
                 tracing::error!(%error, "the pod-resources API stopped");
             }
         });
+        plugin_registration(&agent, &flags.root_dir, &node, csi_drivers, &token);
     }
     let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);
     if let Some((_, server)) =
@@ -239,6 +243,51 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     }
     tracing::info!(%node, "node agent stopped");
     Ok(())
+}
+
+/// Kubelet plugin registration on a real node: the watcher of `<root-dir>/plugins_registry` with the CSI
+/// handler (registering into `drivers`, which the pods' CSI volumes are published through), and the node's `CSINode` object created once the Node is registered (as the kubelet creates it at
+/// start). Both run with the agent's tasks.
+fn plugin_registration(
+    agent: &node_agent::RunningAgent,
+    root_dir: &std::path::Path,
+    node: &str,
+    drivers: node_agent::csi::CsiDrivers,
+    token: &CancellationToken,
+) {
+    use node_agent::csi::node_info::NodeInfo;
+    use node_agent::csi::registration::CsiPluginHandler;
+    use node_agent::plugins::{CSI_PLUGIN, PluginWatcher, registry_dir};
+
+    let ctx = agent.context();
+    let node_info = NodeInfo::new(ctx.client.clone(), ctx.api.clone(), node);
+    let csi = CsiPluginHandler::new(drivers, node_info.clone());
+    let watcher = PluginWatcher::new(registry_dir(root_dir)).handler(CSI_PLUGIN, Arc::new(csi));
+    agent.spawn(watcher.run(token.clone()));
+    let mut registered = ctx.registered.clone();
+    let token = token.clone();
+    agent.spawn(async move {
+        let ensure = async {
+            while registered.borrow_and_update().is_none() {
+                if registered.changed().await.is_err() {
+                    return;
+                }
+            }
+            let mut delay = std::time::Duration::from_secs(1);
+            loop {
+                match node_info.ensure_csi_node().await {
+                    Ok(()) => return,
+                    Err(error) => tracing::warn!(%error, "creating the node's CSINode object; trying again"),
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(60));
+            }
+        };
+        tokio::select! {
+            () = ensure => {}
+            () = token.cancelled() => {}
+        }
+    });
 }
 
 #[cfg(test)]

@@ -40,6 +40,8 @@
 //! * [`eviction`] — node-pressure eviction: thresholds, pressure conditions, ranking, one eviction per pass.
 //! * [`gc`] — container and image garbage collection.
 //! * [`pod_resources`] — the pod-resources gRPC API on `<root-dir>/pod-resources/kubelet.sock`.
+//! * [`plugins`] — kubelet plugin registration: the watcher of `<root-dir>/plugins_registry`.
+//! * [`csi`] — the CSI node side: registered drivers, `CSINode` and the node's topology labels.
 
 // Long-lived tasks are written as functions returning `async move` blocks, not as `async fn`s: an `async fn`
 // keeps its arguments twice in its future (as arguments, and as the bindings its body moves them into), for
@@ -55,6 +57,7 @@ pub mod client;
 pub mod config;
 pub mod container_logs;
 mod cri_log;
+pub mod csi;
 pub mod density;
 pub mod events;
 pub mod eviction;
@@ -63,6 +66,7 @@ pub mod machine;
 pub mod metrics;
 pub mod node;
 pub mod node_cgroups;
+pub mod plugins;
 pub mod pod_resources;
 pub mod pods;
 pub mod quantity;

@@ -122,6 +122,8 @@ pub struct PodConfig {
     pub pulls: actions::pull_gate::PullSettings,
     /// Where the PLEG records when it was last active, for the node's `PLEG` health check (default: nowhere).
     pub pleg_health: Option<PlegHealth>,
+    /// The CSI drivers registered on this node, which publish its CSI volumes (a real node; `None`: no CSI).
+    pub csi_drivers: Option<crate::csi::CsiDrivers>,
 }
 
 impl PodConfig {
@@ -140,6 +142,7 @@ impl PodConfig {
             change_detection: actions::objects::ChangeDetection::Watch,
             pulls: actions::pull_gate::PullSettings::default(),
             pleg_health: None,
+            csi_drivers: None,
         }
     }
 }

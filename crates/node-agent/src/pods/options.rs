@@ -1,6 +1,6 @@
 //! What a pod lifecycle takes besides its configuration when an agent runs it ([`PodOptions`]): how probes reach
 //! containers, where start-up timing goes, where pods come from, in-memory static manifests, and on a real node
-//! the root directory and QoS cgroups. The agent's side of the wiring lives with the agent.
+//! the root directory, QoS cgroups and registered CSI drivers. The agent's side of the wiring lives with the agent.
 
 use std::sync::Arc;
 
@@ -25,6 +25,9 @@ pub struct PodOptions {
     /// The node's QoS cgroups (a real node with `cgroupsPerQOS`; see [`QosCgroups::start`]). `None`: the machine's
     /// cgroups are not touched.
     pub cgroups: Option<Arc<QosCgroups>>,
+    /// The CSI drivers registered on a real node (see [`with_csi_drivers`](Self::with_csi_drivers)); `None`: CSI
+    /// volumes are not published.
+    pub csi_drivers: Option<crate::csi::CsiDrivers>,
 }
 
 impl PodOptions {
@@ -39,6 +42,7 @@ impl PodOptions {
             kind: NodeKind::Hollow,
             root_dir: None,
             cgroups: None,
+            csi_drivers: None,
         }
     }
 
@@ -46,6 +50,13 @@ impl PodOptions {
     pub fn with_root_dir(mut self, root_dir: impl Into<std::path::PathBuf>) -> Self {
         self.kind = NodeKind::Real;
         self.root_dir = Some(root_dir.into());
+        self
+    }
+
+    /// Publishes CSI volumes through the drivers registered in `drivers` (a real node; the plugin watcher's CSI
+    /// handler fills it).
+    pub fn with_csi_drivers(mut self, drivers: crate::csi::CsiDrivers) -> Self {
+        self.csi_drivers = Some(drivers);
         self
     }
 

@@ -12,7 +12,8 @@
 //!
 //! A pod's RuntimeClass is read when its sandbox is created, for the handler the runtime is asked for.
 //!
-//! PersistentVolumeClaims and PersistentVolumes are read uncached, each time a claim's volume is resolved (see
+//! PersistentVolumeClaims and PersistentVolumes (and for CSI volumes the CSIDriver and VolumeAttachment) are
+//! read uncached, each time a claim's volume is resolved (see
 //! [`claims`](crate::pods::actions::volumes::claims)): only until the volume is set up, as the kubelet's volume
 //! manager reads them when it adds a pod's volume.
 //!
@@ -30,6 +31,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -222,6 +224,18 @@ pub trait PodObjects: Send + Sync {
 
     /// PersistentVolume `name`, or `None` when it does not exist.
     async fn persistent_volume(&self, name: &str) -> Result<Option<PersistentVolume>, ObjectError> {
+        let _ = name;
+        Ok(None)
+    }
+
+    /// CSIDriver `name`, or `None` when it does not exist.
+    async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, ObjectError> {
+        let _ = name;
+        Ok(None)
+    }
+
+    /// VolumeAttachment `name`, or `None` when it does not exist.
+    async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>, ObjectError> {
         let _ = name;
         Ok(None)
     }
@@ -419,6 +433,28 @@ impl PodObjects for ApiObjects {
             .await
         {
             Ok(claim) => Ok(Some(claim)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(ObjectError(describe(&e))),
+        }
+    }
+
+    async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, ObjectError> {
+        let api: Api<CSIDriver> = Api::all(self.client.kube());
+        match self.api.run("get", "csidrivers", Box::pin(api.get(name))).await {
+            Ok(driver) => Ok(Some(driver)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(ObjectError(describe(&e))),
+        }
+    }
+
+    async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>, ObjectError> {
+        let api: Api<VolumeAttachment> = Api::all(self.client.kube());
+        match self
+            .api
+            .run("get", "volumeattachments", Box::pin(api.get(name)))
+            .await
+        {
+            Ok(attachment) => Ok(Some(attachment)),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(ObjectError(describe(&e))),
         }

@@ -141,6 +141,13 @@ async fn remove(ctx: &AgentCtx, uid: &str, held: Held) {
     if let Some(pods_dir) = pods_dir.filter(|_| held.runtime || held.dir) {
         let dir: PathBuf = volumes::pod_dir(&pods_dir, uid);
         let existed = dir.exists();
+        // the CSI volumes of a pod deleted while the agent was down are unpublished (and unstaged) first
+        if let Some(drivers) = &ctx.config.csi_drivers
+            && let Err(error) = volumes::csi::tear_down(drivers, &pods_dir, &dir).await
+        {
+            tracing::warn!(%uid, %error, "orphaned pod's CSI volumes not torn down");
+            return;
+        }
         match tokio::task::spawn_blocking(move || volumes::disk::remove_pod_dir(&dir)).await {
             Ok(Ok(())) if existed => {
                 tracing::info!(%uid, "removed the directory of a pod that no longer exists");

@@ -5,9 +5,8 @@
 //! `ContainerCreating`; the failure is the kubelet's message (`error processing PVC <ns>/<name>: ...`).
 //!
 //! This module owns [`PersistentSource`], the kinds of PersistentVolume this node mounts: `hostPath` and
-//! `local` (mounted from the node's own paths). A PersistentVolume of any other kind is refused with a message
-//! naming the kind. Volume kinds served through a driver extend [`PersistentSource`] and
-//! [`PersistentSource::from_pv`].
+//! `local` (mounted from the node's own paths) and `csi` (published by its driver, see
+//! [`csi`](super::csi)). A PersistentVolume of any other kind is refused with a message naming the kind.
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
@@ -33,6 +32,8 @@ pub enum PersistentSource {
         /// The path.
         path: String,
     },
+    /// `csi`: published by a registered CSI driver into the pod's volume directory.
+    Csi(super::csi::CsiSource),
 }
 
 /// The kinds a PersistentVolume may have, by their field names, for the message refusing one not mounted here.
@@ -81,17 +82,22 @@ impl PersistentSource {
         if let Some(l) = spec.and_then(|s| s.local.as_ref()) {
             return Ok(Self::Local { path: l.path.clone() });
         }
+        if let Some(csi) = super::csi::CsiSource::from_pv(pv) {
+            return csi.map(Self::Csi);
+        }
         Err(format!(
-            "PersistentVolume {} is of kind {}, which node-agent does not mount (only hostPath and local)",
+            "PersistentVolume {} is of kind {}, which node-agent does not mount (only hostPath, local and csi)",
             pv.metadata.name.as_deref().unwrap_or_default(),
             pv_kind(pv)
         ))
     }
 
-    /// The node path the pod's containers mount (the volume's root).
-    pub fn path(&self) -> &str {
+    /// The node path the pod's containers mount (the volume's root); `None` for a CSI volume, published into
+    /// the pod's own directory.
+    pub fn path(&self) -> Option<&str> {
         match self {
-            Self::HostPath { path, .. } | Self::Local { path } => path,
+            Self::HostPath { path, .. } | Self::Local { path } => Some(path),
+            Self::Csi(_) => None,
         }
     }
 }
@@ -273,13 +279,44 @@ mod tests {
         );
         let local = pv(json!({"metadata": {"name": "b"}, "spec": {"local": {"path": "/mnt/disk"}}}));
         assert_eq!(
-            PersistentSource::from_pv(&local).map(|s| s.path().to_owned()),
-            Ok("/mnt/disk".to_owned())
+            PersistentSource::from_pv(&local).map(|s| s.path().map(str::to_owned)),
+            Ok(Some("/mnt/disk".to_owned()))
         );
         let nfs = pv(json!({"metadata": {"name": "n"}, "spec": {"nfs": {"server": "s", "path": "/"}}}));
         assert_eq!(
             PersistentSource::from_pv(&nfs).unwrap_err(),
-            "PersistentVolume n is of kind nfs, which node-agent does not mount (only hostPath and local)"
+            "PersistentVolume n is of kind nfs, which node-agent does not mount (only hostPath, local and csi)"
+        );
+    }
+
+    #[test]
+    fn csi_volumes_name_their_driver_and_refuse_secrets() {
+        let csi = pv(json!({"metadata": {"name": "c"}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "mountOptions": ["noatime"],
+            "csi": {"driver": "csi.example.com", "volumeHandle": "vol-1", "fsType": "ext4",
+                    "volumeAttributes": {"tier": "fast"}}}}));
+        let Ok(PersistentSource::Csi(source)) = PersistentSource::from_pv(&csi) else {
+            panic!("a csi source");
+        };
+        assert_eq!(
+            (source.driver.as_str(), source.volume_handle.as_str()),
+            ("csi.example.com", "vol-1")
+        );
+        assert_eq!(
+            (source.fs_type.as_str(), source.mount_flags.clone()),
+            ("ext4", vec!["noatime".to_owned()])
+        );
+        assert_eq!(source.attributes.get("tier").map(String::as_str), Some("fast"));
+        assert_eq!(
+            PersistentSource::Csi(source).path(),
+            None,
+            "published into the pod's own directory"
+        );
+        let secret = pv(json!({"metadata": {"name": "s"}, "spec": {
+            "csi": {"driver": "d", "volumeHandle": "h", "nodePublishSecretRef": {"name": "x", "namespace": "y"}}}}));
+        assert_eq!(
+            PersistentSource::from_pv(&secret).unwrap_err(),
+            "PersistentVolume s sets csi.nodePublishSecretRef, which node-agent does not pass to the driver yet"
         );
     }
 }

@@ -22,6 +22,7 @@
 
 pub mod claims;
 pub mod content;
+pub mod csi;
 pub mod disk;
 pub mod ownership;
 
@@ -124,15 +125,18 @@ fn host_path(
     if let VolumeSource::HostPath { path, .. } = &*v.source {
         return PathBuf::from(path);
     }
-    if let Some(bound) = vols.and_then(|vols| vols.claim(index)) {
-        return PathBuf::from(bound.source.path());
-    }
     let root = ctx
         .config
         .layout
         .pods_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/pods"));
+    if let Some(bound) = vols.and_then(|vols| vols.claim(index)) {
+        return match bound.source.path() {
+            Some(path) => PathBuf::from(path),
+            None => csi::publish_path(&pod_dir(&root, &pod.uid), &bound.volume),
+        };
+    }
     pod_dir(&root, &pod.uid)
         .join("volumes")
         .join(plugin(&v.source))
@@ -221,6 +225,8 @@ fn prepare_claim(bound: &BoundClaim, fs_group: Option<u32>, on_root_mismatch: bo
             }
             ownership::set(dir, gid, false).map_err(|e| e.to_string())
         }
+        // published by its driver once checked here ([`csi::set_up`])
+        PersistentSource::Csi(_) => Ok(()),
     }
 }
 
@@ -300,6 +306,21 @@ impl PodVolumes {
                                 Ok(Ok(())) => {}
                                 Ok(Err(message)) => return Err(err(message)),
                                 Err(e) => return Err(err(e.to_string())),
+                            }
+                            if let PersistentSource::Csi(source) = &bound.source {
+                                let using = csi::ClaimUse {
+                                    volume: &bound.volume,
+                                    read_only: bound.read_only,
+                                    block: bound.block,
+                                };
+                                match csi::set_up(ctx, pod, using, source).await {
+                                    Ok(()) => {}
+                                    Err(csi::SetUpError::Waiting(message)) => {
+                                        self.waiting_for_claim = true;
+                                        return Err(err(message));
+                                    }
+                                    Err(csi::SetUpError::Failed(message)) => return Err(err(message)),
+                                }
                             }
                         }
                         self.claims.retain(|(index, _)| *index != i);
@@ -627,6 +648,12 @@ pub async fn release(ctx: &ActionCtx, uid: &str) {
         return;
     };
     let dir = pod_dir(&pods_dir, uid);
+    if let Some(drivers) = &ctx.config.csi_drivers
+        && let Err(error) = csi::tear_down(drivers, &pods_dir, &dir).await
+    {
+        tracing::warn!(%uid, %error, "cannot tear down the terminated pod's CSI volumes");
+        return;
+    }
     if let Err(error) = blocking(move || disk::remove_volumes(&dir)).await {
         tracing::warn!(%uid, %error, "cannot remove the terminated pod's volumes");
     }
@@ -638,6 +665,12 @@ pub async fn cleanup(ctx: &ActionCtx, uid: &str) {
         return;
     };
     let dir = pod_dir(&pods_dir, uid);
+    if let Some(drivers) = &ctx.config.csi_drivers
+        && let Err(error) = csi::tear_down(drivers, &pods_dir, &dir).await
+    {
+        tracing::warn!(%uid, %error, "cannot tear down the pod's CSI volumes");
+        return;
+    }
     if let Err(error) = blocking(move || disk::remove_pod_dir(&dir)).await {
         tracing::warn!(%uid, %error, "cannot remove the pod's directory");
     }

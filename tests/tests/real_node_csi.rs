@@ -1,0 +1,375 @@
+//! The CSI node side on a real node: a real CSI driver — the Kubernetes e2e suite's mock driver from the pinned
+//! `k8s.io/kubernetes` module, built by `hack/build-csi-mock-driver.sh` with a minimal registrar of its own
+//! (`tests/csi-mock-driver`: node-driver-registrar is not to be had from the Go module proxy) — registers through
+//! the agent's `plugins_registry`, and the agent publishes it in the node's `CSINode` object and Node labels as
+//! the kubelet does. A binary of its own, with its own node, so its drivers never meet the other real-node tests.
+//! Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
+
+/// The containerd the node runs on.
+const CONTAINERD: &str = "1.6";
+
+#[allow(dead_code)]
+#[path = "real_node/harness.rs"]
+mod harness;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use e2e::wait_for;
+use harness::{NODE, RealNode};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver};
+use kube::Api;
+
+/// The mock driver's topology key (its `TopologyKey`): one segment, the same on every node.
+const TOPOLOGY_KEY: &str = "io.kubernetes.storage.mock/node";
+const TOPOLOGY_VALUE: &str = "some-mock-node";
+
+/// The mock driver (`hack/build-csi-mock-driver.sh` builds it on first use and caches it).
+async fn driver_binary() -> anyhow::Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-csi-mock-driver.sh");
+    let built = tokio::task::spawn_blocking(move || std::process::Command::new("bash").arg(script).output())
+        .await??;
+    anyhow::ensure!(
+        built.status.success(),
+        "building the CSI mock driver: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Ok(PathBuf::from(String::from_utf8(built.stdout)?.trim()))
+}
+
+/// A running mock driver and its log.
+struct Driver {
+    proc: testenv::process::Proc,
+    log: PathBuf,
+}
+
+impl Driver {
+    /// Starts the driver `name` on a socket of its own, registering in `node`'s `plugins_registry`.
+    async fn start(node: &RealNode, name: &str, extra: &[&str]) -> anyhow::Result<Self> {
+        let bin = driver_binary().await?;
+        let dir = node
+            .agent_root
+            .parent()
+            .context("the node's directory")?
+            .join(format!("csi-{name}"));
+        std::fs::create_dir_all(&dir)?;
+        let log = dir.join("driver.log");
+        let _ = std::fs::remove_file(&log);
+        let mut args = vec![
+            "--name".to_owned(),
+            name.to_owned(),
+            "--csi-endpoint".to_owned(),
+            dir.join("csi.sock").display().to_string(),
+            "--registration-dir".to_owned(),
+            node.agent_root.join("plugins_registry").display().to_string(),
+        ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let proc = testenv::process::Proc::start(name, &bin, &args, &log)?;
+        Ok(Self { proc, log })
+    }
+
+    /// Waits until the driver's log has a line starting with `prefix`; returns that line.
+    async fn logged(&self, prefix: &str, timeout: Duration) -> anyhow::Result<String> {
+        wait_for(&format!("the driver to log {prefix:?}"), timeout, || async {
+            Ok(std::fs::read_to_string(&self.log)
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with(prefix))
+                .map(str::to_owned))
+        })
+        .await
+        .with_context(|| format!("driver log:\n{}", testenv::process::log_tail(&self.log, 20)))
+    }
+}
+
+async fn csi_node_driver(node: &RealNode, name: &str) -> anyhow::Result<Option<CSINodeDriver>> {
+    let api: Api<CSINode> = Api::all(node.cp.admin_client().await?);
+    Ok(api
+        .get_opt(NODE)
+        .await?
+        .and_then(|c| c.spec.drivers.into_iter().find(|d| d.name == name)))
+}
+
+fn node_ids(node: &Node) -> serde_json::Value {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("csi.volume.kubernetes.io/nodeid"))
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_csi_driver_registers_in_csinode_and_leaves_when_its_socket_goes() -> anyhow::Result<()> {
+    e2e::init_logging();
+    let Some(node) = RealNode::get().await? else {
+        return Ok(());
+    };
+    let admin = node.cp.admin_client().await?;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let csi_nodes: Api<CSINode> = Api::all(admin);
+
+    // the agent creates its CSINode at start, owned by its Node, before any driver registers
+    let csi_node = wait_for("the node's CSINode object", Duration::from_secs(30), || async {
+        Ok(csi_nodes.get_opt(NODE).await?)
+    })
+    .await?;
+    let owner = &csi_node.metadata.owner_references.clone().unwrap_or_default();
+    let uid = nodes.get(NODE).await?.metadata.uid;
+    assert_eq!(
+        owner
+            .iter()
+            .map(|o| (o.kind.as_str(), o.name.as_str(), Some(o.uid.clone())))
+            .collect::<Vec<_>>(),
+        [("Node", NODE, uid)]
+    );
+
+    let name = "csi-mock.node-agent.test";
+    let t0 = Instant::now();
+    let driver = Driver::start(node, name, &["--attach-limit", "7", "--enable-topology"]).await?;
+    driver.logged("serving", Duration::from_secs(20)).await?;
+    assert_eq!(
+        driver.logged("registration: ", Duration::from_secs(20)).await?,
+        "registration: GetInfo"
+    );
+    assert_eq!(
+        driver.logged("registration: ok", Duration::from_secs(20)).await?,
+        "registration: ok"
+    );
+    let entry = wait_for("the driver in CSINode", Duration::from_secs(20), || {
+        csi_node_driver(node, name)
+    })
+    .await?;
+    println!(
+        "[real_node_csi] driver registered and in CSINode {:?} after its start",
+        t0.elapsed()
+    );
+    // the mock answers NodeGetInfo with its own name as node ID, the limit and topology it was given
+    assert_eq!(entry.node_id, name);
+    assert_eq!(entry.topology_keys, Some(vec![TOPOLOGY_KEY.to_owned()]));
+    assert_eq!(entry.allocatable.and_then(|a| a.count), Some(7));
+    let n = nodes.get(NODE).await?;
+    assert_eq!(
+        n.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(TOPOLOGY_KEY))
+            .map(String::as_str),
+        Some(TOPOLOGY_VALUE),
+        "the driver's topology segment is a Node label"
+    );
+    // the other tests' drivers may be registered beside it
+    assert_eq!(node_ids(&n)[name], name);
+
+    // the driver stops and removes its registration socket: the agent removes it from CSINode and the Node's
+    // node IDs; the topology label stays, as the kubelet leaves it
+    let t1 = Instant::now();
+    driver.proc.stop(Duration::from_secs(10)).await?;
+    wait_for(
+        "the driver gone from CSINode",
+        Duration::from_secs(20),
+        || async { Ok(csi_node_driver(node, name).await?.is_none().then_some(())) },
+    )
+    .await?;
+    println!(
+        "[real_node_csi] driver gone from CSINode {:?} after it stopped",
+        t1.elapsed()
+    );
+    let n = nodes.get(NODE).await?;
+    assert_eq!(node_ids(&n).get(name), None);
+    assert!(
+        csi_nodes.get_opt(NODE).await?.is_some(),
+        "the CSINode object stays, with no drivers"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_driver_offering_no_supported_csi_version_is_told_why() -> anyhow::Result<()> {
+    e2e::init_logging();
+    let Some(node) = RealNode::get().await? else {
+        return Ok(());
+    };
+    let name = "csi-future.node-agent.test";
+    let driver = Driver::start(node, name, &["--supported-version", "2.0.0"]).await?;
+    let line = driver
+        .logged("registration: failed", Duration::from_secs(30))
+        .await?;
+    let endpoint = node
+        .agent_root
+        .parent()
+        .context("the node's directory")?
+        .join(format!("csi-{name}/csi.sock"));
+    assert_eq!(
+        line,
+        format!(
+            "registration: failed: plugin validation failed with err: validation failed for CSI Driver {name} at \
+             endpoint {}: CSI driver \"{name}\": none of the versions specified [\"2.0.0\"] are supported",
+            endpoint.display()
+        )
+    );
+    assert_eq!(csi_node_driver(node, name).await?, None);
+    driver.proc.stop(Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// The driver's CSI calls of `method` (its log lines "csi: /csi.v1.Node/<method> <request> -> <outcome>").
+fn calls(driver: &Driver, method: &str) -> Vec<String> {
+    let needle = format!("csi: /csi.v1.Node/{method} ");
+    std::fs::read_to_string(&driver.log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix(&needle).map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_csi_persistent_volume_is_staged_published_used_and_torn_down() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+    use k8s_openapi::api::storage::v1::CSIDriver;
+    use kube::api::{DeleteParams, PostParams};
+
+    e2e::init_logging();
+    let Some(node) = RealNode::get().await? else {
+        return Ok(());
+    };
+    let name = "csi-mock-vol.node-agent.test";
+    // the mock driver without ControllerPublish, and a CSIDriver saying so: no VolumeAttachment to wait for
+    let driver = Driver::start(node, name, &["--disable-attach"]).await?;
+    driver.logged("registration: ok", Duration::from_secs(30)).await?;
+    let admin = node.cp.admin_client().await?;
+    let csi_drivers: Api<CSIDriver> = Api::all(admin.clone());
+    let object: CSIDriver = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"attachRequired": false, "podInfoOnMount": false},
+    }))?;
+    if csi_drivers.get_opt(name).await?.is_none() {
+        csi_drivers.create(&PostParams::default(), &object).await?;
+    }
+    // the mock driver's volume "2" as a PersistentVolume, bound to a claim by name
+    let pv_name = "csi-mock-volume-2";
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "csi": {"driver": name, "volumeHandle": "2", "volumeAttributes": {"purpose": "test"}},
+        },
+    }))?;
+    if pvs.get_opt(pv_name).await?.is_none() {
+        pvs.create(&PostParams::default(), &pv).await?;
+    }
+    let pods = node.namespace("csi-volume").await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "csi-volume");
+    let claim: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv_name,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))?;
+    claims.create(&PostParams::default(), &claim).await?;
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "writer"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": "localhost/busybox:local",
+                "command": ["sh", "-c", "echo written-by-the-pod > /data/file && cat /data/file && sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+        },
+    }))?;
+    let t0 = Instant::now();
+    let created = node.create_pod(&pods, &pod).await?;
+    let uid = created.metadata.uid.clone().context("uid")?;
+    wait_for("the pod Running", Duration::from_secs(90), || async {
+        let p = pods.get("writer").await?;
+        Ok((p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).then_some(()))
+    })
+    .await
+    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    println!(
+        "[real_node_csi] CSI volume pod Running {:?} after its creation",
+        t0.elapsed()
+    );
+
+    // staged at the kubelet's global mount path, published into the pod's volume directory
+    let root = &node.agent_root;
+    let staging = root
+        .join("plugins/kubernetes.io/csi")
+        .join(name)
+        // sha256("2")
+        .join("d4735e3a265e16eee03f59718b9b5d03019c07d8b6c51f90da3a666eec13ab35")
+        .join("globalmount");
+    let target = root
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~csi")
+        .join(pv_name)
+        .join("mount");
+    let staged = calls(&driver, "NodeStageVolume");
+    assert_eq!(staged.len(), 1, "{staged:?}");
+    assert!(
+        staged[0].contains(&format!("\"staging_target_path\":\"{}\"", staging.display())),
+        "{}",
+        staged[0]
+    );
+    assert!(staged[0].ends_with("-> ok"), "{}", staged[0]);
+    let published = calls(&driver, "NodePublishVolume");
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert!(
+        published[0].contains(&format!("\"target_path\":\"{}\"", target.display())),
+        "{}",
+        published[0]
+    );
+    assert!(
+        published[0].contains("\"purpose\":\"test\""),
+        "the volume context: {}",
+        published[0]
+    );
+    let vol_data: serde_json::Value = serde_json::from_slice(&std::fs::read(
+        target.parent().context("parent")?.join("vol_data.json"),
+    )?)?;
+    assert_eq!(vol_data["driverName"], name);
+    assert_eq!(vol_data["volumeHandle"], "2");
+    assert_eq!(vol_data["specVolID"], pv_name);
+    // what the pod wrote is in the published directory (the mock driver publishes a plain directory)
+    let written = wait_for("the pod's file", Duration::from_secs(30), || async {
+        Ok(std::fs::read_to_string(target.join("file")).ok())
+    })
+    .await?;
+    assert_eq!(written, "written-by-the-pod\n");
+
+    // the pod goes: unpublished, then unstaged (no other pod uses the volume), directories removed
+    let t1 = Instant::now();
+    pods.delete("writer", &DeleteParams::default()).await?;
+    wait_for("the volume unstaged", Duration::from_secs(60), || async {
+        Ok(calls(&driver, "NodeUnstageVolume").first().cloned())
+    })
+    .await
+    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    println!(
+        "[real_node_csi] CSI volume unpublished and unstaged {:?} after the pod's deletion",
+        t1.elapsed()
+    );
+    let unpublished = calls(&driver, "NodeUnpublishVolume");
+    assert_eq!(unpublished.len(), 1, "{unpublished:?}");
+    assert!(unpublished[0].contains(&format!("\"target_path\":\"{}\"", target.display())));
+    assert!(
+        calls(&driver, "NodeUnstageVolume")[0]
+            .contains(&format!("\"staging_target_path\":\"{}\"", staging.display()))
+    );
+    assert!(
+        !target.parent().context("parent")?.exists(),
+        "the pod's CSI volume directory is removed"
+    );
+    assert!(!staging.exists(), "the global mount directory is removed");
+    driver.proc.stop(Duration::from_secs(10)).await?;
+    Ok(())
+}
