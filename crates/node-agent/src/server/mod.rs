@@ -65,16 +65,15 @@ pub enum ServerError {
         message: String,
     },
     /// A port could not be bound.
-    #[error("binding {addr} for {what}: {source}")]
+    #[error("binding {addr} for {what}: {error}")]
     Bind {
         /// The address.
         addr: SocketAddr,
         /// What listens there and the settings that chose the address, e.g. "the kubelet API (`address`,
         /// `port`; --address, --port)".
         what: &'static str,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        /// The I/O error (said in the message, so not also a source: a printed chain would say it twice).
+        error: std::io::Error,
     },
 }
 
@@ -191,7 +190,7 @@ impl KubeletServer {
         let listener = bind(addr, what)?;
         let bound = listener
             .local_addr()
-            .map_err(|source| ServerError::Bind { addr, what, source })?;
+            .map_err(|source| ServerError::Bind { addr, what, error: source })?;
         let server = self.clone();
         let agent_stopped = node.ctx.token.clone();
         self.tasks.spawn(async move {
@@ -229,7 +228,7 @@ impl KubeletServer {
         let listener = bind(addr, what)?;
         let bound = listener
             .local_addr()
-            .map_err(|source| ServerError::Bind { addr, what, source })?;
+            .map_err(|source| ServerError::Bind { addr, what, error: source })?;
         let router = self.read_only.clone();
         let token = self.token.clone();
         let tasks = self.tasks.clone();
@@ -330,7 +329,7 @@ const HEALTHZ_PORT: &str = "the healthz endpoint (KubeletConfiguration `healthzB
      --healthz-bind-address, --healthz-port)";
 
 fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpListener, ServerError> {
-    let err = |source| ServerError::Bind { addr, what, source };
+    let err = |source| ServerError::Bind { addr, what, error: source };
     let listener = std::net::TcpListener::bind(addr).map_err(err)?;
     listener.set_nonblocking(true).map_err(err)?;
     tokio::net::TcpListener::from_std(listener).map_err(err)
@@ -373,7 +372,7 @@ impl KubeletServer {
         let listener = bind(addr, what)?;
         let bound = listener
             .local_addr()
-            .map_err(|source| ServerError::Bind { addr, what, source })?;
+            .map_err(|source| ServerError::Bind { addr, what, error: source })?;
         let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let token = self.token.clone();
         self.tasks.spawn(async move {
