@@ -161,10 +161,12 @@ async fn full_disk(node: &RealNode, pods: &Api<Pod>, pods_dir: &Path) -> anyhow:
             let list = events
                 .list(&ListParams::default().fields("involvedObject.name=after"))
                 .await?;
+            // the OS's words, as Go ("no space ...") and Rust ("No space ...") print them
             Ok(list.items.into_iter().find(|e| {
                 e.message
                     .as_deref()
                     .unwrap_or_default()
+                    .to_ascii_lowercase()
                     .contains("no space left on device")
             }))
         },

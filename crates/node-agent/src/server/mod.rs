@@ -188,9 +188,11 @@ impl KubeletServer {
         what: &'static str,
     ) -> Result<SocketAddr, ServerError> {
         let listener = bind(addr, what)?;
-        let bound = listener
-            .local_addr()
-            .map_err(|source| ServerError::Bind { addr, what, error: source })?;
+        let bound = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr,
+            what,
+            error: source,
+        })?;
         let server = self.clone();
         let agent_stopped = node.ctx.token.clone();
         self.tasks.spawn(async move {
@@ -226,9 +228,11 @@ impl KubeletServer {
     pub fn serve_read_only(&self, addr: SocketAddr, node: NodeEndpoint) -> Result<SocketAddr, ServerError> {
         let what = READ_ONLY_PORT;
         let listener = bind(addr, what)?;
-        let bound = listener
-            .local_addr()
-            .map_err(|source| ServerError::Bind { addr, what, error: source })?;
+        let bound = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr,
+            what,
+            error: source,
+        })?;
         let router = self.read_only.clone();
         let token = self.token.clone();
         let tasks = self.tasks.clone();
@@ -329,7 +333,11 @@ const HEALTHZ_PORT: &str = "the healthz endpoint (KubeletConfiguration `healthzB
      --healthz-bind-address, --healthz-port)";
 
 fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpListener, ServerError> {
-    let err = |source| ServerError::Bind { addr, what, error: source };
+    let err = |source| ServerError::Bind {
+        addr,
+        what,
+        error: source,
+    };
     let listener = std::net::TcpListener::bind(addr).map_err(err)?;
     listener.set_nonblocking(true).map_err(err)?;
     tokio::net::TcpListener::from_std(listener).map_err(err)
@@ -370,9 +378,11 @@ impl KubeletServer {
     pub fn serve_healthz(&self, addr: SocketAddr) -> Result<SocketAddr, ServerError> {
         let what = HEALTHZ_PORT;
         let listener = bind(addr, what)?;
-        let bound = listener
-            .local_addr()
-            .map_err(|source| ServerError::Bind { addr, what, error: source })?;
+        let bound = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr,
+            what,
+            error: source,
+        })?;
         let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let token = self.token.clone();
         self.tasks.spawn(async move {

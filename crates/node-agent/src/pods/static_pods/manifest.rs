@@ -413,7 +413,11 @@ mod bad_input_tests {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "web", "namespace": "default"},
-            "spec": {"containers": [{"name": "app", "image": "busybox"}]},
+            "spec": {
+                "restartPolicy": "Always",
+                "hostNetwork": false,
+                "containers": [{"name": "app", "image": "busybox", "command": ["sh"], "ports": []}],
+            },
         })
     }
 
