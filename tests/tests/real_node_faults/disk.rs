@@ -53,11 +53,8 @@ fn fill(dir: &Path) -> anyhow::Result<u64> {
         }
     }
     // the last partial page too
-    loop {
-        match f.write(&[0u8]) {
-            Ok(1) => size += 1,
-            _ => break,
-        }
+    while let Ok(1) = f.write(&[0u8]) {
+        size += 1;
     }
     Ok(size)
 }
