@@ -412,7 +412,7 @@ mod bad_input_tests {
         serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "web", "namespace": "default"},
+            "metadata": {"name": "web", "namespace": "default", "labels": {}},
             "spec": {
                 "restartPolicy": "Always",
                 "hostNetwork": false,
