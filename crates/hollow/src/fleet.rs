@@ -29,6 +29,10 @@ use crate::start_gate::StartGate;
 /// How many started nodes may wait for their registration by default (`--registrations-in-flight`).
 pub const REGISTRATIONS_IN_FLIGHT: usize = 25;
 
+/// What listens on a node's kubelet port, and the flags that choose it.
+const KUBELET_API_PORT: &str =
+    "a node's kubelet API (--serve-kubelet-api on --node-ip, port --kubelet-port + the node's index)";
+
 /// Label every hollow node carries, naming its profile.
 pub const PROFILE_LABEL: &str = "hollow.node-agent.io/profile";
 
@@ -431,7 +435,7 @@ impl NodeFactory {
             let logs = ScriptedLogs::new(move |id| script.container_logs(id).map_err(|e| e.to_string()));
             let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(Arc::new(logs));
             server
-                .serve_node(SocketAddr::new(spec.node_ip, port), endpoint)
+                .serve_node_for(SocketAddr::new(spec.node_ip, port), endpoint, KUBELET_API_PORT)
                 .map_err(|e| FleetError::KubeletApi(format!("node {name}: {e}")))?;
         }
         Ok(FleetNode { name, runtime, agent })

@@ -252,7 +252,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             registry: Some(registry.clone()),
         });
     }
-    let (bound, server) = server::serve(ports.metrics, registry, pod_metrics.clone(), token.clone()).await?;
+    let (bound, server) = server::serve(ports.metrics, registry, pod_metrics.clone(), token.clone())
+        .await
+        .with_context(|| {
+            format!(
+                "listening on {} for /healthz and /metrics (--metrics-address {}, plus --process-index {})",
+                ports.metrics, args.metrics_address, args.process_index
+            )
+        })?;
     tracing::info!(address = %bound, "serving /healthz and /metrics");
 
     let size = PoolSize::for_fleet(

@@ -62,3 +62,69 @@ pub(crate) fn parse(buf: &[u8]) -> (Vec<Entry>, usize) {
     }
     (out, consumed)
 }
+
+#[cfg(test)]
+mod tests {
+    //! Generated input: any bytes (a log file cut anywhere, or not a CRI log at all) and well-formed logs of
+    //! random lines split at random points into partial lines.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn any_bytes_are_parsed_up_to_a_line_end(buf in prop::collection::vec(any::<u8>(), 0..400)) {
+            let (entries, consumed) = parse(&buf);
+            prop_assert!(consumed <= buf.len());
+            prop_assert!(consumed == 0 || buf[consumed - 1] == b'\n');
+            for e in &entries {
+                prop_assert_eq!(e.text.last(), Some(&b'\n'));
+            }
+        }
+
+        #[test]
+        fn lines_split_into_partials_come_back_whole(
+            lines in prop::collection::vec(("[^\n]{0,40}", prop::collection::vec(0usize..40, 0..3)), 1..8),
+            cut in 0usize..2000,
+        ) {
+            let mut log = Vec::new();
+            for (text, splits) in &lines {
+                let bytes = text.as_bytes();
+                let mut points: Vec<usize> = splits.iter().map(|s| s % (bytes.len() + 1)).collect();
+                points.sort_unstable();
+                let mut from = 0;
+                for p in points {
+                    log.extend_from_slice(b"2026-12-06T21:00:00.123456789Z stdout P ");
+                    log.extend_from_slice(&bytes[from..p.max(from)]);
+                    log.push(b'\n');
+                    from = p.max(from);
+                }
+                log.extend_from_slice(b"2026-12-06T21:00:00.123456789Z stdout F ");
+                log.extend_from_slice(&bytes[from..]);
+                log.push(b'\n');
+            }
+            let (entries, consumed) = parse(&log);
+            prop_assert_eq!(consumed, log.len());
+            let got: Vec<Vec<u8>> = entries.into_iter().map(|e| e.text).collect();
+            let want: Vec<Vec<u8>> = lines.iter().map(|(t, _)| [t.as_bytes(), b"\n"].concat()).collect();
+            prop_assert_eq!(&got, &want);
+            // cut anywhere: what is returned is a prefix of the lines, and the rest is left for the next read
+            let cut = cut.min(log.len());
+            let (first, used) = parse(&log[..cut]);
+            let (rest, _) = parse(&log[used..]);
+            let again: Vec<Vec<u8>> = first.into_iter().chain(rest).map(|e| e.text).collect();
+            prop_assert_eq!(again, want);
+        }
+    }
+}

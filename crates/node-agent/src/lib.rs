@@ -35,6 +35,7 @@
 //! * `cri_log` — the CRI container log format.
 //! * [`container_logs`] — rotation of running containers' logs (real nodes).
 //! * [`server`] — the kubelet HTTPS API (authenticated, authorized), the healthz and read-only ports.
+//! * [`state_file`] — state files written atomically (temporary file, flush, rename).
 //! * [`stats`] — node and pod usage (CRI stats, the machine or the synthetic node's capacity).
 //! * [`sysctl`] — sysctl names, namespaces and the allowlist pods are admitted against.
 //! * [`eviction`] — node-pressure eviction: thresholds, pressure conditions, ranking, one eviction per pass.
@@ -72,6 +73,7 @@ pub mod pods;
 pub mod quantity;
 pub mod runtime_health;
 pub mod server;
+pub mod state_file;
 pub mod stats;
 pub mod sysctl;
 

@@ -52,7 +52,16 @@ pub fn client_store(cert_dir: &Path) -> CertStore {
 /// Loads the node's credentials, bootstrapping them first when needed (see the module documentation).
 pub async fn load_or_bootstrap(paths: &CredentialPaths, node: &str) -> Result<ClientCredentials, CertError> {
     let existing = if paths.kubeconfig.exists() {
-        Some(load(&paths.kubeconfig).await?)
+        match load(&paths.kubeconfig).await {
+            Ok(creds) => Some(creds),
+            // a truncated or corrupt certificate or kubeconfig (a crash, a full disk): as the kubelet, bootstrap
+            // again when it can, and otherwise fail naming the file
+            Err(e) if paths.bootstrap_kubeconfig.is_some() => {
+                tracing::warn!(error = %e, "node credentials unusable; TLS bootstrap again");
+                None
+            }
+            Err(e) => return Err(e),
+        }
     } else {
         None
     };
@@ -138,7 +147,13 @@ pub async fn load(path: &Path) -> Result<ClientCredentials, CertError> {
 }
 
 fn identity(auth: &AuthInfo, origin: &Path) -> Result<Option<CertPair>, CertError> {
-    let origin = origin.display().to_string();
+    // a certificate kept in a file of its own is named with it: that file is the one to look at
+    let origin = match &auth.client_certificate {
+        Some(file) if auth.client_certificate_data.is_none() => {
+            format!("{} (client-certificate {file})", origin.display())
+        }
+        _ => origin.display().to_string(),
+    };
     let read = |data: Option<&str>, file: Option<&String>, what: &str| -> Result<Option<String>, CertError> {
         if let Some(data) = data {
             let bytes = base64::engine::general_purpose::STANDARD
@@ -227,7 +242,6 @@ fn write_kubeconfig(bootstrap: &Kubeconfig, path: &Path, pem: &Path) -> Result<(
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| CertError::io(dir, e))?;
     }
-    let staged = path.with_extension("new");
-    std::fs::write(&staged, text).map_err(|e| CertError::io(&staged, e))?;
-    std::fs::rename(&staged, path).map_err(|e| CertError::io(path, e))
+    // it names the node's key: private, and never left half-written
+    crate::state_file::write_atomic(path, text.as_bytes(), 0o600).map_err(|e| CertError::io(path, e))
 }

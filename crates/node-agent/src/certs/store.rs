@@ -3,8 +3,6 @@
 //! atomically), and a key waiting for its first certificate in `<prefix>.key.tmp`, so that an agent restarted
 //! before the cluster answered asks again with the same key.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::{CertError, CertPair};
@@ -89,16 +87,10 @@ impl CertStore {
     }
 }
 
+/// Writes a certificate or key file (mode 0600) atomically: a crash or a full disk leaves the old file or the
+/// new one, never a truncated one.
 fn write_private(path: &Path, data: &[u8]) -> Result<(), CertError> {
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| CertError::io(path, e))?;
-    file.write_all(data).map_err(|e| CertError::io(path, e))?;
-    file.sync_all().map_err(|e| CertError::io(path, e))
+    crate::state_file::write_atomic(path, data, 0o600).map_err(|e| CertError::io(path, e))
 }
 
 /// `2026-11-24-12-30-05` for that UTC time.

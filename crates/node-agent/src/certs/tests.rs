@@ -147,3 +147,60 @@ fn the_store_keeps_dated_files_and_points_current_at_the_newest() {
         key.subject_public_key_info()
     );
 }
+
+#[tokio::test]
+async fn a_truncated_certificate_is_refused_naming_the_kubeconfig_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CertStore::new(dir.path().join("pki"), "kubelet-client");
+    let (c, k) = cert(time::OffsetDateTime::now_utc(), 3);
+    let current = store.save(&CertPair::parse(&c, &k, "t").unwrap()).unwrap();
+    // what a crash in the middle of an in-place write would have left
+    let text = std::fs::read_to_string(&current).unwrap();
+    let target = current.with_file_name(std::fs::read_link(&current).unwrap());
+    std::fs::write(&target, &text[..text.len() / 2]).unwrap();
+    let err = store.load().unwrap_err().to_string();
+    assert!(err.contains("kubelet-client-current.pem"), "{err}");
+
+    let kubeconfig = dir.path().join("kubelet.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n\
+             users:\n- name: u\n  user:\n    client-certificate: {0}\n    client-key: {0}\n\
+             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+            current.display()
+        ),
+    )
+    .unwrap();
+    let paths = bootstrap::CredentialPaths {
+        kubeconfig: kubeconfig.clone(),
+        bootstrap_kubeconfig: None,
+        cert_dir: dir.path().join("pki"),
+    };
+    let err = bootstrap::load_or_bootstrap(&paths, "node-a")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&kubeconfig.display().to_string()), "{err}");
+    assert!(
+        err.contains(&format!("client-certificate {}", current.display())),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_corrupt_pending_key_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CertStore::new(dir.path(), "kubelet-client");
+    std::fs::write(
+        dir.path().join("kubelet-client.key.tmp"),
+        "-----BEGIN PRIVATE KEY-----\nAAAA",
+    )
+    .unwrap();
+    let key = store.pending_key().unwrap();
+    assert_eq!(
+        store.pending_key().unwrap().subject_public_key_info(),
+        key.subject_public_key_info(),
+        "the new key is kept for the next start"
+    );
+}

@@ -26,6 +26,8 @@ pub struct ShutdownGroup {
 }
 
 #[cfg(test)]
+mod bad_input_tests;
+#[cfg(test)]
 mod docs_tests;
 pub mod duration;
 mod effect;

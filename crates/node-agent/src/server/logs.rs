@@ -212,7 +212,8 @@ impl LogOptions {
                 if s < 1 {
                     return Err(invalid("sinceSeconds", s, "must be greater than 0"));
                 }
-                o.since = Some(now - time::Duration::seconds(s));
+                // further back than time can say: every line (a subtraction that overflowed panicked here)
+                o.since = now.checked_sub(time::Duration::seconds(s));
             }
             (None, t) => o.since = t,
         }

@@ -31,6 +31,9 @@ mod stream_proxy;
 pub mod streaming;
 pub mod tls;
 
+#[cfg(test)]
+mod bad_input_tests;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -62,13 +65,15 @@ pub enum ServerError {
         message: String,
     },
     /// A port could not be bound.
-    #[error("binding {addr}: {source}")]
+    #[error("binding {addr} for {what}: {error}")]
     Bind {
         /// The address.
         addr: SocketAddr,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        /// What listens there and the settings that chose the address, e.g. "the kubelet API (`address`,
+        /// `port`; --address, --port)".
+        what: &'static str,
+        /// The I/O error (said in the message, so not also a source: a printed chain would say it twice).
+        error: std::io::Error,
     },
 }
 
@@ -171,10 +176,23 @@ impl KubeletServer {
     /// Listens on `addr` for `node` (HTTPS, authenticated and authorized) until the server's token or the
     /// node's agent stops; returns the bound address. Must be called inside a tokio runtime.
     pub fn serve_node(&self, addr: SocketAddr, node: NodeEndpoint) -> Result<SocketAddr, ServerError> {
-        let listener = bind(addr)?;
-        let bound = listener
-            .local_addr()
-            .map_err(|source| ServerError::Bind { addr, source })?;
+        self.serve_node_for(addr, node, KUBELET_PORT)
+    }
+
+    /// [`KubeletServer::serve_node`], a failure to listen naming `what` listens there (and the settings that
+    /// chose the address).
+    pub fn serve_node_for(
+        &self,
+        addr: SocketAddr,
+        node: NodeEndpoint,
+        what: &'static str,
+    ) -> Result<SocketAddr, ServerError> {
+        let listener = bind(addr, what)?;
+        let bound = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr,
+            what,
+            error: source,
+        })?;
         let server = self.clone();
         let agent_stopped = node.ctx.token.clone();
         self.tasks.spawn(async move {
@@ -208,10 +226,13 @@ impl KubeletServer {
     /// Listens on `addr` for `node` over plain HTTP with no authentication, serving the read-only paths
     /// (`readOnlyPort`). Must be called inside a tokio runtime.
     pub fn serve_read_only(&self, addr: SocketAddr, node: NodeEndpoint) -> Result<SocketAddr, ServerError> {
-        let listener = bind(addr)?;
-        let bound = listener
-            .local_addr()
-            .map_err(|source| ServerError::Bind { addr, source })?;
+        let what = READ_ONLY_PORT;
+        let listener = bind(addr, what)?;
+        let bound = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr,
+            what,
+            error: source,
+        })?;
         let router = self.read_only.clone();
         let token = self.token.clone();
         let tasks = self.tasks.clone();
@@ -302,8 +323,21 @@ impl KubeletServer {
     }
 }
 
-fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, ServerError> {
-    let err = |source| ServerError::Bind { addr, source };
+/// What listens on the kubelet port, and the settings that choose its address.
+pub const KUBELET_PORT: &str =
+    "the kubelet API (KubeletConfiguration `address` and `port`; --address, --port)";
+/// What listens on the read-only port, and the settings that choose its address.
+const READ_ONLY_PORT: &str = "the read-only kubelet API (KubeletConfiguration `address` and `readOnlyPort`; --address, --read-only-port)";
+/// What listens on the healthz port, and the settings that choose its address.
+const HEALTHZ_PORT: &str = "the healthz endpoint (KubeletConfiguration `healthzBindAddress` and `healthzPort`; \
+     --healthz-bind-address, --healthz-port)";
+
+fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpListener, ServerError> {
+    let err = |source| ServerError::Bind {
+        addr,
+        what,
+        error: source,
+    };
     let listener = std::net::TcpListener::bind(addr).map_err(err)?;
     listener.set_nonblocking(true).map_err(err)?;
     tokio::net::TcpListener::from_std(listener).map_err(err)
@@ -342,10 +376,13 @@ impl KubeletServer {
     /// Serves plain-HTTP `/healthz` (answering `ok`) on `addr` until the server's token fires; returns the bound
     /// address.
     pub fn serve_healthz(&self, addr: SocketAddr) -> Result<SocketAddr, ServerError> {
-        let listener = bind(addr)?;
-        let bound = listener
-            .local_addr()
-            .map_err(|source| ServerError::Bind { addr, source })?;
+        let what = HEALTHZ_PORT;
+        let listener = bind(addr, what)?;
+        let bound = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr,
+            what,
+            error: source,
+        })?;
         let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let token = self.token.clone();
         self.tasks.spawn(async move {
@@ -426,7 +463,7 @@ mod tests {
     use crate::testing::TestRuntime;
 
     /// A node whose API requests never get an answer.
-    fn endpoint() -> NodeEndpoint {
+    pub(super) fn endpoint() -> NodeEndpoint {
         let service = tower::service_fn(|_req: http::Request<kube::client::Body>| {
             std::future::pending::<Result<http::Response<kube::client::Body>, Infallible>>()
         });

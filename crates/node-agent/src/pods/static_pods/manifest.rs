@@ -362,3 +362,100 @@ mod tests {
         assert_eq!(decode(&list, false).unwrap_err().field, "kind");
     }
 }
+
+#[cfg(test)]
+mod bad_input_tests {
+    //! Generated bad manifests: any text, and a valid pod with one field set to a value of a random shape.
+    //! Nothing panics, and a refusal names the field at fault.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// A value of any shape, near and far from what the fields want.
+    fn value() -> impl Strategy<Value = serde_json::Value> {
+        prop_oneof![
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<bool>().prop_map(serde_json::Value::from),
+            Just(serde_json::Value::Null),
+            "[a-z0-9.-]{0,70}".prop_map(serde_json::Value::from),
+            "\\PC{0,20}".prop_map(serde_json::Value::from),
+            prop::collection::vec("[a-z]{0,5}", 0..3).prop_map(|v| serde_json::json!(v)),
+            Just(serde_json::json!({"x": 1})),
+        ]
+    }
+
+    /// Where the value goes (a JSON pointer into the manifest) and the field path a refusal names.
+    const PLACES: &[(&str, &str)] = &[
+        ("/metadata/name", "metadata.name"),
+        ("/metadata/namespace", "metadata.namespace"),
+        ("/metadata/labels", "metadata.labels"),
+        ("/spec/containers/0/name", "spec.containers[0].name"),
+        ("/spec/containers/0/image", "spec.containers[0].image"),
+        ("/spec/containers/0/command", "spec.containers[0].command"),
+        ("/spec/containers/0/ports", "spec.containers[0].ports"),
+        ("/spec/containers", "spec.containers"),
+        ("/spec/restartPolicy", "spec.restartPolicy"),
+        ("/spec/hostNetwork", "spec.hostNetwork"),
+        ("/spec", "spec"),
+    ];
+
+    fn base() -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "default", "labels": {}},
+            "spec": {
+                "restartPolicy": "Always",
+                "hostNetwork": false,
+                "containers": [{"name": "app", "image": "busybox", "command": ["sh"], "ports": []}],
+            },
+        })
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn any_text_is_decoded_or_refused_naming_a_field(text in "\\PC{0,200}", lists in any::<bool>()) {
+            match decode(&text, lists) {
+                Ok(pods) => {
+                    for pod in pods {
+                        let _ = prepare(pod, Origin::File("/etc/kubernetes/manifests/gen.yaml"), "n1");
+                    }
+                }
+                Err(e) => prop_assert!(!e.field.is_empty() && !e.message.is_empty(), "{e:?}"),
+            }
+        }
+
+        #[test]
+        fn a_field_of_any_value_is_taken_or_refused_by_name(
+            place in prop::sample::select(PLACES),
+            v in value(),
+        ) {
+            let mut manifest = base();
+            *manifest.pointer_mut(place.0).expect("a place of the base manifest") = v.clone();
+            let text = serde_json::to_string(&manifest).expect("JSON");
+            let result = decode(&text, false).and_then(|pods| {
+                pods.into_iter()
+                    .map(|p| prepare(p, Origin::File("/etc/kubernetes/manifests/gen.yaml"), "n1"))
+                    .collect::<Result<Vec<_>, _>>()
+            });
+            if let Err(e) = result {
+                prop_assert!(
+                    e.field.starts_with(place.1) || place.1.starts_with(e.field.as_str()),
+                    "{} = {v}: refused as {e}",
+                    place.1
+                );
+            }
+        }
+    }
+}

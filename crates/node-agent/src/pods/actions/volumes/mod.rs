@@ -627,8 +627,8 @@ pub async fn etc_hosts(
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        std::fs::write(&path, content)?;
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        // a container may read it the moment it starts: never half-written (a full disk fails the write whole)
+        crate::state_file::write_atomic(&path, content.as_bytes(), 0o644)
     })
     .await?;
     Ok(Some(cri::Mount {
