@@ -56,11 +56,29 @@ pub enum WatchError {
     Decode(#[source] serde_json::Error),
 }
 
-/// A list+watch of the objects of kind `K` matching a field selector.
-pub struct LeanWatch<K> {
+/// Where a watch looks: every namespace (`()`, which costs the long-lived per-node watches no bytes) or the one
+/// a `Box<str>` names.
+pub trait Scope {
+    /// The namespace, or `None` for every namespace (or a cluster-scoped kind).
+    fn namespace(&self) -> Option<&str>;
+}
+
+impl Scope for () {
+    fn namespace(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl Scope for Box<str> {
+    fn namespace(&self) -> Option<&str> {
+        Some(self)
+    }
+}
+
+/// A list+watch of the objects of kind `K` matching a field selector, in scope `S`.
+pub struct LeanWatch<K, S = ()> {
     client: crate::client::ApiClient,
-    /// The namespace watched; `None`: every namespace (or a cluster-scoped kind).
-    namespace: Option<Box<str>>,
+    scope: S,
     selector: Box<str>,
     /// Where to resume; `None`: list (first, or after 410 Gone).
     resource_version: Option<Box<str>>,
@@ -79,15 +97,33 @@ pub struct LeanWatch<K> {
     backoff: Option<Box<Backoff>>,
 }
 
-impl<K> LeanWatch<K>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned,
-{
+impl<K> LeanWatch<K> {
     /// A watch of every `K` (cluster-wide) matching `field_selector` (e.g. `spec.nodeName=n1`).
     pub fn new(client: impl Into<crate::client::ApiClient>, field_selector: impl Into<String>) -> Self {
+        LeanWatch::scoped(client, (), field_selector)
+    }
+}
+
+impl<K> LeanWatch<K, Box<str>> {
+    /// A watch of the `K`s of `namespace` matching `field_selector` (e.g. `metadata.name=settings`).
+    pub fn namespaced(
+        client: impl Into<crate::client::ApiClient>,
+        namespace: &str,
+        field_selector: impl Into<String>,
+    ) -> Self {
+        LeanWatch::scoped(client, namespace.into(), field_selector)
+    }
+}
+
+impl<K, S: Scope> LeanWatch<K, S> {
+    fn scoped(
+        client: impl Into<crate::client::ApiClient>,
+        scope: S,
+        field_selector: impl Into<String>,
+    ) -> Self {
         Self {
             client: client.into(),
-            namespace: None,
+            scope,
             selector: field_selector.into().into_boxed_str(),
             resource_version: None,
             body: None,
@@ -96,21 +132,14 @@ where
             backoff: None,
         }
     }
+}
 
-    /// A watch of the `K`s of `namespace` matching `field_selector` (e.g. `metadata.name=settings`).
-    pub fn namespaced(
-        client: impl Into<crate::client::ApiClient>,
-        namespace: &str,
-        field_selector: impl Into<String>,
-    ) -> Self {
-        Self {
-            namespace: Some(namespace.into()),
-            ..Self::new(client, field_selector)
-        }
-    }
-
+impl<K, S: Scope> LeanWatch<K, S>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned,
+{
     fn path(&self) -> String {
-        K::url_path(&(), self.namespace.as_deref())
+        K::url_path(&(), self.scope.namespace())
     }
 
     /// The field selector it follows.

@@ -103,14 +103,14 @@ impl ObjectWatches {
         let last_read = Arc::new(SyncMutex::new(Instant::now()));
         let task = match kind {
             ObjectKind::ConfigMap => tokio::spawn(run(
-                LeanWatch::<ConfigMap>::namespaced(client, namespace, selector),
+                LeanWatch::<ConfigMap, Box<str>>::namespaced(client, namespace, selector),
                 config_map_data,
                 tx,
                 last_read.clone(),
                 idle,
             )),
             ObjectKind::Secret => tokio::spawn(run(
-                LeanWatch::<Secret>::namespaced(client, namespace, selector),
+                LeanWatch::<Secret, Box<str>>::namespaced(client, namespace, selector),
                 secret_data,
                 tx,
                 last_read.clone(),
@@ -137,7 +137,7 @@ impl Drop for ObjectWatches {
 
 /// Follows one object until no read has asked for it for `idle`.
 async fn run<K>(
-    mut watch: LeanWatch<K>,
+    mut watch: LeanWatch<K, Box<str>>,
     data_of: fn(K) -> ObjectData,
     tx: watch::Sender<Seen>,
     last_read: Arc<SyncMutex<Instant>>,
