@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use e2e::vm::GUEST_SHARE;
 use e2e::{init_logging, wait_for};
-use harness::{AGENT_LOG, NODE, VmNode};
+use harness::{AGENT_LOG, NODE, NodeSetup, VmNode};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Api;
 use kube::api::ListParams;
@@ -155,7 +155,12 @@ async fn wait_ready(node: &VmNode, nodes: &Api<Node>, what: &str) -> anyhow::Res
 #[tokio::test]
 async fn a_service_restart_keeps_pods_and_a_reboot_shuts_them_down_by_priority() -> anyhow::Result<()> {
     init_logging();
-    let Some(node) = VmNode::get().await? else {
+    let Some(node) = VmNode::get(NodeSetup {
+        systemd: false,
+        config: "",
+    })
+    .await?
+    else {
         return Ok(());
     };
     let admin = node.cp.admin_client().await?;

@@ -412,6 +412,8 @@ impl NodeFactory {
             root_dir: None,
             // nor cgroups: the machine's are never touched by a hollow node
             cgroups: None,
+            // nor CSI drivers: no plugin registers on a hollow node
+            csi_drivers: None,
         };
         let mut builder = Agent::builder(config, self.pool.for_agent(index), Arc::new(runtime.clone()))
             .pods(pods)
