@@ -259,7 +259,14 @@ pub async fn qos_pods_run_in_their_cgroups(node: &VmNode, pods: &Api<Pod>, tag: 
         "an OOM kill takes all of the container's processes, as the kubelet asks on v2"
     );
 
-    // the figures the node serves, read by the runtime and the agent from the v2 files
+    // the figures the node serves, read by the runtime and the agent from the v2 files; with the systemd driver
+    // containers' figures do not reach the summary yet (docs/features.md says so), so only cgroupfs is held to it
+    if node.setup.systemd {
+        println!(
+            "[{tag}] /stats/summary not checked: containers' figures under the systemd driver are a known gap"
+        );
+        return Ok(());
+    }
     let port = Api::<Node>::all(node.cp.admin_client().await?)
         .get(NODE)
         .await?

@@ -3,7 +3,8 @@
 //! * [`images`] — pulling a container's image per `imagePullPolicy` ([`pull_gate`] paces pulls,
 //!   [`pull_secrets`] finds credentials).
 //! * [`volumes`] — setting up and tearing down the volumes a node provides itself; [`objects`] reads the
-//!   ConfigMaps, Secrets and tokens they name, through [`object_watches`] or [`read_cache`].
+//!   ConfigMaps, Secrets and tokens they name, through [`object_watches`] or [`read_cache`] ([`object_data`]: what
+//!   such an object holds).
 //! * [`env`](mod@env) — a container's environment, command and arguments ([`service_links`] adds the Services).
 //! * [`action`] — one probe or lifecycle-hook action (exec, HTTP, TCP, gRPC, sleep).
 //! * [`kill`] — stopping containers and pods.
@@ -15,6 +16,7 @@ pub(crate) mod context;
 pub(crate) mod env;
 pub(crate) mod images;
 pub(crate) mod kill;
+pub(crate) mod object_data;
 pub(crate) mod object_watches;
 pub mod objects;
 pub mod pull_gate;

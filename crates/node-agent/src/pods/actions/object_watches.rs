@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::density::lean_watch::{Change, LeanWatch};
 use crate::density::watch;
-use crate::pods::actions::objects::{ObjectData, ObjectError, ObjectKind, config_map_data, secret_data};
+use crate::pods::actions::object_data::{ObjectData, ObjectError, ObjectKind, config_map_data, secret_data};
 
 /// What a watch knows of its object.
 #[derive(Debug, Clone)]

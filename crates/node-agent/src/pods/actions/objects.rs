@@ -21,7 +21,6 @@
 //! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports; a
 //! list read before a pod was created is read again for it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,11 +38,10 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::api::{ApiCalls, is_not_found};
+pub use crate::pods::actions::object_data::{ObjectData, ObjectError, ObjectKind};
+use crate::pods::actions::object_data::{config_map_data, secret_data};
 use crate::pods::actions::object_watches::ObjectWatches;
 use crate::pods::actions::read_cache::ReadCache;
-
-/// The keys and values of a ConfigMap (`data` and `binaryData`) or a Secret.
-pub type ObjectData = BTreeMap<String, Vec<u8>>;
 
 /// How pods' ConfigMaps and Secrets are read (`configMapAndSecretChangeDetectionStrategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,68 +52,6 @@ pub enum ChangeDetection {
     Cache,
     /// Each object followed by a watch of its own (the kubelet's default).
     Watch,
-}
-
-/// The content of a ConfigMap: `data`, then `binaryData`.
-pub(crate) fn config_map_data(cm: ConfigMap) -> ObjectData {
-    let mut data: ObjectData = cm
-        .data
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (k, v.into_bytes()))
-        .collect();
-    data.extend(
-        cm.binary_data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, v.0)),
-    );
-    data
-}
-
-/// The content of a Secret: `data` (and `stringData`, write-only, which an object that skipped the API server
-/// may carry).
-pub(crate) fn secret_data(s: Secret) -> ObjectData {
-    let mut data: ObjectData = s
-        .data
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (k, v.0))
-        .collect();
-    data.extend(
-        s.string_data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, v.into_bytes())),
-    );
-    data
-}
-
-/// A ConfigMap or a Secret.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ObjectKind {
-    /// `configmaps`.
-    ConfigMap,
-    /// `secrets`.
-    Secret,
-}
-
-impl ObjectKind {
-    /// The kind as the kubelet's messages name it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::ConfigMap => "ConfigMap",
-            Self::Secret => "Secret",
-        }
-    }
-
-    /// The API resource, as in `configmaps "x" not found`.
-    pub fn resource(self) -> &'static str {
-        match self {
-            Self::ConfigMap => "configmaps",
-            Self::Secret => "secrets",
-        }
-    }
 }
 
 /// A token request for a pod.
@@ -188,11 +124,6 @@ fn shared_links(links: Vec<ServiceLink>) -> Arc<[ServiceLink]> {
     static LINKS: crate::density::intern::Interner<[ServiceLink]> = crate::density::intern::Interner::new();
     LINKS.intern_slice(links)
 }
-
-/// Why an object could not be read.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct ObjectError(pub String);
 
 /// Where a pod's referenced objects come from.
 #[async_trait]
