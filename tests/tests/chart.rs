@@ -97,7 +97,12 @@ async fn chart_renders_and_the_api_server_accepts_it() -> anyhow::Result<()> {
         .iter()
         .find(|r| r["resources"][0] == "secrets")
         .context("rbac.podSecrets grants secrets")?;
-    assert_eq!(secrets_rule["verbs"], serde_json::json!(["get"]));
+    // get for the pods' Secret volumes and env, list and watch for the per-object watches of the `Watch`
+    // change-detection strategy
+    assert_eq!(
+        secrets_rule["verbs"],
+        serde_json::json!(["get", "list", "watch"])
+    );
 
     let cp = testenv::shared().await?;
     let applied = dry_run(cp, "default", &rendered)?;
