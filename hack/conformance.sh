@@ -339,6 +339,7 @@ run_agent() {
     kubelet) agent_bin=$kubelet_bin ;;
     *) die "unknown agent $agent (node-agent or kubelet)" ;;
   esac
+  log "$agent: removing the previous run's files, reading the node's iptables chains"
   rm -rf "$dir"; mkdir -p "$dir"/{root,pod-logs,report}
   cp_dir="$dir/control-plane"; cri_dir="$dir/cri"
   for s in "${SYSCTLS[@]}"; do saved_sysctls+=("$s=$(cat "/proc/sys/$s" 2>/dev/null)"); done
@@ -487,6 +488,7 @@ done
 
 build
 if [ "$cmd" = build ]; then echo "$test_bin"; exit 0; fi
+log "the suite's programs and images are ready"
 
 [ "$(id -u)" = 0 ] || die "run as root (containerd, the agents' cgroups and the node IP need it)"
 if [ "$subset" = 1 ]; then
