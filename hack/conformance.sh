@@ -320,7 +320,8 @@ remove_chain() {
   "$1" -w 5 -t "$2" -F "$3" 2>/dev/null; "$1" -w 5 -t "$2" -X "$3" 2>/dev/null
 }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=hack/agent-node.sh
+. "$root/hack/agent-node.sh"
 
 # launcher_of FILE: the launcher PID a control plane recorded in its control-plane.json
 launcher_of() {
@@ -396,42 +397,8 @@ run_agent() {
 
   # the agent: one KubeletConfiguration for both (as the kubelet benchmark's), its API on the node IP with a
   # serving certificate for that IP from the cluster CA
-  local port healthz
-  port=$(free_port); healthz=$(free_port)
-  openssl req -new -newkey rsa:2048 -nodes -keyout "$dir/serving.key" -subj "/CN=$node@serving" -out "$dir/serving.csr" 2>/dev/null
-  printf 'subjectAltName=IP:%s,IP:127.0.0.1,DNS:%s\nextendedKeyUsage=serverAuth\n' "$node_ip" "$node" > "$dir/serving.ext"
-  openssl x509 -req -in "$dir/serving.csr" -CA "$cp_dir/pki/ca.crt" -CAkey "$cp_dir/pki/ca.key" -CAcreateserial \
-    -days 2 -extfile "$dir/serving.ext" -out "$dir/serving.crt" 2>/dev/null
-  for h in /sys/fs/cgroup/*/; do
-    [ -L "${h%/}" ] && continue
-    mkdir -p "$h$cgroup_root"
-    for f in cpuset.cpus cpuset.mems; do [ -f "$h$f" ] && cat "$h$f" > "$h$cgroup_root/$f"; done
-  done
-  cat > "$dir/kubelet-config.yaml" <<CONF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: $node_ip
-port: $port
-healthzBindAddress: 127.0.0.1
-healthzPort: $healthz
-readOnlyPort: 0
-tlsCertFile: $dir/serving.crt
-tlsPrivateKeyFile: $dir/serving.key
-authentication:
-  x509:
-    clientCAFile: $cp_dir/pki/ca.crt
-containerRuntimeEndpoint: unix://$cri_dir/containerd.sock
-cgroupDriver: cgroupfs
-cgroupRoot: /$cgroup_root
-failCgroupV1: false
-podLogsDir: $dir/pod-logs
-clusterDNS: [10.96.0.10]
-clusterDomain: cluster.local
-evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}
-# the specs' images are imported, not pulled (there is no registry): image GC off, as it would remove them on a
-# machine whose disk is fuller than the default 85 %
-imageGCHighThresholdPercent: 100
-CONF
+  agent_cgroup_root "$cgroup_root"
+  agent_config "$dir" "$node" "$node_ip" "$cp_dir" "$cri_dir" "$cgroup_root"
   node_kc=$("$testenv_bin" node-kubeconfig --dir "$cp_dir" --node "$node")
   log "$agent: starting $agent_bin as node $node on $node_ip"
   "$agent_bin" --config "$dir/kubelet-config.yaml" --kubeconfig "$node_kc" --root-dir "$dir/root" \

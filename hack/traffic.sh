@@ -94,52 +94,21 @@ kubectl="$k8s_bin/kubectl --kubeconfig $cp_dir/admin.kubeconfig"
 for _ in $(seq 1 60); do $kubectl get --raw /readyz >/dev/null 2>&1 && break; sleep 1; done
 $kubectl get --raw /readyz >/dev/null || die "the API server is not ready"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=hack/agent-node.sh
+. "$root/hack/agent-node.sh"
 
 # start_real AGENT BINARY NODE_IP SUBNET BRIDGE: a containerd of its own and AGENT on it as node traffic-AGENT
 start_real() {
   local agent=$1 binary=$2 node_ip=$3 subnet=$4 bridge=$5 node="traffic-$1" dir="$out/$1"
-  local cri_dir="$dir/cri" cgroup_root="node-agent-traffic-$1" port healthz node_kc
+  local cri_dir="$dir/cri" cgroup_root="node-agent-traffic-$1" node_kc
   mkdir -p "$dir/root" "$dir/pod-logs"
   cri_dirs+=("$cri_dir"); bridges+=("$bridge"); cgroup_roots+=("$cgroup_root")
   ip -4 addr show dev lo | grep -q "inet $node_ip/" || { ip addr add "$node_ip/32" dev lo; ips+=("$node_ip"); }
   log "$agent: containerd 1.6 (bridge $bridge, pod subnet $subnet)"
   NA_CRI_DIR=$cri_dir NA_CRI_SUBNET=$subnet NA_CRI_BRIDGE=$bridge bash "$root/tests/containerd/setup.sh" \
     >"$dir/containerd-setup.log" 2>&1 || die "containerd did not start: $(tail -5 "$dir/containerd-setup.log")"
-  for h in /sys/fs/cgroup/*/; do
-    [ -L "${h%/}" ] && continue
-    mkdir -p "$h$cgroup_root"
-    for f in cpuset.cpus cpuset.mems; do [ -f "$h$f" ] && cat "$h$f" > "$h$cgroup_root/$f"; done
-  done
-  port=$(free_port); healthz=$(free_port)
-  openssl req -new -newkey rsa:2048 -nodes -keyout "$dir/serving.key" -subj "/CN=$node@serving" \
-    -out "$dir/serving.csr" 2>/dev/null
-  printf 'subjectAltName=IP:%s,DNS:%s\nextendedKeyUsage=serverAuth\n' "$node_ip" "$node" > "$dir/serving.ext"
-  openssl x509 -req -in "$dir/serving.csr" -CA "$cp_dir/pki/ca.crt" -CAkey "$cp_dir/pki/ca.key" -CAcreateserial \
-    -days 2 -extfile "$dir/serving.ext" -out "$dir/serving.crt" 2>/dev/null
-  cat > "$dir/kubelet-config.yaml" <<CONF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: $node_ip
-port: $port
-healthzBindAddress: 127.0.0.1
-healthzPort: $healthz
-readOnlyPort: 0
-tlsCertFile: $dir/serving.crt
-tlsPrivateKeyFile: $dir/serving.key
-authentication:
-  x509:
-    clientCAFile: $cp_dir/pki/ca.crt
-containerRuntimeEndpoint: unix://$cri_dir/containerd.sock
-cgroupDriver: cgroupfs
-cgroupRoot: /$cgroup_root
-failCgroupV1: false
-podLogsDir: $dir/pod-logs
-clusterDNS: [10.96.0.10]
-clusterDomain: cluster.local
-evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}
-imageGCHighThresholdPercent: 100
-CONF
+  agent_cgroup_root "$cgroup_root"
+  agent_config "$dir" "$node" "$node_ip" "$cp_dir" "$cri_dir" "$cgroup_root"
   node_kc=$("$testenv_bin" node-kubeconfig --dir "$cp_dir" --node "$node")
   log "$agent: node $node on $node_ip"
   "$binary" --config "$dir/kubelet-config.yaml" --kubeconfig "$node_kc" --root-dir "$dir/root" \
