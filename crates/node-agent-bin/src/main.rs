@@ -170,12 +170,13 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let node = config.node_name.clone();
     let (serving_host, serving_ip) = (config.hostname.clone(), config.node_ip);
     let csi_drivers = pods.csi_drivers.clone().unwrap_or_default();
+    let host = node_agent::stats::host::RealHost::new(&flags.root_dir).with_pod_cgroups(pods.cgroups.clone());
     let mut builder = Agent::builder(config, client, runtime)
         .token(token.clone())
         .metrics(metrics)
         .pods(pods);
     if flags.runtime == RuntimeKind::Remote {
-        builder = builder.host_stats(Arc::new(node_agent::stats::host::RealHost::new(&flags.root_dir)));
+        builder = builder.host_stats(Arc::new(host));
     }
     let agent = builder.build()?.start();
     tracing::info!(%node, "node agent started");

@@ -259,14 +259,8 @@ pub async fn qos_pods_run_in_their_cgroups(node: &VmNode, pods: &Api<Pod>, tag: 
         "an OOM kill takes all of the container's processes, as the kubelet asks on v2"
     );
 
-    // the figures the node serves, read by the runtime and the agent from the v2 files; with the systemd driver
-    // containers' figures do not reach the summary yet (docs/features.md says so), so only cgroupfs is held to it
-    if node.setup.systemd {
-        println!(
-            "[{tag}] /stats/summary not checked: containers' figures under the systemd driver are a known gap"
-        );
-        return Ok(());
-    }
+    // the figures the node serves, read from the v2 files by the runtime (cgroupfs driver) or by the agent from
+    // the pod's slice and its containers' scopes (systemd driver: containerd finds no sandbox cgroup there)
     let port = Api::<Node>::all(node.cp.admin_client().await?)
         .get(NODE)
         .await?
@@ -297,6 +291,47 @@ pub async fn qos_pods_run_in_their_cgroups(node: &VmNode, pods: &Api<Pod>, tag: 
         },
     )
     .await?;
+    let pod = summary["pods"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["podRef"]["uid"] == g_uid.as_str())
+        .context("the guaranteed pod in the summary")?;
+    println!(
+        "[{tag}] guaranteed pod: working set {} bytes, cpu {} core-ns; container {}: working set {} bytes, cpu {} \
+         core-ns",
+        pod["memory"]["workingSetBytes"],
+        pod["cpu"]["usageCoreNanoSeconds"],
+        pod["containers"][0]["name"],
+        pod["containers"][0]["memory"]["workingSetBytes"],
+        pod["containers"][0]["cpu"]["usageCoreNanoSeconds"],
+    );
+    assert!(
+        pod["memory"]["workingSetBytes"].as_u64().unwrap_or(0) > 0,
+        "the pod's own working set: {pod}"
+    );
+    let (status, metrics) = e2e::kubelet_api::get(node.cp, port, "/metrics/resource").await?;
+    anyhow::ensure!(status == 200, "/metrics/resource: {status} {metrics}");
+    let series = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("pod=\"guaranteed\""))
+            .map(str::to_owned)
+    };
+    for name in [
+        "container_memory_working_set_bytes",
+        "container_cpu_usage_seconds_total",
+        "pod_memory_working_set_bytes",
+    ] {
+        let line = series(name).with_context(|| format!("{name} of the guaranteed pod in:\n{metrics}"))?;
+        println!("[{tag}] {line}");
+        let value: f64 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("the value of {line}"))?;
+        assert!(value > 0.0, "{line}");
+    }
     let node_ws = summary["node"]["memory"]["workingSetBytes"].as_u64().unwrap_or(0);
     let total = summary["node"]["memory"]["availableBytes"].as_u64().unwrap_or(0) + node_ws;
     println!("[{tag}] node memory working set {node_ws} of {total} bytes");

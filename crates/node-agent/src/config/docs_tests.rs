@@ -186,7 +186,8 @@ failSwapOn: true
 cgroupDriver: cgroupfs
 cgroupsPerQOS: true
 cgroupRoot: /
-featureGates: {SomeGate: true}
+featureGates: {SomeGate: true, QOSReserved: true}
+qosReserved: {memory: 50%}
 "#;
 
 /// Runs `args` (plus `--config <file with text>`) through the binary's loading path.

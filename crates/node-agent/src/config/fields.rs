@@ -41,6 +41,13 @@ pub(crate) const PARTIAL: &[Partial] = &[
                   limit or an emptyDir over its sizeLimit is not evicted",
         on: |k| k.local_storage_capacity_isolation,
     },
+    Partial {
+        field: "qosReserved",
+        missing: "validated and, as by the kubelet, not applied while the alpha QOSReserved feature gate is off; \
+                  with the gate on the kubelet limits the burstable and besteffort QoS cgroups' memory, node-agent \
+                  does not",
+        on: |k| k.qos_reserved_memory.is_some() && k.feature_gates.get("QOSReserved") == Some(&true),
+    },
 ];
 
 /// Fields the upstream kubelet reads that this agent accepts without acting on them (a host-level or cgroup
@@ -72,7 +79,6 @@ pub(crate) const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
     "memoryThrottlingFactor",
     "preloadedImagesVerificationAllowlist",
     "protectKernelDefaults",
-    "qosReserved",
     "reservedMemory",
     "reservedSystemCPUs",
     "runOnce",
@@ -177,4 +183,5 @@ pub(crate) const KNOWN_FIELDS: &[&str] = &[
     "cgroupsPerQOS",
     "cgroupRoot",
     "featureGates",
+    "qosReserved",
 ];

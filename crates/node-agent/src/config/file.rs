@@ -297,6 +297,8 @@ pub(crate) struct FileConfig {
     pub cgroup_root: Option<String>,
     #[serde(default)]
     pub feature_gates: Option<BTreeMap<String, bool>>,
+    #[serde(default, rename = "qosReserved")]
+    pub qos_reserved: Option<BTreeMap<String, String>>,
 }
 
 /// A parsed file plus the names of fields that were accepted without effect.

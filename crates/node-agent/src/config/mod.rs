@@ -362,6 +362,10 @@ pub struct KubeletConfig {
     pub cgroup_root: String,
     /// Feature gates as given.
     pub feature_gates: BTreeMap<String, bool>,
+    /// `qosReserved`: the percentage of the Guaranteed and Burstable pods' memory requests kept from the lower QoS
+    /// classes. Validated as the kubelet validates it; the kubelet applies it only with its alpha `QOSReserved`
+    /// feature gate on (off by default), which node-agent does not implement (warned about then).
+    pub qos_reserved_memory: Option<i64>,
 }
 
 impl Default for KubeletConfig {

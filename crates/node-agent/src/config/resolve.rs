@@ -336,6 +336,7 @@ pub(crate) fn resolve(
             format!("{cgroup_driver:?} must be cgroupfs or systemd"),
         ),
     }
+    let qos_reserved_memory = qos_reserved(&mut c, f.qos_reserved.as_ref());
     let cgroup_root = f
         .cgroup_root
         .clone()
@@ -538,6 +539,7 @@ pub(crate) fn resolve(
         cgroups_per_qos: f.cgroups_per_qos.unwrap_or(true),
         cgroup_root,
         feature_gates: f.feature_gates.clone().unwrap_or_default(),
+        qos_reserved_memory,
     };
     if c.errors.is_empty() {
         Ok(config)
@@ -698,4 +700,28 @@ fn container_log_rotation(c: &mut Check, f: &FileConfig) -> ContainerLogs {
         max_workers,
         monitor_interval,
     }
+}
+
+/// `qosReserved` as the kubelet parses it at start (whatever its feature gate): only `memory`, as a whole
+/// percentage from 0% to 100%.
+fn qos_reserved(c: &mut Check<'_>, given: Option<&BTreeMap<String, String>>) -> Option<i64> {
+    let mut memory = None;
+    for (resource, value) in given.into_iter().flatten() {
+        if resource != "memory" {
+            c.err("qosReserved", format!("cannot reserve {resource:?} resource"));
+            continue;
+        }
+        match value
+            .strip_suffix('%')
+            .and_then(|n| n.parse::<i64>().ok())
+            .filter(|p| (0..=100).contains(p))
+        {
+            Some(p) => memory = Some(p),
+            None => c.err(
+                "qosReserved",
+                format!("{value:?} for \"memory\" must be a percentage between 0% and 100%"),
+            ),
+        }
+    }
+    memory
 }

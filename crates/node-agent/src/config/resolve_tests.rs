@@ -78,6 +78,29 @@ fn an_unknown_cgroup_driver_and_a_relative_cgroup_root_are_refused_by_name() {
 }
 
 #[test]
+fn qos_reserved_is_a_memory_percentage_as_the_kubelet_parses_it() {
+    assert_eq!(from_yaml("").unwrap().qos_reserved_memory, None);
+    let c = from_yaml("qosReserved: {memory: 50%}\n").unwrap();
+    assert_eq!(c.qos_reserved_memory, Some(50));
+    assert_eq!(
+        from_yaml("qosReserved: {memory: 0%}\n")
+            .unwrap()
+            .qos_reserved_memory,
+        Some(0)
+    );
+    for bad in [
+        "{cpu: 50%}",
+        "{memory: '50'}",
+        "{memory: 101%}",
+        "{memory: 1.5%}",
+        "{memory: 100Mi}",
+    ] {
+        let e = from_yaml(&format!("qosReserved: {bad}\n")).unwrap_err();
+        assert_eq!(e.fields(), vec!["qosReserved"], "{bad}: {e}");
+    }
+}
+
+#[test]
 fn report_frequency_follows_an_explicit_update_frequency() {
     let c = from_yaml("nodeStatusUpdateFrequency: 20s\n").unwrap();
     assert_eq!(c.node_status_report_frequency, Duration::from_secs(20));

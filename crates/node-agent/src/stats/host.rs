@@ -1,14 +1,22 @@
 //! Node figures read from this machine (real mode): memory from the root memory cgroup (cgroup v1), the root
-//! cgroup's `memory.stat` (cgroup v2) or `/proc/meminfo`, filesystems by `statvfs`, processes from `/proc`.
+//! cgroup's `memory.stat` (cgroup v2) or `/proc/meminfo`, filesystems by `statvfs`, processes from `/proc`; and,
+//! on a cgroup v2 host with the pods' cgroups, the figures of a pod the runtime gives none for from its cgroup
+//! ([`super::cgroup`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use super::cgroup::{CgroupReader, PodCgroupUsage};
 use super::{FsStats, HostStats};
+use crate::pods::runtime::cgroups::QosCgroups;
 
 /// This machine, for an agent whose root directory is `root_dir`.
 #[derive(Debug, Clone)]
 pub struct RealHost {
     root_dir: PathBuf,
+    /// The pods' cgroups (`cgroupsPerQOS`), where pod figures can be read from.
+    pod_cgroups: Option<Arc<QosCgroups>>,
+    reader: Arc<CgroupReader>,
 }
 
 impl RealHost {
@@ -16,7 +24,15 @@ impl RealHost {
     pub fn new(root_dir: impl Into<PathBuf>) -> Self {
         Self {
             root_dir: root_dir.into(),
+            pod_cgroups: None,
+            reader: Arc::default(),
         }
+    }
+
+    /// Reads the figures of pods the runtime gives none for from their cgroups in `cgroups` (cgroup v2 only).
+    pub fn with_pod_cgroups(mut self, cgroups: Option<Arc<QosCgroups>>) -> Self {
+        self.pod_cgroups = cgroups;
+        self
     }
 }
 
@@ -113,6 +129,11 @@ impl HostStats for RealHost {
             .parse()
             .ok()?;
         Some((max, total))
+    }
+
+    fn pod_cgroup(&self, uid: &str, containers: &[(String, String)], now_ns: i64) -> Option<PodCgroupUsage> {
+        let dir = self.pod_cgroups.as_ref()?.pod_dir_v2(uid)?;
+        self.reader.pod(&dir, containers, now_ns)
     }
 }
 

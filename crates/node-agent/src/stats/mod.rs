@@ -12,8 +12,11 @@
 //!   containers' writable layers — plus a [`Baseline`] for what a machine runs besides its pods, so that a node
 //!   without pods reports non-zero CPU and memory as a kubelet does (metrics-server drops a node reporting 0).
 //!
-//! The node's CPU is its pods' plus what [`HostStats::cpu_besides_pods`] adds.
+//! The node's CPU is its pods' plus what [`HostStats::cpu_besides_pods`] adds. A ready pod the runtime gives no
+//! figures for (containerd under the systemd cgroup driver, see [`cgroup`]) gets them from its cgroup where the
+//! host can read it ([`HostStats::pod_cgroup`]).
 
+pub mod cgroup;
 pub mod host;
 
 use std::sync::Arc;
@@ -168,6 +171,16 @@ pub trait HostStats: Send + Sync {
     /// far, added to the pods'.
     fn cpu_besides_pods(&self, _now_ns: i64) -> (u64, u64) {
         (0, 0)
+    }
+    /// The figures of pod `uid`, which the runtime gave none for, read from its cgroup at `now_ns` (Unix
+    /// nanoseconds), with those of its running containers `(name, id)`; `None` where they cannot be read here.
+    fn pod_cgroup(
+        &self,
+        _uid: &str,
+        _containers: &[(String, String)],
+        _now_ns: i64,
+    ) -> Option<cgroup::PodCgroupUsage> {
+        None
     }
 }
 
@@ -352,8 +365,108 @@ impl StatsProvider {
                 containers: usage,
             });
         }
+        self.pods_from_cgroups(&sandboxes, &containers, &mut pods).await;
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         Ok(pods)
+    }
+
+    /// Adds the ready pods the runtime gave no figures for, with figures from their cgroups where the host reads
+    /// them (their containers' writable layers from `ListContainerStats`; no network figures).
+    async fn pods_from_cgroups(
+        &self,
+        sandboxes: &[cri::PodSandbox],
+        containers: &[cri::Container],
+        pods: &mut Vec<PodUsage>,
+    ) {
+        let now = now_ns();
+        let mut added = Vec::new();
+        for sb in sandboxes
+            .iter()
+            .filter(|sb| sb.state == cri::PodSandboxState::SandboxReady as i32)
+        {
+            let Some(meta) = &sb.metadata else { continue };
+            if pods.iter().any(|p| p.uid == meta.uid) {
+                continue;
+            }
+            let running: Vec<&cri::Container> = containers
+                .iter()
+                .filter(|c| {
+                    c.pod_sandbox_id == sb.id && c.state == cri::ContainerState::ContainerRunning as i32
+                })
+                .collect();
+            let ids: Vec<(String, String)> = running
+                .iter()
+                .filter_map(|c| Some((c.metadata.as_ref()?.name.clone(), c.id.clone())))
+                .collect();
+            let Some(usage) = self.host.pod_cgroup(&meta.uid, &ids, now) else {
+                continue;
+            };
+            let containers = usage
+                .containers
+                .iter()
+                .map(|(name, u)| {
+                    let c = running
+                        .iter()
+                        .find(|c| c.metadata.as_ref().is_some_and(|m| &m.name == name));
+                    ContainerUsage {
+                        name: name.clone(),
+                        start_ns: c.map_or(0, |c| c.created_at),
+                        time_ns: u.time_ns,
+                        nano_cores: u.nano_cores,
+                        core_nanos: u.core_nanos,
+                        working_set: u.working_set,
+                        memory_usage: u.memory_usage,
+                        rss: u.rss,
+                        rootfs_bytes: 0,
+                    }
+                })
+                .collect();
+            added.push((
+                ids,
+                PodUsage {
+                    name: meta.name.clone(),
+                    namespace: meta.namespace.clone(),
+                    uid: meta.uid.clone(),
+                    start_ns: sb.created_at,
+                    time_ns: usage.pod.time_ns,
+                    nano_cores: usage.pod.nano_cores,
+                    core_nanos: usage.pod.core_nanos,
+                    working_set: usage.pod.working_set,
+                    rx_bytes: 0,
+                    tx_bytes: 0,
+                    processes: usage.pod.processes,
+                    containers,
+                },
+            ));
+        }
+        if added.is_empty() {
+            return;
+        }
+        let layers = match self
+            .runtime
+            .list_container_stats(cri::ListContainerStatsRequest { filter: None })
+            .await
+        {
+            Ok(r) => r.stats,
+            Err(error) => {
+                tracing::debug!(%error, "ListContainerStats failed; writable layers not known");
+                Vec::new()
+            }
+        };
+        for (ids, mut pod) in added {
+            for c in &mut pod.containers {
+                let Some((_, id)) = ids.iter().find(|(name, _)| *name == c.name) else {
+                    continue;
+                };
+                c.rootfs_bytes = layers
+                    .iter()
+                    .find(|s| s.attributes.as_ref().is_some_and(|a| &a.id == id))
+                    .map_or(0, |s| {
+                        v(s.writable_layer.as_ref().and_then(|w| w.used_bytes.as_ref()))
+                    });
+            }
+            pods.push(pod);
+        }
     }
 
     /// What the runtime's images use (`ImageFsInfo`) and where they are.

@@ -470,6 +470,20 @@ impl QosCgroups {
         }
     }
 
+    /// The directory of pod `uid`'s cgroup in the unified hierarchy of a cgroup v2 host, whatever its QoS class,
+    /// where it exists (the pod's figures are read there when the runtime gives none). Blocking (a stat or
+    /// three).
+    pub fn pod_dir_v2(&self, uid: &str) -> Option<PathBuf> {
+        if !self.v2 {
+            return None;
+        }
+        let h = self.hierarchies.first()?;
+        [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort]
+            .into_iter()
+            .map(|qos| self.dir(h, &self.pod_name(qos, uid)))
+            .find(|dir| dir.is_dir())
+    }
+
     /// The pod's cgroup name: `…/kubepods[/burstable|/besteffort]/pod<uid>`.
     fn pod_name(&self, qos: QosClass, uid: &str) -> String {
         match qos {
