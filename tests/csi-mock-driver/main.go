@@ -50,9 +50,13 @@ func (r *registrar) NotifyRegistrationStatus(ctx context.Context, s *registerapi
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
-// logCalls prints each CSI call and its outcome, so a test sees what the node asked for.
+// logCalls prints each CSI call and its outcome, so a test sees what the node asked for. The mock publishes an
+// ephemeral volume without making its target directory; a driver mounts something there, so this makes it.
 func logCalls(ctx context.Context, req interface{}, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (interface{}, error) {
 	rsp, err := handler(ctx, req)
+	if p, ok := req.(interface{ GetTargetPath() string }); ok && err == nil && info.FullMethod == "/csi.v1.Node/NodePublishVolume" {
+		_ = os.MkdirAll(p.GetTargetPath(), 0o755)
+	}
 	body, _ := json.Marshal(req)
 	if err != nil {
 		fmt.Printf("csi: %s %s -> error: %v\n", info.FullMethod, body, err)

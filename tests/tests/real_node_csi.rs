@@ -662,12 +662,25 @@ async fn an_inline_csi_volume_with_fs_group_and_volume_stats() -> anyhow::Result
     let t0 = Instant::now();
     let created = node.create_pod(&pods, &pod).await?;
     let uid = created.metadata.uid.clone().context("uid")?;
-    wait_for("the pod Running", Duration::from_secs(90), || async {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), ns);
+    let running = wait_for("the pod Running", Duration::from_secs(90), || async {
         let p = pods.get("inline").await?;
         Ok((p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).then_some(()))
     })
-    .await
-    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    .await;
+    if let Err(e) = running {
+        let seen: Vec<String> = events
+            .list(&kube::api::ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|e| format!("{:?}: {:?}", e.reason, e.message))
+            .collect();
+        anyhow::bail!(
+            "{e:#}\nevents: {seen:#?}\ndriver log:\n{}",
+            testenv::process::log_tail(&driver.log, 20)
+        );
+    }
     println!(
         "[real_node_csi] inline CSI volume pod Running {:?} after its creation",
         t0.elapsed()
@@ -703,7 +716,19 @@ async fn an_inline_csi_volume_with_fs_group_and_volume_stats() -> anyhow::Result
         let written = wait_for("the pod's file", Duration::from_secs(30), || async {
             Ok(std::fs::metadata(dir.join("file")).ok())
         })
-        .await?;
+        .await;
+        let written = match written {
+            Ok(w) => w,
+            Err(e) => {
+                let logs = node.kubelet_get(&format!("/containerLogs/{ns}/inline/main")).await?;
+                let meta = std::fs::metadata(&dir).map(|m| (m.uid(), m.gid(), format!("{:o}", m.mode())));
+                let status = pods.get("inline").await?.status;
+                anyhow::bail!(
+                    "{e:#} in {}: {meta:?}\ncontainer log: {logs:?}\nstatus: {status:?}",
+                    dir.display()
+                );
+            }
+        };
         assert_eq!(std::fs::metadata(&dir)?.gid(), 4321, "{}", dir.display());
         assert_eq!((written.uid(), written.gid()), (1000, 4321), "{}", dir.display());
     }

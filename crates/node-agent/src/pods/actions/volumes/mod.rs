@@ -135,6 +135,9 @@ fn host_path(
         .pods_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/pods"));
+    if let VolumeSource::Csi(_) = &*v.source {
+        return csi::publish_path(&pod_dir(&root, &pod.uid), &v.name);
+    }
     if let Some(bound) = vols.and_then(|vols| vols.claim(index)) {
         return match bound.source.path() {
             Some(path) => PathBuf::from(path),
