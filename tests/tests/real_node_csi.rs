@@ -413,7 +413,8 @@ async fn node_volumes(node: &RealNode) -> anyhow::Result<(Vec<String>, Vec<Strin
 }
 
 #[tokio::test]
-async fn an_attachable_csi_volume_waits_for_the_real_attacher_and_is_detached_after_the_pod() -> anyhow::Result<()> {
+async fn an_attachable_csi_volume_waits_for_the_real_attacher_and_is_detached_after_the_pod()
+-> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
     use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
     use kube::api::{DeleteParams, ListParams, PostParams};
@@ -431,7 +432,10 @@ async fn an_attachable_csi_volume_waits_for_the_real_attacher_and_is_detached_af
         "csi-attacher",
         &attacher_binary().await?,
         &[
-            format!("--csi-address={}", driver.log.with_file_name("csi.sock").display()),
+            format!(
+                "--csi-address={}",
+                driver.log.with_file_name("csi.sock").display()
+            ),
             format!("--kubeconfig={}", node.cp.admin_kubeconfig().display()),
             "--leader-election=false".to_owned(),
             "--timeout=30s".to_owned(),
@@ -524,12 +528,18 @@ async fn an_attachable_csi_volume_waits_for_the_real_attacher_and_is_detached_af
     assert_eq!(metadata.get("device").map(String::as_str), Some("/dev/mock"));
     let published = controller_calls(&driver, "ControllerPublishVolume");
     assert!(
-        published.iter().any(|c| c.contains(&format!("\"node_id\":\"{name}\"")) && c.ends_with("-> ok")),
+        published
+            .iter()
+            .any(|c| c.contains(&format!("\"node_id\":\"{name}\"")) && c.ends_with("-> ok")),
         "{published:?}"
     );
     let staged = calls(&driver, "NodeStageVolume");
     assert_eq!(staged.len(), 1, "{staged:?}");
-    assert!(staged[0].contains("\"device\":\"/dev/mock\""), "the publish context: {}", staged[0]);
+    assert!(
+        staged[0].contains("\"device\":\"/dev/mock\""),
+        "the publish context: {}",
+        staged[0]
+    );
     assert!(staged[0].ends_with("-> ok"), "{}", staged[0]);
     let vol_data: serde_json::Value = serde_json::from_slice(&std::fs::read(
         node.agent_root
@@ -546,14 +556,18 @@ async fn an_attachable_csi_volume_waits_for_the_real_attacher_and_is_detached_af
     assert!(attached.contains(&unique), "volumesAttached {attached:?}");
     // the controller's event on the pod
     let events: Api<Event> = Api::namespaced(admin.clone(), ns);
-    let attach_event = wait_for("the SuccessfulAttachVolume event", Duration::from_secs(30), || async {
-        Ok(events
-            .list(&ListParams::default().fields("involvedObject.name=attached"))
-            .await?
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("SuccessfulAttachVolume")))
-    })
+    let attach_event = wait_for(
+        "the SuccessfulAttachVolume event",
+        Duration::from_secs(30),
+        || async {
+            Ok(events
+                .list(&ListParams::default().fields("involvedObject.name=attached"))
+                .await?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("SuccessfulAttachVolume")))
+        },
+    )
     .await?;
     assert_eq!(
         attach_event.message.as_deref(),
@@ -571,20 +585,29 @@ async fn an_attachable_csi_volume_waits_for_the_real_attacher_and_is_detached_af
     let not_in_use = t1.elapsed();
     assert_eq!(calls(&driver, "NodeUnstageVolume").len(), 1);
     wait_for("the VolumeAttachment gone", Duration::from_secs(120), || async {
-        Ok(attachments.get_opt(&attachment_name).await?.is_none().then_some(()))
+        Ok(attachments
+            .get_opt(&attachment_name)
+            .await?
+            .is_none()
+            .then_some(()))
     })
     .await
     .with_context(|| format!("attacher log:\n{}", testenv::process::log_tail(&attacher_log, 20)))?;
-    wait_for("the volume gone from volumesAttached", Duration::from_secs(60), || async {
-        Ok((!node_volumes(node).await?.1.contains(&unique)).then_some(()))
-    })
+    wait_for(
+        "the volume gone from volumesAttached",
+        Duration::from_secs(60),
+        || async { Ok((!node_volumes(node).await?.1.contains(&unique)).then_some(())) },
+    )
     .await?;
     println!(
         "[real_node_csi] after the pod's deletion: volume not in use {not_in_use:?}, detached {:?}",
         t1.elapsed()
     );
     let unpublished = controller_calls(&driver, "ControllerUnpublishVolume");
-    assert!(unpublished.iter().any(|c| c.ends_with("-> ok")), "{unpublished:?}");
+    assert!(
+        unpublished.iter().any(|c| c.ends_with("-> ok")),
+        "{unpublished:?}"
+    );
     attacher.stop(Duration::from_secs(10)).await?;
     driver.proc.stop(Duration::from_secs(10)).await?;
     Ok(())
@@ -685,7 +708,11 @@ async fn an_inline_csi_volume_with_fs_group_and_volume_stats() -> anyhow::Result
         "[real_node_csi] inline CSI volume pod Running {:?} after its creation",
         t0.elapsed()
     );
-    let volumes = node.agent_root.join("pods").join(&uid).join("volumes/kubernetes.io~csi");
+    let volumes = node
+        .agent_root
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~csi");
     let scratch = volumes.join("scratch/mount");
     // the inline volume: published, never staged, under the kubelet's handle, with the pod's details
     let published = calls(&driver, "NodePublishVolume");
@@ -708,9 +735,16 @@ async fn an_inline_csi_volume_with_fs_group_and_volume_stats() -> anyhow::Result
     assert_eq!(vol_data["volumeLifecycleMode"], "Ephemeral");
     let handle = vol_data["volumeHandle"].as_str().context("handle")?.to_owned();
     assert!(handle.starts_with("csi-") && handle.len() == 68, "{handle}");
-    assert!(inline.contains(&format!("\"volume_id\":\"{handle}\"")), "{inline}");
+    assert!(
+        inline.contains(&format!("\"volume_id\":\"{handle}\"")),
+        "{inline}"
+    );
     let staged = calls(&driver, "NodeStageVolume");
-    assert_eq!(staged.len(), 1, "only the persistent volume is staged: {staged:?}");
+    assert_eq!(
+        staged.len(),
+        1,
+        "only the persistent volume is staged: {staged:?}"
+    );
     // the pod's fsGroup on both published directories; the user wrote to both
     for dir in [scratch.clone(), volumes.join(pv_name).join("mount")] {
         let written = wait_for("the pod's file", Duration::from_secs(30), || async {
@@ -720,7 +754,9 @@ async fn an_inline_csi_volume_with_fs_group_and_volume_stats() -> anyhow::Result
         let written = match written {
             Ok(w) => w,
             Err(e) => {
-                let logs = node.kubelet_get(&format!("/containerLogs/{ns}/inline/main")).await?;
+                let logs = node
+                    .kubelet_get(&format!("/containerLogs/{ns}/inline/main"))
+                    .await?;
                 let meta = std::fs::metadata(&dir).map(|m| (m.uid(), m.gid(), format!("{:o}", m.mode())));
                 let status = pods.get("inline").await?.status;
                 anyhow::bail!(
@@ -747,7 +783,10 @@ async fn an_inline_csi_volume_with_fs_group_and_volume_stats() -> anyhow::Result
         .with_context(|| format!("the claim's volume in {pod_stats}"))?;
     // the mock driver's volumes hold 100 GiB
     assert_eq!(data["capacityBytes"], 100u64 << 30, "{data}");
-    assert_eq!(data["pvcRef"], serde_json::json!({"name": "data", "namespace": ns}));
+    assert_eq!(
+        data["pvcRef"],
+        serde_json::json!({"name": "data", "namespace": ns})
+    );
     assert!(!calls(&driver, "NodeGetVolumeStats").is_empty());
     let (code, metrics) = node.kubelet_get("/metrics").await?;
     assert_eq!(code, 200);
@@ -760,11 +799,15 @@ async fn an_inline_csi_volume_with_fs_group_and_volume_stats() -> anyhow::Result
     // the pod goes: the inline volume is unpublished
     let t1 = Instant::now();
     pods.delete("inline", &DeleteParams::default()).await?;
-    wait_for("the inline volume unpublished", Duration::from_secs(60), || async {
-        Ok(calls(&driver, "NodeUnpublishVolume")
-            .into_iter()
-            .find(|c| c.contains(&format!("\"target_path\":\"{}\"", scratch.display()))))
-    })
+    wait_for(
+        "the inline volume unpublished",
+        Duration::from_secs(60),
+        || async {
+            Ok(calls(&driver, "NodeUnpublishVolume")
+                .into_iter()
+                .find(|c| c.contains(&format!("\"target_path\":\"{}\"", scratch.display()))))
+        },
+    )
     .await
     .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
     wait_for("the claim's volume unstaged", Duration::from_secs(60), || async {

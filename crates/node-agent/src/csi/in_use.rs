@@ -35,7 +35,8 @@ impl Default for VolumesInUse {
 impl VolumesInUse {
     /// Pod `uid` uses volume `name`.
     pub fn add(&self, name: &str, uid: &str) {
-        self.0.send_if_modified(|set| set.entry(name.to_owned()).or_default().insert(uid.to_owned()));
+        self.0
+            .send_if_modified(|set| set.entry(name.to_owned()).or_default().insert(uid.to_owned()));
     }
 
     /// Pod `uid` uses none of its volumes any more (they are torn down).
@@ -83,7 +84,12 @@ impl VolumesInUse {
                 let Ok(data) = serde_json::from_slice::<serde_json::Value>(&text) else {
                     continue;
                 };
-                let field = |k: &str| data.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+                let field = |k: &str| {
+                    data.get(k)
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default()
+                        .to_owned()
+                };
                 if field("attachmentID").is_empty() {
                     continue;
                 }
@@ -122,7 +128,11 @@ mod tests {
     fn published_attached_volumes_on_disk_are_in_use_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let write = |uid: &str, volume: &str, data: serde_json::Value| {
-            let d = dir.path().join(uid).join("volumes/kubernetes.io~csi").join(volume);
+            let d = dir
+                .path()
+                .join(uid)
+                .join("volumes/kubernetes.io~csi")
+                .join(volume);
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join("vol_data.json"), data.to_string()).unwrap();
         };
@@ -132,7 +142,11 @@ mod tests {
             serde_json::json!({"driverName": "d", "volumeHandle": "1", "attachmentID": "csi-abc"}),
         );
         // not attachable: not reported
-        write("uid-2", "pv-2", serde_json::json!({"driverName": "d", "volumeHandle": "2"}));
+        write(
+            "uid-2",
+            "pv-2",
+            serde_json::json!({"driverName": "d", "volumeHandle": "2"}),
+        );
         let set = VolumesInUse::default();
         set.seed_from_disk(dir.path());
         assert_eq!(set.names(), [unique_name("d", "1")]);

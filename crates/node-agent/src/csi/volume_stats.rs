@@ -150,26 +150,47 @@ async fn volume_usage(drivers: &CsiDrivers, v: &PublishedVolume) -> Result<Optio
                 usage.used_bytes = n(u.used);
                 usage.available_bytes = n(u.available);
             }
-            Ok(csi::volume_usage::Unit::Inodes) => usage.inodes = Some((n(u.total), n(u.available), n(u.used))),
+            Ok(csi::volume_usage::Unit::Inodes) => {
+                usage.inodes = Some((n(u.total), n(u.available), n(u.used)))
+            }
             _ => {}
         }
     }
     Ok(Some(usage))
 }
 
+/// A gauge family: its name's suffix, its help and its value for a volume (`None`: not reported).
+type Family = (&'static str, &'static str, fn(&VolumeUsage) -> Option<u64>);
+
 /// The `kubelet_volume_stats_*` gauges (Prometheus text) of the claims' volumes in `usages`.
 pub fn metrics_text(usages: &[VolumeUsage]) -> String {
     use std::fmt::Write as _;
-    let claims: Vec<(&VolumeUsage, &(String, String))> =
-        usages.iter().filter_map(|u| Some((u, u.claim.as_ref()?))).collect();
+    let claims: Vec<(&VolumeUsage, &(String, String))> = usages
+        .iter()
+        .filter_map(|u| Some((u, u.claim.as_ref()?)))
+        .collect();
     let mut out = String::new();
-    let families: [(&str, &str, fn(&VolumeUsage) -> Option<u64>); 6] = [
-        ("capacity_bytes", "Capacity in bytes of the volume", |u| Some(u.capacity_bytes)),
-        ("available_bytes", "Number of available bytes in the volume", |u| Some(u.available_bytes)),
-        ("used_bytes", "Number of used bytes in the volume", |u| Some(u.used_bytes)),
-        ("inodes", "Maximum number of inodes in the volume", |u| u.inodes.map(|i| i.0)),
-        ("inodes_free", "Number of free inodes in the volume", |u| u.inodes.map(|i| i.1)),
-        ("inodes_used", "Number of used inodes in the volume", |u| u.inodes.map(|i| i.2)),
+    let families: [Family; 6] = [
+        ("capacity_bytes", "Capacity in bytes of the volume", |u| {
+            Some(u.capacity_bytes)
+        }),
+        (
+            "available_bytes",
+            "Number of available bytes in the volume",
+            |u| Some(u.available_bytes),
+        ),
+        ("used_bytes", "Number of used bytes in the volume", |u| {
+            Some(u.used_bytes)
+        }),
+        ("inodes", "Maximum number of inodes in the volume", |u| {
+            u.inodes.map(|i| i.0)
+        }),
+        ("inodes_free", "Number of free inodes in the volume", |u| {
+            u.inodes.map(|i| i.1)
+        }),
+        ("inodes_used", "Number of used inodes in the volume", |u| {
+            u.inodes.map(|i| i.2)
+        }),
     ];
     if claims.is_empty() {
         return out;
@@ -216,9 +237,18 @@ mod tests {
              # TYPE kubelet_volume_stats_capacity_bytes gauge\n\
              kubelet_volume_stats_capacity_bytes{namespace=\"ns\",persistentvolumeclaim=\"claim-1\"} 100\n"
         ));
-        assert!(text.contains("kubelet_volume_stats_available_bytes{namespace=\"ns\",persistentvolumeclaim=\"claim-1\"} 90\n"));
-        assert!(!text.contains("kubelet_volume_stats_inodes{"), "no inode figures reported: {text}");
-        assert_eq!(text.matches("} 5\n").count(), 0, "the inline volume has no claim: {text}");
+        assert!(text.contains(
+            "kubelet_volume_stats_available_bytes{namespace=\"ns\",persistentvolumeclaim=\"claim-1\"} 90\n"
+        ));
+        assert!(
+            !text.contains("kubelet_volume_stats_inodes{"),
+            "no inode figures reported: {text}"
+        );
+        assert_eq!(
+            text.matches("} 5\n").count(),
+            0,
+            "the inline volume has no claim: {text}"
+        );
         assert_eq!(metrics_text(&usages[1..]), "");
     }
 }

@@ -266,7 +266,12 @@ impl NodeStatusManager {
     }
 
     /// The parts of the status that only change with the runtime's version/handlers (or never).
-    fn static_status(&self, health: &RuntimeHealth, volumes_in_use: Option<Vec<String>>, status: &mut NodeStatus) {
+    fn static_status(
+        &self,
+        health: &RuntimeHealth,
+        volumes_in_use: Option<Vec<String>>,
+        status: &mut NodeStatus,
+    ) {
         let cfg = &self.config;
         // the kubelet's `volumesInUse`; `volumesAttached` is the attach/detach controller's and never written here
         status.volumes_in_use = volumes_in_use;
@@ -469,7 +474,7 @@ impl NodeStatusManager {
         };
         if plan.static_part {
             let volumes = self.volumes_in_use();
-        self.static_status(&health, volumes.clone(), &mut status);
+            self.static_status(&health, volumes.clone(), &mut status);
         }
         if plan.images
             && let Some(held) = &self.images

@@ -174,11 +174,11 @@ async fn metrics(State(shared): State<Arc<Shared>>, Extension(node): Extension<N
                 body.insert_str(end, &volumes);
             }
             (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-            body,
-        )
-            .into_response()
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                body,
+            )
+                .into_response()
         }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }

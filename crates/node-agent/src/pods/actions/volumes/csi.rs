@@ -289,7 +289,9 @@ fn write_json(path: &Path, value: &impl Serialize) -> Result<(), String> {
 }
 
 /// Runs the file work `f` on the blocking pool.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, String> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(e.to_string()))
@@ -655,7 +657,8 @@ pub(crate) async fn set_up(
         .csi_driver(&source.driver)
         .await
         .map_err(|e| SetUpError::Waiting(format!("reading CSIDriver {}: {}", source.driver, e.0)))?;
-    check_lifecycle(object.as_ref(), source).map_err(|e| SetUpError::Waiting(format!("kubernetes.io/csi: {e}")))?;
+    check_lifecycle(object.as_ref(), source)
+        .map_err(|e| SetUpError::Waiting(format!("kubernetes.io/csi: {e}")))?;
     let attachment = attachment(ctx, drivers, pod, object.as_ref(), source).await?;
     let fs_group = super::fs_group(pod).map_err(SetUpError::Failed)?;
     let mut context = source.attributes.clone();
@@ -703,13 +706,18 @@ pub(crate) async fn set_up(
     if !applies_fs_group(object.as_ref(), source, read_only) {
         return Ok(());
     }
-    let on_root_mismatch = pod.security.as_deref().is_some_and(|s| s.fs_group_on_root_mismatch);
+    let on_root_mismatch = pod
+        .security
+        .as_deref()
+        .is_some_and(|s| s.fs_group_on_root_mismatch);
     blocking(move || {
-        let keep = on_root_mismatch && ownership::root_matches(&target, gid, false).map_err(|e| e.to_string())?;
+        let keep =
+            on_root_mismatch && ownership::root_matches(&target, gid, false).map_err(|e| e.to_string())?;
         if keep {
             return Ok(());
         }
-        ownership::set(&target, gid, false).map_err(|e| format!("applyFSGroup failed for {}: {e}", target.display()))
+        ownership::set(&target, gid, false)
+            .map_err(|e| format!("applyFSGroup failed for {}: {e}", target.display()))
     })
     .await
     .map_err(|e| SetUpError::Failed(format!("kubernetes.io/csi: {e}")))
@@ -792,7 +800,9 @@ mod tests {
         let plain = driver(serde_json::json!({}));
         assert_eq!(
             check_lifecycle(Some(&plain), &inline),
-            Err("volume mode \"Ephemeral\" not supported by driver d (only supports [\"Persistent\"])".into())
+            Err(
+                "volume mode \"Ephemeral\" not supported by driver d (only supports [\"Persistent\"])".into()
+            )
         );
         let both = driver(serde_json::json!({"volumeLifecycleModes": ["Persistent", "Ephemeral"]}));
         assert_eq!(check_lifecycle(Some(&both), &inline), Ok(()));
@@ -809,7 +819,11 @@ mod tests {
         assert!(applies_fs_group(None, &ext4_rwo, false));
         assert!(!applies_fs_group(None, &no_fs_type, false));
         assert!(!applies_fs_group(None, &ext4_rwx, false));
-        assert!(applies_fs_group(Some(&policy("ReadWriteOnceWithFSType")), &ext4_rwo, false));
+        assert!(applies_fs_group(
+            Some(&policy("ReadWriteOnceWithFSType")),
+            &ext4_rwo,
+            false
+        ));
         assert!(applies_fs_group(Some(&policy("File")), &no_fs_type, false));
         assert!(applies_fs_group(Some(&policy("File")), &ext4_rwx, false));
         assert!(!applies_fs_group(Some(&policy("None")), &ext4_rwo, false));
@@ -819,7 +833,10 @@ mod tests {
 
     #[test]
     fn an_inline_volume_has_the_kubelets_handle() {
-        assert_eq!(inline_handle("uid-1", "scratch"), format!("csi-{}", sha256("uid-1scratch")));
+        assert_eq!(
+            inline_handle("uid-1", "scratch"),
+            format!("csi-{}", sha256("uid-1scratch"))
+        );
         let inline = InlineCsi {
             driver: "d".into(),
             read_only: false,
