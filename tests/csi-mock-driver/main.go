@@ -50,9 +50,19 @@ func (r *registrar) NotifyRegistrationStatus(ctx context.Context, s *registerapi
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
-// logCalls prints each CSI call and its outcome, so a test sees what the node asked for.
+// logCalls prints each CSI call and its outcome, so a test sees what the node asked for. The mock publishes an
+// ephemeral volume without making its target directory and leaves it when unpublishing; a driver mounts something
+// there and unmounts it, so this makes the directory and removes it.
 func logCalls(ctx context.Context, req interface{}, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (interface{}, error) {
 	rsp, err := handler(ctx, req)
+	if p, ok := req.(interface{ GetTargetPath() string }); ok && err == nil {
+		switch info.FullMethod {
+		case "/csi.v1.Node/NodePublishVolume":
+			_ = os.MkdirAll(p.GetTargetPath(), 0o755)
+		case "/csi.v1.Node/NodeUnpublishVolume":
+			_ = os.RemoveAll(p.GetTargetPath())
+		}
+	}
 	body, _ := json.Marshal(req)
 	if err != nil {
 		fmt.Printf("csi: %s %s -> error: %v\n", info.FullMethod, body, err)

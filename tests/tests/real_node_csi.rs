@@ -373,3 +373,452 @@ async fn a_csi_persistent_volume_is_staged_published_used_and_torn_down() -> any
     driver.proc.stop(Duration::from_secs(10)).await?;
     Ok(())
 }
+
+/// The external attacher (`hack/build-external-attacher.sh` builds it on first use and caches it).
+async fn attacher_binary() -> anyhow::Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-external-attacher.sh");
+    let built = tokio::task::spawn_blocking(move || std::process::Command::new("bash").arg(script).output())
+        .await??;
+    anyhow::ensure!(
+        built.status.success(),
+        "building the external attacher: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Ok(PathBuf::from(String::from_utf8(built.stdout)?.trim()))
+}
+
+/// The driver's CSI calls of the Controller service's `method`.
+fn controller_calls(driver: &Driver, method: &str) -> Vec<String> {
+    let needle = format!("csi: /csi.v1.Controller/{method} ");
+    std::fs::read_to_string(&driver.log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix(&needle).map(str::to_owned))
+        .collect()
+}
+
+/// The Node's `volumesInUse` and the names in its `volumesAttached`.
+async fn node_volumes(node: &RealNode) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let nodes: Api<Node> = Api::all(node.cp.admin_client().await?);
+    let status = nodes.get(NODE).await?.status.unwrap_or_default();
+    Ok((
+        status.volumes_in_use.unwrap_or_default(),
+        status
+            .volumes_attached
+            .unwrap_or_default()
+            .into_iter()
+            .map(|a| a.name)
+            .collect(),
+    ))
+}
+
+#[tokio::test]
+async fn an_attachable_csi_volume_waits_for_the_real_attacher_and_is_detached_after_the_pod()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
+    use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
+    use kube::api::{DeleteParams, ListParams, PostParams};
+
+    e2e::init_logging();
+    let Some(node) = RealNode::get().await? else {
+        return Ok(());
+    };
+    let name = "csi-mock-attach.node-agent.test";
+    // the mock driver with its controller service's ControllerPublish, and the real external attacher beside it
+    let driver = Driver::start(node, name, &[]).await?;
+    driver.logged("registration: ok", Duration::from_secs(30)).await?;
+    let attacher_log = driver.log.with_file_name("attacher.log");
+    let attacher = testenv::process::Proc::start(
+        "csi-attacher",
+        &attacher_binary().await?,
+        &[
+            format!(
+                "--csi-address={}",
+                driver.log.with_file_name("csi.sock").display()
+            ),
+            format!("--kubeconfig={}", node.cp.admin_kubeconfig().display()),
+            "--leader-election=false".to_owned(),
+            "--timeout=30s".to_owned(),
+            "--v=4".to_owned(),
+        ],
+        &attacher_log,
+    )?;
+    let admin = node.cp.admin_client().await?;
+    let csi_drivers: Api<CSIDriver> = Api::all(admin.clone());
+    let object: CSIDriver = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"attachRequired": true, "podInfoOnMount": false},
+    }))?;
+    if csi_drivers.get_opt(name).await?.is_none() {
+        csi_drivers.create(&PostParams::default(), &object).await?;
+    }
+    let pv_name = "csi-mock-attach-volume-1";
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "csi": {"driver": name, "volumeHandle": "1"},
+        },
+    }))?;
+    if pvs.get_opt(pv_name).await?.is_none() {
+        pvs.create(&PostParams::default(), &pv).await?;
+    }
+    let ns = "csi-attach";
+    let pods = node.namespace(ns).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), ns);
+    let claim: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv_name,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))?;
+    claims.create(&PostParams::default(), &claim).await?;
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "attached"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": "localhost/busybox:local",
+                "command": ["sh", "-c", "echo on-an-attached-volume > /data/file && sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+        },
+    }))?;
+    let unique = format!("kubernetes.io/csi/{name}^1");
+    let t0 = Instant::now();
+    node.create_pod(&pods, &pod).await?;
+    wait_for("the pod Running", Duration::from_secs(120), || async {
+        let p = pods.get("attached").await?;
+        Ok((p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).then_some(()))
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "agent log:\n{}\nattacher log:\n{}",
+            node.agent_log_tail(),
+            testenv::process::log_tail(&attacher_log, 20)
+        )
+    })?;
+    println!(
+        "[real_node_csi] attachable CSI volume pod Running {:?} after its creation",
+        t0.elapsed()
+    );
+
+    // the attach/detach controller made the VolumeAttachment, the real attacher attached it through the driver's
+    // ControllerPublishVolume, and the node staged with the publish context the attachment carries
+    let attachments: Api<VolumeAttachment> = Api::all(admin.clone());
+    let va = attachments
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(pv_name))
+        .context("the VolumeAttachment of the volume")?;
+    let attachment_name = va.metadata.name.clone().context("name")?;
+    assert_eq!(va.spec.attacher, name);
+    assert_eq!(va.spec.node_name, NODE);
+    let status = va.status.context("the VolumeAttachment's status")?;
+    assert!(status.attached);
+    let metadata = status.attachment_metadata.unwrap_or_default();
+    assert_eq!(metadata.get("device").map(String::as_str), Some("/dev/mock"));
+    let published = controller_calls(&driver, "ControllerPublishVolume");
+    assert!(
+        published
+            .iter()
+            .any(|c| c.contains(&format!("\"node_id\":\"{name}\"")) && c.ends_with("-> ok")),
+        "{published:?}"
+    );
+    let staged = calls(&driver, "NodeStageVolume");
+    assert_eq!(staged.len(), 1, "{staged:?}");
+    assert!(
+        staged[0].contains("\"device\":\"/dev/mock\""),
+        "the publish context: {}",
+        staged[0]
+    );
+    assert!(staged[0].ends_with("-> ok"), "{}", staged[0]);
+    let vol_data: serde_json::Value = serde_json::from_slice(&std::fs::read(
+        node.agent_root
+            .join("pods")
+            .join(pods.get("attached").await?.metadata.uid.context("uid")?)
+            .join("volumes/kubernetes.io~csi")
+            .join(pv_name)
+            .join("vol_data.json"),
+    )?)?;
+    assert_eq!(vol_data["attachmentID"], attachment_name.as_str());
+    // the node reports the volume in use; the controller reports it attached
+    let (in_use, attached) = node_volumes(node).await?;
+    assert!(in_use.contains(&unique), "volumesInUse {in_use:?}");
+    assert!(attached.contains(&unique), "volumesAttached {attached:?}");
+    // the controller's event on the pod
+    let events: Api<Event> = Api::namespaced(admin.clone(), ns);
+    let attach_event = wait_for(
+        "the SuccessfulAttachVolume event",
+        Duration::from_secs(30),
+        || async {
+            Ok(events
+                .list(&ListParams::default().fields("involvedObject.name=attached"))
+                .await?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("SuccessfulAttachVolume")))
+        },
+    )
+    .await?;
+    assert_eq!(
+        attach_event.message.as_deref(),
+        Some(format!("AttachVolume.Attach succeeded for volume \"{pv_name}\" ").as_str())
+    );
+
+    // the pod goes: unpublished and unstaged, no longer in use, then detached by the controller and the attacher
+    let t1 = Instant::now();
+    pods.delete("attached", &DeleteParams::default()).await?;
+    wait_for("the volume no longer in use", Duration::from_secs(60), || async {
+        Ok((!node_volumes(node).await?.0.contains(&unique)).then_some(()))
+    })
+    .await
+    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    let not_in_use = t1.elapsed();
+    assert_eq!(calls(&driver, "NodeUnstageVolume").len(), 1);
+    wait_for("the VolumeAttachment gone", Duration::from_secs(120), || async {
+        Ok(attachments
+            .get_opt(&attachment_name)
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await
+    .with_context(|| format!("attacher log:\n{}", testenv::process::log_tail(&attacher_log, 20)))?;
+    wait_for(
+        "the volume gone from volumesAttached",
+        Duration::from_secs(60),
+        || async { Ok((!node_volumes(node).await?.1.contains(&unique)).then_some(())) },
+    )
+    .await?;
+    println!(
+        "[real_node_csi] after the pod's deletion: volume not in use {not_in_use:?}, detached {:?}",
+        t1.elapsed()
+    );
+    let unpublished = controller_calls(&driver, "ControllerUnpublishVolume");
+    assert!(
+        unpublished.iter().any(|c| c.ends_with("-> ok")),
+        "{unpublished:?}"
+    );
+    attacher.stop(Duration::from_secs(10)).await?;
+    driver.proc.stop(Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_inline_csi_volume_with_fs_group_and_volume_stats() -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+    use k8s_openapi::api::storage::v1::CSIDriver;
+    use kube::api::{DeleteParams, PostParams};
+
+    e2e::init_logging();
+    let Some(node) = RealNode::get().await? else {
+        return Ok(());
+    };
+    let name = "csi-mock-inline.node-agent.test";
+    let driver = Driver::start(node, name, &["--disable-attach"]).await?;
+    driver.logged("registration: ok", Duration::from_secs(30)).await?;
+    let admin = node.cp.admin_client().await?;
+    let csi_drivers: Api<CSIDriver> = Api::all(admin.clone());
+    // inline volumes allowed, the pod's details on mount, and the pod's fsGroup for every volume
+    let object: CSIDriver = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"attachRequired": false, "podInfoOnMount": true, "fsGroupPolicy": "File",
+                 "volumeLifecycleModes": ["Persistent", "Ephemeral"]},
+    }))?;
+    if csi_drivers.get_opt(name).await?.is_none() {
+        csi_drivers.create(&PostParams::default(), &object).await?;
+    }
+    let pv_name = "csi-mock-inline-volume-3";
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "csi": {"driver": name, "volumeHandle": "3"},
+        },
+    }))?;
+    if pvs.get_opt(pv_name).await?.is_none() {
+        pvs.create(&PostParams::default(), &pv).await?;
+    }
+    let ns = "csi-inline";
+    let pods = node.namespace(ns).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), ns);
+    let claim: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv_name,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))?;
+    claims.create(&PostParams::default(), &claim).await?;
+    // a user that is not root writes to both volumes: only the fsGroup lets it
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "inline"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {"runAsUser": 1000, "fsGroup": 4321},
+            "containers": [{
+                "name": "main",
+                "image": "localhost/busybox:local",
+                "command": ["sh", "-c", "echo scratch > /scratch/file && echo data > /data/file && sleep 3600"],
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"},
+                                 {"name": "data", "mountPath": "/data"}],
+            }],
+            "volumes": [
+                {"name": "scratch", "csi": {"driver": name, "volumeAttributes": {"size": "small"}}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+            ],
+        },
+    }))?;
+    let t0 = Instant::now();
+    let created = node.create_pod(&pods, &pod).await?;
+    let uid = created.metadata.uid.clone().context("uid")?;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), ns);
+    let running = wait_for("the pod Running", Duration::from_secs(90), || async {
+        let p = pods.get("inline").await?;
+        Ok((p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).then_some(()))
+    })
+    .await;
+    if let Err(e) = running {
+        let seen: Vec<String> = events
+            .list(&kube::api::ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|e| format!("{:?}: {:?}", e.reason, e.message))
+            .collect();
+        anyhow::bail!(
+            "{e:#}\nevents: {seen:#?}\ndriver log:\n{}",
+            testenv::process::log_tail(&driver.log, 20)
+        );
+    }
+    println!(
+        "[real_node_csi] inline CSI volume pod Running {:?} after its creation",
+        t0.elapsed()
+    );
+    let volumes = node
+        .agent_root
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~csi");
+    let scratch = volumes.join("scratch/mount");
+    // the inline volume: published, never staged, under the kubelet's handle, with the pod's details
+    let published = calls(&driver, "NodePublishVolume");
+    let inline = published
+        .iter()
+        .find(|c| c.contains(&format!("\"target_path\":\"{}\"", scratch.display())))
+        .with_context(|| format!("{published:?}"))?;
+    for part in [
+        "\"size\":\"small\"".to_owned(),
+        "\"csi.storage.k8s.io/ephemeral\":\"true\"".to_owned(),
+        "\"csi.storage.k8s.io/pod.name\":\"inline\"".to_owned(),
+        format!("\"csi.storage.k8s.io/pod.uid\":\"{uid}\""),
+        format!("\"csi.storage.k8s.io/pod.namespace\":\"{ns}\""),
+    ] {
+        assert!(inline.contains(&part), "{part} in {inline}");
+    }
+    assert!(inline.ends_with("-> ok"), "{inline}");
+    let vol_data: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(volumes.join("scratch/vol_data.json"))?)?;
+    assert_eq!(vol_data["volumeLifecycleMode"], "Ephemeral");
+    let handle = vol_data["volumeHandle"].as_str().context("handle")?.to_owned();
+    assert!(handle.starts_with("csi-") && handle.len() == 68, "{handle}");
+    assert!(
+        inline.contains(&format!("\"volume_id\":\"{handle}\"")),
+        "{inline}"
+    );
+    let staged = calls(&driver, "NodeStageVolume");
+    assert_eq!(
+        staged.len(),
+        1,
+        "only the persistent volume is staged: {staged:?}"
+    );
+    // the pod's fsGroup on both published directories; the user wrote to both
+    for dir in [scratch.clone(), volumes.join(pv_name).join("mount")] {
+        let written = wait_for("the pod's file", Duration::from_secs(30), || async {
+            Ok(std::fs::metadata(dir.join("file")).ok())
+        })
+        .await;
+        let written = match written {
+            Ok(w) => w,
+            Err(e) => {
+                let logs = node
+                    .kubelet_get(&format!("/containerLogs/{ns}/inline/main"))
+                    .await?;
+                let meta = std::fs::metadata(&dir).map(|m| (m.uid(), m.gid(), format!("{:o}", m.mode())));
+                let status = pods.get("inline").await?.status;
+                anyhow::bail!(
+                    "{e:#} in {}: {meta:?}\ncontainer log: {logs:?}\nstatus: {status:?}",
+                    dir.display()
+                );
+            }
+        };
+        assert_eq!(std::fs::metadata(&dir)?.gid(), 4321, "{}", dir.display());
+        assert_eq!((written.uid(), written.gid()), (1000, 4321), "{}", dir.display());
+    }
+
+    // NodeGetVolumeStats into the pod's volume stats and the claim's kubelet_volume_stats_* metrics
+    let (code, body) = node.kubelet_get("/stats/summary").await?;
+    assert_eq!(code, 200, "{body}");
+    let summary: serde_json::Value = serde_json::from_str(&body)?;
+    let pod_stats = summary["pods"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["podRef"]["uid"] == uid.as_str()))
+        .with_context(|| format!("the pod in {body}"))?;
+    let data = pod_stats["volume"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "data"))
+        .with_context(|| format!("the claim's volume in {pod_stats}"))?;
+    // the mock driver's volumes hold 100 GiB
+    assert_eq!(data["capacityBytes"], 100u64 << 30, "{data}");
+    assert_eq!(
+        data["pvcRef"],
+        serde_json::json!({"name": "data", "namespace": ns})
+    );
+    assert!(!calls(&driver, "NodeGetVolumeStats").is_empty());
+    let (code, metrics) = node.kubelet_get("/metrics").await?;
+    assert_eq!(code, 200);
+    let line = format!(
+        "kubelet_volume_stats_capacity_bytes{{namespace=\"{ns}\",persistentvolumeclaim=\"data\"}} {}",
+        100u64 << 30
+    );
+    assert!(metrics.lines().any(|l| l == line), "{line} in /metrics");
+
+    // the pod goes: the inline volume is unpublished
+    let t1 = Instant::now();
+    pods.delete("inline", &DeleteParams::default()).await?;
+    wait_for(
+        "the inline volume unpublished",
+        Duration::from_secs(60),
+        || async {
+            Ok(calls(&driver, "NodeUnpublishVolume")
+                .into_iter()
+                .find(|c| c.contains(&format!("\"target_path\":\"{}\"", scratch.display()))))
+        },
+    )
+    .await
+    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    wait_for("the claim's volume unstaged", Duration::from_secs(60), || async {
+        Ok(calls(&driver, "NodeUnstageVolume").first().cloned())
+    })
+    .await?;
+    println!(
+        "[real_node_csi] inline and claim volumes torn down {:?} after the pod's deletion",
+        t1.elapsed()
+    );
+    assert!(!volumes.exists() || std::fs::read_dir(&volumes)?.next().is_none());
+    driver.proc.stop(Duration::from_secs(10)).await?;
+    Ok(())
+}

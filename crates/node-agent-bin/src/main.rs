@@ -140,9 +140,12 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             node_agent::pods::make_root_shared(&flags.root_dir)
                 .context("making the root directory a shared mount (for mountPropagation)")?;
             node_agent::node_cgroups::apply_own_oom_score(kubelet.oom_score_adj);
+            // the attached volumes published before a restart are in use from the first status on
+            let drivers = node_agent::csi::CsiDrivers::default();
+            drivers.in_use().seed_from_disk(&flags.root_dir.join("pods"));
             let mut pods = PodOptions::default()
                 .with_root_dir(&flags.root_dir)
-                .with_csi_drivers(node_agent::csi::CsiDrivers::default());
+                .with_csi_drivers(drivers);
             if kubelet.cgroups_per_qos {
                 let cgroups = if kubelet.cgroup_driver == "systemd" {
                     QosCgroups::start_systemd(&kubelet.cgroup_root, kubelet.pod_pids_limit).await

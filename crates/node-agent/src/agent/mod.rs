@@ -292,6 +292,10 @@ impl AgentBuilder {
                 .unwrap_or_else(|| Arc::new(crate::stats::Synthetic::default())),
         );
         let pods = self.pods.unwrap_or_default();
+        let stats = match &pods.csi_drivers {
+            Some(drivers) => stats.with_csi(drivers.clone()),
+            None => stats,
+        };
         // a real node keeps pod files under its root directory; an in-memory one writes nothing
         let real = pods.root_dir.is_some();
         let (control_tx, control_rx) = crate::density::chan::unbounded_channel();
@@ -459,6 +463,7 @@ impl Agent {
                 resync: resync.clone(),
                 node: ctx.node.clone(),
                 timer: ctx.timer.clone(),
+                volumes_in_use: pods.csi_drivers.as_ref().map(|d| d.in_use().subscribe()),
             },
             checks: ctx.health_checks.clone(),
             registered: registered_tx,

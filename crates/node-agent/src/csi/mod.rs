@@ -8,11 +8,16 @@
 //! in the Node's `csi.volume.kubernetes.io/nodeid` annotation, and its topology segments as Node labels. When the
 //! driver goes, its `CSINode` entry and node ID go with it (labels stay, as the kubelet leaves them).
 //!
+//! The attachable volumes the node's pods use ([`in_use`]) are kept beside the drivers, for the node status, and
+//! so are the volumes published for each pod ([`volume_stats`]), for their statistics.
+//!
 //! The messages and clients are compiled by the build script from the project's own `proto/csi/v1/csi.proto`
 //! (the part of the CSI spec a node agent calls), wire-compatible with the published spec.
 
+pub mod in_use;
 pub mod node_info;
 pub mod registration;
+pub mod volume_stats;
 
 #[cfg(test)]
 mod tests;
@@ -120,14 +125,29 @@ pub struct Driver {
     pub capabilities: NodeCapabilities,
 }
 
-/// The CSI drivers registered on this node, by name. Clones share the set.
+/// The CSI drivers registered on this node, by name, the attachable volumes in use and the volumes published.
+/// Clones share all three.
 #[derive(Debug, Clone, Default)]
-pub struct CsiDrivers(Arc<RwLock<BTreeMap<String, Driver>>>);
+pub struct CsiDrivers {
+    drivers: Arc<RwLock<BTreeMap<String, Driver>>>,
+    in_use: in_use::VolumesInUse,
+    published: volume_stats::PublishedVolumes,
+}
 
 impl CsiDrivers {
+    /// The attachable volumes the node's pods use (`status.volumesInUse`).
+    pub fn in_use(&self) -> &in_use::VolumesInUse {
+        &self.in_use
+    }
+
+    /// The volumes published for the node's pods.
+    pub fn published(&self) -> &volume_stats::PublishedVolumes {
+        &self.published
+    }
+
     /// The driver called `name`, if registered.
     pub fn get(&self, name: &str) -> Option<Driver> {
-        self.0
+        self.drivers
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
@@ -136,7 +156,7 @@ impl CsiDrivers {
 
     /// The registered drivers' names.
     pub fn names(&self) -> Vec<String> {
-        self.0
+        self.drivers
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .keys()
@@ -145,14 +165,17 @@ impl CsiDrivers {
     }
 
     fn insert(&self, name: &str, driver: Driver) {
-        self.0
+        self.drivers
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(name.to_owned(), driver);
     }
 
     fn remove(&self, name: &str) -> Option<Driver> {
-        self.0.write().unwrap_or_else(|p| p.into_inner()).remove(name)
+        self.drivers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
     }
 }
 

@@ -225,12 +225,23 @@ impl NodeStatusManager {
         }
     }
 
-    fn static_fingerprint(health: &RuntimeHealth) -> u64 {
+    fn static_fingerprint(health: &RuntimeHealth, volumes_in_use: Option<&[String]>) -> u64 {
         hash_of(&(
             &health.version,
             &health.handlers,
             health.supplemental_groups_policy,
+            volumes_in_use,
         ))
+    }
+
+    /// The attachable volumes in use, sorted, marked seen (`None` on a node without CSI volumes: the field is
+    /// left alone).
+    fn volumes_in_use(&mut self) -> Option<Vec<String>> {
+        self.channels
+            .signals
+            .volumes_in_use
+            .as_mut()
+            .map(|rx| rx.borrow_and_update().keys().cloned().collect())
     }
 
     async fn list_images(&mut self) -> Option<(u64, Vec<ContainerImage>)> {
@@ -255,8 +266,15 @@ impl NodeStatusManager {
     }
 
     /// The parts of the status that only change with the runtime's version/handlers (or never).
-    fn static_status(&self, health: &RuntimeHealth, status: &mut NodeStatus) {
+    fn static_status(
+        &self,
+        health: &RuntimeHealth,
+        volumes_in_use: Option<Vec<String>>,
+        status: &mut NodeStatus,
+    ) {
         let cfg = &self.config;
+        // the kubelet's `volumesInUse`; `volumesAttached` is the attach/detach controller's and never written here
+        status.volumes_in_use = volumes_in_use;
         let capacity = object::capacity(cfg);
         let allocatable = object::allocatable(cfg, &capacity);
         status.capacity = Some(object::to_api(&capacity));
@@ -287,7 +305,8 @@ impl NodeStatusManager {
             conditions: Some(fresh.to_api(wall)),
             ..Default::default()
         };
-        self.static_status(&health, &mut status);
+        let volumes = self.volumes_in_use();
+        self.static_status(&health, volumes.clone(), &mut status);
         status.images = images.as_ref().map(|(_, l)| l.clone());
         let initial = object::initial_node(&self.config, status);
 
@@ -316,7 +335,7 @@ impl NodeStatusManager {
             self.conditions = fresh;
             let sent = Fingerprints {
                 conditions: self.conditions.fingerprint(),
-                static_part: Self::static_fingerprint(&health),
+                static_part: Self::static_fingerprint(&health, volumes.as_deref()),
                 images: images.as_ref().map(|(fp, _)| *fp),
             };
             self.policy.written(registered_at, &sent);
@@ -439,9 +458,10 @@ impl NodeStatusManager {
                 self.images = Some(Box::new((fp, list)));
             }
         }
+        let volumes = self.volumes_in_use();
         let fps = Fingerprints {
             conditions: self.conditions.fingerprint(),
-            static_part: Self::static_fingerprint(&health),
+            static_part: Self::static_fingerprint(&health, volumes.as_deref()),
             images: self.images.as_ref().map(|held| held.0),
         };
         let Some(plan) = self.policy.plan(now, &fps, force) else {
@@ -453,7 +473,8 @@ impl NodeStatusManager {
             ..Default::default()
         };
         if plan.static_part {
-            self.static_status(&health, &mut status);
+            let volumes = self.volumes_in_use();
+            self.static_status(&health, volumes.clone(), &mut status);
         }
         if plan.images
             && let Some(held) = &self.images

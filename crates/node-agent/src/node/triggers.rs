@@ -68,6 +68,8 @@ pub struct Signals {
     pub node: watch::Receiver<Option<Arc<NodeSnapshot>>>,
     /// The timer the periodic computation waits on (the agent's, shared by a fleet's agents).
     pub timer: crate::density::timer::Timer,
+    /// The attachable volumes in use (a node with CSI volumes): reported at once when they change.
+    pub volumes_in_use: Option<watch::Receiver<crate::csi::in_use::InUse>>,
 }
 
 /// The timer of one status loop, and which of its signals are still open.
@@ -77,6 +79,7 @@ pub struct StatusTriggers {
     health_open: bool,
     pressure_open: bool,
     node_open: bool,
+    volumes_open: bool,
 }
 
 impl StatusTriggers {
@@ -87,6 +90,7 @@ impl StatusTriggers {
             health_open: true,
             pressure_open: true,
             node_open: true,
+            volumes_open: true,
         }
     }
 
@@ -107,6 +111,10 @@ impl StatusTriggers {
             let signals = &mut *signals;
             if poll_changed(&mut signals.health, &mut self.health_open, cx)
                 || poll_changed(&mut signals.pressure, &mut self.pressure_open, cx)
+                || signals
+                    .volumes_in_use
+                    .as_mut()
+                    .is_some_and(|rx| poll_changed(rx, &mut self.volumes_open, cx))
             {
                 return Poll::Ready(Trigger::InputsChanged);
             }
@@ -166,6 +174,7 @@ mod tests {
             resync: resync.clone(),
             node: node_rx,
             timer: crate::density::timer::Timer::new(),
+            volumes_in_use: None,
         };
         Harness {
             triggers,

@@ -159,19 +159,27 @@ async fn pods(Extension(node): Extension<NodeEndpoint>) -> Response {
     )
 }
 
-/// `/metrics`: the process's own registry in Prometheus text format.
-async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+/// `/metrics`: the process's own registry in Prometheus text format, with the node's volume statistics.
+async fn metrics(State(shared): State<Arc<Shared>>, Extension(node): Extension<NodeEndpoint>) -> Response {
     let Some(registry) = &shared.registry else {
         return error(StatusCode::NOT_FOUND, "no metrics registry\n");
     };
     let mut body = String::new();
     match prometheus_client::encoding::text::encode(&mut body, registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-            body,
-        )
-            .into_response(),
+        Ok(()) => {
+            let volumes = node.ctx.stats.volume_metrics().await;
+            if !volumes.is_empty() {
+                // before the closing `# EOF`
+                let end = body.rfind("# EOF").unwrap_or(body.len());
+                body.insert_str(end, &volumes);
+            }
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                body,
+            )
+                .into_response()
+        }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

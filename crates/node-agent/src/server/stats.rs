@@ -83,7 +83,20 @@ pub fn summary_json(node: &NodeEndpoint, summary: &Summary) -> Value {
                 "memory": {"time": t, "usageBytes": p.working_set, "workingSetBytes": p.working_set},
                 "network": {"time": t, "name": "eth0", "rxBytes": p.rx_bytes, "txBytes": p.tx_bytes,
                             "interfaces": [{"name": "eth0", "rxBytes": p.rx_bytes, "txBytes": p.tx_bytes}]},
-                "volume": [],
+                "volume": p.volumes.iter().map(|v| {
+                    let mut j = json!({"time": rfc3339(v.time_ns), "name": v.name,
+                                       "capacityBytes": v.capacity_bytes, "usedBytes": v.used_bytes,
+                                       "availableBytes": v.available_bytes});
+                    if let Some((inodes, free, used)) = v.inodes {
+                        j["inodes"] = json!(inodes);
+                        j["inodesFree"] = json!(free);
+                        j["inodesUsed"] = json!(used);
+                    }
+                    if let Some((namespace, name)) = &v.claim {
+                        j["pvcRef"] = json!({"name": name, "namespace": namespace});
+                    }
+                    j
+                }).collect::<Vec<_>>(),
                 "ephemeral-storage": {"time": t, "usedBytes": pod_rootfs,
                                       "capacityBytes": fs_capacity,
                                       "availableBytes": nodefs.available_bytes},

@@ -75,6 +75,8 @@ pub struct PodUsage {
     pub processes: u64,
     /// Its running containers.
     pub containers: Vec<ContainerUsage>,
+    /// Its CSI volumes whose drivers report statistics (filled for the summary only).
+    pub volumes: Arc<[crate::csi::volume_stats::VolumeUsage]>,
 }
 
 impl PodUsage {
@@ -252,6 +254,7 @@ pub struct StatsProvider {
     runtime: Arc<dyn Runtime>,
     config: Arc<AgentConfig>,
     host: Arc<dyn HostStats>,
+    csi: Option<crate::csi::CsiDrivers>,
 }
 
 impl std::fmt::Debug for StatsProvider {
@@ -268,7 +271,37 @@ impl StatsProvider {
             runtime,
             config,
             host,
+            csi: None,
         }
+    }
+
+    /// The pods' CSI volumes are reported too, with their drivers' figures.
+    pub fn with_csi(mut self, drivers: crate::csi::CsiDrivers) -> Self {
+        self.csi = Some(drivers);
+        self
+    }
+
+    /// The figures of pod `uid`'s CSI volumes (at most `volumeStatsAggPeriod` old).
+    pub async fn volumes(&self, uid: &str) -> Arc<[crate::csi::volume_stats::VolumeUsage]> {
+        match &self.csi {
+            Some(drivers) => {
+                let max_age = self.config.kubelet.volume_stats_agg_period;
+                drivers.published().stats(drivers, uid, max_age).await
+            }
+            None => Arc::new([]),
+        }
+    }
+
+    /// The `kubelet_volume_stats_*` metrics of the pods' claims (Prometheus text; empty without any).
+    pub async fn volume_metrics(&self) -> String {
+        let Some(drivers) = &self.csi else {
+            return String::new();
+        };
+        let mut all = Vec::new();
+        for uid in drivers.published().pods() {
+            all.extend(self.volumes(&uid).await.iter().cloned());
+        }
+        crate::csi::volume_stats::metrics_text(&all)
     }
 
     /// Every ready pod's usage, from the runtime, by namespace and name.
@@ -363,6 +396,7 @@ impl StatsProvider {
                 tx_bytes: v(iface.tx_bytes.as_ref()),
                 processes: v(linux.process.as_ref().and_then(|p| p.process_count.as_ref())),
                 containers: usage,
+                volumes: Arc::new([]),
             });
         }
         self.pods_from_cgroups(&sandboxes, &containers, &mut pods).await;
@@ -530,7 +564,12 @@ impl StatsProvider {
 
     /// The node and its pods now.
     pub async fn summary(&self) -> Result<Summary, StatsError> {
-        let pods = self.pods().await?;
+        let mut pods = self.pods().await?;
+        if self.csi.is_some() {
+            for p in &mut pods {
+                p.volumes = self.volumes(&p.uid).await;
+            }
+        }
         let pods_ws: u64 = pods.iter().map(|p| p.working_set).sum();
         let layers: u64 = pods.iter().map(PodUsage::rootfs_bytes).sum();
         let (images_used, mountpoint) = self.image_fs_info().await?;

@@ -12,8 +12,8 @@
 //!
 //! A pod's RuntimeClass is read when its sandbox is created, for the handler the runtime is asked for.
 //!
-//! PersistentVolumeClaims and PersistentVolumes (and for CSI volumes the CSIDriver and VolumeAttachment) are
-//! read uncached, each time a claim's volume is resolved (see
+//! PersistentVolumeClaims and PersistentVolumes (and for CSI volumes the CSIDriver, the VolumeAttachment and
+//! the Node's volume status) are read uncached, each time a claim's volume is resolved (see
 //! [`claims`](crate::pods::actions::volumes::claims)): only until the volume is set up, as the kubelet's volume
 //! manager reads them when it adds a pod's volume.
 //!
@@ -27,7 +27,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
@@ -167,6 +167,12 @@ pub trait PodObjects: Send + Sync {
 
     /// VolumeAttachment `name`, or `None` when it does not exist.
     async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>, ObjectError> {
+        let _ = name;
+        Ok(None)
+    }
+
+    /// Node `name` (for its `volumesInUse` and `volumesAttached`), or `None` when it does not exist.
+    async fn node(&self, name: &str) -> Result<Option<Node>, ObjectError> {
         let _ = name;
         Ok(None)
     }
@@ -386,6 +392,15 @@ impl PodObjects for ApiObjects {
             .await
         {
             Ok(attachment) => Ok(Some(attachment)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(ObjectError(describe(&e))),
+        }
+    }
+
+    async fn node(&self, name: &str) -> Result<Option<Node>, ObjectError> {
+        let api: Api<Node> = Api::all(self.client.kube());
+        match self.api.run("get", "nodes", Box::pin(api.get(name))).await {
+            Ok(node) => Ok(Some(node)),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(ObjectError(describe(&e))),
         }

@@ -1,34 +1,54 @@
-//! CSI PersistentVolumes on a real node, staged and published through their driver with the kubelet's layout:
+//! CSI volumes on a real node, staged and published through their driver with the kubelet's layout:
 //!
 //! * staging (when the driver has `STAGE_UNSTAGE_VOLUME`): `NodeStageVolume` into
 //!   `<root-dir>/plugins/kubernetes.io/csi/<driver>/<sha256 of the volume handle>/globalmount`, with a
 //!   `vol_data.json` beside it naming the driver and the volume handle;
-//! * publishing: `NodePublishVolume` into `<root-dir>/pods/<pod uid>/volumes/kubernetes.io~csi/<PV name>/mount`
-//!   (the driver makes `mount`; the agent makes its parent), with a `vol_data.json` beside it (the PV's name,
-//!   volume handle, driver, node, attachment and lifecycle mode, under the kubelet's keys). The containers mount
-//!   `mount`.
+//! * publishing: `NodePublishVolume` into `<root-dir>/pods/<pod uid>/volumes/kubernetes.io~csi/<name>/mount`
+//!   (the driver makes `mount`; the agent makes its parent), with a `vol_data.json` beside it (the PV's or the
+//!   pod volume's name, volume handle, driver, node, attachment and lifecycle mode, under the kubelet's keys).
+//!   The containers mount `mount`.
 //!
-//! A volume whose `CSIDriver` says `attachRequired` (or that has no `CSIDriver` object, as the kubelet takes it)
-//! waits until its `VolumeAttachment` (`csi-<sha256 of handle, driver and node>`, made by the attach/detach
-//! controller and attached by the driver's external attacher) reports `attached`; its attachment metadata is the
-//! publish context.
+//! Two kinds of volume come here: a claim's `csi` PersistentVolume (lifecycle mode `Persistent`), and a pod's
+//! inline `csi` volume (`Ephemeral`: published without staging or attaching, under the handle
+//! `csi-<sha256 of pod UID and volume name>`, as the kubelet names it). The driver's `CSIDriver` object must
+//! list the mode (no object: persistent volumes only). With `podInfoOnMount` the volume context carries the
+//! pod's name, namespace, UID, service account and whether the volume is ephemeral.
+//!
+//! A persistent volume whose `CSIDriver` says `attachRequired` (or that has no `CSIDriver` object, as the
+//! kubelet takes it) is in use on this node from then on ([`VolumesInUse`](crate::csi::in_use::VolumesInUse),
+//! the Node's `volumesInUse`), and waits as the kubelet's volume manager waits: until the Node's status reports
+//! it in use, then until the attach/detach controller lists it in the Node's `volumesAttached`, then until its
+//! `VolumeAttachment` (`csi-<sha256 of handle, driver and node>`, attached by the driver's external attacher)
+//! reports `attached`; its attachment metadata is the publish context.
+//!
+//! The pod's `fsGroup` is applied as the kubelet applies it: passed to the driver (`volume_mount_group`) when it
+//! has `VOLUME_MOUNT_GROUP`; otherwise given to the published directory by the agent when the `CSIDriver`'s
+//! `fsGroupPolicy` says so (`File`: always; `ReadWriteOnceWithFSType`, the default: when the volume has an
+//! `fsType` and a `ReadWriteOnce` access mode, inline volumes counting as such; `None`: never), never for a
+//! read-only volume, under the pod's `fsGroupChangePolicy`.
 //!
 //! Teardown reads what is on disk, so it works the same for a pod that went while the agent was down: each
 //! published volume of the pod is unpublished (`NodeUnpublishVolume`), its directory removed, and a staged volume
-//! no other pod on the node publishes any more is unstaged (`NodeUnstageVolume`). A volume whose driver is not
-//! registered is left in place (the error says so) and tried again later.
+//! no other pod on the node publishes any more is unstaged (`NodeUnstageVolume`); then the pod's volumes are no
+//! longer in use. A volume whose driver is not registered is left in place (the error says so) and tried again
+//! later. File work runs on the blocking pool, off the async workers.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::CSIDriver;
 use serde::{Deserialize, Serialize};
 
+use super::ownership;
+use crate::csi::in_use::unique_name;
 use crate::csi::v1 as csi;
 use crate::csi::v1::node_client::NodeClient;
+use crate::csi::volume_stats::PublishedVolume;
 use crate::csi::{CsiDrivers, Driver, connect};
 use crate::pods::actions::context::ActionCtx;
 use crate::pods::model::spec::DesiredPod;
+use crate::pods::model::spec::volumes::InlineCsi;
 
 /// The pod volume directory of CSI volumes (`volumes/<plugin>/<name>`).
 pub const POD_PLUGIN_DIR: &str = "kubernetes.io~csi";
@@ -52,6 +72,30 @@ pub struct CsiSource {
     pub mount_flags: Vec<String>,
     /// The CSI access mode the PV's access modes map to.
     pub access_mode: i32,
+    /// The access modes include `ReadWriteOnce` (an inline volume counts as such): the default
+    /// `fsGroupPolicy` applies the pod's `fsGroup` only then.
+    pub read_write_once: bool,
+    /// `Persistent` (a PersistentVolume) or `Ephemeral` (a pod's inline volume).
+    pub lifecycle: Lifecycle,
+}
+
+/// A CSI volume's lifecycle mode (`CSIDriver.spec.volumeLifecycleModes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// A PersistentVolume's.
+    Persistent,
+    /// A pod's inline volume.
+    Ephemeral,
+}
+
+impl Lifecycle {
+    /// The mode's API name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Persistent => "Persistent",
+            Self::Ephemeral => "Ephemeral",
+        }
+    }
 }
 
 impl CsiSource {
@@ -87,10 +131,34 @@ impl CsiSource {
             attributes: c.volume_attributes.clone().unwrap_or_default(),
             mount_flags: spec.mount_options.clone().unwrap_or_default(),
             access_mode: access_mode as i32,
+            read_write_once: has("ReadWriteOnce"),
+            lifecycle: Lifecycle::Persistent,
         }))
     }
 
-    fn capability(&self, block: bool) -> csi::VolumeCapability {
+    /// The CSI source of the inline volume `name` of the pod `uid`: the kubelet's volume handle for it, mounted
+    /// read-write-once.
+    pub fn inline(uid: &str, name: &str, c: &InlineCsi) -> Result<Self, String> {
+        if c.node_publish_secret {
+            return Err(format!(
+                "volume {name} sets csi.nodePublishSecretRef, which node-agent does not pass to the driver yet"
+            ));
+        }
+        use csi::volume_capability::access_mode::Mode;
+        Ok(Self {
+            driver: c.driver.clone(),
+            volume_handle: inline_handle(uid, name),
+            read_only: c.read_only,
+            fs_type: c.fs_type.clone(),
+            attributes: c.attributes.clone(),
+            mount_flags: Vec::new(),
+            access_mode: Mode::SingleNodeWriter as i32,
+            read_write_once: true,
+            lifecycle: Lifecycle::Ephemeral,
+        })
+    }
+
+    fn capability(&self, block: bool, mount_group: Option<u32>) -> csi::VolumeCapability {
         use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
         csi::VolumeCapability {
             access_type: Some(if block {
@@ -99,7 +167,7 @@ impl CsiSource {
                 AccessType::Mount(MountVolume {
                     fs_type: self.fs_type.clone(),
                     mount_flags: self.mount_flags.clone(),
-                    volume_mount_group: String::new(),
+                    volume_mount_group: mount_group.map(|g| g.to_string()).unwrap_or_default(),
                 })
             }),
             access_mode: Some(AccessMode {
@@ -113,6 +181,11 @@ impl CsiSource {
 fn sha256(text: &str) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
     digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The kubelet's volume handle of the inline volume `name` of the pod `uid`.
+pub fn inline_handle(uid: &str, name: &str) -> String {
+    format!("csi-{}", sha256(&format!("{uid}{name}")))
 }
 
 /// The name of the `VolumeAttachment` of volume `handle` of `driver` on `node` (the attach/detach controller's).
@@ -179,10 +252,14 @@ pub struct Publish<'a> {
     pub pod_dir: &'a Path,
     /// The node.
     pub node: &'a str,
-    /// The PV's name.
+    /// The PV's name (an inline volume: the pod volume's).
     pub volume: &'a str,
     /// What it names.
     pub source: &'a CsiSource,
+    /// The volume context: the source's attributes, with the pod's when the driver asks for them.
+    pub context: BTreeMap<String, String>,
+    /// The pod's `fsGroup`, for a driver that applies it itself (`VOLUME_MOUNT_GROUP`).
+    pub mount_group: Option<u32>,
     /// Mounted read-only (the claim's or the PV's `readOnly`).
     pub read_only: bool,
     /// `volumeMode: Block`.
@@ -211,31 +288,44 @@ fn write_json(path: &Path, value: &impl Serialize) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
-/// Stages (when the driver stages) and publishes one volume; returns the directory the containers mount.
+/// Runs the file work `f` on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
+}
+
+/// Stages (when the driver stages a persistent volume) and publishes one volume; returns the directory the
+/// containers mount.
 pub async fn publish(drivers: &CsiDrivers, p: &Publish<'_>) -> Result<PathBuf, String> {
     let driver = driver_of(drivers, &p.source.driver)?;
     let mut client = node_client(&driver).await?;
-    let capability = p.source.capability(p.block);
-    let context = p.attachment.as_ref().map(|(_, m)| m.clone()).unwrap_or_default();
-    let staging = if driver.capabilities.stage_unstage {
+    let mount_group = p.mount_group.filter(|_| driver.capabilities.volume_mount_group);
+    let capability = p.source.capability(p.block, mount_group);
+    let publish_context = p.attachment.as_ref().map(|(_, m)| m.clone()).unwrap_or_default();
+    let stages = driver.capabilities.stage_unstage && p.source.lifecycle == Lifecycle::Persistent;
+    let staging = if stages {
         let staging = staging_path(p.root_dir, &p.source.driver, &p.source.volume_handle);
-        let parent = staging.parent().unwrap_or(p.root_dir).to_owned();
-        std::fs::create_dir_all(&staging).map_err(|e| format!("creating {}: {e}", staging.display()))?;
-        write_json(
-            &parent.join(VOL_DATA),
-            &StagedData {
-                driver_name: p.source.driver.clone(),
-                volume_handle: p.source.volume_handle.clone(),
-            },
-        )?;
+        let data = StagedData {
+            driver_name: p.source.driver.clone(),
+            volume_handle: p.source.volume_handle.clone(),
+        };
+        let (dir, root) = (staging.clone(), p.root_dir.to_owned());
+        blocking(move || {
+            std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            write_json(&dir.parent().unwrap_or(&root).join(VOL_DATA), &data)
+        })
+        .await?;
         client
             .node_stage_volume(csi::NodeStageVolumeRequest {
                 volume_id: p.source.volume_handle.clone(),
-                publish_context: context.clone().into_iter().collect(),
+                publish_context: publish_context.clone().into_iter().collect(),
                 staging_target_path: staging.display().to_string(),
                 volume_capability: Some(capability.clone()),
                 secrets: Default::default(),
-                volume_context: p.source.attributes.clone().into_iter().collect(),
+                volume_context: p.context.clone().into_iter().collect(),
             })
             .await
             .map_err(|s| {
@@ -250,29 +340,30 @@ pub async fn publish(drivers: &CsiDrivers, p: &Publish<'_>) -> Result<PathBuf, S
         None
     };
     let target = publish_path(p.pod_dir, p.volume);
+    let data = PublishedData {
+        spec_vol_id: p.volume.to_owned(),
+        volume_handle: p.source.volume_handle.clone(),
+        driver_name: p.source.driver.clone(),
+        node_name: p.node.to_owned(),
+        attachment_id: p.attachment.as_ref().map(|(n, _)| n.clone()).unwrap_or_default(),
+        lifecycle_mode: p.source.lifecycle.name().into(),
+    };
     let dir = target.parent().unwrap_or(p.pod_dir).to_owned();
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    write_json(
-        &dir.join(VOL_DATA),
-        &PublishedData {
-            spec_vol_id: p.volume.to_owned(),
-            volume_handle: p.source.volume_handle.clone(),
-            driver_name: p.source.driver.clone(),
-            node_name: p.node.to_owned(),
-            attachment_id: p.attachment.as_ref().map(|(n, _)| n.clone()).unwrap_or_default(),
-            lifecycle_mode: "Persistent".into(),
-        },
-    )?;
+    blocking(move || {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        write_json(&dir.join(VOL_DATA), &data)
+    })
+    .await?;
     client
         .node_publish_volume(csi::NodePublishVolumeRequest {
             volume_id: p.source.volume_handle.clone(),
-            publish_context: context.into_iter().collect(),
+            publish_context: publish_context.into_iter().collect(),
             staging_target_path: staging.map(|s| s.display().to_string()).unwrap_or_default(),
             target_path: target.display().to_string(),
             volume_capability: Some(capability),
             readonly: p.read_only || p.source.read_only,
             secrets: Default::default(),
-            volume_context: p.source.attributes.clone().into_iter().collect(),
+            volume_context: p.context.clone().into_iter().collect(),
         })
         .await
         .map_err(|s| format!("rpc error: code = {:?} desc = {}", s.code(), s.message()))?;
@@ -295,17 +386,29 @@ fn published(pod_dir: &Path) -> Vec<(PathBuf, PublishedData)> {
 }
 
 /// Unpublishes every CSI volume of the pod whose directory is `pod_dir` (under `pods_dir`), and unstages those
-/// no other pod publishes. Every volume is tried; the first error is returned.
+/// no other pod publishes; then the pod's volumes are no longer in use. Every volume is tried; the first error
+/// is returned (and the pod's volumes stay in use).
 pub async fn tear_down(drivers: &CsiDrivers, pods_dir: &Path, pod_dir: &Path) -> Result<(), String> {
     let root_dir = pods_dir.parent().unwrap_or(pods_dir);
     let mut first_error = None;
-    for (dir, data) in published(pod_dir) {
+    let dir = pod_dir.to_owned();
+    for (dir, data) in blocking(move || Ok(published(&dir))).await? {
         if let Err(e) = unpublish(drivers, root_dir, pods_dir, &dir, &data).await {
             tracing::warn!(volume = %data.spec_vol_id, driver = %data.driver_name, error = %e, "CSI volume not torn down");
             first_error.get_or_insert(e);
         }
     }
-    first_error.map_or(Ok(()), Err)
+    match first_error {
+        Some(e) => Err(e),
+        None => {
+            if let Some(uid) = pod_dir.file_name() {
+                let uid = uid.to_string_lossy();
+                drivers.in_use().release_pod(&uid);
+                drivers.published().release_pod(&uid);
+            }
+            Ok(())
+        }
+    }
 }
 
 async fn unpublish(
@@ -332,16 +435,22 @@ async fn unpublish(
                 s.message()
             )
         })?;
-    match std::fs::remove_dir(&target) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(format!("removing {}: {e}", target.display()));
-        }
-        _ => {}
-    }
-    let _ = std::fs::remove_file(dir.join(VOL_DATA));
-    let _ = std::fs::remove_dir(dir);
+    let (dir, pods, d) = (dir.to_owned(), pods_dir.to_owned(), data.clone());
     let staging = staging_path(root_dir, &data.driver_name, &data.volume_handle);
-    if !staging.exists() || still_published(pods_dir, data) {
+    let staged = staging.clone();
+    let unstage = blocking(move || {
+        match std::fs::remove_dir(&target) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!("removing {}: {e}", target.display()));
+            }
+            _ => {}
+        }
+        let _ = std::fs::remove_file(dir.join(VOL_DATA));
+        let _ = std::fs::remove_dir(&dir);
+        Ok(staged.exists() && !still_published(&pods, &d))
+    })
+    .await?;
+    if !unstage {
         return Ok(());
     }
     client
@@ -358,12 +467,15 @@ async fn unpublish(
                 s.message()
             )
         })?;
-    let _ = std::fs::remove_dir(&staging);
-    if let Some(parent) = staging.parent() {
-        let _ = std::fs::remove_file(parent.join(VOL_DATA));
-        let _ = std::fs::remove_dir(parent);
-    }
-    Ok(())
+    blocking(move || {
+        let _ = std::fs::remove_dir(&staging);
+        if let Some(parent) = staging.parent() {
+            let _ = std::fs::remove_file(parent.join(VOL_DATA));
+            let _ = std::fs::remove_dir(parent);
+        }
+        Ok(())
+    })
+    .await
 }
 
 /// Whether any pod under `pods_dir` still publishes the volume `data` names.
@@ -387,25 +499,107 @@ pub enum SetUpError {
     Failed(String),
 }
 
-/// Whether the volume of `driver` must be attached first, and when it is, the attachment's name and metadata.
+/// Checks that the driver's `CSIDriver` object (`None`: there is none) lists the volume's lifecycle mode.
+fn check_lifecycle(object: Option<&CSIDriver>, source: &CsiSource) -> Result<(), String> {
+    let mode = source.lifecycle.name();
+    let driver = &source.driver;
+    let Some(object) = object else {
+        return match source.lifecycle {
+            // no information, which is fine for persistent volumes only
+            Lifecycle::Persistent => Ok(()),
+            Lifecycle::Ephemeral => Err(format!(
+                "volume mode {mode:?} not supported by driver {driver} (no CSIDriver object)"
+            )),
+        };
+    };
+    let modes = object
+        .spec
+        .volume_lifecycle_modes
+        .clone()
+        .unwrap_or_else(|| vec!["Persistent".to_owned()]);
+    if modes.iter().any(|m| m == mode) {
+        Ok(())
+    } else {
+        Err(format!(
+            "volume mode {mode:?} not supported by driver {driver} (only supports {modes:?})"
+        ))
+    }
+}
+
+/// Whether the agent gives the published volume the pod's `fsGroup` itself, under the driver's `fsGroupPolicy`
+/// (no `CSIDriver` object: `ReadWriteOnceWithFSType`).
+fn applies_fs_group(object: Option<&CSIDriver>, source: &CsiSource, read_only: bool) -> bool {
+    let policy = object
+        .and_then(|d| d.spec.fs_group_policy.as_deref())
+        .unwrap_or("ReadWriteOnceWithFSType");
+    match policy {
+        _ if read_only => false,
+        "None" => false,
+        "File" => true,
+        _ => !source.fs_type.is_empty() && source.read_write_once,
+    }
+}
+
+/// The pod's attributes the kubelet adds to the volume context of a driver with `podInfoOnMount`.
+fn pod_info(pod: &DesiredPod, lifecycle: Lifecycle) -> [(&'static str, String); 5] {
+    [
+        ("csi.storage.k8s.io/pod.name", pod.name.clone()),
+        ("csi.storage.k8s.io/pod.namespace", pod.namespace.clone()),
+        ("csi.storage.k8s.io/pod.uid", pod.uid.to_string()),
+        (
+            "csi.storage.k8s.io/serviceAccount.name",
+            pod.service_account.to_string(),
+        ),
+        (
+            "csi.storage.k8s.io/ephemeral",
+            (lifecycle == Lifecycle::Ephemeral).to_string(),
+        ),
+    ]
+}
+
+/// Whether the volume must be attached first, and when it is, the attachment's name and metadata. A volume
+/// to attach is in use on this node from here on.
 async fn attachment(
     ctx: &ActionCtx,
+    drivers: &CsiDrivers,
+    pod: &DesiredPod,
+    object: Option<&CSIDriver>,
     source: &CsiSource,
 ) -> Result<Option<(String, BTreeMap<String, String>)>, SetUpError> {
-    let driver = ctx
-        .objects
-        .csi_driver(&source.driver)
-        .await
-        .map_err(|e| SetUpError::Waiting(format!("reading CSIDriver {}: {}", source.driver, e.0)))?;
-    // no CSIDriver object: attach, as the kubelet assumes
-    let required = driver
-        .as_ref()
-        .and_then(|d| d.spec.attach_required)
-        .unwrap_or(true);
-    if !required {
+    // no CSIDriver object: attach, as the kubelet assumes; an inline volume is never attached
+    let required = object.and_then(|d| d.spec.attach_required).unwrap_or(true);
+    if !required || source.lifecycle == Lifecycle::Ephemeral {
         return Ok(None);
     }
-    let name = attachment_name(&source.volume_handle, &source.driver, &ctx.config.node_name);
+    let unique = unique_name(&source.driver, &source.volume_handle);
+    drivers.in_use().add(&unique, &pod.uid);
+    // the kubelet's checks before it waits for the attachment: the node reports the volume in use (so the
+    // attach/detach controller will not detach it under the pod), and the controller reports it attached
+    let node_name = &ctx.config.node_name;
+    let node = ctx
+        .objects
+        .node(node_name)
+        .await
+        .map_err(|e| SetUpError::Waiting(format!("reading Node {node_name}: {}", e.0)))?;
+    let status = node.as_ref().and_then(|n| n.status.as_ref());
+    let in_use = status
+        .and_then(|s| s.volumes_in_use.as_ref())
+        .is_some_and(|v| v.contains(&unique));
+    if !in_use {
+        return Err(SetUpError::Waiting(format!(
+            "volume {unique} has not been added to the list of VolumesInUse in the node's volume status"
+        )));
+    }
+    let attached = status
+        .and_then(|s| s.volumes_attached.as_ref())
+        .is_some_and(|v| v.iter().any(|a| a.name == unique));
+    if !attached {
+        return Err(SetUpError::Waiting(format!(
+            "volume {unique} is not attached according to the node status (waiting for the attach/detach \
+             controller)"
+        )));
+    }
+    let name = attachment_name(&source.volume_handle, &source.driver, node_name);
     let found = ctx
         .objects
         .volume_attachment(&name)
@@ -429,22 +623,27 @@ async fn attachment(
     }
 }
 
-/// A claim's CSI volume as the pod uses it.
+/// A CSI volume as the pod uses it.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct ClaimUse<'a> {
-    /// The PersistentVolume's name.
+pub(crate) struct VolumeUse<'a> {
+    /// The PersistentVolume's name, or the inline volume's.
     pub volume: &'a str,
+    /// The pod volume's name.
+    pub name: &'a str,
+    /// The claim it comes from.
+    pub claim: Option<&'a str>,
     /// Mounted read-only by the pod.
     pub read_only: bool,
     /// `volumeMode: Block`.
     pub block: bool,
 }
 
-/// Attaches (waits for the attachment), stages and publishes the CSI volume `source` of a claim for `pod`.
+/// Attaches (waits for the attachment), stages and publishes the CSI volume `source` for `pod`, and applies the
+/// pod's `fsGroup`.
 pub(crate) async fn set_up(
     ctx: &ActionCtx,
     pod: &DesiredPod,
-    bound: ClaimUse<'_>,
+    using: VolumeUse<'_>,
     source: &CsiSource,
 ) -> Result<(), SetUpError> {
     let (Some(drivers), Some(pods_dir)) = (&ctx.config.csi_drivers, &ctx.config.layout.pods_dir) else {
@@ -453,22 +652,75 @@ pub(crate) async fn set_up(
             source.driver
         )));
     };
-    let attachment = attachment(ctx, source).await?;
+    let object = ctx
+        .objects
+        .csi_driver(&source.driver)
+        .await
+        .map_err(|e| SetUpError::Waiting(format!("reading CSIDriver {}: {}", source.driver, e.0)))?;
+    check_lifecycle(object.as_ref(), source)
+        .map_err(|e| SetUpError::Waiting(format!("kubernetes.io/csi: {e}")))?;
+    let attachment = attachment(ctx, drivers, pod, object.as_ref(), source).await?;
+    let fs_group = super::fs_group(pod).map_err(SetUpError::Failed)?;
+    let mut context = source.attributes.clone();
+    if object.as_ref().and_then(|d| d.spec.pod_info_on_mount) == Some(true) {
+        context.extend(pod_info(pod, source.lifecycle).map(|(k, v)| (k.to_owned(), v)));
+    }
     let pod_dir = super::pod_dir(pods_dir, &pod.uid);
+    let read_only = using.read_only || source.read_only;
     let p = Publish {
         root_dir: pods_dir.parent().unwrap_or(pods_dir),
         pod_dir: &pod_dir,
         node: &ctx.config.node_name,
-        volume: bound.volume,
+        volume: using.volume,
         source,
-        read_only: bound.read_only,
-        block: bound.block,
+        context,
+        mount_group: fs_group,
+        read_only: using.read_only,
+        block: using.block,
         attachment,
     };
-    publish(drivers, &p)
+    let target = publish(drivers, &p)
         .await
-        .map(drop)
-        .map_err(|e| SetUpError::Failed(format!("kubernetes.io/csi: {e}")))
+        .map_err(|e| SetUpError::Failed(format!("kubernetes.io/csi: {e}")))?;
+    let stages = drivers
+        .get(&source.driver)
+        .is_some_and(|d| d.capabilities.stage_unstage)
+        && source.lifecycle == Lifecycle::Persistent;
+    drivers.published().add(
+        &pod.uid,
+        PublishedVolume {
+            name: using.name.to_owned(),
+            claim: using.claim.map(|c| (pod.namespace.to_string(), c.to_owned())),
+            driver: source.driver.clone(),
+            handle: source.volume_handle.clone(),
+            target: target.clone(),
+            staging: stages.then(|| staging_path(p.root_dir, &source.driver, &source.volume_handle)),
+        },
+    );
+    let driver_applies = drivers
+        .get(&source.driver)
+        .is_some_and(|d| d.capabilities.volume_mount_group);
+    let Some(gid) = fs_group.filter(|_| !driver_applies && !using.block) else {
+        return Ok(());
+    };
+    if !applies_fs_group(object.as_ref(), source, read_only) {
+        return Ok(());
+    }
+    let on_root_mismatch = pod
+        .security
+        .as_deref()
+        .is_some_and(|s| s.fs_group_on_root_mismatch);
+    blocking(move || {
+        let keep =
+            on_root_mismatch && ownership::root_matches(&target, gid, false).map_err(|e| e.to_string())?;
+        if keep {
+            return Ok(());
+        }
+        ownership::set(&target, gid, false)
+            .map_err(|e| format!("applyFSGroup failed for {}: {e}", target.display()))
+    })
+    .await
+    .map_err(|e| SetUpError::Failed(format!("kubernetes.io/csi: {e}")))
 }
 
 #[cfg(test)]
@@ -514,6 +766,87 @@ mod tests {
             serde_json::to_value(&data).unwrap(),
             serde_json::json!({"specVolID": "pv-1", "volumeHandle": "2", "driverName": "csi.example.com",
                                "nodeName": "node-1", "volumeLifecycleMode": "Persistent"})
+        );
+    }
+
+    fn source(fs_type: &str, rwo: bool, lifecycle: Lifecycle) -> CsiSource {
+        CsiSource {
+            driver: "d".into(),
+            volume_handle: "1".into(),
+            read_only: false,
+            fs_type: fs_type.into(),
+            attributes: BTreeMap::new(),
+            mount_flags: Vec::new(),
+            access_mode: 1,
+            read_write_once: rwo,
+            lifecycle,
+        }
+    }
+
+    fn driver(spec: serde_json::Value) -> CSIDriver {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "d"}, "spec": spec})).unwrap()
+    }
+
+    #[test]
+    fn an_inline_volume_needs_a_csidriver_listing_ephemeral() {
+        let inline = source("", true, Lifecycle::Ephemeral);
+        let persistent = source("", true, Lifecycle::Persistent);
+        assert_eq!(
+            check_lifecycle(None, &inline),
+            Err("volume mode \"Ephemeral\" not supported by driver d (no CSIDriver object)".into())
+        );
+        assert_eq!(check_lifecycle(None, &persistent), Ok(()));
+        // no modes listed: Persistent only
+        let plain = driver(serde_json::json!({}));
+        assert_eq!(
+            check_lifecycle(Some(&plain), &inline),
+            Err(
+                "volume mode \"Ephemeral\" not supported by driver d (only supports [\"Persistent\"])".into()
+            )
+        );
+        let both = driver(serde_json::json!({"volumeLifecycleModes": ["Persistent", "Ephemeral"]}));
+        assert_eq!(check_lifecycle(Some(&both), &inline), Ok(()));
+        assert_eq!(check_lifecycle(Some(&both), &persistent), Ok(()));
+    }
+
+    #[test]
+    fn fs_group_follows_the_drivers_policy() {
+        let ext4_rwo = source("ext4", true, Lifecycle::Persistent);
+        let no_fs_type = source("", true, Lifecycle::Persistent);
+        let ext4_rwx = source("ext4", false, Lifecycle::Persistent);
+        let policy = |p: &str| driver(serde_json::json!({"fsGroupPolicy": p}));
+        // the default (also with no CSIDriver): an fsType and ReadWriteOnce
+        assert!(applies_fs_group(None, &ext4_rwo, false));
+        assert!(!applies_fs_group(None, &no_fs_type, false));
+        assert!(!applies_fs_group(None, &ext4_rwx, false));
+        assert!(applies_fs_group(
+            Some(&policy("ReadWriteOnceWithFSType")),
+            &ext4_rwo,
+            false
+        ));
+        assert!(applies_fs_group(Some(&policy("File")), &no_fs_type, false));
+        assert!(applies_fs_group(Some(&policy("File")), &ext4_rwx, false));
+        assert!(!applies_fs_group(Some(&policy("None")), &ext4_rwo, false));
+        // never on a read-only volume
+        assert!(!applies_fs_group(Some(&policy("File")), &ext4_rwo, true));
+    }
+
+    #[test]
+    fn an_inline_volume_has_the_kubelets_handle() {
+        assert_eq!(
+            inline_handle("uid-1", "scratch"),
+            format!("csi-{}", sha256("uid-1scratch"))
+        );
+        let inline = InlineCsi {
+            driver: "d".into(),
+            read_only: false,
+            fs_type: String::new(),
+            attributes: BTreeMap::new(),
+            node_publish_secret: true,
+        };
+        assert_eq!(
+            CsiSource::inline("uid-1", "scratch", &inline).unwrap_err(),
+            "volume scratch sets csi.nodePublishSecretRef, which node-agent does not pass to the driver yet"
         );
     }
 }

@@ -17,7 +17,10 @@
 //! `hostPath` or `local` PersistentVolume's path into the containers directly (the hostPath checks, and for a
 //! writable `local` volume the pod's `fsGroup` under its `fsGroupChangePolicy`).
 //!
-//! Other volume kinds (csi, nfs, ...) are not provided: on a real node the pod fails to start with a
+//! A `csi` PersistentVolume and a pod's inline `csi` volume are attached, staged and published through the
+//! driver ([`csi`]).
+//!
+//! Other volume kinds (nfs, iscsi, ...) are not provided: on a real node the pod fails to start with a
 //! `FailedMount` event naming the kind; a hollow node has no disk to mount and lets the pod run.
 
 pub mod claims;
@@ -104,6 +107,7 @@ fn plugin(source: &VolumeSource) -> &'static str {
         VolumeSource::DownwardApi(_) => "kubernetes.io~downward-api",
         VolumeSource::Projected(_) => "kubernetes.io~projected",
         VolumeSource::Claim { .. } => "kubernetes.io~persistent-volume",
+        VolumeSource::Csi(_) => csi::POD_PLUGIN_DIR,
         VolumeSource::Unsupported(_) => "kubernetes.io~unsupported",
     }
 }
@@ -131,6 +135,9 @@ fn host_path(
         .pods_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/pods"));
+    if let VolumeSource::Csi(_) = &*v.source {
+        return csi::publish_path(&pod_dir(&root, &pod.uid), &v.name);
+    }
     if let Some(bound) = vols.and_then(|vols| vols.claim(index)) {
         return match bound.source.path() {
             Some(path) => PathBuf::from(path),
@@ -308,8 +315,10 @@ impl PodVolumes {
                                 Err(e) => return Err(err(e.to_string())),
                             }
                             if let PersistentSource::Csi(source) = &bound.source {
-                                let using = csi::ClaimUse {
+                                let using = csi::VolumeUse {
                                     volume: &bound.volume,
+                                    name: &v.name,
+                                    claim: Some(claim),
                                     read_only: bound.read_only,
                                     block: bound.block,
                                 };
@@ -329,11 +338,33 @@ impl PodVolumes {
                     self.set_up[i] = Some(0);
                     continue;
                 }
+                VolumeSource::Csi(inline) => {
+                    if self.set_up[i].is_none() && on_disk {
+                        let source = csi::CsiSource::inline(&pod.uid, &v.name, inline).map_err(err)?;
+                        let using = csi::VolumeUse {
+                            volume: &v.name,
+                            name: &v.name,
+                            claim: None,
+                            read_only: inline.read_only,
+                            block: false,
+                        };
+                        match csi::set_up(ctx, pod, using, &source).await {
+                            Ok(()) => {}
+                            Err(csi::SetUpError::Waiting(message)) => {
+                                self.waiting_for_claim = true;
+                                return Err(err(message));
+                            }
+                            Err(csi::SetUpError::Failed(message)) => return Err(err(message)),
+                        }
+                    }
+                    self.set_up[i] = Some(0);
+                    continue;
+                }
                 VolumeSource::Unsupported(kind) => {
                     if on_disk {
                         return Err(err(format!(
                             "volume kind {kind} is not supported by node-agent (only emptyDir, hostPath, configMap, \
-                             secret, downwardAPI and projected)"
+                             secret, downwardAPI, projected, persistentVolumeClaim and csi)"
                         )));
                     }
                     self.set_up[i] = Some(0);
@@ -558,7 +589,7 @@ pub fn mounts(
                     | VolumeSource::DownwardApi(_)
                     | VolumeSource::Projected(_)
                     | VolumeSource::Claim { read_only: true, .. }
-            );
+            ) || matches!(&*v.source, VolumeSource::Csi(c) if c.read_only);
             let propagation = match m.propagation {
                 Propagation::HostToContainer => cri::MountPropagation::PropagationHostToContainer,
                 Propagation::Bidirectional => cri::MountPropagation::PropagationBidirectional,

@@ -155,8 +155,25 @@ pub enum VolumeSource {
         /// `readOnly`: every mount of the volume is read-only.
         read_only: bool,
     },
-    /// Any other kind (persistentVolumeClaim, csi, nfs, ...): named for the error message.
+    /// `csi`: a CSI ephemeral inline volume, published by its driver for this pod alone.
+    Csi(InlineCsi),
+    /// Any other kind (nfs, iscsi, ...): named for the error message.
     Unsupported(&'static str),
+}
+
+/// A pod's inline `csi` volume.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InlineCsi {
+    /// The driver's name.
+    pub driver: String,
+    /// `readOnly`.
+    pub read_only: bool,
+    /// `fsType` (empty: the driver's default).
+    pub fs_type: String,
+    /// `volumeAttributes`: the volume context.
+    pub attributes: std::collections::BTreeMap<String, String>,
+    /// `nodePublishSecretRef` is set.
+    pub node_publish_secret: bool,
 }
 
 /// One pod volume.
@@ -388,6 +405,15 @@ impl VolumeSpec {
                 claim: c.claim_name.clone(),
                 read_only: c.read_only.unwrap_or(false),
             };
+            (None, source)
+        } else if let Some(c) = &v.csi {
+            let source = VolumeSource::Csi(InlineCsi {
+                driver: c.driver.clone(),
+                read_only: c.read_only.unwrap_or(false),
+                fs_type: c.fs_type.clone().unwrap_or_default(),
+                attributes: c.volume_attributes.clone().unwrap_or_default(),
+                node_publish_secret: c.node_publish_secret_ref.is_some(),
+            });
             (None, source)
         } else {
             (None, VolumeSource::Unsupported(unsupported_kind(v)))
