@@ -52,6 +52,7 @@ binaries() {
   bash "$root/hack/build-registry.sh" >/dev/null
   bash "$root/hack/build-containerd.sh" >/dev/null
   bash "$root/hack/build-podresources-client.sh" >/dev/null
+  bash "$root/hack/build-sample-device-plugin.sh" >/dev/null
   bash "$root/hack/build-local-path-provisioner.sh" >/dev/null
   bash "$root/hack/conformance.sh" build >/dev/null
   if [ -n "$vm" ]; then wait "$vm" || { echo "setup: the VM guest image could not be built" >&2; return 1; }; fi

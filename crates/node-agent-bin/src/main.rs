@@ -140,9 +140,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             node_agent::pods::make_root_shared(&flags.root_dir)
                 .context("making the root directory a shared mount (for mountPropagation)")?;
             node_agent::node_cgroups::apply_own_oom_score(kubelet.oom_score_adj);
+            // the device manager restores what its checkpoint says running pods' containers hold
+            let devices = node_agent::devices::DeviceManager::with_checkpoint(&node_agent::devices::dir(
+                &flags.root_dir,
+            ));
             let mut pods = PodOptions::default()
                 .with_root_dir(&flags.root_dir)
-                .with_csi_drivers(node_agent::csi::CsiDrivers::default());
+                .with_csi_drivers(node_agent::csi::CsiDrivers::default())
+                .with_devices(devices);
             if kubelet.cgroups_per_qos {
                 let cgroups = if kubelet.cgroup_driver == "systemd" {
                     QosCgroups::start_systemd(&kubelet.cgroup_root, kubelet.pod_pids_limit).await
@@ -170,6 +175,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let node = config.node_name.clone();
     let (serving_host, serving_ip) = (config.hostname.clone(), config.node_ip);
     let csi_drivers = pods.csi_drivers.clone().unwrap_or_default();
+    let devices = pods.devices.clone();
     let mut builder = Agent::builder(config, client, runtime)
         .token(token.clone())
         .metrics(metrics)
@@ -194,13 +200,29 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     if flags.runtime == RuntimeKind::Remote {
         // the kubelet's pod-resources API, always served by a real node (a unix socket under the root directory)
         let path = node_agent::pod_resources::socket_path(&flags.root_dir);
-        let server = node_agent::pod_resources::PodResourcesServer::bind(&path, agent.pods_query())?;
+        let mut service = node_agent::pod_resources::PodResourcesService::new(agent.pods_query());
+        if let Some(devices) = &devices {
+            service = service.with_devices(devices.clone());
+        }
+        let server = node_agent::pod_resources::PodResourcesServer::bind_with(&path, service)?;
         let stop = token.clone();
         agent.spawn(async move {
             if let Err(error) = server.run(stop).await {
                 tracing::error!(%error, "the pod-resources API stopped");
             }
         });
+        if let Some(devices) = devices {
+            // device plugins register on <root-dir>/device-plugins/kubelet.sock
+            let dir = node_agent::devices::dir(&flags.root_dir);
+            let server = node_agent::devices::registration::RegistrationServer::bind(&dir, devices)
+                .context("serving device plugin registration")?;
+            let stop = token.clone();
+            agent.spawn(async move {
+                if let Err(error) = server.run(stop).await {
+                    tracing::error!(%error, "device plugin registration stopped");
+                }
+            });
+        }
         plugin_registration(&agent, &flags.root_dir, &node, csi_drivers, &token);
     }
     let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);

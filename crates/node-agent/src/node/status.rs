@@ -55,6 +55,9 @@ pub struct StatusChannels {
     pub registered: watch::Sender<Option<RegisteredNode>>,
     /// Poked after the runtime got a new pod CIDR: ask the runtime for its status now, not at the next poll.
     pub recheck_runtime: Arc<Poke>,
+    /// The device plugins' resources with their capacity and allocatable (`None`: no device manager).
+    pub devices:
+        Option<tokio::sync::watch::Receiver<Arc<std::collections::BTreeMap<String, crate::devices::Counts>>>>,
 }
 
 /// The node status task of one agent.
@@ -225,11 +228,13 @@ impl NodeStatusManager {
         }
     }
 
-    fn static_fingerprint(health: &RuntimeHealth) -> u64 {
+    fn static_fingerprint(&self, health: &RuntimeHealth) -> u64 {
+        let devices = self.channels.devices.as_ref().map(|d| d.borrow().clone());
         hash_of(&(
             &health.version,
             &health.handlers,
             health.supplemental_groups_policy,
+            devices.as_deref(),
         ))
     }
 
@@ -257,8 +262,21 @@ impl NodeStatusManager {
     /// The parts of the status that only change with the runtime's version/handlers (or never).
     fn static_status(&self, health: &RuntimeHealth, status: &mut NodeStatus) {
         let cfg = &self.config;
-        let capacity = object::capacity(cfg);
-        let allocatable = object::allocatable(cfg, &capacity);
+        let mut capacity = object::capacity(cfg);
+        let mut allocatable = object::allocatable(cfg, &capacity);
+        if let Some(devices) = &self.channels.devices {
+            // as the kubelet: every device in capacity, the healthy ones in allocatable
+            for (resource, counts) in devices.borrow().iter() {
+                let count = |n: u64| {
+                    crate::quantity::Quantity::from_units(
+                        i64::try_from(n).unwrap_or(i64::MAX),
+                        crate::quantity::Format::DecimalSI,
+                    )
+                };
+                capacity.insert(resource.clone(), count(counts.capacity));
+                allocatable.insert(resource.clone(), count(counts.allocatable));
+            }
+        }
         status.capacity = Some(object::to_api(&capacity));
         status.allocatable = Some(object::to_api(&allocatable));
         status.addresses = Some(object::addresses(cfg));
@@ -316,7 +334,7 @@ impl NodeStatusManager {
             self.conditions = fresh;
             let sent = Fingerprints {
                 conditions: self.conditions.fingerprint(),
-                static_part: Self::static_fingerprint(&health),
+                static_part: self.static_fingerprint(&health),
                 images: images.as_ref().map(|(fp, _)| *fp),
             };
             self.policy.written(registered_at, &sent);
@@ -441,7 +459,7 @@ impl NodeStatusManager {
         }
         let fps = Fingerprints {
             conditions: self.conditions.fingerprint(),
-            static_part: Self::static_fingerprint(&health),
+            static_part: self.static_fingerprint(&health),
             images: self.images.as_ref().map(|held| held.0),
         };
         let Some(plan) = self.policy.plan(now, &fps, force) else {
