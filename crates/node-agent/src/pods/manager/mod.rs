@@ -636,7 +636,10 @@ fn event_reason(reason: &str) -> &'static str {
     if let Some(known) = KNOWN.into_iter().find(|k| *k == reason) {
         return known;
     }
-    if reason.starts_with("OutOf") && crate::pods::model::resources::is_extended(&reason["OutOf".len()..]) {
+    if reason
+        .strip_prefix("OutOf")
+        .is_some_and(crate::pods::model::resources::is_extended)
+    {
         static EXTENDED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
         let mut seen = EXTENDED.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(known) = seen.iter().find(|k| **k == reason) {

@@ -481,6 +481,36 @@ mod tests {
     }
 
     #[test]
+    fn extended_resources_are_checked_when_the_node_reports_them() {
+        let (p, d) = pod(json!({
+            "initContainers": [{"name": "init", "image": "i",
+                "resources": {"limits": {"example.com/foo": "3"}}}],
+            "containers": [
+                {"name": "a", "image": "i", "resources": {"limits": {"example.com/foo": "1"}}},
+                {"name": "b", "image": "i", "resources": {"requests": {"example.com/foo": "1"},
+                                                          "limits": {"example.com/foo": "1"}}},
+            ]
+        }));
+        // the largest init container's request beats the app containers' sum
+        assert_eq!(d.extended_effective().get("example.com/foo"), Some(&3));
+        let mut n = node();
+        // a resource the node does not report is not checked (the kubelet's cluster-level resources)
+        assert!(admit(&p, &d, &n, &Committed::default(), false, Allowlist::safe()).is_ok());
+        n.extended.insert("example.com/foo".into(), 4);
+        let mut committed = Committed::default();
+        assert!(admit(&p, &d, &n, &committed, false, Allowlist::safe()).is_ok());
+        committed.add(&d);
+        let err = admit(&p, &d, &n, &committed, false, Allowlist::safe()).unwrap_err();
+        assert_eq!(err.reason, "OutOfexample.com/foo");
+        assert_eq!(
+            err.message,
+            "Node didn't have enough resource: example.com/foo, requested: 3, used: 3, capacity: 4"
+        );
+        committed.remove(&d);
+        assert!(committed.extended.is_empty());
+    }
+
+    #[test]
     fn out_of_memory_and_pods() {
         let (p, d) = pod(json!({"containers": [
             {"name": "c", "image": "i", "resources": {"requests": {"memory": "2Gi"}}}
