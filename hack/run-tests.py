@@ -41,6 +41,7 @@ CONTAINERD_BINARIES = {
     "e2e/test/real_node_shutdown": "10.95.0.0/16",
     "e2e/test/real_node_chart": "10.97.0.0/16",
     "e2e/test/real_node_csi": "10.87.0.0/16",
+    "e2e/test/real_node_devices": "10.75.0.0/16",
     "e2e/test/real_node_faults": "10.89.0.0/16",
 }
 

@@ -52,6 +52,7 @@ binaries() {
   bash "$root/hack/build-registry.sh" >/dev/null
   bash "$root/hack/build-containerd.sh" >/dev/null
   bash "$root/hack/build-podresources-client.sh" >/dev/null
+  bash "$root/hack/build-sample-device-plugin.sh" >/dev/null
   bash "$root/hack/build-local-path-provisioner.sh" >/dev/null
   bash "$root/hack/build-external-attacher.sh" >/dev/null
   bash "$root/hack/conformance.sh" build >/dev/null

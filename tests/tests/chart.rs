@@ -99,10 +99,7 @@ async fn chart_renders_and_the_api_server_accepts_it() -> anyhow::Result<()> {
         .context("rbac.podSecrets grants secrets")?;
     // get for the pods' Secret volumes and env, list and watch for the per-object watches of the `Watch`
     // change-detection strategy
-    assert_eq!(
-        secrets_rule["verbs"],
-        serde_json::json!(["get", "list", "watch"])
-    );
+    assert_eq!(secrets_rule["verbs"], serde_json::json!(["get", "list", "watch"]));
 
     let cp = testenv::shared().await?;
     let applied = dry_run(cp, "default", &rendered)?;

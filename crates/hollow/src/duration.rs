@@ -34,6 +34,23 @@ pub mod text {
     }
 }
 
+/// Reads an optional [`parse_duration`] text in serde (`#[serde(default, with = "crate::duration::text_opt")]`).
+pub mod text_opt {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    /// Reads one duration text, or none.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => super::parse_duration(&text)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+            None => Ok(None),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -257,6 +257,8 @@ struct ProfileTemplate {
     static_pods: Vec<(String, Arc<k8s_openapi::api::core::v1::Pod>)>,
     /// Node figures besides the pods', shared by every node of the profile.
     host: Arc<node_agent::stats::Synthetic>,
+    /// Fake device plugins every node of the profile has.
+    device_plugins: Vec<node_agent::devices::fake::FakeDevices>,
 }
 
 fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError> {
@@ -280,6 +282,15 @@ fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError
             .map(|(name, pod)| (name, Arc::new(pod)))
             .collect(),
         host: Arc::default(),
+        device_plugins: p
+            .device_plugins
+            .iter()
+            .map(|d| node_agent::devices::fake::FakeDevices {
+                resource: d.resource.clone(),
+                count: d.count,
+                flap_every: d.flap_every,
+            })
+            .collect(),
     };
     for (resource, value) in &p.capacity {
         let q = quantity(&p.name, resource, value)?;
@@ -414,11 +425,24 @@ impl NodeFactory {
             cgroups: None,
             // nor CSI drivers: no plugin registers on a hollow node
             csi_drivers: None,
+            devices: None,
         };
+        let token = self.token.child_token();
+        let mut pods = pods;
+        if !t.device_plugins.is_empty() {
+            // the profile's fake device plugins, through the same device manager a real node has
+            let devices = node_agent::devices::DeviceManager::in_memory();
+            for plugin in &t.device_plugins {
+                if let Some(flapping) = node_agent::devices::fake::start(&devices, plugin, token.clone()) {
+                    tokio::spawn(flapping);
+                }
+            }
+            pods = pods.with_devices(devices);
+        }
         let mut builder = Agent::builder(config, self.pool.for_agent(index), Arc::new(runtime.clone()))
             .pods(pods)
             .node_watch_via(self.pool.watch_for_agent(index))
-            .token(self.token.child_token())
+            .token(token)
             .metrics(self.metrics.clone())
             .timer(self.timer.clone())
             .host_stats(t.host.clone());

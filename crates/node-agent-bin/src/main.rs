@@ -143,9 +143,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             // the attached volumes published before a restart are in use from the first status on
             let drivers = node_agent::csi::CsiDrivers::default();
             drivers.in_use().seed_from_disk(&flags.root_dir.join("pods"));
+            // the device manager restores what its checkpoint says running pods' containers hold
+            let devices = node_agent::devices::DeviceManager::with_checkpoint(&node_agent::devices::dir(
+                &flags.root_dir,
+            ));
             let mut pods = PodOptions::default()
                 .with_root_dir(&flags.root_dir)
-                .with_csi_drivers(drivers);
+                .with_csi_drivers(drivers)
+                .with_devices(devices);
             if kubelet.cgroups_per_qos {
                 let cgroups = if kubelet.cgroup_driver == "systemd" {
                     QosCgroups::start_systemd(&kubelet.cgroup_root, kubelet.pod_pids_limit).await
@@ -174,6 +179,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let (serving_host, serving_ip) = (config.hostname.clone(), config.node_ip);
     let csi_drivers = pods.csi_drivers.clone().unwrap_or_default();
     let host = node_agent::stats::host::RealHost::new(&flags.root_dir).with_pod_cgroups(pods.cgroups.clone());
+    let devices = pods.devices.clone();
     let mut builder = Agent::builder(config, client, runtime)
         .token(token.clone())
         .metrics(metrics)
@@ -198,13 +204,29 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     if flags.runtime == RuntimeKind::Remote {
         // the kubelet's pod-resources API, always served by a real node (a unix socket under the root directory)
         let path = node_agent::pod_resources::socket_path(&flags.root_dir);
-        let server = node_agent::pod_resources::PodResourcesServer::bind(&path, agent.pods_query())?;
+        let mut service = node_agent::pod_resources::PodResourcesService::new(agent.pods_query());
+        if let Some(devices) = &devices {
+            service = service.with_devices(devices.clone());
+        }
+        let server = node_agent::pod_resources::PodResourcesServer::bind_with(&path, service)?;
         let stop = token.clone();
         agent.spawn(async move {
             if let Err(error) = server.run(stop).await {
                 tracing::error!(%error, "the pod-resources API stopped");
             }
         });
+        if let Some(devices) = devices {
+            // device plugins register on <root-dir>/device-plugins/kubelet.sock
+            let dir = node_agent::devices::dir(&flags.root_dir);
+            let server = node_agent::devices::registration::RegistrationServer::bind(&dir, devices)
+                .context("serving device plugin registration")?;
+            let stop = token.clone();
+            agent.spawn(async move {
+                if let Err(error) = server.run(stop).await {
+                    tracing::error!(%error, "device plugin registration stopped");
+                }
+            });
+        }
         plugin_registration(&agent, &flags.root_dir, &node, csi_drivers, &token);
     }
     let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);

@@ -43,6 +43,8 @@
 //! * [`pod_resources`] — the pod-resources gRPC API on `<root-dir>/pod-resources/kubelet.sock`.
 //! * [`plugins`] — kubelet plugin registration: the watcher of `<root-dir>/plugins_registry`.
 //! * [`csi`] — the CSI node side: registered drivers, `CSINode` and the node's topology labels.
+//! * [`devices`] — device plugins (`v1beta1`): registration, devices into capacity, admission, `Allocate`, the
+//!   checkpoint; in-memory fake plugins for hollow nodes.
 
 // Long-lived tasks are written as functions returning `async move` blocks, not as `async fn`s: an `async fn`
 // keeps its arguments twice in its future (as arguments, and as the bindings its body moves them into), for
@@ -60,6 +62,7 @@ pub mod container_logs;
 mod cri_log;
 pub mod csi;
 pub mod density;
+pub mod devices;
 pub mod events;
 pub mod eviction;
 pub mod gc;

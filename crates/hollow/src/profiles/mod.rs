@@ -10,6 +10,9 @@
 //!     labels: {accelerator: nvidia}
 //!     taints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]
 //!     zones: [zone-a, zone-b]   # topology.kubernetes.io/zone, round robin over the profile's nodes
+//!     devicePlugins:            # fake device plugins: capacity and allocatable from their devices, devices
+//!                               # given to pods through the agent's device manager
+//!       - {resource: example.com/fpga, count: 2, flapEvery: 60s}   # flapEvery: one device unhealthy in turn
 //!   - name: general
 //!     weight: 1                 # the rest of the fleet, split by weight
 //!     capacity: {cpu: "8", memory: 32Gi, pods: "110"}
@@ -156,6 +159,25 @@ pub struct Profile {
     /// in the API server, as a kubelet's `staticPodPath` gives them).
     #[serde(default, rename = "staticPods")]
     pub static_pods: Vec<serde_yaml::Value>,
+    /// Fake device plugins every node of the profile has: their devices are the node's capacity and
+    /// allocatable of the resource, and pods asking for it are given devices through the agent's device
+    /// manager.
+    #[serde(default, rename = "devicePlugins")]
+    pub device_plugins: Vec<DevicePluginSpec>,
+}
+
+/// A fake device plugin as written in a profile.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DevicePluginSpec {
+    /// The extended resource (`example.com/gpu`).
+    pub resource: String,
+    /// How many devices each node has.
+    pub count: u32,
+    /// Every this long one device turns unhealthy, and healthy again the same time later (`30s`); absent:
+    /// always healthy.
+    #[serde(default, rename = "flapEvery", with = "crate::duration::text_opt")]
+    pub flap_every: Option<std::time::Duration>,
 }
 
 impl Profile {
@@ -223,6 +245,7 @@ pub fn default_profiles() -> Vec<Profile> {
         zones: Vec::new(),
         baseline: BaselineSpec::default(),
         static_pods: Vec::new(),
+        device_plugins: Vec::new(),
     }]
 }
 
@@ -295,6 +318,26 @@ pub fn parse_with_chaos(text: &str, origin: &str) -> Result<(Vec<Profile>, chaos
             }
         }
         p.static_manifests().map_err(|e| invalid(e.to_string()))?;
+        for d in &p.device_plugins {
+            if !node_agent::devices::registration::is_extended_resource(&d.resource) {
+                return Err(invalid(format!(
+                    "devicePlugins: {:?} is not an extended resource name (e.g. example.com/gpu)",
+                    d.resource
+                )));
+            }
+            if p.capacity.contains_key(&d.resource) {
+                return Err(invalid(format!(
+                    "devicePlugins: {} is also in capacity; a device plugin's resource is counted from its devices",
+                    d.resource
+                )));
+            }
+            if d.flap_every.is_some_and(|e| e.is_zero()) {
+                return Err(invalid(format!(
+                    "devicePlugins: {}: flapEvery must be above zero",
+                    d.resource
+                )));
+            }
+        }
     }
     if file.profiles.is_empty() {
         return Err(ProfileError::Fit {

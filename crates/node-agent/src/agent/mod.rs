@@ -468,6 +468,7 @@ impl Agent {
             checks: ctx.health_checks.clone(),
             registered: registered_tx,
             recheck_runtime: health_monitor.recheck_handle(),
+            devices: pods.devices.as_ref().map(crate::devices::DeviceManager::counts),
         };
         let informer = NodeInformer::new(
             node_watch.unwrap_or_else(|| ctx.client.clone()),

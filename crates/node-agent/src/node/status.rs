@@ -55,6 +55,9 @@ pub struct StatusChannels {
     pub registered: watch::Sender<Option<RegisteredNode>>,
     /// Poked after the runtime got a new pod CIDR: ask the runtime for its status now, not at the next poll.
     pub recheck_runtime: Arc<Poke>,
+    /// The device plugins' resources with their capacity and allocatable (`None`: no device manager).
+    pub devices:
+        Option<tokio::sync::watch::Receiver<Arc<std::collections::BTreeMap<String, crate::devices::Counts>>>>,
 }
 
 /// The node status task of one agent.
@@ -225,12 +228,14 @@ impl NodeStatusManager {
         }
     }
 
-    fn static_fingerprint(health: &RuntimeHealth, volumes_in_use: Option<&[String]>) -> u64 {
+    fn static_fingerprint(&self, health: &RuntimeHealth, volumes_in_use: Option<&[String]>) -> u64 {
+        let devices = self.channels.devices.as_ref().map(|d| d.borrow().clone());
         hash_of(&(
             &health.version,
             &health.handlers,
             health.supplemental_groups_policy,
             volumes_in_use,
+            devices.as_deref(),
         ))
     }
 
@@ -275,8 +280,21 @@ impl NodeStatusManager {
         let cfg = &self.config;
         // the kubelet's `volumesInUse`; `volumesAttached` is the attach/detach controller's and never written here
         status.volumes_in_use = volumes_in_use;
-        let capacity = object::capacity(cfg);
-        let allocatable = object::allocatable(cfg, &capacity);
+        let mut capacity = object::capacity(cfg);
+        let mut allocatable = object::allocatable(cfg, &capacity);
+        if let Some(devices) = &self.channels.devices {
+            // as the kubelet: every device in capacity, the healthy ones in allocatable
+            for (resource, counts) in devices.borrow().iter() {
+                let count = |n: u64| {
+                    crate::quantity::Quantity::from_units(
+                        i64::try_from(n).unwrap_or(i64::MAX),
+                        crate::quantity::Format::DecimalSI,
+                    )
+                };
+                capacity.insert(resource.clone(), count(counts.capacity));
+                allocatable.insert(resource.clone(), count(counts.allocatable));
+            }
+        }
         status.capacity = Some(object::to_api(&capacity));
         status.allocatable = Some(object::to_api(&allocatable));
         status.addresses = Some(object::addresses(cfg));
@@ -335,7 +353,7 @@ impl NodeStatusManager {
             self.conditions = fresh;
             let sent = Fingerprints {
                 conditions: self.conditions.fingerprint(),
-                static_part: Self::static_fingerprint(&health, volumes.as_deref()),
+                static_part: self.static_fingerprint(&health, volumes.as_deref()),
                 images: images.as_ref().map(|(fp, _)| *fp),
             };
             self.policy.written(registered_at, &sent);
@@ -461,7 +479,7 @@ impl NodeStatusManager {
         let volumes = self.volumes_in_use();
         let fps = Fingerprints {
             conditions: self.conditions.fingerprint(),
-            static_part: Self::static_fingerprint(&health, volumes.as_deref()),
+            static_part: self.static_fingerprint(&health, volumes.as_deref()),
             images: self.images.as_ref().map(|held| held.0),
         };
         let Some(plan) = self.policy.plan(now, &fps, force) else {

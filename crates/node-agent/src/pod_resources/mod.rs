@@ -8,12 +8,13 @@
 //! (100 per second, bursts of 10; beyond that `RESOURCE_EXHAUSTED`). The messages are compiled by the build
 //! script from the project's own `proto/podresources/v1/api.proto`, wire-compatible with the published API.
 //!
-//! What it reports is what a kubelet reports with the CPU manager and memory manager policy `none`, no device
-//! plugins and no dynamic resource allocation, because that is all this agent does (`cpuManagerPolicy` and its
-//! kin are accepted without effect): every pod the pod manager holds admitted — a pod being deleted until its
+//! What it reports is what a kubelet reports with the CPU manager and memory manager policy `none` and no
+//! dynamic resource allocation, because that is all this agent does (`cpuManagerPolicy` and its kin are
+//! accepted without effect): every pod the pod manager holds admitted — a pod being deleted until its
 //! containers have stopped; not refused pods, not pods that finished — with its sidecars (init containers
-//! with `restartPolicy: Always`) and its app containers, each with no devices, no exclusive CPU ids, no
-//! memory blocks and no dynamic resources; `GetAllocatableResources` answers empty lists for the same reason.
+//! with `restartPolicy: Always`) and its app containers, each with the device plugins' devices it was given
+//! (from the device manager, [`crate::devices`]), no exclusive CPU ids, no memory blocks and no dynamic
+//! resources; `GetAllocatableResources` answers the plugins' healthy devices and empty lists for the rest.
 //! The pods come from the pod manager over its control channel ([`PodsQuery::admitted_pods`]), never from
 //! the API server.
 
@@ -109,6 +110,37 @@ pub fn pod_resources(pod: &DesiredPod) -> v1::PodResources {
     }
 }
 
+/// Adds `devices` — (container, resource, device IDs) — to the containers of `pod`.
+pub fn add_devices(pod: &mut v1::PodResources, devices: Vec<(String, String, Vec<String>)>) {
+    for (container, resource, ids) in devices {
+        if let Some(c) = pod.containers.iter_mut().find(|c| c.name == container) {
+            c.devices.push(v1::ContainerDevices {
+                resource_name: resource,
+                device_ids: ids,
+                topology: None,
+            });
+        }
+    }
+}
+
+/// The API form of the device plugins' healthy devices, one entry per device as the kubelet lists them.
+pub fn allocatable_devices(
+    devices: &std::collections::BTreeMap<String, Vec<(String, Vec<i64>)>>,
+) -> Vec<v1::ContainerDevices> {
+    devices
+        .iter()
+        .flat_map(|(resource, ids)| {
+            ids.iter().map(move |(id, numa)| v1::ContainerDevices {
+                resource_name: resource.clone(),
+                device_ids: vec![id.clone()],
+                topology: (!numa.is_empty()).then(|| v1::TopologyInfo {
+                    nodes: numa.iter().map(|n| v1::NumaNode { id: *n }).collect(),
+                }),
+            })
+        })
+        .collect()
+}
+
 /// A client of the pod-resources API on the unix socket `path` (the API's consumers' view; the tests use it).
 pub async fn connect(
     path: impl Into<PathBuf>,
@@ -146,6 +178,14 @@ impl PodResourcesServer {
     /// replaced, anything else is an error), answering from the pod manager `pods` asks. Must be called
     /// inside a tokio runtime.
     pub fn bind(path: impl Into<PathBuf>, pods: PodsQuery) -> Result<Self, PodResourcesError> {
+        Self::bind_with(path, PodResourcesService::new(pods))
+    }
+
+    /// Binds `path` as [`bind`](Self::bind) does, answering with `service`.
+    pub fn bind_with(
+        path: impl Into<PathBuf>,
+        service: PodResourcesService,
+    ) -> Result<Self, PodResourcesError> {
         let path = path.into();
         if let Some(dir) = path.parent() {
             std::fs::DirBuilder::new()
@@ -174,7 +214,7 @@ impl PodResourcesServer {
         Ok(Self {
             path,
             listener,
-            service: PodResourcesService::new(pods),
+            service,
         })
     }
 

@@ -20,6 +20,7 @@ pub const BURST: u32 = 10;
 #[derive(Debug)]
 pub struct PodResourcesService {
     pods: PodsQuery,
+    devices: Option<crate::devices::DeviceManager>,
     limit: Limit,
 }
 
@@ -28,8 +29,15 @@ impl PodResourcesService {
     pub fn new(pods: PodsQuery) -> Self {
         Self {
             pods,
+            devices: None,
             limit: Limit::new(QPS, BURST),
         }
+    }
+
+    /// Also reports the devices `devices` gave the containers, and its healthy devices as allocatable.
+    pub fn with_devices(mut self, devices: crate::devices::DeviceManager) -> Self {
+        self.devices = Some(devices);
+        self
     }
 
     /// The pods holding the node's resources, by namespace then name.
@@ -39,7 +47,16 @@ impl PodResourcesService {
             .admitted_pods()
             .await
             .ok_or_else(|| Status::unavailable("the pod manager is not running"))?;
-        let mut pods: Vec<_> = pods.iter().map(|p| pod_resources(p)).collect();
+        let mut pods: Vec<_> = pods
+            .iter()
+            .map(|p| {
+                let mut out = pod_resources(p);
+                if let Some(devices) = &self.devices {
+                    super::add_devices(&mut out, devices.pod_devices(&p.uid));
+                }
+                out
+            })
+            .collect();
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         Ok(pods)
     }
@@ -62,9 +79,17 @@ impl v1::pod_resources_lister_server::PodResourcesLister for PodResourcesService
         _request: Request<v1::AllocatableResourcesRequest>,
     ) -> Result<Response<v1::AllocatableResourcesResponse>, Status> {
         self.limit.take()?;
-        // no device plugins, CPU manager policy none (no exclusively assignable CPUs), memory manager policy
-        // none (no NUMA memory blocks): the kubelet answers three empty lists in that configuration
-        Ok(Response::new(v1::AllocatableResourcesResponse::default()))
+        // the device plugins' healthy devices; CPU manager policy none (no exclusively assignable CPUs) and
+        // memory manager policy none (no NUMA memory blocks): the kubelet answers empty lists for those
+        let devices = self
+            .devices
+            .as_ref()
+            .map(|d| super::allocatable_devices(&d.allocatable_devices()))
+            .unwrap_or_default();
+        Ok(Response::new(v1::AllocatableResourcesResponse {
+            devices,
+            ..Default::default()
+        }))
     }
 
     async fn get(

@@ -124,6 +124,9 @@ pub struct PodConfig {
     pub pleg_health: Option<PlegHealth>,
     /// The CSI drivers registered on this node, which publish its CSI volumes (a real node; `None`: no CSI).
     pub csi_drivers: Option<crate::csi::CsiDrivers>,
+    /// The node's device manager: device plugin resources are admitted against it and its containers given
+    /// their devices (`None`: no device plugins; extended resources are checked against allocatable alone).
+    pub devices: Option<crate::devices::DeviceManager>,
 }
 
 impl PodConfig {
@@ -143,6 +146,7 @@ impl PodConfig {
             pulls: actions::pull_gate::PullSettings::default(),
             pleg_health: None,
             csi_drivers: None,
+            devices: None,
         }
     }
 }

@@ -28,6 +28,8 @@ pub struct PodOptions {
     /// The CSI drivers registered on a real node (see [`with_csi_drivers`](Self::with_csi_drivers)); `None`: CSI
     /// volumes are not published.
     pub csi_drivers: Option<crate::csi::CsiDrivers>,
+    /// The node's device manager (see [`with_devices`](Self::with_devices)); `None`: no device plugins.
+    pub devices: Option<crate::devices::DeviceManager>,
 }
 
 impl PodOptions {
@@ -43,6 +45,7 @@ impl PodOptions {
             root_dir: None,
             cgroups: None,
             csi_drivers: None,
+            devices: None,
         }
     }
 
@@ -50,6 +53,13 @@ impl PodOptions {
     pub fn with_root_dir(mut self, root_dir: impl Into<std::path::PathBuf>) -> Self {
         self.kind = NodeKind::Real;
         self.root_dir = Some(root_dir.into());
+        self
+    }
+
+    /// Admits device plugin resources against `devices` and gives containers their devices (a real node's
+    /// registered plugins, or a hollow node's fakes).
+    pub fn with_devices(mut self, devices: crate::devices::DeviceManager) -> Self {
+        self.devices = Some(devices);
         self
     }
 

@@ -421,6 +421,9 @@ impl PodManager {
             if e.admitted {
                 e.admitted = false;
                 self.committed.remove(&e.allocated);
+                if let Some(devices) = &self.ctx.config.devices {
+                    devices.release(&uid);
+                }
                 released = true;
             }
         }
@@ -512,7 +515,12 @@ impl PodManager {
                     .sysctls
                     .as_deref()
                     .unwrap_or_else(|| crate::sysctl::Allowlist::safe());
-                admission::admit(&pod, &desired, &view, &self.committed, critical, sysctls)
+                admission::admit(&pod, &desired, &view, &self.committed, critical, sysctls).and_then(|()| {
+                    match &self.ctx.config.devices {
+                        Some(devices) => admission::admit_devices(devices, &desired),
+                        None => Ok(()),
+                    }
+                })
             }
         };
         match verdict {
@@ -606,9 +614,11 @@ fn tick(every: &mut Option<Box<tokio::time::Interval>>) -> impl Future<Output = 
     })
 }
 
-/// The event reason of a rejection (event reasons are `&'static str`; admission's come from a fixed set).
+/// The event reason of a rejection (event reasons are `&'static str`; admission's come from a fixed set, and
+/// `OutOf<resource>` for the extended resources this node has, kept once per name).
 fn event_reason(reason: &str) -> &'static str {
-    const KNOWN: [&str; 13] = [
+    const KNOWN: [&str; 14] = [
+        admission::UNEXPECTED_ADMISSION_ERROR,
         crate::pods::model::fields::REASON,
         "Evicted",
         "SysctlForbidden",
@@ -623,8 +633,24 @@ fn event_reason(reason: &str) -> &'static str {
         "NodePorts",
         "TaintToleration",
     ];
-    KNOWN
-        .into_iter()
-        .find(|k| *k == reason)
-        .unwrap_or("UnexpectedAdmissionError")
+    if let Some(known) = KNOWN.into_iter().find(|k| *k == reason) {
+        return known;
+    }
+    if reason
+        .strip_prefix("OutOf")
+        .is_some_and(crate::pods::model::resources::is_extended)
+    {
+        static EXTENDED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+        let mut seen = EXTENDED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = seen.iter().find(|k| **k == reason) {
+            return known;
+        }
+        // a node has few extended resources: each name is kept for the process's life
+        if seen.len() < 64 {
+            let kept: &'static str = Box::leak(reason.to_owned().into_boxed_str());
+            seen.push(kept);
+            return kept;
+        }
+    }
+    admission::UNEXPECTED_ADMISSION_ERROR
 }

@@ -34,6 +34,8 @@ pub struct NodeView {
     pub ephemeral: i64,
     /// Allocatable pods.
     pub pods: i64,
+    /// Allocatable extended resources (`example.com/gpu`), by name; a resource missing here is not checked.
+    pub extended: std::collections::BTreeMap<String, i64>,
     /// Node labels (shared with the node informer's snapshot).
     pub labels: std::sync::Arc<crate::node::NodeLabels>,
     /// `NoExecute` taints as `(key, value)`.
@@ -70,6 +72,17 @@ impl NodeView {
             memory: get("memory", false),
             ephemeral: get("ephemeral-storage", false),
             pods: get("pods", false),
+            extended: alloc
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| crate::pods::model::resources::is_extended(k))
+                .filter_map(|(k, q)| {
+                    Some((
+                        k.clone(),
+                        i64::try_from(Quantity::from_api(q).ok()?.value()).ok()?,
+                    ))
+                })
+                .collect(),
             labels: std::sync::Arc::new(crate::node::NodeLabels::of(&node.metadata)),
             no_execute_taints: node
                 .spec
@@ -207,6 +220,11 @@ pub fn compose(node: &NodeSnapshot, allocatable: &ResourceList, pressure: Pressu
         memory: get("memory", false),
         ephemeral: get("ephemeral-storage", false),
         pods: get("pods", false),
+        extended: allocatable
+            .iter()
+            .filter(|(k, _)| crate::pods::model::resources::is_extended(k))
+            .filter_map(|(k, q)| Some((k.clone(), i64::try_from(q.value()).ok()?)))
+            .collect(),
         labels: node.labels.clone(),
         no_execute_taints: node
             .taints

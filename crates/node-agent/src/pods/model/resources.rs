@@ -99,6 +99,39 @@ impl ContainerResources {
     }
 }
 
+/// Whether `name` is an extended resource's: a domain-prefixed name outside `kubernetes.io/` (and not a quota
+/// `requests.` name), such as a device plugin's `example.com/gpu`.
+pub fn is_extended(name: &str) -> bool {
+    crate::devices::registration::is_extended_resource(name)
+}
+
+/// The extended resources each container requests (the request, or the limit when no request is written, as
+/// the API server defaults it), as (container, resource, count) for whole counts above zero.
+pub fn extended_requests<'a>(
+    containers: impl Iterator<Item = (&'a str, Option<&'a ResourceRequirements>)>,
+) -> Vec<(String, String, u64)> {
+    let mut out = Vec::new();
+    for (name, r) in containers {
+        let Some(r) = r else { continue };
+        let requests = r.requests.as_ref();
+        let limits = r.limits.as_ref();
+        let names: std::collections::BTreeSet<&String> = requests
+            .into_iter()
+            .flatten()
+            .chain(limits.into_iter().flatten())
+            .map(|(k, _)| k)
+            .filter(|k| is_extended(k))
+            .collect();
+        for resource in names {
+            let count = units(requests, resource).or_else(|| units(limits, resource));
+            if let Some(count) = count.and_then(|c| u64::try_from(c).ok()).filter(|c| *c > 0) {
+                out.push((name.to_owned(), resource.clone(), count));
+            }
+        }
+    }
+    out
+}
+
 /// What a pod charges against the node: cpu millicores, memory and ephemeral-storage bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PodRequests {

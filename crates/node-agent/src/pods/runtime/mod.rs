@@ -7,10 +7,12 @@
 //! * [`security`] — security contexts as CRI settings (namespaces, seccomp, users).
 //! * [`dns`] — the pod's resolver configuration.
 //! * [`cgroups`] — QoS and pod cgroups of a real node.
+//! * [`devices`] — the devices a container was given, in its CRI config.
 //! * [`termination`] — a container's termination message.
 //! * [`oom_score`] — each container's `oom_score_adj` by QoS class.
 
 pub mod cgroups;
+pub mod devices;
 pub mod dns;
 pub mod labels;
 pub(crate) mod observed;

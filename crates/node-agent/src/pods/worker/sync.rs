@@ -366,6 +366,23 @@ impl PodWorker {
         {
             cgroups.container_resources(resources);
         }
+        if let Some(devices) = &ctx.config.devices {
+            let wants: Vec<(String, u64)> = pod
+                .extended_requests()
+                .iter()
+                .filter(|(container, _, _)| *container == s.name)
+                .map(|(_, resource, n)| (resource.clone(), *n))
+                .collect();
+            if !wants.is_empty() {
+                match devices.container_allocation(&pod.uid, &s.name, &wants).await {
+                    Ok(Some(allocation)) => crate::pods::runtime::devices::apply(&mut config, &allocation),
+                    Ok(None) => {}
+                    Err(message) => {
+                        return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message));
+                    }
+                }
+            }
+        }
         let req = cri::CreateContainerRequest {
             pod_sandbox_id: sandbox.id.to_string(),
             config: Some(config),

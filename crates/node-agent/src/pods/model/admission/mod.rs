@@ -6,8 +6,9 @@
 //! honour ([`crate::pods::model::fields`], `UnsupportedPodField`), then applies the kubelet's rules in its order:
 //! node pressure (`Evicted`), sysctls (`SysctlForbidden`), the pod's OS (`PodOSSelectorNodeLabelDoesNotMatch`,
 //! `PodOSNotSupported`), node selector and required node affinity (`NodeAffinity`), host ports (`NodePorts`), resources
-//! (`OutOfcpu`, `OutOfmemory`, `OutOfephemeral-storage`, `OutOfpods`), and untolerated `NoExecute` taints
-//! (`TaintToleration`). A rejection carries the reason and message the pod's status and event show.
+//! (`OutOfcpu`, `OutOfmemory`, `OutOfephemeral-storage`, `OutOfpods`, `OutOf<extended resource>`), and untolerated
+//! `NoExecute` taints (`TaintToleration`). [`admit_devices`] is the device manager's check of device plugin
+//! resources (`UnexpectedAdmissionError`). A rejection carries the reason and message the pod's status and event show.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -37,6 +38,8 @@ pub struct Committed {
     pub pods: i64,
     /// Host ports in use, as `(protocol, port)`.
     pub host_ports: HashSet<(String, i32)>,
+    /// Summed effective requests of extended resources.
+    pub extended: BTreeMap<String, i64>,
 }
 
 impl Committed {
@@ -45,6 +48,9 @@ impl Committed {
         self.requests = self.requests.plus(pod.requests());
         self.pods += 1;
         self.host_ports.extend(host_ports(pod));
+        for (resource, n) in pod.extended_effective() {
+            *self.extended.entry(resource).or_default() += n;
+        }
     }
 
     /// Removes a pod added before.
@@ -53,6 +59,14 @@ impl Committed {
         self.pods -= 1;
         for p in host_ports(pod) {
             self.host_ports.remove(&p);
+        }
+        for (resource, n) in pod.extended_effective() {
+            if let Some(used) = self.extended.get_mut(&resource) {
+                *used -= n;
+                if *used <= 0 {
+                    self.extended.remove(&resource);
+                }
+            }
         }
     }
 }
@@ -218,6 +232,7 @@ pub fn admit(
         return Err(short("pods", 1, committed.pods, node.pods));
     }
     fit_resources(desired.requests(), committed.requests, node)?;
+    fit_extended(desired, committed, node)?;
     let tolerations: &[Toleration] = spec.and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
     let untolerated = node
         .no_execute_taints
@@ -237,6 +252,39 @@ fn short(name: &str, requested: i64, used: i64, capacity: i64) -> Rejection {
         ),
     }
 }
+
+/// Whether the pod's extended resources fit beside what is committed, as the kubelet's resource predicate
+/// judges them (`OutOf<resource>`): only resources the node's allocatable names are checked, as the kubelet
+/// leaves out those it does not know (cluster-level resources).
+fn fit_extended(desired: &DesiredPod, committed: &Committed, node: &NodeView) -> Result<(), Rejection> {
+    for (resource, want) in desired.extended_effective() {
+        let Some(capacity) = node.extended.get(&resource) else {
+            continue;
+        };
+        let used = committed.extended.get(&resource).copied().unwrap_or(0);
+        if want > 0 && used + want > *capacity {
+            return Err(short(&resource, want, used, *capacity));
+        }
+    }
+    Ok(())
+}
+
+/// Admission by the device manager, as the kubelet's resource allocation admit handler: the devices of the
+/// pod's device plugin resources are reserved, or the pod is refused (`UnexpectedAdmissionError`).
+pub fn admit_devices(devices: &crate::devices::DeviceManager, desired: &DesiredPod) -> Result<(), Rejection> {
+    if desired.extended_requests().is_empty() {
+        return Ok(());
+    }
+    devices
+        .admit(&desired.uid, desired.extended_requests())
+        .map_err(|message| Rejection {
+            reason: UNEXPECTED_ADMISSION_ERROR.into(),
+            message,
+        })
+}
+
+/// The kubelet's reason for a pod refused by a resource manager (here: the device manager).
+pub const UNEXPECTED_ADMISSION_ERROR: &str = "UnexpectedAdmissionError";
 
 /// Whether requests `want` fit beside `used` in the node's allocatable, as the kubelet's resource predicate
 /// judges them (cpu, then memory, then ephemeral storage; a resource not requested always fits).
@@ -430,6 +478,36 @@ mod tests {
         );
         committed.remove(&d);
         assert!(admit(&p, &d, &node(), &committed, false, Allowlist::safe()).is_ok());
+    }
+
+    #[test]
+    fn extended_resources_are_checked_when_the_node_reports_them() {
+        let (p, d) = pod(json!({
+            "initContainers": [{"name": "init", "image": "i",
+                "resources": {"limits": {"example.com/foo": "3"}}}],
+            "containers": [
+                {"name": "a", "image": "i", "resources": {"limits": {"example.com/foo": "1"}}},
+                {"name": "b", "image": "i", "resources": {"requests": {"example.com/foo": "1"},
+                                                          "limits": {"example.com/foo": "1"}}},
+            ]
+        }));
+        // the largest init container's request beats the app containers' sum
+        assert_eq!(d.extended_effective().get("example.com/foo"), Some(&3));
+        let mut n = node();
+        // a resource the node does not report is not checked (the kubelet's cluster-level resources)
+        assert!(admit(&p, &d, &n, &Committed::default(), false, Allowlist::safe()).is_ok());
+        n.extended.insert("example.com/foo".into(), 4);
+        let mut committed = Committed::default();
+        assert!(admit(&p, &d, &n, &committed, false, Allowlist::safe()).is_ok());
+        committed.add(&d);
+        let err = admit(&p, &d, &n, &committed, false, Allowlist::safe()).unwrap_err();
+        assert_eq!(err.reason, "OutOfexample.com/foo");
+        assert_eq!(
+            err.message,
+            "Node didn't have enough resource: example.com/foo, requested: 3, used: 3, capacity: 4"
+        );
+        committed.remove(&d);
+        assert!(committed.extended.is_empty());
     }
 
     #[test]

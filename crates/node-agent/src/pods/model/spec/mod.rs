@@ -295,6 +295,9 @@ pub struct PodExtras {
     /// The containers ask for other resources than the node allocated them and the node cannot give them
     /// yet: the pod's containers carry the allocated resources, and this says why.
     pub resize_pending: Option<ResizePending>,
+    /// Extended resources (`example.com/gpu`) the init and app containers request, as (container, resource,
+    /// count), in spec order.
+    pub extended: Vec<(String, String, u64)>,
 }
 
 /// An ephemeral container: started once in the pod's sandbox when it appears, never restarted.
@@ -621,6 +624,13 @@ impl DesiredPod {
                 })
                 .collect(),
             resize_pending: None,
+            extended: resources::extended_requests(
+                spec.init_containers
+                    .iter()
+                    .flatten()
+                    .chain(spec.containers.iter())
+                    .map(|c| (c.name.as_str(), c.resources.as_ref())),
+            ),
         };
         let extras = (extras != PodExtras::default()).then(|| Box::new(extras));
         let qos = resources::qos_class(init_containers.iter().chain(&containers));
@@ -726,6 +736,37 @@ impl DesiredPod {
             .chain(self.containers.iter())
             .chain(self.ephemeral().iter().map(|e| &e.container))
             .find(|c| c.name == name)
+    }
+
+    /// The extended resources the init and app containers request: (container, resource, count).
+    pub fn extended_requests(&self) -> &[(String, String, u64)] {
+        self.extras.as_ref().map_or(&[], |e| &e.extended)
+    }
+
+    /// The pod's effective request of each extended resource, as the scheduler and the kubelet's resource
+    /// predicate count it: the app containers' and sidecars' sum, or the largest plain init container's
+    /// request when that is more.
+    pub fn extended_effective(&self) -> std::collections::BTreeMap<String, i64> {
+        let mut sum: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+        let mut init_max: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+        for (container, resource, count) in self.extended_requests() {
+            let count = i64::try_from(*count).unwrap_or(i64::MAX);
+            let plain_init = self
+                .init_containers
+                .iter()
+                .any(|c| &c.name == container && !c.sidecar);
+            if plain_init {
+                let m = init_max.entry(resource.clone()).or_default();
+                *m = (*m).max(count);
+            } else {
+                *sum.entry(resource.clone()).or_default() += count;
+            }
+        }
+        for (resource, m) in init_max {
+            let s = sum.entry(resource).or_default();
+            *s = (*s).max(m);
+        }
+        sum
     }
 
     /// `spec.ephemeralContainers`.
