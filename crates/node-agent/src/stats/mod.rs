@@ -470,6 +470,7 @@ impl StatsProvider {
                     tx_bytes: 0,
                     processes: usage.pod.processes,
                     containers,
+                    volumes: Arc::new([]),
                 },
             ));
         }
