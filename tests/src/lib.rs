@@ -6,6 +6,7 @@
 pub mod chart;
 pub mod containerd;
 pub mod kubelet_api;
+pub mod relay;
 pub mod vm;
 
 use std::future::Future;

@@ -17,6 +17,8 @@ mod harness;
 
 #[path = "real_node_faults/agent_kill.rs"]
 mod agent_kill;
+#[path = "real_node_faults/control_plane.rs"]
+mod control_plane;
 #[path = "real_node_faults/disk.rs"]
 mod disk;
 #[path = "real_node_faults/runtime.rs"]
@@ -28,7 +30,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use e2e::wait_for;
-use harness::{NODE, RealNode};
+use harness::{NODE, NodeOptions, RealNode};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
@@ -37,11 +39,62 @@ use runtime_api::{Runtime, cri};
 /// Held by each test for its whole run: every test here disrupts the node the others use.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The relay between the node and the API server ([`control_plane`] cuts it).
+static RELAY: std::sync::OnceLock<e2e::relay::Relay> = std::sync::OnceLock::new();
+
+/// The node's lease duration: the API server unreachable longer than this (and than the controller-manager's
+/// grace period) makes the node Unknown.
+const LEASE_SECONDS: u64 = 10;
+/// The controller-manager's `--node-monitor-grace-period`, short so that the outage test is.
+const NODE_MONITOR_GRACE: Duration = Duration::from_secs(20);
+
+/// Starts [`RELAY`] to the API server at `server` (`https://127.0.0.1:P`); answers the relay's address.
+fn relay_to(server: &str) -> anyhow::Result<String> {
+    let target = server
+        .trim_start_matches("https://")
+        .parse()
+        .with_context(|| format!("the API server's address {server}"))?;
+    let relay = RELAY.get_or_init(|| e2e::relay::Relay::start(target).expect("a loopback listener"));
+    Ok(format!("https://{}", relay.addr()))
+}
+
 /// The node and the lock that gives the calling test the node alone; `None` when the real-node tests are not
-/// enabled.
+/// enabled. The node reaches the API server through [`RELAY`], with a [`LEASE_SECONDS`] lease.
 async fn node() -> anyhow::Result<Option<(&'static RealNode, tokio::sync::MutexGuard<'static, ()>)>> {
     let serial = SERIAL.lock().await;
-    Ok(RealNode::get().await?.map(|n| (n, serial)))
+    let options = NodeOptions {
+        extra_config: format!("nodeLeaseDurationSeconds: {LEASE_SECONDS}\n"),
+        api_server: Some(relay_to),
+        node_monitor_grace_period: Some(NODE_MONITOR_GRACE),
+        ..Default::default()
+    };
+    let Some(node) = RealNode::get_with(&options).await? else {
+        return Ok(None);
+    };
+    // the pods a failed test left are removed first, so that its failure is not also the next test's
+    let everywhere: Api<Pod> = Api::all(node.cp.admin_client().await?);
+    let left = fault_pods(&everywhere).await?;
+    if !left.is_empty() {
+        println!(
+            "[real_node_faults] removing {} pods an earlier test left",
+            left.len()
+        );
+        for p in &left {
+            let ns: Api<Pod> = Api::namespaced(
+                node.cp.admin_client().await?,
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+            );
+            let _ = ns.delete(&name(p), &DeleteParams::default()).await;
+        }
+        wait_for(
+            "the earlier test's pods gone",
+            Duration::from_secs(180),
+            || async { Ok(fault_pods(&everywhere).await?.is_empty().then_some(())) },
+        )
+        .await?;
+        wait_clean(node).await?;
+    }
+    Ok(Some((node, serial)))
 }
 
 /// A pod whose one container sleeps, with a memory-backed emptyDir (a tmpfs mount in the pod's directory:

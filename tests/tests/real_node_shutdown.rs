@@ -65,6 +65,7 @@ async fn sigterm_shuts_the_node_down_gracefully() -> anyhow::Result<()> {
         extra_config: "shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 3s\n".into(),
         // this host has no logind: SIGTERM is the machine's shutdown
         extra_args: vec!["--shutdown-trigger=sigterm".into()],
+        ..Default::default()
     };
     let Some(node) = RealNode::get_with(&options).await? else {
         return Ok(());

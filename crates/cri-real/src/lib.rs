@@ -362,18 +362,24 @@ impl Runtime for RemoteRuntime {
     }
 
     async fn get_container_events(&self, req: cri::GetEventsRequest) -> Result<EventStream> {
-        // the deadline covers opening the stream only; the stream itself lives as long as the caller wants
-        let timeout = self.config.request_timeout;
+        // containerd subscribes at once but sends the call's response headers with its first event, so on a
+        // quiet runtime the call stays unanswered though the stream is open. A refusal (`Unimplemented`, a
+        // runtime without events) comes at once: wait that long for one, then hand out the stream, whose first
+        // item arrives with the runtime's first event.
         let mut client = self.runtime.clone();
-        let response = match tokio::time::timeout(timeout, client.get_container_events(req)).await {
-            Ok(Ok(response)) => response,
-            Ok(Err(status)) => return Err(RuntimeError::from(status)),
-            Err(_) => return Err(deadline("get_container_events", timeout)),
-        };
-        Ok(response
-            .into_inner()
-            .map(|item| item.map_err(RuntimeError::from))
-            .boxed())
+        let mut call = Box::pin(async move { client.get_container_events(req).await });
+        match tokio::time::timeout(EVENTS_REFUSAL_WAIT, &mut call).await {
+            Ok(Ok(response)) => Ok(events(response)),
+            Ok(Err(status)) => Err(RuntimeError::from(status)),
+            Err(_) => Ok(futures::stream::once(call)
+                .flat_map(|answer| match answer {
+                    Ok(response) => events(response),
+                    Err(status) => {
+                        futures::stream::once(std::future::ready(Err(RuntimeError::from(status)))).boxed()
+                    }
+                })
+                .boxed()),
+        }
     }
 
     async fn list_images(&self, req: cri::ListImagesRequest) -> Result<cri::ListImagesResponse> {
@@ -395,6 +401,17 @@ impl Runtime for RemoteRuntime {
     async fn image_fs_info(&self, req: cri::ImageFsInfoRequest) -> Result<cri::ImageFsInfoResponse> {
         rpc!(self, images, image_fs_info, req)
     }
+}
+
+/// How long opening the runtime's event stream waits for a refusal before the stream counts as open.
+const EVENTS_REFUSAL_WAIT: Duration = Duration::from_secs(2);
+
+/// The events of an answered `GetContainerEvents` call.
+fn events(response: tonic::Response<tonic::Streaming<cri::ContainerEventResponse>>) -> EventStream {
+    response
+        .into_inner()
+        .map(|item| item.map_err(RuntimeError::from))
+        .boxed()
 }
 
 #[cfg(test)]

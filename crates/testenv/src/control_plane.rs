@@ -77,6 +77,8 @@ pub struct ControlPlane {
     remove_dir_on_stop: bool,
     /// The kube-apiserver's program and arguments (to start it again after [`ControlPlane::stop_apiserver`]).
     apiserver_cmd: Option<(PathBuf, Vec<String>)>,
+    /// etcd's program and arguments, and its client URL (to start it again after [`ControlPlane::stop_etcd`]).
+    etcd_cmd: Option<(PathBuf, Vec<String>, String)>,
 }
 
 const INFO_FILE: &str = "control-plane.json";
@@ -264,24 +266,26 @@ impl ControlPlane {
             procs: Mutex::new(Vec::new()),
             remove_dir_on_stop: opts.dir.is_none(),
             apiserver_cmd: None,
+            etcd_cmd: None,
         };
 
         // etcd
-        let mut etcd = Proc::start(
-            "etcd",
-            &binaries.etcd,
-            &[
-                format!("--data-dir={}", s(&dir.join("etcd-data"))),
-                format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
-                format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"),
-                "--log-level=warn".into(),
-                "--quota-backend-bytes=8589934592".into(),
-            ],
-            &logs.join("etcd.log"),
-        )?;
+        let etcd_args = vec![
+            format!("--data-dir={}", s(&dir.join("etcd-data"))),
+            format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"),
+            "--log-level=warn".into(),
+            "--quota-backend-bytes=8589934592".into(),
+        ];
+        cp.etcd_cmd = Some((
+            binaries.etcd.clone(),
+            etcd_args.clone(),
+            format!("http://127.0.0.1:{etcd_port}"),
+        ));
+        let mut etcd = Proc::start("etcd", &binaries.etcd, &etcd_args, &logs.join("etcd.log"))?;
         let etcd_ready = wait_tcp(etcd_port, deadline, &mut etcd).await;
         cp.adopt(etcd);
         etcd_ready?;
@@ -401,6 +405,7 @@ impl ControlPlane {
             procs: Mutex::new(Vec::new()),
             remove_dir_on_stop: false,
             apiserver_cmd: None,
+            etcd_cmd: None,
         })
     }
 
@@ -448,6 +453,54 @@ impl ControlPlane {
         self.wait_apiserver_ready(tokio::time::Instant::now() + Duration::from_secs(60))
             .await
             .with_context(|| crate::process::log_tail(&log, 30))
+    }
+
+    /// Stops etcd only (SIGTERM, then SIGKILL after 10 s): the API server stays up but cannot read or write.
+    /// For a control plane this handle started; an error when it has no etcd running.
+    pub async fn stop_etcd(&self) -> anyhow::Result<()> {
+        let proc = {
+            let mut procs = self
+                .procs
+                .lock()
+                .map_err(|_| anyhow::anyhow!("process list lock poisoned"))?;
+            let i = procs
+                .iter()
+                .position(|p| p.name() == "etcd")
+                .context("no etcd started by this handle is running")?;
+            procs.remove(i)
+        };
+        proc.stop(Duration::from_secs(10)).await
+    }
+
+    /// Starts etcd again after [`ControlPlane::stop_etcd`], on the same ports with the same data, and waits up
+    /// to 60 s until the API server is ready again (it reconnects by itself).
+    pub async fn start_etcd(&self) -> anyhow::Result<()> {
+        let (program, args, _) = self
+            .etcd_cmd
+            .clone()
+            .context("this handle did not start the control plane")?;
+        let running = self
+            .procs
+            .lock()
+            .map(|p| p.iter().any(|p| p.name() == "etcd"))
+            .unwrap_or(false);
+        if running {
+            bail!("etcd is running already");
+        }
+        let log = self.dir.join("logs").join("etcd.log");
+        let proc = Proc::start("etcd", &program, &args, &log)?;
+        if let Ok(mut procs) = self.procs.lock() {
+            // first: stopping everything stays in reverse start order
+            procs.insert(0, proc);
+        }
+        self.wait_apiserver_ready(tokio::time::Instant::now() + Duration::from_secs(60))
+            .await
+            .with_context(|| crate::process::log_tail(&log, 30))
+    }
+
+    /// etcd's client URL (`http://127.0.0.1:<port>`, no TLS), for a control plane this handle started.
+    pub fn etcd_url(&self) -> Option<&str> {
+        self.etcd_cmd.as_ref().map(|(_, _, url)| url.as_str())
     }
 
     fn adopt(&mut self, proc: Proc) {

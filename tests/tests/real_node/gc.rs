@@ -39,6 +39,7 @@ pub fn options() -> NodeOptions {
                        containerLogMaxSize: 2Mi\ncontainerLogMaxFiles: 10\ncontainerLogMaxWorkers: 2\n\
                        containerLogMonitorInterval: 3s\n"
                 .into(),
+        ..Default::default()
     }
 }
 

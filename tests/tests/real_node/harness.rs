@@ -75,6 +75,11 @@ pub struct NodeOptions {
     pub extra_args: Vec<String>,
     /// More KubeletConfiguration lines (`field: value\n`).
     pub extra_config: String,
+    /// The API server address the agent's kubeconfig names, from the control plane's (`https://127.0.0.1:P`):
+    /// a relay of the test that can cut the node off. The control plane's own when `None`.
+    pub api_server: Option<fn(&str) -> anyhow::Result<String>>,
+    /// The controller-manager's `--node-monitor-grace-period` (its default when `None`).
+    pub node_monitor_grace_period: Option<Duration>,
 }
 
 /// The node, or why it could not start (every test of the binary then fails with that message, without
@@ -164,6 +169,7 @@ impl RealNode {
         };
         let cp = testenv::shared_with(testenv::Options {
             controller_manager_args: vec![format!("--cluster-cidr={subnet_text}")],
+            node_monitor_grace_period: options.node_monitor_grace_period,
             ..Default::default()
         });
         let (setup, cp) = tokio::join!(setup, cp);
@@ -211,11 +217,18 @@ impl RealNode {
                 .port()
                 .to_string())
         };
+        let mut kubeconfig = cp.node_kubeconfig(NODE)?;
+        if let Some(via) = options.api_server {
+            let text = std::fs::read_to_string(&kubeconfig)?;
+            let relayed = dir.join("node.kubeconfig");
+            std::fs::write(&relayed, text.replace(cp.server(), &via(cp.server())?))?;
+            kubeconfig = relayed;
+        }
         let mut args: Vec<String> = vec![
             "--config".into(),
             config.display().to_string(),
             "--kubeconfig".into(),
-            cp.node_kubeconfig(NODE)?.display().to_string(),
+            kubeconfig.display().to_string(),
             "--hostname-override".into(),
             NODE.into(),
             "--node-ip".into(),

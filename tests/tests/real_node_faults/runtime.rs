@@ -21,7 +21,6 @@ use super::{
 const OUTAGE: Duration = Duration::from_secs(60);
 
 #[tokio::test]
-#[ignore = "not in the default run yet: on the build with every branch merged, under the whole suite's load, it failed (docs/reliability.md); run with --ignored"]
 async fn containerd_stopped_for_a_minute_during_a_burst() -> anyhow::Result<()> {
     init_logging();
     let Some((node, _serial)) = node().await? else {
@@ -111,7 +110,6 @@ async fn containerd_stopped_for_a_minute_during_a_burst() -> anyhow::Result<()> 
 }
 
 #[tokio::test]
-#[ignore = "not in the default run yet: on the build with every branch merged, under the whole suite's load, it failed (docs/reliability.md); run with --ignored"]
 async fn containerd_sigkilled_while_pods_run() -> anyhow::Result<()> {
     init_logging();
     let Some((node, _serial)) = node().await? else {

@@ -84,6 +84,9 @@ pub struct NodeSnapshot {
     pub pod_cidrs: Vec<String>,
     /// `status.addresses` as (type, address).
     pub addresses: Vec<(String, String)>,
+    /// The Ready condition is `Unknown`: the node-lifecycle controller's mark of a node it has not heard from
+    /// (the agent never writes it).
+    pub ready_unknown: bool,
 }
 
 impl NodeSnapshot {
@@ -108,6 +111,11 @@ impl NodeSnapshot {
                 .and_then(|s| s.addresses.as_ref())
                 .map(|a| a.iter().map(|a| (a.type_.clone(), a.address.clone())).collect())
                 .unwrap_or_default(),
+            ready_unknown: node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "Unknown")),
         }
     }
 }

@@ -400,6 +400,12 @@ impl NodeStatusManager {
     /// runtime (then has the runtime's status read again, so the node turns Ready as soon as its network is),
     /// records NodeSchedulable/NodeNotSchedulable when `spec.unschedulable` flips.
     async fn learn(&mut self, snapshot: &NodeSnapshot) {
+        if snapshot.ready_unknown {
+            // the node-lifecycle controller marked the node Unknown while the agent could not write: what the
+            // API server holds is no longer what was last written, so the next computation writes it again
+            // (as the kubelet, which compares with the Node it reads)
+            self.policy.forget();
+        }
         let cidrs = snapshot.pod_cidrs.join(",");
         if !cidrs.is_empty() && self.pod_cidr.as_deref() != Some(cidrs.as_str()) {
             let req = cri::UpdateRuntimeConfigRequest {

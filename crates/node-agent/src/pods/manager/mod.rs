@@ -85,7 +85,8 @@ pub(crate) struct Statics {
     pub(crate) mirrors: Mirrors,
     desired: crate::density::watch::Sender<Desired>,
     to_mirror: MirrorLink,
-    /// The UIDs of the API server's pods as of the last list (orphan cleanup waits for every source).
+    /// The UIDs of the API server's pods: the last list, kept current by the watch's changes (orphan cleanup
+    /// waits for every source).
     api_live: Option<HashSet<String>>,
 }
 
@@ -242,10 +243,19 @@ impl PodManager {
             PodEvent::Delete(pod) if manifest::is_mirror(&pod) => {
                 self.statics.to_mirror.send(MirrorMsg::Delete(pod));
             }
-            PodEvent::Apply(pod) => self.apply(*pod),
+            PodEvent::Apply(pod) => {
+                // the API's pods as the periodic sweep sees them: the last list, kept current by the watch
+                if let (Some(live), Some(uid)) = (self.statics.api_live.as_mut(), pod.metadata.uid.as_ref()) {
+                    live.insert(uid.clone());
+                }
+                self.apply(*pod)
+            }
             PodEvent::Delete(pod) => {
                 if let Some(uid) = pod.metadata.uid.as_deref() {
                     self.finished.remove(uid);
+                    if let Some(live) = self.statics.api_live.as_mut() {
+                        live.remove(uid);
+                    }
                 }
                 if let Some(uid) = pod.metadata.uid.as_deref()
                     && !self.statics.mirrors.is_static(uid)

@@ -89,3 +89,45 @@ async fn what_pods_deleted_while_the_agent_was_down_left_is_swept() {
     assert_eq!(h.phase("kept"), Some("Running"));
     h.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn what_a_pod_deleted_after_the_list_left_is_swept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pods_dir = tmp.path().join("pods");
+    let runtime = FakeRuntime::new(FakeConfig {
+        pod_cidr: Some("10.128.1.0/24".into()),
+        seed: Some(7),
+        ..Default::default()
+    });
+    let mut config = PodConfig::new("n1");
+    config.kind = crate::pods::NodeKind::Real;
+    config.layout.pods_dir = Some(pods_dir.clone());
+    let mut h = Harness::start_configured(runtime.clone(), Arc::new(runtime.clone()), config);
+    let brief = pod(
+        "brief",
+        json!({"containers": [{"name": "app", "image": "nginx:1.27"}]}),
+        json!({}),
+    );
+    h.send(PodEvent::Snapshot(vec![brief.clone()])).await;
+    h.until("brief Running", Duration::from_secs(30), |h| {
+        h.phase("brief") == Some("Running")
+    })
+    .await;
+    // deleted from the API after the list (its worker cleans up), and something of it left behind afterwards
+    // (a removal that failed while it ran, as a cgroup still busy): the pod is in no list since, only in the
+    // watch's deletion
+    h.send(PodEvent::Delete(Box::new(brief))).await;
+    h.until("brief's directory gone", Duration::from_secs(30), |_| {
+        !pods_dir.join("uid-brief").exists()
+    })
+    .await;
+    std::fs::create_dir_all(pods_dir.join("uid-brief/containers/app")).unwrap();
+    h.until(
+        "the deleted pod's leftover swept",
+        crate::pods::manager::orphans::PERIOD * 3,
+        |_| !pods_dir.join("uid-brief").exists(),
+    )
+    .await;
+    assert_eq!(sandboxes(&runtime, "uid-brief").await, 0);
+    h.stop().await;
+}
