@@ -11,6 +11,7 @@
 //! certificate. `kubectl exec` goes through the API server too: the node serves the SPDY stream itself (the fake
 //! runtime has no streaming server) and runs the command with the pod's scripted exec rules. `/metrics/probes`
 //! counts each pod's scripted probe results under the kubelet's names and drops a pod's series when it goes.
+//! [`authz`] checks every path against every kind of caller.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,13 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+#[path = "kubelet_api/authz.rs"]
+mod authz;
+
+/// An HTTPS client of the kubelet API.
+type HttpsClient =
+    HttpClient<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>;
+
 const NODES: usize = 2;
 /// The default profile's baseline: 2% of 32 GiB, 1% of 8 CPUs.
 const BASELINE_MEMORY: u64 = (32 << 30) / 50;
@@ -56,12 +64,7 @@ fn free_port_range(n: u16) -> anyhow::Result<u16> {
 }
 
 /// An HTTPS client trusting the cluster CA, presenting `identity` (certificate, key PEM) when given.
-fn https(
-    cp: &testenv::ControlPlane,
-    identity: Option<&testenv::pki::Pem>,
-) -> anyhow::Result<
-    HttpClient<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>,
-> {
+fn https(cp: &testenv::ControlPlane, identity: Option<&testenv::pki::Pem>) -> anyhow::Result<HttpsClient> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(cp.client_ca_file())? {
         roots.add(cert?)?;

@@ -108,6 +108,8 @@ healthzPort: 10248
 healthzBindAddress: 127.0.0.1
 tlsCertFile: /etc/kubelet/tls.crt
 tlsPrivateKeyFile: /etc/kubelet/tls.key
+tlsMinVersion: VersionTLS12
+tlsCipherSuites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]
 serverTLSBootstrap: false
 rotateCertificates: false
 authentication:
@@ -263,6 +265,8 @@ const FIELD_FLAGS: &[&str] = &[
     "--address=0.0.0.0",
     "--port=10250",
     "--read-only-port=0",
+    "--tls-min-version=VersionTLS12",
+    "--tls-cipher-suites=TLS_AES_128_GCM_SHA256",
     "--healthz-port=10248",
     "--healthz-bind-address=127.0.0.1",
     "--cluster-domain=cluster.local",

@@ -137,6 +137,10 @@ pub(crate) struct FileConfig {
     pub tls_cert_file: Option<String>,
     #[serde(default)]
     pub tls_private_key_file: Option<String>,
+    #[serde(default)]
+    pub tls_min_version: Option<String>,
+    #[serde(default)]
+    pub tls_cipher_suites: Option<Vec<String>>,
     #[serde(default, rename = "serverTLSBootstrap")]
     pub server_tls_bootstrap: Option<bool>,
     #[serde(default)]

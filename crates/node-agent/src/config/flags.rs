@@ -153,6 +153,14 @@ pub struct Flags {
     #[arg(long, value_name = "PORT", allow_negative_numbers = true)]
     pub read_only_port: Option<i64>,
 
+    /// The lowest TLS version the kubelet API accepts: VersionTLS12 or VersionTLS13 (tlsMinVersion).
+    #[arg(long, value_name = "VERSION")]
+    pub tls_min_version: Option<String>,
+
+    /// TLS 1.2 cipher suites of the kubelet API, Go names, comma-separated (tlsCipherSuites).
+    #[arg(long, value_name = "SUITES", value_delimiter = ',')]
+    pub tls_cipher_suites: Option<Vec<String>>,
+
     /// Healthz port, 0 disables (healthzPort).
     #[arg(long, value_name = "PORT", allow_negative_numbers = true)]
     pub healthz_port: Option<i64>,
@@ -346,6 +354,18 @@ impl Flags {
             "--read-only-port"
         );
         set!(self.healthz_port, healthz_port, "healthzPort", "--healthz-port");
+        set!(
+            self.tls_min_version,
+            tls_min_version,
+            "tlsMinVersion",
+            "--tls-min-version"
+        );
+        set!(
+            self.tls_cipher_suites,
+            tls_cipher_suites,
+            "tlsCipherSuites",
+            "--tls-cipher-suites"
+        );
         set!(
             self.healthz_bind_address,
             healthz_bind_address,

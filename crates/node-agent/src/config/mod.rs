@@ -7,6 +7,7 @@
 //! * [`flags`] is the command line ([`Flags`], clap derive) — flags override the file, field by field.
 //! * [`resolve`] applies the upstream kubelet's defaults and validates, collecting every bad field into one
 //!   [`ConfigError`] that names each field (and the flag it came from).
+//! * [`tls_settings`] maps `tlsMinVersion` and `tlsCipherSuites` from Go's names.
 //! * [`effect`] says which of the given settings take no effect, or only part of it, for the start-up warning
 //!   ([`Unacted`]); `docs/configuration.md` lists every accepted setting with its status.
 //! * [`KubeletConfig`] is the resolved, typed subset shared by every agent of a process (`Arc`), and
@@ -35,6 +36,7 @@ mod fields;
 pub(crate) mod file;
 pub mod flags;
 pub mod resolve;
+pub mod tls_settings;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -203,6 +205,11 @@ pub struct KubeletConfig {
     pub tls_cert_file: Option<PathBuf>,
     /// Serving key of the kubelet API.
     pub tls_private_key_file: Option<PathBuf>,
+    /// The lowest TLS version the kubelet API accepts (tlsMinVersion, default TLS 1.2).
+    pub tls_min_version: tls_settings::TlsMinVersion,
+    /// The TLS 1.2 cipher suites the kubelet API offers, IANA numbers (tlsCipherSuites; empty: the TLS
+    /// library's).
+    pub tls_cipher_suites: Vec<u16>,
     /// Obtain the serving certificate from the cluster's `kubernetes.io/kubelet-serving` signer and renew it
     /// (serverTLSBootstrap, default false).
     pub server_tls_bootstrap: bool,

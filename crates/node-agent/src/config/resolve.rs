@@ -436,6 +436,20 @@ pub(crate) fn resolve(
         healthz_bind_address: c.ip("healthzBindAddress", f.healthz_bind_address.as_deref(), localhost),
         tls_cert_file: Check::path(f.tls_cert_file.as_ref()),
         tls_private_key_file: Check::path(f.tls_private_key_file.as_ref()),
+        tls_min_version: super::tls_settings::min_version(f.tls_min_version.as_deref().unwrap_or(""))
+            .unwrap_or_else(|e| {
+                c.err("tlsMinVersion", e);
+                super::tls_settings::TlsMinVersion::default()
+            }),
+        tls_cipher_suites: super::tls_settings::cipher_suites(
+            f.tls_cipher_suites.as_deref().unwrap_or_default(),
+        )
+        .unwrap_or_else(|errors| {
+            for e in errors {
+                c.err("tlsCipherSuites", e);
+            }
+            Vec::new()
+        }),
         server_tls_bootstrap: f.server_tls_bootstrap.unwrap_or(false),
         rotate_certificates: f.rotate_certificates.unwrap_or(false),
         authentication: Authentication {

@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::check::parse_threshold;
+use crate::config::tls_settings;
 
 fn from_yaml(body: &str) -> Result<KubeletConfig, ConfigError> {
     let text = format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{body}");
@@ -220,4 +221,31 @@ fn container_log_rotation_settings_are_checked_as_the_kubelet_checks_them() {
         let e = from_yaml(yaml).unwrap_err();
         assert_eq!(e.fields(), [field], "{yaml}: {e}");
     }
+}
+
+#[test]
+fn tls_min_version_and_cipher_suites_are_taken_or_refused_naming_the_field() {
+    let c = from_yaml(
+        "tlsMinVersion: VersionTLS13\ntlsCipherSuites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, TLS_AES_128_GCM_SHA256]\n",
+    )
+    .unwrap();
+    assert_eq!(c.tls_min_version, tls_settings::TlsMinVersion::Tls13);
+    assert_eq!(c.tls_cipher_suites, [0xc02f, 0x1301]);
+    assert_eq!(
+        KubeletConfig::default().tls_min_version,
+        tls_settings::TlsMinVersion::Tls12
+    );
+    let e = from_yaml("tlsMinVersion: VersionTLS10\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tlsMinVersion") && e.contains("not supported"), "{e}");
+    let e = from_yaml("tlsCipherSuites: [TLS_RSA_WITH_AES_128_CBC_SHA, TLS_BOGUS]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tlsCipherSuites")
+            && e.contains("TLS_RSA_WITH_AES_128_CBC_SHA is not supported")
+            && e.contains("unknown cipher suite \"TLS_BOGUS\""),
+        "{e}"
+    );
 }

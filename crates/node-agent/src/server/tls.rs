@@ -1,6 +1,7 @@
 //! The kubelet API's TLS: the serving certificate (`tlsCertFile`/`tlsPrivateKeyFile`, or a self-signed one made
 //! at start-up like the kubelet's when neither is given) and the client certificate verifier
-//! (`authentication.x509.clientCAFile`; without it no client certificate is asked for).
+//! (`authentication.x509.clientCAFile`; without it no client certificate is asked for), with the versions and
+//! TLS 1.2 cipher suites `tlsMinVersion` and `tlsCipherSuites` allow.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -12,6 +13,7 @@ use rustls::server::{ResolvesServerCert, WebPkiClientVerifier};
 
 use super::ServerError;
 use crate::config::KubeletConfig;
+use crate::config::tls_settings::{self, TlsMinVersion};
 
 /// Who the self-signed certificate is for: DNS names and IP addresses put in its subject alternative names.
 #[derive(Debug, Clone, Default)]
@@ -24,6 +26,20 @@ pub struct ServingIdentity {
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The serving provider: every TLS 1.3 suite, and of the TLS 1.2 ones those `tlsCipherSuites` lists (all when
+/// empty), in the library's order of preference.
+fn serving_provider(kubelet: &KubeletConfig) -> rustls::crypto::CryptoProvider {
+    let mut provider = rustls::crypto::ring::default_provider();
+    let wanted = &kubelet.tls_cipher_suites;
+    if !wanted.is_empty() {
+        provider.cipher_suites.retain(|s| {
+            let id = u16::from(s.suite());
+            tls_settings::is_tls13(id) || wanted.contains(&id)
+        });
+    }
+    provider
 }
 
 fn read_certs(path: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>, ServerError> {
@@ -139,10 +155,22 @@ fn serving_pair(kubelet: &KubeletConfig, identity: &ServingIdentity) -> Result<S
 fn client_auth(
     kubelet: &KubeletConfig,
 ) -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>, ServerError> {
-    let builder = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
+    let versions: &[&'static rustls::SupportedProtocolVersion] = match kubelet.tls_min_version {
+        TlsMinVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        TlsMinVersion::Tls13 => {
+            if !kubelet.tls_cipher_suites.is_empty() {
+                tracing::warn!(
+                    "tlsCipherSuites is ignored: with tlsMinVersion VersionTLS13 only TLS 1.3 is served, whose \
+                     cipher suites are not configurable"
+                );
+            }
+            &[&rustls::version::TLS13]
+        }
+    };
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::new(serving_provider(kubelet)))
+        .with_protocol_versions(versions)
         .map_err(|e| ServerError::Tls {
-            field: "tlsMinVersion".into(),
+            field: "tlsMinVersion/tlsCipherSuites".into(),
             message: e.to_string(),
         })?;
     Ok(match &kubelet.authentication.client_ca_file {
@@ -186,4 +214,178 @@ pub fn certificate_user(cert: &CertificateDer<'_>) -> Option<super::auth::User> 
         groups,
         uid: String::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::ServerName;
+    use rustls::{CipherSuite, ProtocolVersion, SupportedCipherSuite};
+
+    fn identity() -> ServingIdentity {
+        ServingIdentity {
+            hostnames: vec!["node-a".into()],
+            ips: vec![],
+        }
+    }
+
+    /// A client trusting no one (the server's certificate is not what is tested) offering only `versions` and
+    /// `suites`.
+    fn client(
+        versions: &[&'static rustls::SupportedProtocolVersion],
+        suites: &[SupportedCipherSuite],
+    ) -> Arc<rustls::ClientConfig> {
+        #[derive(Debug)]
+        struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+        impl rustls::client::danger::ServerCertVerifier for AnyServer {
+            fn verify_server_cert(
+                &self,
+                _: &CertificateDer<'_>,
+                _: &[CertificateDer<'_>],
+                _: &ServerName<'_>,
+                _: &[u8],
+                _: rustls::pki_types::UnixTime,
+            ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+                Ok(rustls::client::danger::ServerCertVerified::assertion())
+            }
+            fn verify_tls12_signature(
+                &self,
+                message: &[u8],
+                cert: &CertificateDer<'_>,
+                dss: &rustls::DigitallySignedStruct,
+            ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+                rustls::crypto::verify_tls12_signature(
+                    message,
+                    cert,
+                    dss,
+                    &self.0.signature_verification_algorithms,
+                )
+            }
+            fn verify_tls13_signature(
+                &self,
+                message: &[u8],
+                cert: &CertificateDer<'_>,
+                dss: &rustls::DigitallySignedStruct,
+            ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+                rustls::crypto::verify_tls13_signature(
+                    message,
+                    cert,
+                    dss,
+                    &self.0.signature_verification_algorithms,
+                )
+            }
+            fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+                self.0.signature_verification_algorithms.supported_schemes()
+            }
+        }
+        let mut provider = rustls::crypto::ring::default_provider();
+        provider.cipher_suites = suites.to_vec();
+        let provider = Arc::new(provider);
+        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(versions)
+            .expect("client versions")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+            .with_no_client_auth();
+        Arc::new(config)
+    }
+
+    /// A handshake between the kubelet API's TLS configuration for `kubelet` and `client`: the version and suite
+    /// agreed, or the client's error.
+    async fn handshake(
+        kubelet: &KubeletConfig,
+        client: Arc<rustls::ClientConfig>,
+    ) -> Result<(ProtocolVersion, CipherSuite), String> {
+        let server = server_config(kubelet, &identity(), None).expect("server config");
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let acceptor = tokio_rustls::TlsAcceptor::from(server);
+        let server = tokio::spawn(async move { acceptor.accept(b).await.map(|_| ()) });
+        let connector = tokio_rustls::TlsConnector::from(client);
+        let name = ServerName::try_from("node-a").expect("server name");
+        let answer = match connector.connect(name, a).await {
+            Ok(stream) => {
+                let (_, conn) = stream.get_ref();
+                Ok((
+                    conn.protocol_version().expect("version"),
+                    conn.negotiated_cipher_suite().expect("suite").suite(),
+                ))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let _ = server.await;
+        answer
+    }
+
+    use rustls::crypto::ring::cipher_suite as suites;
+
+    #[tokio::test]
+    async fn tls_min_version_13_refuses_a_client_offering_only_tls_12() {
+        let mut kubelet = KubeletConfig {
+            tls_min_version: TlsMinVersion::Tls13,
+            ..KubeletConfig::default()
+        };
+        let tls12_only = client(
+            &[&rustls::version::TLS12],
+            rustls::crypto::ring::ALL_CIPHER_SUITES,
+        );
+        let refused = handshake(&kubelet, tls12_only.clone()).await;
+        assert!(refused.is_err(), "a TLS 1.2 client was served: {refused:?}");
+        let any = client(
+            &[&rustls::version::TLS13, &rustls::version::TLS12],
+            rustls::crypto::ring::ALL_CIPHER_SUITES,
+        );
+        assert_eq!(
+            handshake(&kubelet, any).await.map(|(v, _)| v),
+            Ok(ProtocolVersion::TLSv1_3)
+        );
+        // the default (VersionTLS12) serves the same TLS 1.2 client
+        kubelet.tls_min_version = TlsMinVersion::Tls12;
+        assert_eq!(
+            handshake(&kubelet, tls12_only).await.map(|(v, _)| v),
+            Ok(ProtocolVersion::TLSv1_2)
+        );
+    }
+
+    #[tokio::test]
+    async fn tls_cipher_suites_restrict_tls_12_and_leave_tls_13_alone() {
+        // the self-signed serving key is ECDSA: its TLS 1.2 suites are the ECDHE_ECDSA ones
+        let kubelet = KubeletConfig {
+            tls_cipher_suites: vec![0xc02c], // TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
+            ..KubeletConfig::default()
+        };
+        let unlisted = client(
+            &[&rustls::version::TLS12],
+            &[
+                suites::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+                suites::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+            ],
+        );
+        let refused = handshake(&kubelet, unlisted).await;
+        assert!(refused.is_err(), "an unlisted suite was served: {refused:?}");
+        let listed = client(
+            &[&rustls::version::TLS12],
+            &[
+                suites::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+                suites::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+            ],
+        );
+        assert_eq!(
+            handshake(&kubelet, listed).await,
+            Ok((
+                ProtocolVersion::TLSv1_2,
+                CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
+            ))
+        );
+        let tls13 = client(
+            &[&rustls::version::TLS13],
+            &[suites::TLS13_CHACHA20_POLY1305_SHA256],
+        );
+        assert_eq!(
+            handshake(&kubelet, tls13).await,
+            Ok((
+                ProtocolVersion::TLSv1_3,
+                CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
+            ))
+        );
+    }
 }

@@ -7,4 +7,7 @@ pub mod dictionary;
 pub mod frame;
 pub mod session;
 
+#[cfg(test)]
+mod bad_input_tests;
+
 pub use session::{IncomingStream, Session};
