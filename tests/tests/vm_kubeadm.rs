@@ -32,8 +32,6 @@ use kube::api::{ListParams, LogParams, Patch, PatchParams};
 const NODE: &str = "node-vm";
 /// The directory in the share holding kubeadm, the units and the configurations.
 const KUBEADM: &str = "kubeadm";
-/// Preflight checks the guest cannot pass, skipped by name: none.
-const IGNORED_PREFLIGHT: &str = "";
 
 /// The host directory the guest sees at [`GUEST_SHARE`] (the harness's, named after this process).
 fn share() -> PathBuf {
@@ -227,17 +225,12 @@ async fn kubeadm_join_makes_node_agent_the_nodes_kubelet() -> anyhow::Result<()>
         "{join}"
     );
 
-    // the join itself, as an operator types it on the new node
-    let ignore = if IGNORED_PREFLIGHT.is_empty() {
-        String::new()
-    } else {
-        format!(" --ignore-preflight-errors={IGNORED_PREFLIGHT}")
-    };
+    // the join itself, as an operator types it on the new node: every preflight check runs
     let t1 = Instant::now();
     let out = step(
         node,
         "kubeadm join",
-        &format!("{join} --cri-socket unix://{CRI_DIR}/containerd.sock{ignore} 2>&1"),
+        &format!("{join} --cri-socket unix://{CRI_DIR}/containerd.sock 2>&1"),
         Duration::from_secs(600),
     )
     .await?;
