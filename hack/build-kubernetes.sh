@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-scheduler, kube-controller-manager and kubectl at the version named in
+# Builds kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and kubeadm (the VM test joining a node
+# with `kubeadm join`) at the version named in
 # KUBERNETES_VERSION from the official Go module k8s.io/kubernetes (through the Go module proxy), into
 #   ${NODE_AGENT_CACHE:-$HOME/.cache/node-agent}/kubernetes/<version>/bin
 # With arguments, builds those commands of k8s.io/kubernetes/cmd instead, into the same directory, e.g.
@@ -11,7 +12,7 @@ version=$(tr -d '[:space:]' < "$root/KUBERNETES_VERSION")
 cache=${NODE_AGENT_CACHE:-$HOME/.cache/node-agent}
 out="$cache/kubernetes/$version"
 bin="$out/bin"
-if [ $# -gt 0 ]; then cmds=("$@"); else cmds=(kube-apiserver kube-scheduler kube-controller-manager kubectl); fi
+if [ $# -gt 0 ]; then cmds=("$@"); else cmds=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubeadm); fi
 for c in "${cmds[@]}"; do
   case "$c" in *[!a-z0-9-]*|"") echo "build-kubernetes: $c is not a command name of k8s.io/kubernetes/cmd" >&2; exit 1 ;; esac
 done

@@ -35,6 +35,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let flags = Flags::parse();
+    if flags.version {
+        println!("{}", node_agent::config::version_line());
+        return ExitCode::SUCCESS;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

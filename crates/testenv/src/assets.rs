@@ -109,6 +109,25 @@ pub fn locate() -> anyhow::Result<Binaries> {
     Ok(Binaries::in_dir(&dir, vendored_etcd()?))
 }
 
+/// The pinned `kubeadm`, from the same `k8s.io/kubernetes` build as the control plane (`hack/build-kubernetes.sh`,
+/// which builds it when the cache lacks it).
+pub fn kubeadm() -> anyhow::Result<PathBuf> {
+    let script = repo_root().join("hack/build-kubernetes.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("kubeadm")
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} kubeadm failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("kubeadm"))
+}
+
 /// The pinned `helm` binary, built into the cache by `hack/build-helm.sh` when missing.
 pub fn helm() -> anyhow::Result<PathBuf> {
     let script = repo_root().join("hack/build-helm.sh");

@@ -26,7 +26,7 @@ pub const NODE: &str = "vm-node";
 /// The cluster's pod network (the guest's own: nothing on this machine routes it).
 const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// Where the guest's containerd keeps its state and socket.
-const CRI_DIR: &str = "/var/lib/na-cri";
+pub const CRI_DIR: &str = "/var/lib/na-cri";
 /// `podPidsLimit` of the node.
 pub const POD_PIDS_LIMIT: u32 = 1024;
 /// The agent's log in the guest.
@@ -56,6 +56,8 @@ pub struct VmNode {
     pub vm: Vm,
     /// How it was set up.
     pub setup: NodeSetup,
+    /// The port forwarded from 127.0.0.1 on the host to the guest, for the node's kubelet API.
+    pub kubelet_port: u16,
 }
 
 static NODE_CELL: OnceCell<VmNode> = OnceCell::const_new();
@@ -70,7 +72,70 @@ impl VmNode {
         NODE_CELL.get_or_try_init(|| Self::start(setup)).await.map(Some)
     }
 
+    /// The binary's guest with containerd running as `setup` asks and no agent, for a test that starts the
+    /// node's kubelet its own way; the control plane's controller-manager gets `controller_manager_args` too.
+    /// `None` when `NODE_AGENT_SKIP_REAL_NODE=1`.
+    pub async fn get_without_agent(
+        setup: NodeSetup,
+        controller_manager_args: &[&str],
+    ) -> anyhow::Result<Option<&'static VmNode>> {
+        if e2e::containerd::skip_real_node(env!("CARGO_CRATE_NAME")) {
+            return Ok(None);
+        }
+        NODE_CELL
+            .get_or_try_init(|| Self::boot(setup, controller_manager_args))
+            .await
+            .map(Some)
+    }
+
     async fn start(setup: NodeSetup) -> anyhow::Result<Self> {
+        let t0 = Instant::now();
+        let node = Self::boot(setup, &[]).await?;
+        let (vm, port) = (&node.vm, node.kubelet_port);
+        let long = Duration::from_secs(300);
+        // the agent runs from the guest's disk, as a transient service with its log in a file
+        vm.run(
+            &format!(
+                "install -m 0755 {GUEST_SHARE}/node-agent /usr/local/bin/node-agent && \
+                 systemd-run --unit=node-agent --property=StandardOutput=file:{AGENT_LOG} \
+                 --property=StandardError=file:{AGENT_LOG} /usr/local/bin/node-agent \
+                 --config {GUEST_SHARE}/kubelet-config.yaml --kubeconfig {GUEST_SHARE}/kubeconfig \
+                 --hostname-override {NODE} --node-ip 127.0.0.1 --runtime remote \
+                 --container-runtime-endpoint unix://{CRI_DIR}/containerd.sock --root-dir /var/lib/node-agent \
+                 --address 0.0.0.0 --port {port} --healthz-port 10248"
+            ),
+            long,
+        )
+        .await
+        .context("starting node-agent in the guest")?;
+        let nodes: Api<Node> = Api::all(node.cp.admin_client().await?);
+        let t1 = Instant::now();
+        let ready = wait_for(
+            "the guest node Ready with a pod CIDR",
+            Duration::from_secs(180),
+            || async {
+                Ok(nodes
+                    .get_opt(NODE)
+                    .await?
+                    .filter(e2e::node_is_ready)
+                    .filter(|n| n.spec.as_ref().and_then(|s| s.pod_cidr.as_ref()).is_some()))
+            },
+        )
+        .await;
+        if let Err(e) = ready {
+            return Err(e.context(format!("agent log tail:\n{}", node.agent_log_tail().await)));
+        }
+        println!(
+            "[{}] node {NODE} Ready {:?} after the agent started, {:?} after the start",
+            env!("CARGO_CRATE_NAME"),
+            t1.elapsed(),
+            t0.elapsed()
+        );
+        Ok(node)
+    }
+
+    /// The control plane, and the guest booted with containerd running in it.
+    async fn boot(setup: NodeSetup, controller_manager_args: &[&str]) -> anyhow::Result<Self> {
         if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self")?) != 0 {
             bail!("the VM tests need root (the guest image is built with mmdebstrap)");
         }
@@ -82,7 +147,10 @@ impl VmNode {
         // the image is built (once) while the control plane starts
         let image = tokio::task::spawn_blocking(e2e::vm::image);
         let cp = testenv::shared_with(testenv::Options {
-            controller_manager_args: vec![format!("--cluster-cidr={CLUSTER_CIDR}")],
+            controller_manager_args: [format!("--cluster-cidr={CLUSTER_CIDR}")]
+                .into_iter()
+                .chain(controller_manager_args.iter().map(|a| (*a).to_owned()))
+                .collect(),
             serving_ips: vec![IpAddr::V4(HOST_FROM_GUEST.parse::<Ipv4Addr>()?)],
             ..Default::default()
         })
@@ -120,46 +188,12 @@ impl VmNode {
             env!("CARGO_CRATE_NAME"),
             t_boot.elapsed()
         );
-        // the agent runs from the guest's disk, as a transient service with its log in a file
-        vm.run(
-            &format!(
-                "install -m 0755 {GUEST_SHARE}/node-agent /usr/local/bin/node-agent && \
-                 systemd-run --unit=node-agent --property=StandardOutput=file:{AGENT_LOG} \
-                 --property=StandardError=file:{AGENT_LOG} /usr/local/bin/node-agent \
-                 --config {GUEST_SHARE}/kubelet-config.yaml --kubeconfig {GUEST_SHARE}/kubeconfig \
-                 --hostname-override {NODE} --node-ip 127.0.0.1 --runtime remote \
-                 --container-runtime-endpoint unix://{CRI_DIR}/containerd.sock --root-dir /var/lib/node-agent \
-                 --address 0.0.0.0 --port {port} --healthz-port 10248"
-            ),
-            long,
-        )
-        .await
-        .context("starting node-agent in the guest")?;
-        let node = Self { cp, vm, setup };
-        let nodes: Api<Node> = Api::all(cp.admin_client().await?);
-        let t1 = Instant::now();
-        let ready = wait_for(
-            "the guest node Ready with a pod CIDR",
-            Duration::from_secs(180),
-            || async {
-                Ok(nodes
-                    .get_opt(NODE)
-                    .await?
-                    .filter(e2e::node_is_ready)
-                    .filter(|n| n.spec.as_ref().and_then(|s| s.pod_cidr.as_ref()).is_some()))
-            },
-        )
-        .await;
-        if let Err(e) = ready {
-            return Err(e.context(format!("agent log tail:\n{}", node.agent_log_tail().await)));
-        }
-        println!(
-            "[{}] node {NODE} Ready {:?} after the agent started, {:?} after the start",
-            env!("CARGO_CRATE_NAME"),
-            t1.elapsed(),
-            t0.elapsed()
-        );
-        Ok(node)
+        Ok(Self {
+            cp,
+            vm,
+            setup,
+            kubelet_port: port,
+        })
     }
 
     /// The last lines of the agent's log in the guest (or why it cannot be read).

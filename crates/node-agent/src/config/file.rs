@@ -361,7 +361,7 @@ pub(crate) fn parse(text: &str, source: &str) -> Result<ParsedFile, ConfigError>
         });
     }
 
-    let config: FileConfig =
+    let mut config: FileConfig =
         serde_path_to_error::deserialize(serde_yaml::Value::Mapping(map)).map_err(|e| {
             let path = e.path().to_string();
             ConfigError::Field {
@@ -394,11 +394,80 @@ pub(crate) fn parse(text: &str, source: &str) -> Result<ParsedFile, ConfigError>
             });
         }
     }
+    zero_means_unset(&mut config);
     Ok(ParsedFile {
         config,
         ignored,
         present,
     })
+}
+
+/// The upstream defaulting gives these fields their default when the file holds their zero value (`0s`, `0`,
+/// `""`), as kubeadm's generated configuration does for every duration it leaves to the kubelet: here they read
+/// as absent, so the same default applies.
+fn zero_means_unset(c: &mut FileConfig) {
+    fn duration(v: &mut Option<Duration>) {
+        if v.is_some_and(|d| d.is_zero()) {
+            *v = None;
+        }
+    }
+    fn number(v: &mut Option<i64>) {
+        if *v == Some(0) {
+            *v = None;
+        }
+    }
+    fn text(v: &mut Option<String>) {
+        if v.as_deref() == Some("") {
+            *v = None;
+        }
+    }
+    for d in [
+        &mut c.sync_frequency,
+        &mut c.file_check_frequency,
+        &mut c.http_check_frequency,
+        &mut c.streaming_connection_idle_timeout,
+        &mut c.node_status_update_frequency,
+        &mut c.node_status_report_frequency,
+        &mut c.image_minimum_gc_age,
+        &mut c.volume_stats_agg_period,
+        &mut c.runtime_request_timeout,
+        &mut c.eviction_pressure_transition_period,
+    ] {
+        duration(d);
+    }
+    if let Some(webhook) = c.authentication.as_mut().and_then(|a| a.webhook.as_mut()) {
+        duration(&mut webhook.cache_ttl);
+    }
+    if let Some(authz) = c.authorization.as_mut() {
+        text(&mut authz.mode);
+        if let Some(webhook) = authz.webhook.as_mut() {
+            duration(&mut webhook.cache_authorized_ttl);
+            duration(&mut webhook.cache_unauthorized_ttl);
+        }
+    }
+    for n in [
+        &mut c.port,
+        &mut c.node_lease_duration_seconds,
+        &mut c.max_pods,
+        &mut c.kube_api_burst,
+        &mut c.event_burst,
+        &mut c.registry_burst,
+    ] {
+        number(n);
+    }
+    for t in [
+        &mut c.address,
+        &mut c.healthz_bind_address,
+        &mut c.cgroup_driver,
+        &mut c.container_runtime_endpoint,
+        &mut c.content_type,
+        &mut c.hairpin_mode,
+        &mut c.config_map_and_secret_change_detection_strategy,
+        &mut c.container_log_max_size,
+        &mut c.pod_logs_dir,
+    ] {
+        text(t);
+    }
 }
 
 /// The known field closest to `name` (case-insensitive match first, then edit distance <= 3).

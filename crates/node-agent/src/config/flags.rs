@@ -49,11 +49,16 @@ pub struct TaintList(pub(crate) Vec<FileTaint>);
 #[derive(Debug, Clone, Default, Parser)]
 #[command(
     name = "node-agent",
-    version,
+    disable_version_flag = true,
     about = "A Kubernetes node agent (kubelet): registers the node, keeps its lease and status, runs its pods.",
     long_about = None
 )]
 pub struct Flags {
+    /// Print the version as the kubelet prints it (`Kubernetes v1.36.3`, the release whose node side this agent
+    /// implements, with node-agent's own version as build metadata) and exit; kubeadm's preflight reads it.
+    #[arg(long)]
+    pub version: bool,
+
     /// KubeletConfiguration file (kubelet.config.k8s.io/v1beta1). Flags given explicitly override its fields.
     #[arg(long, value_name = "FILE", env = "NODE_AGENT_CONFIG")]
     pub config: Option<PathBuf>,
@@ -239,6 +244,16 @@ pub struct Flags {
     /// How long a graceful stop may take before tasks are abandoned, e.g. 10s.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
     pub shutdown_timeout: Duration,
+}
+
+/// What `--version` prints: the kubelet's `Kubernetes v<release>` line, a semantic version whose build metadata
+/// names this agent's own version.
+pub fn version_line() -> String {
+    format!(
+        "Kubernetes {}+node-agent.{}",
+        super::KUBELET_VERSION,
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -486,6 +501,23 @@ mod tests {
         let mut argv = vec!["node-agent"];
         argv.extend_from_slice(args);
         Flags::try_parse_from(argv).unwrap()
+    }
+
+    /// kubeadm's preflight takes the whole output of `kubelet --version` as `Kubernetes v<semver>`.
+    #[test]
+    fn version_reads_as_the_kubelets() {
+        assert!(flags(&["--version"]).version);
+        let line = version_line();
+        let semver = line.strip_prefix("Kubernetes v").unwrap();
+        let (release, build) = semver.split_once('+').unwrap();
+        assert_eq!(format!("v{release}"), crate::config::KUBELET_VERSION);
+        assert_eq!(release.split('.').filter(|p| p.parse::<u32>().is_ok()).count(), 3);
+        assert!(
+            build
+                .split('.')
+                .all(|id| !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')),
+            "{build}"
+        );
     }
 
     #[test]

@@ -49,7 +49,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Taint;
 
 pub use effect::Unacted;
-pub use flags::{Flags, RuntimeKind, ShutdownTrigger};
+pub use flags::{Flags, RuntimeKind, ShutdownTrigger, version_line};
 pub use resolve::{LoadedConfig, load_file, resolve_kubelet_config};
 pub use validate::{validate_label_key, validate_node_labels, validate_node_name};
 

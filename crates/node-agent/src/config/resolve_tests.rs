@@ -249,3 +249,35 @@ fn tls_min_version_and_cipher_suites_are_taken_or_refused_naming_the_field() {
         "{e}"
     );
 }
+
+/// The configuration `kubeadm join` writes (`/var/lib/kubelet/config.yaml`: the cluster's kubelet-config with the
+/// node's `containerRuntimeEndpoint` laid over it) loads, and its zero values take the kubelet's defaults.
+#[test]
+fn kubeadms_configuration_loads_with_the_defaults_for_its_zero_values() {
+    let c = from_yaml(
+        "authentication:\n  anonymous:\n    enabled: false\n  webhook:\n    cacheTTL: 0s\n    enabled: true\n  \
+         x509:\n    clientCAFile: /etc/kubernetes/pki/ca.crt\nauthorization:\n  mode: Webhook\n  webhook:\n    \
+         cacheAuthorizedTTL: 0s\n    cacheUnauthorizedTTL: 0s\ncgroupDriver: systemd\nclusterDNS:\n- 10.96.0.10\n\
+         clusterDomain: cluster.local\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n\
+         cpuManagerReconcilePeriod: 0s\ncrashLoopBackOff: {}\nevictionPressureTransitionPeriod: 0s\n\
+         fileCheckFrequency: 0s\nhealthzBindAddress: 127.0.0.1\nhealthzPort: 10248\nhttpCheckFrequency: 0s\n\
+         imageMaximumGCAge: 0s\nimageMinimumGCAge: 0s\nlogging:\n  flushFrequency: 0\n  options:\n    json:\n      \
+         infoBufferSize: \"0\"\n    text:\n      infoBufferSize: \"0\"\n  verbosity: 0\nmemorySwap: {}\n\
+         nodeStatusReportFrequency: 0s\nnodeStatusUpdateFrequency: 0s\nrotateCertificates: true\n\
+         runtimeRequestTimeout: 0s\nshutdownGracePeriod: 0s\nshutdownGracePeriodCriticalPods: 0s\n\
+         staticPodPath: /etc/kubernetes/manifests\nstreamingConnectionIdleTimeout: 0s\nsyncFrequency: 0s\n\
+         volumeStatsAggPeriod: 0s\n",
+    )
+    .unwrap();
+    let d = KubeletConfig::default();
+    assert_eq!(c.node_status_update_frequency, d.node_status_update_frequency);
+    assert_eq!(c.node_status_report_frequency, d.node_status_report_frequency);
+    assert_eq!(c.sync_frequency, d.sync_frequency);
+    assert_eq!(c.file_check_frequency, d.file_check_frequency);
+    assert_eq!(c.runtime_request_timeout, d.runtime_request_timeout);
+    assert!(c.rotate_certificates);
+    // an explicit zero where the kubelet keeps it stays zero
+    let c = from_yaml("readOnlyPort: 0\nimageMaximumGCAge: 0s\n").unwrap();
+    assert_eq!(c.read_only_port, 0);
+    assert!(c.image_maximum_gc_age.is_zero());
+}
