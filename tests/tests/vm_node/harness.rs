@@ -75,6 +75,8 @@ impl VmNode {
     /// The binary's guest with containerd running as `setup` asks and no agent, for a test that starts the
     /// node's kubelet its own way; the control plane's controller-manager gets `controller_manager_args` too.
     /// `None` when `NODE_AGENT_SKIP_REAL_NODE=1`.
+    // the binaries whose node runs the harness's own agent never call it
+    #[allow(dead_code)]
     pub async fn get_without_agent(
         setup: NodeSetup,
         controller_manager_args: &[&str],
