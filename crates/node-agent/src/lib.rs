@@ -43,6 +43,7 @@
 //! * [`pod_resources`] — the pod-resources gRPC API on `<root-dir>/pod-resources/kubelet.sock`.
 //! * [`plugins`] — kubelet plugin registration: the watcher of `<root-dir>/plugins_registry`.
 //! * [`csi`] — the CSI node side: registered drivers, `CSINode` and the node's topology labels.
+//! * [`dra`] — dynamic resource allocation: DRA drivers, claims prepared for pods, their CDI devices.
 
 // Long-lived tasks are written as functions returning `async move` blocks, not as `async fn`s: an `async fn`
 // keeps its arguments twice in its future (as arguments, and as the bindings its body moves them into), for
@@ -60,6 +61,7 @@ pub mod container_logs;
 mod cri_log;
 pub mod csi;
 pub mod density;
+pub mod dra;
 pub mod events;
 pub mod eviction;
 pub mod gc;

@@ -124,6 +124,9 @@ pub struct PodConfig {
     pub pleg_health: Option<PlegHealth>,
     /// The CSI drivers registered on this node, which publish its CSI volumes (a real node; `None`: no CSI).
     pub csi_drivers: Option<crate::csi::CsiDrivers>,
+    /// The node's DRA manager, which prepares pods' resource claims (`None`: a pod with claims cannot start,
+    /// told so by a `FailedPrepareDynamicResources` event).
+    pub dra: Option<Arc<crate::dra::DraManager>>,
 }
 
 impl PodConfig {
@@ -143,6 +146,7 @@ impl PodConfig {
             pulls: actions::pull_gate::PullSettings::default(),
             pleg_health: None,
             csi_drivers: None,
+            dra: None,
         }
     }
 }

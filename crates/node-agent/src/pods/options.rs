@@ -28,6 +28,8 @@ pub struct PodOptions {
     /// The CSI drivers registered on a real node (see [`with_csi_drivers`](Self::with_csi_drivers)); `None`: CSI
     /// volumes are not published.
     pub csi_drivers: Option<crate::csi::CsiDrivers>,
+    /// The node's DRA manager (see [`with_dra`](Self::with_dra)); `None`: resource claims are not prepared.
+    pub dra: Option<Arc<crate::dra::DraManager>>,
 }
 
 impl PodOptions {
@@ -43,6 +45,7 @@ impl PodOptions {
             root_dir: None,
             cgroups: None,
             csi_drivers: None,
+            dra: None,
         }
     }
 
@@ -57,6 +60,13 @@ impl PodOptions {
     /// handler fills it).
     pub fn with_csi_drivers(mut self, drivers: crate::csi::CsiDrivers) -> Self {
         self.csi_drivers = Some(drivers);
+        self
+    }
+
+    /// Prepares pods' resource claims through `dra` (its drivers registered by the plugin watcher on a real
+    /// node, by the fleet on a hollow one).
+    pub fn with_dra(mut self, dra: Arc<crate::dra::DraManager>) -> Self {
+        self.dra = Some(dra);
         self
     }
 
