@@ -34,6 +34,20 @@ pub mod text {
     }
 }
 
+/// Reads an optional [`parse_duration`] text in serde (`#[serde(default, with = "crate::duration::opt_text")]`).
+pub mod opt_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    /// Reads one duration text, if present.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|text| super::parse_duration(&text).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

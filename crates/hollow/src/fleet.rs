@@ -257,6 +257,8 @@ struct ProfileTemplate {
     static_pods: Vec<(String, Arc<k8s_openapi::api::core::v1::Pod>)>,
     /// Node figures besides the pods', shared by every node of the profile.
     host: Arc<node_agent::stats::Synthetic>,
+    /// The profile's DRA driver, if it has one.
+    dra: Option<crate::dra::DraSpec>,
 }
 
 fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError> {
@@ -280,6 +282,7 @@ fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError
             .map(|(name, pod)| (name, Arc::new(pod)))
             .collect(),
         host: Arc::default(),
+        dra: p.dra.clone(),
     };
     for (resource, value) in &p.capacity {
         let q = quantity(&p.name, resource, value)?;
@@ -402,6 +405,17 @@ impl NodeFactory {
             Some(feed) => feed.subscribe(&name, 64),
             None => PodSource::WatchVia(self.pool.watch_for_agent(index)),
         };
+        let dra = t.dra.as_ref().map(|spec| {
+            let drivers = node_agent::dra::Drivers::default();
+            let driver = crate::dra::HollowDriver::new(self.pool.fleet_client(), spec.clone());
+            drivers.insert(&spec.driver, Arc::new(driver));
+            let claims = node_agent::dra::claims::ClaimCache::in_memory();
+            Arc::new(node_agent::dra::DraManager::new(
+                self.pool.for_agent(index).kube(),
+                drivers,
+                claims,
+            ))
+        });
         let pods = PodOptions {
             probes: Arc::new(crate::probes::scripted(runtime.clone())),
             metrics: self.pod_metrics.clone(),
@@ -414,6 +428,8 @@ impl NodeFactory {
             cgroups: None,
             // nor CSI drivers: no plugin registers on a hollow node
             csi_drivers: None,
+            // the profile's DRA driver, in process
+            dra,
         };
         let mut builder = Agent::builder(config, self.pool.for_agent(index), Arc::new(runtime.clone()))
             .pods(pods)
@@ -432,6 +448,10 @@ impl NodeFactory {
                 source,
             })?
             .start();
+        if let Some(spec) = t.dra.clone() {
+            let (client, node) = (self.pool.fleet_client(), name.clone());
+            agent.spawn(async move { crate::dra::publish(client, &spec, &node).await });
+        }
         if let Some(server) = &self.kubelet_server {
             let script = runtime.clone();
             let logs = ScriptedLogs::new(move |id| script.container_logs(id).map_err(|e| e.to_string()));

@@ -10,6 +10,7 @@
 //!     labels: {accelerator: nvidia}
 //!     taints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]
 //!     zones: [zone-a, zone-b]   # topology.kubernetes.io/zone, round robin over the profile's nodes
+//!     dra: {driver: gpu.example.com, devices: 8, prepareLatency: 200ms}   # a DRA driver (crate::dra)
 //!   - name: general
 //!     weight: 1                 # the rest of the fleet, split by weight
 //!     capacity: {cpu: "8", memory: 32Gi, pods: "110"}
@@ -156,6 +157,9 @@ pub struct Profile {
     /// in the API server, as a kubelet's `staticPodPath` gives them).
     #[serde(default, rename = "staticPods")]
     pub static_pods: Vec<serde_yaml::Value>,
+    /// A DRA driver on every node of the profile (see [`crate::dra`]).
+    #[serde(default)]
+    pub dra: Option<crate::dra::DraSpec>,
 }
 
 impl Profile {
@@ -223,6 +227,7 @@ pub fn default_profiles() -> Vec<Profile> {
         zones: Vec::new(),
         baseline: BaselineSpec::default(),
         static_pods: Vec::new(),
+        dra: None,
     }]
 }
 
@@ -264,6 +269,9 @@ pub fn parse_with_chaos(text: &str, origin: &str) -> Result<(Vec<Profile>, chaos
             .count();
         if shares != 1 {
             return Err(invalid("set exactly one of count, percent, weight".into()));
+        }
+        if let Some(dra) = &p.dra {
+            dra.check().map_err(invalid)?;
         }
         if let Some(pc) = p.percent
             && !(0.0..=100.0).contains(&pc)
