@@ -43,6 +43,7 @@ CONTAINERD_BINARIES = {
     "e2e/test/real_node_csi": "10.87.0.0/16",
     "e2e/test/real_node_devices": "10.75.0.0/16",
     "e2e/test/real_node_faults": "10.89.0.0/16",
+    "e2e/test/real_node_dra": "10.76.0.0/16",
 }
 
 

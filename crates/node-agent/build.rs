@@ -1,5 +1,5 @@
 //! Compiles the APIs the agent serves from the project's own `.proto` files (`proto/` at the workspace root):
-//! the pod-resources API v1, and the APIs it calls: the kubelet plugin registration API v1 and the CSI node side; the device plugin API v1beta1 (served and called).
+//! the pod-resources API v1, and the APIs it calls: the kubelet plugin registration API v1, the CSI node side and the DRA driver API (v1, v1beta1); the device plugin API v1beta1 (served and called).
 //! The descriptor set is built in Rust (`protox`), so no `protoc` is needed here.
 
 use std::path::PathBuf;
@@ -11,6 +11,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         root.join("pluginregistration/v1/api.proto"),
         root.join("csi/v1/csi.proto"),
         root.join("deviceplugin/v1beta1/api.proto"),
+        root.join("dra/v1/api.proto"),
+        root.join("dra/v1beta1/api.proto"),
     ];
     for file in &files {
         println!("cargo:rerun-if-changed={}", file.display());

@@ -12,6 +12,7 @@
 #        NA_CRI_SKIP_APT=1  never call apt-get (fail if a package is missing)
 #        NA_CRI_CONTAINERD=2  containerd 2.x (built from the Go module proxy, cached) instead of Debian's 1.6; its
 #                       config is this script's version-2 config migrated by `containerd config migrate`
+#                       (CDI spec files are read from $NA_CRI_DIR/cdi only)
 #        NA_CRI_REGISTRIES  space-separated HOST:PORT of registries to pull from over plain HTTP (more can be added
 #                       later: registry.sh start writes their hosts.toml when NA_CRI_DIR is set)
 #        NA_CRI_SYSTEMD_CGROUP=1  runc makes the containers' cgroups through systemd (SystemdCgroup = true; the
@@ -154,6 +155,10 @@ if [ "$CONTAINERD" != containerd ]; then
   sed -i -e "s|^imports = .*|imports = []|" \
     -e "/^  \[plugins.'io.containerd.nri.v1.nri'\]/,/^\$/ s/disable = false/disable = true/" "$DIR/config.toml"
   grep -q "^imports = \[\]" "$DIR/config.toml" || die "could not clear the migrated config's imports"
+  # CDI specs (written by DRA drivers) are read from this node's own directory, not the machine's
+  mkdir -p "$DIR/cdi"
+  sed -i -e "s|^    cdi_spec_dirs = .*|    cdi_spec_dirs = ['$DIR/cdi']|" "$DIR/config.toml"
+  grep -q "^    cdi_spec_dirs = \['$DIR/cdi'\]" "$DIR/config.toml" || die "could not set the migrated config's cdi_spec_dirs"
 fi
 
 # --- images ---------------------------------------------------------------------------------------------------

@@ -259,6 +259,8 @@ struct ProfileTemplate {
     host: Arc<node_agent::stats::Synthetic>,
     /// Fake device plugins every node of the profile has.
     device_plugins: Vec<node_agent::devices::fake::FakeDevices>,
+    /// The profile's DRA driver, if it has one.
+    dra: Option<crate::dra::DraSpec>,
 }
 
 fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError> {
@@ -291,6 +293,7 @@ fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError
                 flap_every: d.flap_every,
             })
             .collect(),
+        dra: p.dra.clone(),
     };
     for (resource, value) in &p.capacity {
         let q = quantity(&p.name, resource, value)?;
@@ -413,6 +416,17 @@ impl NodeFactory {
             Some(feed) => feed.subscribe(&name, 64),
             None => PodSource::WatchVia(self.pool.watch_for_agent(index)),
         };
+        let dra = t.dra.as_ref().map(|spec| {
+            let drivers = node_agent::dra::Drivers::default();
+            let driver = crate::dra::HollowDriver::new(self.pool.fleet_client(), spec.clone());
+            drivers.insert(&spec.driver, Arc::new(driver));
+            let claims = node_agent::dra::claims::ClaimCache::in_memory();
+            Arc::new(node_agent::dra::DraManager::new(
+                self.pool.for_agent(index).kube(),
+                drivers,
+                claims,
+            ))
+        });
         let pods = PodOptions {
             probes: Arc::new(crate::probes::scripted(runtime.clone())),
             metrics: self.pod_metrics.clone(),
@@ -426,6 +440,8 @@ impl NodeFactory {
             // nor CSI drivers: no plugin registers on a hollow node
             csi_drivers: None,
             devices: None,
+            // the profile's DRA driver, in process
+            dra,
         };
         let token = self.token.child_token();
         let mut pods = pods;
@@ -456,6 +472,10 @@ impl NodeFactory {
                 source,
             })?
             .start();
+        if let Some(spec) = t.dra.clone() {
+            let (client, node) = (self.pool.fleet_client(), name.clone());
+            agent.spawn(async move { crate::dra::publish(client, &spec, &node).await });
+        }
         if let Some(server) = &self.kubelet_server {
             let script = runtime.clone();
             let logs = ScriptedLogs::new(move |id| script.container_logs(id).map_err(|e| e.to_string()));

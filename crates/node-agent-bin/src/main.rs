@@ -151,10 +151,15 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             let devices = node_agent::devices::DeviceManager::with_checkpoint(&node_agent::devices::dir(
                 &flags.root_dir,
             ));
+            let claims = node_agent::dra::claims::ClaimCache::load(&flags.root_dir)
+                .context("reading the checkpoint of prepared resource claims")?;
+            let dra =
+                node_agent::dra::DraManager::new(client.clone(), node_agent::dra::Drivers::default(), claims);
             let mut pods = PodOptions::default()
                 .with_root_dir(&flags.root_dir)
                 .with_csi_drivers(drivers)
-                .with_devices(devices);
+                .with_devices(devices)
+                .with_dra(Arc::new(dra));
             if kubelet.cgroups_per_qos {
                 let cgroups = if kubelet.cgroup_driver == "systemd" {
                     QosCgroups::start_systemd(&kubelet.cgroup_root, kubelet.pod_pids_limit).await
@@ -184,6 +189,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let csi_drivers = pods.csi_drivers.clone().unwrap_or_default();
     let host = node_agent::stats::host::RealHost::new(&flags.root_dir).with_pod_cgroups(pods.cgroups.clone());
     let devices = pods.devices.clone();
+    let dra_drivers = pods.dra.as_ref().map(|d| d.drivers().clone()).unwrap_or_default();
     let mut builder = Agent::builder(config, client, runtime)
         .token(token.clone())
         .metrics(metrics)
@@ -231,7 +237,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 }
             });
         }
-        plugin_registration(&agent, &flags.root_dir, &node, csi_drivers, &token);
+        plugin_registration(&agent, &flags.root_dir, &node, (csi_drivers, dra_drivers), &token);
     }
     let endpoint = NodeEndpoint::new(agent.context().clone()).with_logs(logs);
     if let Some((_, server)) =
@@ -276,23 +282,28 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
 }
 
 /// Kubelet plugin registration on a real node: the watcher of `<root-dir>/plugins_registry` with the CSI
-/// handler (registering into `drivers`, which the pods' CSI volumes are published through), and the node's `CSINode` object created once the Node is registered (as the kubelet creates it at
-/// start). Both run with the agent's tasks.
+/// handler (registering into `drivers.0`, which the pods' CSI volumes are published through) and the DRA handler
+/// (into `drivers.1`, which pods' resource claims are prepared through), and the node's `CSINode` object created
+/// once the Node is registered (as the kubelet creates it at start). Both run with the agent's tasks.
 fn plugin_registration(
     agent: &node_agent::RunningAgent,
     root_dir: &std::path::Path,
     node: &str,
-    drivers: node_agent::csi::CsiDrivers,
+    drivers: (node_agent::csi::CsiDrivers, node_agent::dra::Drivers),
     token: &CancellationToken,
 ) {
     use node_agent::csi::node_info::NodeInfo;
     use node_agent::csi::registration::CsiPluginHandler;
-    use node_agent::plugins::{CSI_PLUGIN, PluginWatcher, registry_dir};
+    use node_agent::dra::registration::DraPluginHandler;
+    use node_agent::plugins::{CSI_PLUGIN, DRA_PLUGIN, PluginWatcher, registry_dir};
 
     let ctx = agent.context();
     let node_info = NodeInfo::new(ctx.client.clone(), ctx.api.clone(), node);
-    let csi = CsiPluginHandler::new(drivers, node_info.clone());
-    let watcher = PluginWatcher::new(registry_dir(root_dir)).handler(CSI_PLUGIN, Arc::new(csi));
+    let csi = CsiPluginHandler::new(drivers.0, node_info.clone());
+    let dra = DraPluginHandler::new(drivers.1);
+    let watcher = PluginWatcher::new(registry_dir(root_dir))
+        .handler(CSI_PLUGIN, Arc::new(csi))
+        .handler(DRA_PLUGIN, Arc::new(dra));
     agent.spawn(watcher.run(token.clone()));
     let mut registered = ctx.registered.clone();
     let token = token.clone();

@@ -45,6 +45,7 @@
 //! * [`csi`] — the CSI node side: registered drivers, `CSINode` and the node's topology labels.
 //! * [`devices`] — device plugins (`v1beta1`): registration, devices into capacity, admission, `Allocate`, the
 //!   checkpoint; in-memory fake plugins for hollow nodes.
+//! * [`dra`] — dynamic resource allocation: DRA drivers, claims prepared for pods, their CDI devices.
 
 // Long-lived tasks are written as functions returning `async move` blocks, not as `async fn`s: an `async fn`
 // keeps its arguments twice in its future (as arguments, and as the bindings its body moves them into), for
@@ -63,6 +64,7 @@ mod cri_log;
 pub mod csi;
 pub mod density;
 pub mod devices;
+pub mod dra;
 pub mod events;
 pub mod eviction;
 pub mod gc;

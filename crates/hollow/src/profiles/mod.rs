@@ -13,6 +13,7 @@
 //!     devicePlugins:            # fake device plugins: capacity and allocatable from their devices, devices
 //!                               # given to pods through the agent's device manager
 //!       - {resource: example.com/fpga, count: 2, flapEvery: 60s}   # flapEvery: one device unhealthy in turn
+//!     dra: {driver: gpu.example.com, devices: 8, prepareLatency: 200ms}   # a DRA driver (crate::dra)
 //!   - name: general
 //!     weight: 1                 # the rest of the fleet, split by weight
 //!     capacity: {cpu: "8", memory: 32Gi, pods: "110"}
@@ -164,6 +165,9 @@ pub struct Profile {
     /// manager.
     #[serde(default, rename = "devicePlugins")]
     pub device_plugins: Vec<DevicePluginSpec>,
+    /// A DRA driver on every node of the profile (see [`crate::dra`]).
+    #[serde(default)]
+    pub dra: Option<crate::dra::DraSpec>,
 }
 
 /// A fake device plugin as written in a profile.
@@ -246,6 +250,7 @@ pub fn default_profiles() -> Vec<Profile> {
         baseline: BaselineSpec::default(),
         static_pods: Vec::new(),
         device_plugins: Vec::new(),
+        dra: None,
     }]
 }
 
@@ -287,6 +292,9 @@ pub fn parse_with_chaos(text: &str, origin: &str) -> Result<(Vec<Profile>, chaos
             .count();
         if shares != 1 {
             return Err(invalid("set exactly one of count, percent, weight".into()));
+        }
+        if let Some(dra) = &p.dra {
+            dra.check().map_err(invalid)?;
         }
         if let Some(pc) = p.percent
             && !(0.0..=100.0).contains(&pc)

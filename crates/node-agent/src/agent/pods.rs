@@ -65,6 +65,7 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
     config.layout.memory_capacity = ctx.config.machine.memory_bytes;
     config.csi_drivers = options.csi_drivers.clone();
     config.devices = options.devices.clone();
+    config.dra = options.dra.clone();
     config.layout.dns = node_dns(k);
     config.pulls = PullSettings {
         serialize: k.serialize_image_pulls,

@@ -127,6 +127,9 @@ pub struct PodConfig {
     /// The node's device manager: device plugin resources are admitted against it and its containers given
     /// their devices (`None`: no device plugins; extended resources are checked against allocatable alone).
     pub devices: Option<crate::devices::DeviceManager>,
+    /// The node's DRA manager, which prepares pods' resource claims (`None`: a pod with claims cannot start,
+    /// told so by a `FailedPrepareDynamicResources` event).
+    pub dra: Option<Arc<crate::dra::DraManager>>,
 }
 
 impl PodConfig {
@@ -147,6 +150,7 @@ impl PodConfig {
             pleg_health: None,
             csi_drivers: None,
             devices: None,
+            dra: None,
         }
     }
 }

@@ -30,6 +30,8 @@ pub struct PodOptions {
     pub csi_drivers: Option<crate::csi::CsiDrivers>,
     /// The node's device manager (see [`with_devices`](Self::with_devices)); `None`: no device plugins.
     pub devices: Option<crate::devices::DeviceManager>,
+    /// The node's DRA manager (see [`with_dra`](Self::with_dra)); `None`: resource claims are not prepared.
+    pub dra: Option<Arc<crate::dra::DraManager>>,
 }
 
 impl PodOptions {
@@ -46,6 +48,7 @@ impl PodOptions {
             cgroups: None,
             csi_drivers: None,
             devices: None,
+            dra: None,
         }
     }
 
@@ -67,6 +70,13 @@ impl PodOptions {
     /// handler fills it).
     pub fn with_csi_drivers(mut self, drivers: crate::csi::CsiDrivers) -> Self {
         self.csi_drivers = Some(drivers);
+        self
+    }
+
+    /// Prepares pods' resource claims through `dra` (its drivers registered by the plugin watcher on a real
+    /// node, by the fleet on a hollow one).
+    pub fn with_dra(mut self, dra: Arc<crate::dra::DraManager>) -> Self {
+        self.dra = Some(dra);
         self
     }
 

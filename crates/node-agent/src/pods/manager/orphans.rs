@@ -5,7 +5,8 @@
 //! (`HandlePodCleanups`: runtime pods without a pod, `cleanupOrphanedPodDirs`, `cleanupOrphanedPodCgroups`),
 //! per pod and in that order: the runtime's objects are stopped and removed, then the directory (its tmpfs
 //! volumes unmounted first, nothing removed while anything else is mounted in it), then — only once the
-//! directory is gone, so memory-backed volumes no longer charge it — the cgroup.
+//! directory is gone, so memory-backed volumes no longer charge it — the cgroup. Resource claims prepared for
+//! such a pod are released once its runtime objects are gone.
 //!
 //! The pod manager runs a sweep after every full list of the API's pods (once every static source has been
 //! read) and, on a real node, every [`PERIOD`] (a hollow node has neither directories nor cgroups, and sweeps
@@ -42,6 +43,9 @@ struct Held {
     runtime: bool,
     dir: bool,
     cgroup: bool,
+    /// Resource claims prepared for it (released once its containers are gone, as the kubelet's DRA
+    /// reconcile loop releases those of pods no longer active).
+    claims: bool,
 }
 
 impl Orphans {
@@ -96,6 +100,11 @@ impl Orphans {
                 }
             }
         }
+        if let Some(dra) = &ctx.config.dra {
+            for uid in dra.claims().into_iter().flat_map(|c| c.pods) {
+                found.entry(uid).or_default().claims = true;
+            }
+        }
         let Ok(mut in_flight) = self.in_flight.lock() else {
             return;
         };
@@ -135,6 +144,15 @@ async fn remove(ctx: &AgentCtx, uid: &str, held: Held) {
             return;
         }
         tracing::info!(%uid, "removed the runtime objects of a pod that no longer exists");
+    }
+    if held.claims
+        && let Some(dra) = &ctx.config.dra
+    {
+        if let Err(error) = dra.unprepare(uid).await {
+            tracing::warn!(%uid, %error, "orphan cleanup failed: resource claims not released");
+            return;
+        }
+        tracing::info!(%uid, "released the resource claims of a pod that no longer exists");
     }
     // a pod that just lost its sandbox has its directory and cgroup still, even if the listing missed them
     let pods_dir = ctx.config.layout.pods_dir.clone();

@@ -223,6 +223,14 @@ impl PodWorker {
         };
         let grace = Duration::from_secs(u64::try_from(grace_secs).unwrap_or(0));
         kill::kill_pod(&self.ctx, &self.pod, &self.view, grace).await?;
+        // the claims are released once the containers have stopped and before the final status is reported,
+        // so the claim's deallocation never races a container still using its devices
+        if let Some(dra) = &self.ctx.config.dra
+            && let Err(e) = dra.unprepare(&self.pod.uid).await
+        {
+            tracing::warn!(error = %e, "releasing the pod's resource claims");
+            return Err(runtime_api::RuntimeError::unavailable(e.0));
+        }
         // the final view: every exited container's status read again, as the kubelet reads the runtime afresh
         // for a terminating pod's last status
         self.view

@@ -89,6 +89,9 @@ impl PodWorker {
                     let msg = "Pod sandbox changed, it will be killed and re-created.";
                     ctx.events.pod(&pod, EventType::Normal, "SandboxChanged", msg);
                 }
+                if !self.prepare_claims().await {
+                    break;
+                }
                 self.create_sandbox(attempt).await?;
                 self.view
                     .refresh(ctx.view_source(), &pod.uid, Reread::Kept)
@@ -187,6 +190,38 @@ impl PodWorker {
                 let retry = vols.retry_delay();
                 self.wake(Instant::now() + retry);
                 was_ready
+            }
+        }
+    }
+
+    /// Prepares the pod's resource claims before its sandbox is made (the DRA manager); `false` when they could
+    /// not be: a `FailedPrepareDynamicResources` event, retried after the pod worker back-off.
+    async fn prepare_claims(&mut self) -> bool {
+        let claims = self.pod.resource_claims();
+        if claims.is_empty() {
+            return true;
+        }
+        let pod = &self.pod;
+        let result = match &self.ctx.config.dra {
+            Some(dra) => {
+                let at = crate::dra::PodRef {
+                    namespace: &pod.namespace,
+                    name: &pod.name,
+                    uid: &pod.uid,
+                };
+                dra.prepare(at, claims).await.map_err(|e| e.0)
+            }
+            None => Err("prepare dynamic resources: this node prepares no resource claims".to_owned()),
+        };
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                let msg = format!("Failed to prepare dynamic resources: {e}");
+                self.ctx
+                    .events
+                    .pod(pod, EventType::Warning, "FailedPrepareDynamicResources", msg);
+                self.wake(Instant::now() + crate::backoff::jittered(Duration::from_secs(10), 0.5));
+                false
             }
         }
     }
@@ -381,6 +416,21 @@ impl PodWorker {
                         return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message));
                     }
                 }
+            }
+        }
+        let uses = pod.container_claims(&c.name);
+        if !uses.is_empty() {
+            let devices = match &ctx.config.dra {
+                Some(dra) => dra.cdi_devices(&pod.namespace, pod.resource_claims(), uses),
+                None => Ok(Vec::new()),
+            };
+            match devices {
+                Ok(ids) => {
+                    config
+                        .cdi_devices
+                        .extend(ids.into_iter().map(|name| cri::CdiDevice { name }));
+                }
+                Err(e) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", e.0)),
             }
         }
         let req = cri::CreateContainerRequest {

@@ -21,7 +21,6 @@ const fn refused_unless(unless: &'static str, why: &'static str) -> Handling {
 
 const SCHEDULER: &str = "read by the scheduler; the node re-checks only required node affinity at admission";
 const WINDOWS: &str = "Windows-only; a Linux node ignores it, as the kubelet does";
-const CLAIMS: &str = "dynamic resource allocation (resource claims) is not prepared by this node";
 const APPARMOR: &str = "AppArmor profiles are not passed to the runtime by this node";
 const FILE_ENV: &str = "environment variables from files in a volume are not read by this node";
 const BLOCK: &str = "raw block volumes need persistent volumes, which this node does not mount";
@@ -72,7 +71,7 @@ pub static FIELDS: &[Field] = &[
     f("PodSpec", "priority", Acts),
     f("PodSpec", "priorityClassName", Acts),
     f("PodSpec", "readinessGates", Walk("PodReadinessGate")),
-    f("PodSpec", "resourceClaims", refused(CLAIMS)),
+    f("PodSpec", "resourceClaims", Acts),
     f(
         "PodSpec",
         "resources",
@@ -302,7 +301,7 @@ pub static FIELDS: &[Field] = &[
     f("ContainerPort", "hostPort", Acts),
     f("ContainerPort", "name", Acts),
     f("ContainerPort", "protocol", Acts),
-    f("ResourceRequirements", "claims", refused(CLAIMS)),
+    f("ResourceRequirements", "claims", Acts),
     f("ResourceRequirements", "limits", Acts),
     f("ResourceRequirements", "requests", Acts),
     // probes and hooks

@@ -346,3 +346,63 @@ impl Fnv {
         self.0
     }
 }
+
+/// `spec.resourceClaims`, each resolved to its ResourceClaim as the kubelet resolves it: a named claim is that
+/// claim; one from a template is the claim the pod's `status.resourceClaimStatuses` names for it (none named
+/// there: no claim was needed; no entry: the claim is not created yet).
+pub(super) fn resource_claims(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<crate::dra::PodClaim> {
+    use crate::dra::manager::ClaimName;
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_deref())
+        .unwrap_or_default();
+    pod.spec
+        .iter()
+        .flat_map(|s| s.resource_claims.iter().flatten())
+        .map(|c| {
+            let claim = if let Some(name) = &c.resource_claim_name {
+                ClaimName::Named(name.clone())
+            } else if c.resource_claim_template_name.is_some() {
+                match statuses.iter().find(|s| s.name == c.name) {
+                    Some(s) => s
+                        .resource_claim_name
+                        .clone()
+                        .map_or(ClaimName::NotNeeded, ClaimName::Generated),
+                    None => ClaimName::NotCreatedYet,
+                }
+            } else {
+                ClaimName::Unsupported
+            };
+            crate::dra::PodClaim {
+                name: c.name.clone(),
+                claim,
+            }
+        })
+        .collect()
+}
+
+/// Per container naming claims in `resources.claims`, its (claim, request) pairs.
+pub(super) fn container_claims(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> Vec<(String, Vec<(String, String)>)> {
+    let named = |name: &str, r: Option<&k8s_openapi::api::core::v1::ResourceRequirements>| {
+        let claims: Vec<(String, String)> = r
+            .and_then(|r| r.claims.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .map(|c| (c.name.clone(), c.request.clone().unwrap_or_default()))
+            .collect();
+        (!claims.is_empty()).then(|| (name.to_owned(), claims))
+    };
+    let init = spec.init_containers.iter().flatten();
+    init.chain(&spec.containers)
+        .filter_map(|c| named(&c.name, c.resources.as_ref()))
+        .chain(
+            spec.ephemeral_containers
+                .iter()
+                .flatten()
+                .filter_map(|c| named(&c.name, c.resources.as_ref())),
+        )
+        .collect()
+}

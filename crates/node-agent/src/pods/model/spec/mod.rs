@@ -298,6 +298,12 @@ pub struct PodExtras {
     /// Extended resources (`example.com/gpu`) the init and app containers request, as (container, resource,
     /// count), in spec order.
     pub extended: Vec<(String, String, u64)>,
+    /// `spec.resourceClaims`, each with the ResourceClaim it stands for (`status.resourceClaimStatuses` for
+    /// claims generated from templates).
+    pub resource_claims: Vec<crate::dra::PodClaim>,
+    /// Per container (init, app and ephemeral, by name) that names claims in `resources.claims`, the
+    /// (claim, request) pairs it names (an empty request: the whole claim).
+    pub container_claims: Vec<(String, Vec<(String, String)>)>,
 }
 
 /// An ephemeral container: started once in the pod's sandbox when it appears, never restarted.
@@ -631,6 +637,8 @@ impl DesiredPod {
                     .chain(spec.containers.iter())
                     .map(|c| (c.name.as_str(), c.resources.as_ref())),
             ),
+            resource_claims: extract::resource_claims(pod),
+            container_claims: extract::container_claims(spec),
         };
         let extras = (extras != PodExtras::default()).then(|| Box::new(extras));
         let qos = resources::qos_class(init_containers.iter().chain(&containers));
@@ -689,6 +697,19 @@ impl DesiredPod {
     /// The status of each readiness gate's condition as last seen on the object.
     pub fn gate_status(&self) -> &[(String, bool)] {
         self.extras.as_ref().map_or(&[], |e| &e.gate_status)
+    }
+
+    /// `spec.resourceClaims`, resolved to their ResourceClaims.
+    pub fn resource_claims(&self) -> &[crate::dra::PodClaim] {
+        self.extras.as_ref().map_or(&[], |e| &e.resource_claims)
+    }
+
+    /// The (claim, request) pairs container `name` names in `resources.claims`.
+    pub fn container_claims(&self, name: &str) -> &[(String, String)] {
+        self.extras
+            .as_ref()
+            .and_then(|e| e.container_claims.iter().find(|(c, _)| c == name))
+            .map_or(&[], |(_, claims)| claims)
     }
 
     /// `spec.runtimeClassName` (empty: the runtime's default handler).
