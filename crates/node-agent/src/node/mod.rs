@@ -84,6 +84,8 @@ pub struct NodeSnapshot {
     pub pod_cidrs: Vec<String>,
     /// `status.addresses` as (type, address).
     pub addresses: Vec<(String, String)>,
+    /// `status.features.supplementalGroupsPolicy`: the runtime supports the `Strict` policy.
+    pub supplemental_groups_policy: bool,
 }
 
 impl NodeSnapshot {
@@ -108,8 +110,18 @@ impl NodeSnapshot {
                 .and_then(|s| s.addresses.as_ref())
                 .map(|a| a.iter().map(|a| (a.type_.clone(), a.address.clone())).collect())
                 .unwrap_or_default(),
+            supplemental_groups_policy: supplemental_groups_policy(node),
         }
     }
+}
+
+/// `status.features.supplementalGroupsPolicy` of `node` (unset: not supported).
+pub fn supplemental_groups_policy(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.features.as_ref())
+        .and_then(|f| f.supplemental_groups_policy)
+        .unwrap_or(false)
 }
 
 /// Resource pressure as the eviction manager sees it; drives the pressure conditions.

@@ -124,6 +124,9 @@ pub struct PodConfig {
     pub pleg_health: Option<PlegHealth>,
     /// The CSI drivers registered on this node, which publish its CSI volumes (a real node; `None`: no CSI).
     pub csi_drivers: Option<crate::csi::CsiDrivers>,
+    /// Whether the host enforces AppArmor profiles (default: no; a real node reads it from the kernel, see
+    /// [`apparmor_enabled`]). Pods asking for a confining profile are refused where it does not.
+    pub apparmor_enabled: bool,
 }
 
 impl PodConfig {
@@ -143,8 +146,16 @@ impl PodConfig {
             pulls: actions::pull_gate::PullSettings::default(),
             pleg_health: None,
             csi_drivers: None,
+            apparmor_enabled: false,
         }
     }
+}
+
+/// Whether this host's kernel enforces AppArmor, as the kubelet checks it: the security filesystem has an
+/// `apparmor` directory and the module's `enabled` parameter reads `Y`.
+pub fn apparmor_enabled() -> bool {
+    std::path::Path::new("/sys/kernel/security/apparmor").exists()
+        && std::fs::read("/sys/module/apparmor/parameters/enabled").is_ok_and(|b| b.len() > 1 && b[0] == b'Y')
 }
 
 /// Why the pod lifecycle stopped on its own.

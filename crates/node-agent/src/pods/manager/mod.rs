@@ -512,7 +512,15 @@ impl PodManager {
                     .sysctls
                     .as_deref()
                     .unwrap_or_else(|| crate::sysctl::Allowlist::safe());
-                admission::admit(&pod, &desired, &view, &self.committed, critical, sysctls)
+                admission::admit(
+                    &pod,
+                    &desired,
+                    &view,
+                    &self.committed,
+                    critical,
+                    sysctls,
+                    self.ctx.config.apparmor_enabled,
+                )
             }
         };
         match verdict {

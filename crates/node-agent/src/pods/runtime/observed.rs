@@ -74,6 +74,20 @@ pub struct ContainerRecord {
     pub exited_seen: Option<Instant>,
     /// When the container started, on the tokio clock (probe delays count from it).
     pub started_seen: Option<Instant>,
+    /// The identity its first process started with, when the runtime reports it (boxed: most runtimes of a
+    /// hollow fleet report none).
+    pub user: Option<Box<LinuxUser>>,
+}
+
+/// The uid, gid and supplemental groups a container's first process started with (CRI `ContainerStatus.user`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinuxUser {
+    /// The uid.
+    pub uid: i64,
+    /// The primary gid.
+    pub gid: i64,
+    /// The supplemental groups.
+    pub supplemental_groups: Vec<i64>,
 }
 
 /// The runtime's words on a container: boxed apart, as a running container has none and every container's
@@ -131,6 +145,13 @@ impl ContainerRecord {
             }),
             exited_seen,
             started_seen,
+            user: s.user.and_then(|u| u.linux).map(|l| {
+                Box::new(LinuxUser {
+                    uid: l.uid,
+                    gid: l.gid,
+                    supplemental_groups: l.supplemental_groups,
+                })
+            }),
         }
     }
 
