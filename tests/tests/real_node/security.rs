@@ -415,7 +415,7 @@ async fn apparmor_profiles_need_a_host_that_enforces_them() -> anyhow::Result<()
         status.message.as_deref(),
         Some("Pod was rejected: Cannot enforce AppArmor: AppArmor is not enabled on the host")
     );
-    let message = event(&node, "confined", "AppArmor").await?;
+    let message = event(node, "confined", "AppArmor").await?;
     assert_eq!(
         message,
         "Cannot enforce AppArmor: AppArmor is not enabled on the host"
@@ -461,7 +461,7 @@ async fn host_users_false_runs_in_a_user_namespace_of_its_own() -> anyhow::Resul
         if supported { "supported" } else { "not supported" }
     );
     if !supported {
-        let message = event(&node, "userns", "FailedCreatePodSandBox").await?;
+        let message = event(node, "userns", "FailedCreatePodSandBox").await?;
         assert_eq!(
             message,
             "Failed to create pod sandbox: can't set `spec.hostUsers: false`, runtime does not support user \
@@ -561,7 +561,7 @@ async fn strict_supplemental_groups_leave_out_the_images_groups() -> anyhow::Res
         return Ok(());
     };
     let pods = node.namespace(NS).await?;
-    import_with_group(&node, "localhost/busybox-groups:local")?;
+    import_with_group(node, "localhost/busybox-groups:local")?;
     let pod = |name: &str, policy: &str| -> anyhow::Result<Pod> {
         Ok(serde_json::from_value(serde_json::json!({
             "metadata": {"name": name},
@@ -585,7 +585,11 @@ async fn strict_supplemental_groups_leave_out_the_images_groups() -> anyhow::Res
         .and_then(|s| s.features)
         .and_then(|f| f.supplemental_groups_policy)
         .unwrap_or(false);
-    assert_eq!(supported, crate::CONTAINERD == "2", "containerd 2.x supports the policy, 1.6 does not");
+    assert_eq!(
+        supported,
+        crate::CONTAINERD == "2",
+        "containerd 2.x supports the policy, 1.6 does not"
+    );
     node.create_pod(&pods, &pod("strict", "Strict")?).await?;
     if !supported {
         let p = failed(&pods, "strict").await?;
