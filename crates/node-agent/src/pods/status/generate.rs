@@ -302,7 +302,7 @@ impl Gen<'_> {
             resources: Some(resize::requirements(&running_with)),
             allocated_resources: Some(c.resources.requests_api()).filter(|r| !r.is_empty()),
             // as the kubelet: the identity the runtime reports, whatever the policy
-            user: r.user.as_deref().map(|u| ContainerUser {
+            user: r.user().map(|u| ContainerUser {
                 linux: Some(LinuxContainerUser {
                     uid: u.uid,
                     gid: u.gid,

@@ -337,7 +337,6 @@ mod tests {
             }),
             exited_seen: (state == CState::Exited).then(Instant::now),
             started_seen: Some(Instant::now()),
-            user: None,
         }
     }
 
