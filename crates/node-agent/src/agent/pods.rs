@@ -60,6 +60,7 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
     }
     config.layout.pod_logs_dir = k.pod_logs_dir.display().to_string();
     config.kind = options.kind;
+    config.apparmor_enabled = options.kind == crate::pods::NodeKind::Real && crate::pods::apparmor_enabled();
     config.layout.pods_dir = options.root_dir.as_ref().map(|r| r.join("pods"));
     config.layout.cgroups = options.cgroups.clone();
     config.layout.memory_capacity = ctx.config.machine.memory_bytes;

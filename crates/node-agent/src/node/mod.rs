@@ -87,6 +87,8 @@ pub struct NodeSnapshot {
     /// The Ready condition is `Unknown`: the node-lifecycle controller's mark of a node it has not heard from
     /// (the agent never writes it).
     pub ready_unknown: bool,
+    /// `status.features.supplementalGroupsPolicy`: the runtime supports the `Strict` policy.
+    pub supplemental_groups_policy: bool,
 }
 
 impl NodeSnapshot {
@@ -116,8 +118,18 @@ impl NodeSnapshot {
                 .as_ref()
                 .and_then(|s| s.conditions.as_ref())
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "Unknown")),
+            supplemental_groups_policy: supplemental_groups_policy(node),
         }
     }
+}
+
+/// `status.features.supplementalGroupsPolicy` of `node` (unset: not supported).
+pub fn supplemental_groups_policy(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.features.as_ref())
+        .and_then(|f| f.supplemental_groups_policy)
+        .unwrap_or(false)
 }
 
 /// Resource pressure as the eviction manager sees it; drives the pressure conditions.

@@ -130,6 +130,9 @@ pub struct PodConfig {
     /// The node's DRA manager, which prepares pods' resource claims (`None`: a pod with claims cannot start,
     /// told so by a `FailedPrepareDynamicResources` event).
     pub dra: Option<Arc<crate::dra::DraManager>>,
+    /// Whether the host enforces AppArmor profiles (default: no; a real node reads it from the kernel, see
+    /// [`apparmor_enabled`]). Pods asking for a confining profile are refused where it does not.
+    pub apparmor_enabled: bool,
 }
 
 impl PodConfig {
@@ -151,8 +154,16 @@ impl PodConfig {
             csi_drivers: None,
             devices: None,
             dra: None,
+            apparmor_enabled: false,
         }
     }
+}
+
+/// Whether this host's kernel enforces AppArmor, as the kubelet checks it: the security filesystem has an
+/// `apparmor` directory and the module's `enabled` parameter reads `Y`.
+pub fn apparmor_enabled() -> bool {
+    std::path::Path::new("/sys/kernel/security/apparmor").exists()
+        && std::fs::read("/sys/module/apparmor/parameters/enabled").is_ok_and(|b| b.len() > 1 && b[0] == b'Y')
 }
 
 /// Why the pod lifecycle stopped on its own.

@@ -525,11 +525,18 @@ impl PodManager {
                     .sysctls
                     .as_deref()
                     .unwrap_or_else(|| crate::sysctl::Allowlist::safe());
-                admission::admit(&pod, &desired, &view, &self.committed, critical, sysctls).and_then(|()| {
-                    match &self.ctx.config.devices {
-                        Some(devices) => admission::admit_devices(devices, &desired),
-                        None => Ok(()),
-                    }
+                admission::admit(
+                    &pod,
+                    &desired,
+                    &view,
+                    &self.committed,
+                    critical,
+                    sysctls,
+                    self.ctx.config.apparmor_enabled,
+                )
+                .and_then(|()| match &self.ctx.config.devices {
+                    Some(devices) => admission::admit_devices(devices, &desired),
+                    None => Ok(()),
                 })
             }
         };

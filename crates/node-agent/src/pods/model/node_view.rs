@@ -44,6 +44,8 @@ pub struct NodeView {
     pub host_ips: Vec<String>,
     /// The node's pressure conditions as the eviction manager reports them.
     pub pressure: crate::node::Pressure,
+    /// Whether the Node reports support for `supplementalGroupsPolicy: Strict` (`status.features`).
+    pub supplemental_groups_policy: bool,
 }
 
 impl NodeView {
@@ -108,6 +110,7 @@ impl NodeView {
                     pid: on("PIDPressure"),
                 }
             },
+            supplemental_groups_policy: crate::node::supplemental_groups_policy(node),
         }
     }
 }
@@ -234,6 +237,7 @@ pub fn compose(node: &NodeSnapshot, allocatable: &ResourceList, pressure: Pressu
             .collect(),
         host_ips: host_ips(node),
         pressure,
+        supplemental_groups_policy: node.supplemental_groups_policy,
     }
 }
 

@@ -1,5 +1,5 @@
-//! Pod resource arithmetic: container requests and limits as integers, the pod's effective request (what
-//! admission charges against the node's allocatable) and the pod's QoS class.
+//! Pod resource arithmetic: container requests and limits as integers, pod-level `spec.resources`, the pod's
+//! effective request (what admission charges against the node's allocatable) and the pod's QoS class.
 
 use std::collections::BTreeMap;
 
@@ -214,6 +214,92 @@ pub fn overhead(overhead: Option<&BTreeMap<String, ApiQuantity>>) -> PodRequests
     }
 }
 
+/// Pod-level `spec.resources`: the cpu and memory the whole pod requests and is limited to, each `None` when not
+/// set (or not positive). The kubelet reads only these two there (and hugepages, which this node does not offer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodLevel {
+    /// `requests.cpu`, millicores.
+    pub cpu_request: Option<i64>,
+    /// `limits.cpu`, millicores.
+    pub cpu_limit: Option<i64>,
+    /// `requests.memory`, bytes.
+    pub memory_request: Option<i64>,
+    /// `limits.memory`, bytes.
+    pub memory_limit: Option<i64>,
+}
+
+impl PodLevel {
+    /// Reads `spec.resources`; `None` when the pod has none.
+    pub fn from_api(r: Option<&ResourceRequirements>) -> Option<Self> {
+        let r = r?;
+        let requests = r.requests.as_ref();
+        let limits = r.limits.as_ref();
+        let positive = |v: Option<i64>| v.filter(|v| *v > 0);
+        Some(Self {
+            cpu_request: positive(milli(requests, "cpu")),
+            cpu_limit: positive(milli(limits, "cpu")),
+            memory_request: positive(units(requests, "memory")),
+            memory_limit: positive(units(limits, "memory")),
+        })
+    }
+
+    /// Whether it requests cpu or memory (the pod's request is then its own, not its containers' sum).
+    pub fn requests_set(&self) -> bool {
+        self.cpu_request.is_some() || self.memory_request.is_some()
+    }
+
+    /// Whether it sets anything (its limits then bound the pod's cgroup).
+    pub fn is_set(&self) -> bool {
+        self.requests_set() || self.cpu_limit.is_some() || self.memory_limit.is_some()
+    }
+
+    /// The QoS class a pod with these pod-level resources has, whatever its containers say (the kubelet's
+    /// rule): none requested or limited is BestEffort; cpu and memory limited, with every request equal to its
+    /// limit, Guaranteed; anything else Burstable.
+    pub fn qos(&self) -> QosClass {
+        let requests = [self.cpu_request, self.memory_request];
+        let limits = [self.cpu_limit, self.memory_limit];
+        if requests.iter().chain(&limits).all(Option::is_none) {
+            return QosClass::BestEffort;
+        }
+        // only a pod that sets limits can be Guaranteed, and then only with both of them
+        let limited = limits.iter().any(Option::is_some);
+        let both = limits.iter().all(Option::is_some);
+        let equal = requests.iter().zip(&limits).all(|(r, l)| r.is_none() || r == l);
+        let same_count =
+            requests.iter().filter(|r| r.is_some()).count() == limits.iter().filter(|l| l.is_some()).count();
+        if (!limited || both) && equal && same_count {
+            QosClass::Guaranteed
+        } else {
+            QosClass::Burstable
+        }
+    }
+
+    /// `requests`, with the pod-level cpu and memory requests in place of the containers' where set.
+    pub fn over_requests(&self, requests: PodRequests, overhead: PodRequests) -> PodRequests {
+        PodRequests {
+            cpu_milli: self
+                .cpu_request
+                .map_or(requests.cpu_milli, |v| v + overhead.cpu_milli),
+            memory: self
+                .memory_request
+                .map_or(requests.memory, |v| v + overhead.memory),
+            ephemeral: requests.ephemeral,
+        }
+    }
+
+    /// `limits`, with the pod-level limits (plus the overhead) in place of the containers' where set.
+    pub fn over_limits(&self, limits: PodLimits, overhead: PodRequests) -> PodLimits {
+        PodLimits {
+            cpu_milli: self
+                .cpu_limit
+                .map(|v| v + overhead.cpu_milli)
+                .or(limits.cpu_milli),
+            memory: self.memory_limit.map(|v| v + overhead.memory).or(limits.memory),
+        }
+    }
+}
+
 /// The pod's quality-of-service class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QosClass {
@@ -391,5 +477,60 @@ mod tests {
         );
         let be = desired(json!({"containers": [{"name": "a", "image": "i"}]}));
         assert_eq!(limits(&be), PodLimits::default());
+    }
+
+    #[test]
+    fn pod_level_resources_decide_the_qos_class_and_the_request() {
+        let guaranteed = desired(json!({
+            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+            "containers": [{"name": "a", "image": "i"}, {"name": "b", "image": "i",
+                            "resources": {"requests": {"cpu": "100m"}}}]}));
+        assert_eq!(
+            guaranteed.qos,
+            QosClass::Guaranteed,
+            "containers without limits, bounded by the pod"
+        );
+        assert_eq!(
+            guaranteed.requests(),
+            PodRequests {
+                cpu_milli: 1000,
+                memory: 1 << 30,
+                ephemeral: 0
+            }
+        );
+        let burstable = desired(json!({
+            "resources": {"requests": {"memory": "256Mi"}},
+            "containers": [{"name": "a", "image": "i", "resources": {
+                "requests": {"cpu": "2", "memory": "2Gi", "ephemeral-storage": "1Gi"},
+                "limits": {"cpu": "2", "memory": "2Gi"}}}]}));
+        assert_eq!(
+            burstable.qos,
+            QosClass::Burstable,
+            "the pod's own resources decide, not its containers'"
+        );
+        assert_eq!(
+            burstable.requests(),
+            PodRequests {
+                cpu_milli: 2000,
+                memory: 256 << 20,
+                ephemeral: 1 << 30
+            },
+            "a request the pod does not set is its containers'"
+        );
+        let cpu_only = desired(json!({
+            "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}},
+            "containers": [{"name": "a", "image": "i"}]}));
+        assert_eq!(
+            cpu_only.qos,
+            QosClass::Burstable,
+            "Guaranteed needs both cpu and memory limits"
+        );
+        let none = desired(json!({"resources": {},
+            "containers": [{"name": "a", "image": "i", "resources": {"requests": {"cpu": "1"}}}]}));
+        assert_eq!(
+            none.qos,
+            QosClass::BestEffort,
+            "empty pod-level resources, as the kubelet reads them"
+        );
     }
 }

@@ -1,8 +1,11 @@
 //! Pod and container security contexts as the pod's spec states them (run as user / group, privileged,
-//! capabilities, privilege escalation, seccomp, proc mount, SELinux options), read once when the pod is read. How they become
-//! the runtime's settings is [`crate::pods::runtime::security`].
+//! capabilities, privilege escalation, seccomp, AppArmor, proc mount, SELinux options, the supplemental groups
+//! policy), read once when the pod is read. How they become the runtime's settings is
+//! [`crate::pods::runtime::security`].
 
-use k8s_openapi::api::core::v1::{PodSecurityContext, SELinuxOptions, SeccompProfile, SecurityContext};
+use k8s_openapi::api::core::v1::{
+    AppArmorProfile, PodSecurityContext, SELinuxOptions, SeccompProfile, SecurityContext,
+};
 
 /// A seccomp profile choice.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +25,43 @@ fn seccomp(p: Option<&SeccompProfile>) -> Option<Seccomp> {
         "Localhost" => Seccomp::Localhost(p.localhost_profile.clone().unwrap_or_default()),
         _ => Seccomp::Unconfined,
     })
+}
+
+/// An AppArmor profile choice (`appArmorProfile`, or the deprecated per-container annotation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppArmor {
+    /// `RuntimeDefault` (annotation `runtime/default`).
+    RuntimeDefault,
+    /// `Unconfined` (annotation `unconfined`).
+    Unconfined,
+    /// `Localhost` with the name of a profile loaded on the host (annotation `localhost/<name>`); empty when
+    /// the name is missing, which admission refuses.
+    Localhost(String),
+}
+
+/// The prefix of the deprecated per-container AppArmor annotation; the container's name follows it.
+pub const APPARMOR_ANNOTATION_PREFIX: &str = "container.apparmor.security.beta.kubernetes.io/";
+
+impl AppArmor {
+    fn from_api(p: Option<&AppArmorProfile>) -> Option<Self> {
+        let p = p?;
+        Some(match p.type_.as_str() {
+            "RuntimeDefault" => Self::RuntimeDefault,
+            "Localhost" => Self::Localhost(p.localhost_profile.clone().unwrap_or_default()),
+            _ => Self::Unconfined,
+        })
+    }
+
+    /// Reads the deprecated annotation's value; `None` for a value the kubelet does not recognise.
+    pub fn from_annotation(value: &str) -> Option<Self> {
+        match value {
+            "runtime/default" => Some(Self::RuntimeDefault),
+            "unconfined" => Some(Self::Unconfined),
+            _ => value
+                .strip_prefix("localhost/")
+                .map(|name| Self::Localhost(name.to_owned())),
+        }
+    }
 }
 
 /// `seLinuxOptions` as stated: user, role, type, level (empty when unset).
@@ -75,6 +115,12 @@ pub struct PodSecurity {
     pub share_pid: bool,
     /// `seLinuxOptions` of the pod.
     pub se_linux: Option<SeLinux>,
+    /// `appArmorProfile` of the pod (a container's own, or its annotation, wins).
+    pub apparmor: Option<AppArmor>,
+    /// `supplementalGroupsPolicy: Strict`: the image's groups of the user are not added.
+    pub supplemental_groups_strict: bool,
+    /// `hostUsers: false`: the pod runs in a user namespace of its own.
+    pub user_namespace: bool,
 }
 
 impl PodSecurity {
@@ -106,6 +152,10 @@ impl PodSecurity {
             host_ipc: spec.host_ipc.unwrap_or(false),
             share_pid: spec.share_process_namespace.unwrap_or(false),
             se_linux: se_linux(sc.and_then(|s| s.se_linux_options.as_ref())),
+            apparmor: AppArmor::from_api(sc.and_then(|s| s.app_armor_profile.as_ref())),
+            supplemental_groups_strict: sc.and_then(|s| s.supplemental_groups_policy.as_deref())
+                == Some("Strict"),
+            user_namespace: spec.host_users == Some(false),
         };
         (out != Self::default()).then(|| Box::new(out))
     }
@@ -136,6 +186,8 @@ pub struct ContainerSecurity {
     pub unmasked_proc: bool,
     /// `seLinuxOptions` of the container (over the pod's).
     pub se_linux: Option<SeLinux>,
+    /// `appArmorProfile` of the container (over its annotation and the pod's).
+    pub apparmor: Option<AppArmor>,
 }
 
 impl ContainerSecurity {
@@ -155,6 +207,7 @@ impl ContainerSecurity {
             seccomp: seccomp(sc.seccomp_profile.as_ref()),
             unmasked_proc: sc.proc_mount.as_deref() == Some("Unmasked"),
             se_linux: se_linux(sc.se_linux_options.as_ref()),
+            apparmor: AppArmor::from_api(sc.app_armor_profile.as_ref()),
         }))
     }
 }

@@ -5,6 +5,7 @@
 //!   agent reads back).
 //! * [`observed`] — the runtime's view of one pod: its sandboxes and containers.
 //! * [`security`] — security contexts as CRI settings (namespaces, seccomp, users).
+//! * [`userns`] — the user namespace ranges of pods with `hostUsers: false`.
 //! * [`dns`] — the pod's resolver configuration.
 //! * [`cgroups`] — QoS and pod cgroups of a real node.
 //! * [`devices`] — the devices a container was given, in its CRI config.
@@ -19,3 +20,4 @@ pub(crate) mod observed;
 pub mod oom_score;
 pub mod security;
 pub(crate) mod termination;
+pub mod userns;

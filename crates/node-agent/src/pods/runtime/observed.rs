@@ -76,20 +76,40 @@ pub struct ContainerRecord {
     pub started_seen: Option<Instant>,
 }
 
-/// The runtime's words on a container: boxed apart, as a running container has none and every container's
-/// record is held between syncs (two empty strings in place would make every record larger).
+/// The uid, gid and supplemental groups a container's first process started with (CRI `ContainerStatus.user`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinuxUser {
+    /// The uid.
+    pub uid: i64,
+    /// The primary gid.
+    pub gid: i64,
+    /// The supplemental groups.
+    pub supplemental_groups: Vec<i64>,
+}
+
+/// The runtime's words on a container, and the identity it reports the container started with: boxed apart, as
+/// a running container has no words, a hollow fleet's runtime reports no identity, and every container's record
+/// is held between syncs (two empty strings in place would make every record larger).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EndText {
     /// `Completed`, `Error`, `OOMKilled`, ...
     pub reason: String,
     /// What the runtime (or the container's termination message) says.
     pub message: String,
+    /// The identity its first process started with, when the runtime reports it.
+    pub user: Option<LinuxUser>,
 }
 
 impl EndText {
-    /// `None` when both are empty.
-    pub fn of(reason: String, message: String) -> Option<Box<Self>> {
-        (!reason.is_empty() || !message.is_empty()).then(|| Box::new(Self { reason, message }))
+    /// `None` when there are no words and no identity.
+    pub fn of(reason: String, message: String, user: Option<LinuxUser>) -> Option<Box<Self>> {
+        (!reason.is_empty() || !message.is_empty() || user.is_some()).then(|| {
+            Box::new(Self {
+                reason,
+                message,
+                user,
+            })
+        })
     }
 }
 
@@ -102,6 +122,11 @@ impl ContainerRecord {
     /// The runtime's message, empty when it gave none.
     pub fn message(&self) -> &str {
         self.ended.as_ref().map_or("", |e| e.message.as_str())
+    }
+
+    /// The identity the runtime reports the container started with.
+    pub fn user(&self) -> Option<&LinuxUser> {
+        self.ended.as_ref()?.user.as_ref()
     }
 
     fn from_status(s: cri::ContainerStatus, sandbox_id: Arc<str>) -> Self {
@@ -124,7 +149,15 @@ impl ContainerRecord {
             started_at: s.started_at,
             finished_at: s.finished_at,
             exit_code: s.exit_code,
-            ended: EndText::of(s.reason, s.message),
+            ended: EndText::of(
+                s.reason,
+                s.message,
+                s.user.and_then(|u| u.linux).map(|l| LinuxUser {
+                    uid: l.uid,
+                    gid: l.gid,
+                    supplemental_groups: l.supplemental_groups,
+                }),
+            ),
             images: IMAGES.intern(ImageNames {
                 image: s.image.map(|i| i.image).unwrap_or_default().into(),
                 image_ref: s.image_ref.into(),

@@ -15,7 +15,8 @@ const NODE_CRITICAL_PRIORITY: i32 = SYSTEM_CRITICAL_PRIORITY + 1000;
 /// `oom_score_adj` for container `c` of `pod` on a node with `memory_capacity` bytes: -997 for a Guaranteed or
 /// node-critical pod, 1000 for a BestEffort one; for a Burstable one `1000 - 1000 * request / capacity`, a
 /// sidecar's no higher than the score of the regular container requesting least, kept within `[3, 999]` so
-/// that it stays between the other two classes.
+/// that it stays between the other two classes. A pod-level memory request beyond what its containers request
+/// is shared equally among its containers, each counting its share as part of its request.
 pub fn container(pod: &DesiredPod, c: &ContainerSpec, memory_capacity: u64) -> i64 {
     if pod.priority >= NODE_CRITICAL_PRIORITY {
         return GUARANTEED;
@@ -27,7 +28,19 @@ pub fn container(pod: &DesiredPod, c: &ContainerSpec, memory_capacity: u64) -> i
     }
     let capacity = i64::try_from(memory_capacity).unwrap_or(i64::MAX).max(1);
     let score = |request: i64| 1000 - (1000 * i128::from(request) / i128::from(capacity)) as i64;
-    let mut adj = score(c.resources.memory_request.unwrap_or(0));
+    let share = pod
+        .pod_level()
+        .and_then(|p| p.memory_request)
+        .map_or(0, |pod_request| {
+            let own = crate::pods::model::resources::pod_requests(
+                &pod.init_containers,
+                &pod.containers,
+                Default::default(),
+            );
+            let n = (pod.containers.len() + pod.init_containers.len()).max(1);
+            (pod_request - own.memory) / i64::try_from(n).unwrap_or(1)
+        });
+    let mut adj = score(c.resources.memory_request.unwrap_or(0) + share);
     let is_sidecar = c.sidecar && pod.init_containers.iter().any(|i| i.name == c.name);
     if is_sidecar {
         let least = pod
@@ -36,7 +49,7 @@ pub fn container(pod: &DesiredPod, c: &ContainerSpec, memory_capacity: u64) -> i
             .map(|r| r.resources.memory_request.unwrap_or(0))
             .min()
             .unwrap_or(0);
-        adj = adj.min(score(least));
+        adj = adj.min(score(least + share));
     }
     if adj < 1000 + GUARANTEED {
         return 1000 + GUARANTEED;

@@ -1,6 +1,7 @@
 //! Pod and container security contexts as the kubelet hands them to the runtime: the container's own settings
 //! over the pod's (run as user / group, read-only root filesystem, privileged, capabilities, privilege
-//! escalation, seccomp, the proc mount's masked and read-only paths), supplemental groups (`fsGroup` first),
+//! escalation, seccomp, AppArmor, the proc mount's masked and read-only paths), supplemental groups (`fsGroup`
+//! first, and the `Strict` policy),
 //! namespace sharing (`hostNetwork`, `hostPID`, `hostIPC`, `shareProcessNamespace`) and sysctls for the sandbox.
 //! `runAsNonRoot` with `runAsUser: 0` fails the container with the kubelet's message; without `runAsUser` the
 //! image's user (from `ImageStatus`: a uid, a user name, or neither — root) is checked ([`verify_image_user`]).
@@ -9,7 +10,7 @@ use std::collections::HashMap;
 
 use runtime_api::cri;
 
-use crate::pods::model::security::Seccomp;
+use crate::pods::model::security::{AppArmor, Seccomp};
 use crate::pods::model::spec::DesiredPod;
 
 /// The masked paths of a container's /proc and /sys (the kubelet's defaults).
@@ -53,6 +54,39 @@ fn seccomp_profile(s: Option<&Seccomp>, root_dir: &str) -> cri::SecurityProfile 
             profile_type: cri::security_profile::ProfileType::Unconfined as i32,
             localhost_ref: String::new(),
         },
+    }
+}
+
+/// The CRI profile of `a` and its deprecated string form (still set for older runtimes, as the kubelet does).
+fn apparmor_profile(a: &AppArmor) -> (cri::SecurityProfile, String) {
+    use cri::security_profile::ProfileType;
+    let (profile_type, localhost_ref, old) = match a {
+        AppArmor::RuntimeDefault => (
+            ProfileType::RuntimeDefault,
+            String::new(),
+            "runtime/default".to_owned(),
+        ),
+        AppArmor::Unconfined => (ProfileType::Unconfined, String::new(), "unconfined".to_owned()),
+        AppArmor::Localhost(name) => (ProfileType::Localhost, name.clone(), format!("localhost/{name}")),
+    };
+    (
+        cri::SecurityProfile {
+            profile_type: profile_type as i32,
+            localhost_ref,
+        },
+        old,
+    )
+}
+
+fn supplemental_groups_policy(pod: &DesiredPod) -> i32 {
+    let strict = pod
+        .security
+        .as_deref()
+        .is_some_and(|p| p.supplemental_groups_strict);
+    if strict {
+        cri::SupplementalGroupsPolicy::Strict as i32
+    } else {
+        cri::SupplementalGroupsPolicy::Merge as i32
     }
 }
 
@@ -108,6 +142,7 @@ pub fn sandbox(
         privileged,
         seccomp: Some(seccomp_profile(p.and_then(|p| p.seccomp.as_ref()), root_dir)),
         selinux_options: p.and_then(|p| p.se_linux.as_ref()).map(cri_se_linux),
+        supplemental_groups_policy: supplemental_groups_policy(pod),
         ..Default::default()
     };
     let sysctls = p.map(|p| p.sysctls.iter().cloned().collect()).unwrap_or_default();
@@ -145,7 +180,19 @@ pub fn container(
             list.iter().map(|s| (*s).to_owned()).collect()
         }
     };
-    Ok(cri::LinuxContainerSecurityContext {
+    let (apparmor, apparmor_profile) = match pod.apparmor(c) {
+        Some(a) => {
+            let (profile, old) = apparmor_profile(&a);
+            (Some(profile), old)
+        }
+        None => (None, String::new()),
+    };
+    // the deprecated string form is still set for runtimes that read only it, as the kubelet does
+    #[allow(deprecated)]
+    let sc = cri::LinuxContainerSecurityContext {
+        apparmor,
+        apparmor_profile,
+        supplemental_groups_policy: supplemental_groups_policy(pod),
         capabilities: own
             .filter(|s| !s.add_caps.is_empty() || !s.drop_caps.is_empty())
             .map(|s| cri::Capability {
@@ -174,7 +221,8 @@ pub fn container(
             .or(p.and_then(|p| p.se_linux.as_ref()))
             .map(cri_se_linux),
         ..Default::default()
-    })
+    };
+    Ok(sc)
 }
 
 /// Whether `c` runs with `runAsNonRoot` and no `runAsUser`, so its image's user must be checked.
@@ -327,6 +375,82 @@ mod tests {
         assert!(
             err.starts_with("container has runAsNonRoot and image has an invalid user id (-5)"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn apparmor_profiles_reach_the_runtime_container_first() {
+        use cri::security_profile::ProfileType;
+        let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": {
+                "container.apparmor.security.beta.kubernetes.io/b": "localhost/k8s-b",
+                "container.apparmor.security.beta.kubernetes.io/a": "unconfined"}},
+            "spec": {"securityContext": {"appArmorProfile": {"type": "RuntimeDefault"}}, "containers": [
+                {"name": "a", "image": "i", "securityContext": {
+                    "appArmorProfile": {"type": "Localhost", "localhostProfile": "k8s-a"}}},
+                {"name": "b", "image": "i"},
+                {"name": "c", "image": "i"}]}}))
+        .unwrap();
+        let p = DesiredPod::from_pod(&p).unwrap();
+        let profile = |i: usize| {
+            let sc = container(&p, &p.containers[i], "/r").unwrap();
+            let a = sc.apparmor.unwrap();
+            #[allow(deprecated)]
+            (a.profile_type, a.localhost_ref, sc.apparmor_profile)
+        };
+        assert_eq!(
+            profile(0),
+            (
+                ProfileType::Localhost as i32,
+                "k8s-a".into(),
+                "localhost/k8s-a".into()
+            ),
+            "the container's own field wins over its annotation"
+        );
+        assert_eq!(
+            profile(1),
+            (
+                ProfileType::Localhost as i32,
+                "k8s-b".into(),
+                "localhost/k8s-b".into()
+            ),
+            "the annotation wins over the pod's field"
+        );
+        assert_eq!(
+            profile(2),
+            (
+                ProfileType::RuntimeDefault as i32,
+                String::new(),
+                "runtime/default".into()
+            )
+        );
+        let none = pod(json!({"containers": [{"name": "a", "image": "i"}]}));
+        let sc = container(&none, &none.containers[0], "/r").unwrap();
+        assert_eq!(sc.apparmor, None, "no profile asked: the runtime's choice");
+    }
+
+    #[test]
+    fn the_strict_supplemental_groups_policy_reaches_the_runtime() {
+        let strict = pod(
+            json!({"securityContext": {"supplementalGroupsPolicy": "Strict", "supplementalGroups": [5]},
+                                "containers": [{"name": "a", "image": "i"}]}),
+        );
+        let sc = container(&strict, &strict.containers[0], "/r").unwrap();
+        assert_eq!(
+            sc.supplemental_groups_policy,
+            cri::SupplementalGroupsPolicy::Strict as i32
+        );
+        assert_eq!(sc.supplemental_groups, [5]);
+        assert_eq!(
+            sandbox(&strict, "/r").0.supplemental_groups_policy,
+            cri::SupplementalGroupsPolicy::Strict as i32
+        );
+        let merge = pod(json!({"securityContext": {"supplementalGroupsPolicy": "Merge"},
+                               "containers": [{"name": "a", "image": "i"}]}));
+        let sc = container(&merge, &merge.containers[0], "/r").unwrap();
+        assert_eq!(
+            sc.supplemental_groups_policy,
+            cri::SupplementalGroupsPolicy::Merge as i32
         );
     }
 }

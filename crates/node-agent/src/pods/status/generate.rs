@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
-    HostIP, PodCondition, PodIP, PodStatus,
+    ContainerUser, HostIP, LinuxContainerUser, PodCondition, PodIP, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -301,6 +301,14 @@ impl Gen<'_> {
             restart_count: i32::try_from(r.restart_count).unwrap_or(i32::MAX),
             resources: Some(resize::requirements(&running_with)),
             allocated_resources: Some(c.resources.requests_api()).filter(|r| !r.is_empty()),
+            // as the kubelet: the identity the runtime reports, whatever the policy
+            user: r.user().map(|u| ContainerUser {
+                linux: Some(LinuxContainerUser {
+                    uid: u.uid,
+                    gid: u.gid,
+                    supplemental_groups: Some(u.supplemental_groups.clone()).filter(|g| !g.is_empty()),
+                }),
+            }),
             ..Default::default()
         }
     }

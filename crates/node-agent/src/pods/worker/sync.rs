@@ -20,6 +20,7 @@ use crate::pods::runtime::labels;
 use crate::pods::runtime::observed::Reread;
 use crate::pods::runtime::security;
 use crate::pods::runtime::termination;
+use crate::pods::runtime::userns;
 use crate::pods::status::generate::{self, Inputs};
 use crate::pods::status::{Phase, StatusMsg};
 use crate::pods::worker::plan::{self, Start};
@@ -253,7 +254,19 @@ impl PodWorker {
                 }
             },
         };
-        let config = labels::sandbox_config(&pod, attempt, &ctx.config.layout);
+        let mut config = labels::sandbox_config(&pod, attempt, &ctx.config.layout);
+        if wants_user_namespace(&pod) {
+            let ns = match user_namespace(&ctx, &pod, Some(&runtime_handler)).await {
+                Ok(ns) => ns,
+                Err(why) => {
+                    let msg = format!("Failed to create pod sandbox: {why}");
+                    ctx.events
+                        .pod(&pod, EventType::Warning, "FailedCreatePodSandBox", msg);
+                    return Err(RuntimeError::invalid_argument(why));
+                }
+            };
+            userns::apply_to_sandbox(&mut config, &ns);
+        }
         if ctx.config.layout.create_log_dirs
             && let Err(error) = tokio::fs::create_dir_all(&config.log_directory).await
         {
@@ -431,6 +444,17 @@ impl PodWorker {
                         .extend(ids.into_iter().map(|name| cri::CdiDevice { name }));
                 }
                 Err(e) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", e.0)),
+            }
+        }
+        let mut sandbox_config = sandbox_config;
+        if wants_user_namespace(&pod) {
+            // the sandbox was given its range; the file in the pod's directory says which
+            match user_namespace(&ctx, &pod, None).await {
+                Ok(ns) => {
+                    userns::apply_to_container(&mut config, &ns);
+                    userns::apply_to_sandbox(&mut sandbox_config, &ns);
+                }
+                Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
             }
         }
         let req = cri::CreateContainerRequest {
@@ -627,4 +651,40 @@ async fn image_user_allowed(
         .map_err(|e| format!("Failed to inspect image {:?}: {e}", c.image))?;
     let image = status.image.unwrap_or_default();
     security::verify_image_user(pod, c, image.uid.map(|u| u.value), &image.username)
+}
+
+fn wants_user_namespace(pod: &crate::pods::model::spec::DesiredPod) -> bool {
+    pod.security.as_deref().is_some_and(|p| p.user_namespace)
+}
+
+/// The user namespace of a pod with `hostUsers: false`: with `handler` (a new sandbox's runtime handler), first
+/// whether the runtime supports one for that handler (its `Status`), then the pod's range, allocated on first
+/// use.
+async fn user_namespace(
+    ctx: &crate::pods::worker::AgentCtx,
+    pod: &crate::pods::model::spec::DesiredPod,
+    handler: Option<&str>,
+) -> Result<cri::UserNamespace, String> {
+    if let Some(handler) = handler {
+        let status = ctx
+            .rt(
+                "status",
+                ctx.runtime.status(cri::StatusRequest { verbose: false }),
+            )
+            .await
+            .map_err(|e| e.message)?;
+        match userns::handler_supports(&status.runtime_handlers, handler) {
+            Ok(true) => {}
+            Ok(false) => return Err(userns::unsupported(handler)),
+            Err(e) => return Err(format!("{}: {e}", userns::unsupported(handler))),
+        }
+    }
+    let Some(pods_dir) = ctx.config.layout.pods_dir.clone() else {
+        return Err("user namespaces are given only to pods with a pod directory on this node".into());
+    };
+    let uid = pod.uid.to_string();
+    tokio::task::spawn_blocking(move || userns::get_or_allocate(&pods_dir, &uid))
+        .await
+        .map_err(|e| e.to_string())?
+        .map(userns::Range::cri)
 }

@@ -5,10 +5,12 @@
 //! labels, `NoExecute` taints, host IPs) — and [`admit`], which first refuses pod fields this node does not
 //! honour ([`crate::pods::model::fields`], `UnsupportedPodField`), then applies the kubelet's rules in its order:
 //! node pressure (`Evicted`), sysctls (`SysctlForbidden`), the pod's OS (`PodOSSelectorNodeLabelDoesNotMatch`,
-//! `PodOSNotSupported`), node selector and required node affinity (`NodeAffinity`), host ports (`NodePorts`), resources
-//! (`OutOfcpu`, `OutOfmemory`, `OutOfephemeral-storage`, `OutOfpods`, `OutOf<extended resource>`), and untolerated
-//! `NoExecute` taints (`TaintToleration`). [`admit_devices`] is the device manager's check of device plugin
-//! resources (`UnexpectedAdmissionError`). A rejection carries the reason and message the pod's status and event show.
+//! `PodOSNotSupported`), the supplemental groups policy (`SupplementalGroupsPolicyNotSupported`), node selector and
+//! required node affinity (`NodeAffinity`), host ports (`NodePorts`), resources (`OutOfcpu`, `OutOfmemory`,
+//! `OutOfephemeral-storage`, `OutOfpods`, `OutOf<extended resource>`), untolerated `NoExecute` taints
+//! (`TaintToleration`), and AppArmor profiles the host cannot enforce (`AppArmor`). [`admit_devices`] is the device
+//! manager's check of device plugin resources (`UnexpectedAdmissionError`). A rejection carries the reason and
+//! message the pod's status and event show.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -177,7 +179,60 @@ fn admit_os(pod: &Pod) -> Result<(), Rejection> {
     Ok(())
 }
 
-/// Decides whether `pod` may run on the node next to what is `committed`, allowing the sysctls of `sysctls`.
+/// `supplementalGroupsPolicy: Strict` on a node whose runtime does not support it, as the kubelet refuses it.
+fn admit_supplemental_groups(desired: &DesiredPod, node: &NodeView) -> Result<(), Rejection> {
+    let strict = desired
+        .security
+        .as_deref()
+        .is_some_and(|p| p.supplemental_groups_strict);
+    if strict && !node.supplemental_groups_policy {
+        return Err(Rejection {
+            reason: "SupplementalGroupsPolicyNotSupported".into(),
+            message: "SupplementalGroupsPolicy=Strict is not supported in this node".into(),
+        });
+    }
+    Ok(())
+}
+
+/// AppArmor as the kubelet's admit handler judges it: a pod asking for any profile but `Unconfined` (by field or
+/// the deprecated annotation) needs a host with AppArmor enabled, and a `Localhost` profile needs a name.
+fn admit_apparmor(desired: &DesiredPod, apparmor_enabled: bool) -> Result<(), Rejection> {
+    use crate::pods::model::security::{APPARMOR_ANNOTATION_PREFIX, AppArmor};
+    let confined = |a: Option<&AppArmor>| a.is_some_and(|a| *a != AppArmor::Unconfined);
+    let pod_level = confined(desired.security.as_deref().and_then(|p| p.apparmor.as_ref()));
+    let containers = || desired.init_containers.iter().chain(desired.containers.iter());
+    let own = containers().any(|c| confined(c.security.as_deref().and_then(|s| s.apparmor.as_ref())));
+    let annotated = desired
+        .annotations
+        .iter()
+        .find(|(k, _)| k.starts_with(APPARMOR_ANNOTATION_PREFIX))
+        .is_some_and(|(_, v)| v != "unconfined");
+    if !(pod_level || own || annotated) {
+        return Ok(());
+    }
+    let refuse = |why: String| Rejection {
+        reason: "AppArmor".into(),
+        message: format!("Cannot enforce AppArmor: {why}"),
+    };
+    if !apparmor_enabled {
+        return Err(refuse("AppArmor is not enabled on the host".into()));
+    }
+    for c in containers() {
+        let profile = desired.apparmor(c);
+        if let Some(AppArmor::Localhost(name)) = profile.as_deref()
+            && name.trim().is_empty()
+        {
+            return Err(refuse(format!(
+                "invalid empty AppArmor profile name (container {:?})",
+                c.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Decides whether `pod` may run on the node next to what is `committed`, allowing the sysctls of `sysctls`;
+/// `apparmor_enabled` says whether the host enforces AppArmor profiles.
 pub fn admit(
     pod: &Pod,
     desired: &DesiredPod,
@@ -185,6 +240,7 @@ pub fn admit(
     committed: &Committed,
     critical: bool,
     sysctls: &Allowlist,
+    apparmor_enabled: bool,
 ) -> Result<(), Rejection> {
     let refused = crate::pods::model::fields::refusals(pod);
     if !refused.is_empty() {
@@ -212,6 +268,7 @@ pub fn admit(
     })?;
     admit_sysctls(pod, sysctls)?;
     admit_os(pod)?;
+    admit_supplemental_groups(desired, node)?;
     if !matches_node(
         spec.and_then(|s| s.node_selector.as_ref()),
         spec.and_then(required_terms),
@@ -241,7 +298,7 @@ pub fn admit(
     if untolerated {
         return Err(predicate("TaintToleration", "node(s) had untolerated taint(s)"));
     }
-    Ok(())
+    admit_apparmor(desired, apparmor_enabled)
 }
 
 fn short(name: &str, requested: i64, used: i64, capacity: i64) -> Rejection {
@@ -410,7 +467,8 @@ mod tests {
         let judge = |spec: serde_json::Value, labels: serde_json::Value, list: &Allowlist| {
             let (mut p, d) = pod(spec);
             p.metadata.labels = serde_json::from_value(labels).unwrap();
-            admit(&p, &d, &node(), &Committed::default(), false, list).map_err(|r| (r.reason, r.message))
+            admit(&p, &d, &node(), &Committed::default(), false, list, false)
+                .map_err(|r| (r.reason, r.message))
         };
         let sysctls = |names: &[&str]| {
             json!({"securityContext": {"sysctls": names.iter().map(|n| json!({"name": n, "value": "1"}))
@@ -468,16 +526,16 @@ mod tests {
             {"name": "c", "image": "i", "resources": {"requests": {"cpu": "1500m"}}}
         ]}));
         let mut committed = Committed::default();
-        assert!(admit(&p, &d, &node(), &committed, false, Allowlist::safe()).is_ok());
+        assert!(admit(&p, &d, &node(), &committed, false, Allowlist::safe(), false).is_ok());
         committed.add(&d);
-        let err = admit(&p, &d, &node(), &committed, false, Allowlist::safe()).unwrap_err();
+        let err = admit(&p, &d, &node(), &committed, false, Allowlist::safe(), false).unwrap_err();
         assert_eq!(err.reason, "OutOfcpu");
         assert_eq!(
             err.message,
             "Node didn't have enough resource: cpu, requested: 1500, used: 1500, capacity: 2000"
         );
         committed.remove(&d);
-        assert!(admit(&p, &d, &node(), &committed, false, Allowlist::safe()).is_ok());
+        assert!(admit(&p, &d, &node(), &committed, false, Allowlist::safe(), false).is_ok());
     }
 
     #[test]
@@ -516,9 +574,17 @@ mod tests {
             {"name": "c", "image": "i", "resources": {"requests": {"memory": "2Gi"}}}
         ]}));
         assert_eq!(
-            admit(&p, &d, &node(), &Committed::default(), false, Allowlist::safe())
-                .unwrap_err()
-                .reason,
+            admit(
+                &p,
+                &d,
+                &node(),
+                &Committed::default(),
+                false,
+                Allowlist::safe(),
+                false
+            )
+            .unwrap_err()
+            .reason,
             "OutOfmemory"
         );
         let (p, d) = pod(json!({"containers": [{"name": "c", "image": "i"}]}));
@@ -527,7 +593,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            admit(&p, &d, &node(), &full, false, Allowlist::safe())
+            admit(&p, &d, &node(), &full, false, Allowlist::safe(), false)
                 .unwrap_err()
                 .reason,
             "OutOfpods"
@@ -537,7 +603,16 @@ mod tests {
     #[test]
     fn node_affinity_and_selector() {
         let (p, d) = pod(json!({"nodeSelector": {"zone": "b"}, "containers": [{"name": "c", "image": "i"}]}));
-        let err = admit(&p, &d, &node(), &Committed::default(), false, Allowlist::safe()).unwrap_err();
+        let err = admit(
+            &p,
+            &d,
+            &node(),
+            &Committed::default(),
+            false,
+            Allowlist::safe(),
+            false,
+        )
+        .unwrap_err();
         assert_eq!(err.reason, "NodeAffinity");
         let (p, d) = pod(json!({
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -547,7 +622,16 @@ mod tests {
             "containers": [{"name": "c", "image": "i"}]
         }));
         assert!(
-            admit(&p, &d, &node(), &Committed::default(), false, Allowlist::safe()).is_ok(),
+            admit(
+                &p,
+                &d,
+                &node(),
+                &Committed::default(),
+                false,
+                Allowlist::safe(),
+                false
+            )
+            .is_ok(),
             "second term matches"
         );
     }
@@ -556,7 +640,16 @@ mod tests {
     fn untolerated_no_execute_taint_is_refused() {
         let (mut p, d) = pod(json!({"containers": [{"name": "c", "image": "i"}]}));
         p.spec.as_mut().unwrap().tolerations = None;
-        let err = admit(&p, &d, &node(), &Committed::default(), false, Allowlist::safe()).unwrap_err();
+        let err = admit(
+            &p,
+            &d,
+            &node(),
+            &Committed::default(),
+            false,
+            Allowlist::safe(),
+            false,
+        )
+        .unwrap_err();
         assert_eq!(err.reason, "TaintToleration");
     }
 
@@ -568,10 +661,100 @@ mod tests {
         let mut committed = Committed::default();
         committed.add(&d);
         assert_eq!(
-            admit(&p, &d, &node(), &committed, false, Allowlist::safe())
+            admit(&p, &d, &node(), &committed, false, Allowlist::safe(), false)
                 .unwrap_err()
                 .reason,
             "NodePorts"
+        );
+    }
+
+    #[test]
+    fn apparmor_needs_a_host_that_enforces_it() {
+        let admit_on = |spec: serde_json::Value, annotations: serde_json::Value, enabled: bool| {
+            let p: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": annotations},
+                "spec": spec, "status": {"phase": "Pending"}}))
+            .unwrap();
+            let d = DesiredPod::from_pod(&p).unwrap();
+            admit(
+                &p,
+                &d,
+                &node(),
+                &Committed::default(),
+                false,
+                Allowlist::safe(),
+                enabled,
+            )
+            .map_err(|r| (r.reason, r.message))
+        };
+        let tolerate = json!([{"key": "dedicated", "operator": "Exists"}]);
+        let confined = json!({"tolerations": tolerate, "containers": [{"name": "a", "image": "i",
+            "securityContext": {"appArmorProfile": {"type": "RuntimeDefault"}}}]});
+        let refused = (
+            "AppArmor".to_owned(),
+            "Cannot enforce AppArmor: AppArmor is not enabled on the host".to_owned(),
+        );
+        assert_eq!(admit_on(confined.clone(), json!({}), false), Err(refused.clone()));
+        assert_eq!(admit_on(confined, json!({}), true), Ok(()));
+        let pod_level = json!({"tolerations": tolerate,
+            "securityContext": {"appArmorProfile": {"type": "Localhost", "localhostProfile": "x"}},
+            "containers": [{"name": "a", "image": "i"}]});
+        assert_eq!(admit_on(pod_level, json!({}), false), Err(refused.clone()));
+        let plain = json!({"tolerations": tolerate, "containers": [{"name": "a", "image": "i"}]});
+        let annotated = json!({"container.apparmor.security.beta.kubernetes.io/a": "runtime/default"});
+        assert_eq!(admit_on(plain.clone(), annotated, false), Err(refused));
+        let unconfined = json!({"container.apparmor.security.beta.kubernetes.io/a": "unconfined"});
+        assert_eq!(
+            admit_on(plain.clone(), unconfined, false),
+            Ok(()),
+            "Unconfined needs nothing of the host"
+        );
+        let empty = json!({"container.apparmor.security.beta.kubernetes.io/a": "localhost/ "});
+        let err = admit_on(plain, empty, true).unwrap_err();
+        assert_eq!(err.0, "AppArmor");
+        assert!(
+            err.1
+                .starts_with("Cannot enforce AppArmor: invalid empty AppArmor profile name"),
+            "{}",
+            err.1
+        );
+    }
+
+    #[test]
+    fn strict_supplemental_groups_need_the_runtimes_support() {
+        let (p, d) = pod(json!({"securityContext": {"supplementalGroupsPolicy": "Strict"},
+                                "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+                                "containers": [{"name": "a", "image": "i"}]}));
+        let err = admit(
+            &p,
+            &d,
+            &node(),
+            &Committed::default(),
+            false,
+            Allowlist::safe(),
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(
+            (err.reason.as_str(), err.message.as_str()),
+            (
+                "SupplementalGroupsPolicyNotSupported",
+                "SupplementalGroupsPolicy=Strict is not supported in this node"
+            )
+        );
+        let mut supported = node();
+        supported.supplemental_groups_policy = true;
+        assert!(
+            admit(
+                &p,
+                &d,
+                &supported,
+                &Committed::default(),
+                false,
+                Allowlist::safe(),
+                false
+            )
+            .is_ok()
         );
     }
 }

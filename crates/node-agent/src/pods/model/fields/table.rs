@@ -21,7 +21,6 @@ const fn refused_unless(unless: &'static str, why: &'static str) -> Handling {
 
 const SCHEDULER: &str = "read by the scheduler; the node re-checks only required node affinity at admission";
 const WINDOWS: &str = "Windows-only; a Linux node ignores it, as the kubelet does";
-const APPARMOR: &str = "AppArmor profiles are not passed to the runtime by this node";
 const FILE_ENV: &str = "environment variables from files in a volume are not read by this node";
 const BLOCK: &str = "raw block volumes need persistent volumes, which this node does not mount";
 
@@ -47,14 +46,7 @@ pub static FIELDS: &[Field] = &[
     f("PodSpec", "hostIPC", Acts),
     f("PodSpec", "hostNetwork", Acts),
     f("PodSpec", "hostPID", Acts),
-    f(
-        "PodSpec",
-        "hostUsers",
-        refused_unless(
-            "true",
-            "user namespaces are not requested from the runtime by this node",
-        ),
-    ),
+    f("PodSpec", "hostUsers", Acts),
     f("PodSpec", "hostname", Acts),
     f("PodSpec", "hostnameOverride", Acts),
     f("PodSpec", "imagePullSecrets", Walk("LocalObjectReference")),
@@ -72,11 +64,7 @@ pub static FIELDS: &[Field] = &[
     f("PodSpec", "priorityClassName", Acts),
     f("PodSpec", "readinessGates", Walk("PodReadinessGate")),
     f("PodSpec", "resourceClaims", Acts),
-    f(
-        "PodSpec",
-        "resources",
-        refused("pod-level resources are not applied by this node"),
-    ),
+    f("PodSpec", "resources", Walk("ResourceRequirements")),
     f("PodSpec", "restartPolicy", Acts),
     f("PodSpec", "runtimeClassName", Acts),
     f(
@@ -217,7 +205,7 @@ pub static FIELDS: &[Field] = &[
     f("LocalObjectReference", "name", Acts),
     f("PodReadinessGate", "conditionType", Acts),
     // PodSecurityContext
-    f("PodSecurityContext", "appArmorProfile", refused(APPARMOR)),
+    f("PodSecurityContext", "appArmorProfile", Walk("AppArmorProfile")),
     f("PodSecurityContext", "fsGroup", Acts),
     f("PodSecurityContext", "fsGroupChangePolicy", Acts),
     f("PodSecurityContext", "runAsGroup", Acts),
@@ -233,14 +221,7 @@ pub static FIELDS: &[Field] = &[
     f("PodSecurityContext", "seLinuxOptions", Walk("SELinuxOptions")),
     f("PodSecurityContext", "seccompProfile", Walk("SeccompProfile")),
     f("PodSecurityContext", "supplementalGroups", Acts),
-    f(
-        "PodSecurityContext",
-        "supplementalGroupsPolicy",
-        refused_unless(
-            "\"Merge\"",
-            "the Strict supplemental groups policy is not passed to the runtime by this node",
-        ),
-    ),
+    f("PodSecurityContext", "supplementalGroupsPolicy", Acts),
     f("PodSecurityContext", "sysctls", Walk("Sysctl")),
     f("PodSecurityContext", "windowsOptions", Inert(WINDOWS)),
     f("Sysctl", "name", Acts),
@@ -249,11 +230,13 @@ pub static FIELDS: &[Field] = &[
     f("SELinuxOptions", "role", Acts),
     f("SELinuxOptions", "type", Acts),
     f("SELinuxOptions", "user", Acts),
+    f("AppArmorProfile", "localhostProfile", Acts),
+    f("AppArmorProfile", "type", Acts),
     f("SeccompProfile", "localhostProfile", Acts),
     f("SeccompProfile", "type", Acts),
     // SecurityContext (per container)
     f("SecurityContext", "allowPrivilegeEscalation", Acts),
-    f("SecurityContext", "appArmorProfile", refused(APPARMOR)),
+    f("SecurityContext", "appArmorProfile", Walk("AppArmorProfile")),
     f("SecurityContext", "capabilities", Walk("Capabilities")),
     f("SecurityContext", "privileged", Acts),
     f("SecurityContext", "procMount", Acts),

@@ -24,7 +24,7 @@ use extract::{EnvCtx, container};
 pub use volumes::{EnvFrom, MountSpec, ResourceRef, VolumeSpec};
 
 use crate::pods::model::resources::{self, ContainerResources, PodRequests, QosClass};
-use crate::pods::model::security::{ContainerSecurity, PodSecurity};
+use crate::pods::model::security::{APPARMOR_ANNOTATION_PREFIX, AppArmor, ContainerSecurity, PodSecurity};
 
 /// An environment variable's value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,6 +290,8 @@ pub struct PodExtras {
     pub active_deadline_secs: Option<i64>,
     /// `spec.overhead` (a RuntimeClass's), added to the containers' requests.
     pub overhead: PodRequests,
+    /// Pod-level `spec.resources`: the pod's own requests and limits over its containers'.
+    pub pod_level: Option<resources::PodLevel>,
     /// `spec.ephemeralContainers`, added to a running pod (e.g. by `kubectl debug`), in order.
     pub ephemeral: Vec<EphemeralSpec>,
     /// The containers ask for other resources than the node allocated them and the node cannot give them
@@ -425,6 +427,28 @@ fn priority(spec: &k8s_openapi::api::core::v1::PodSpec) -> i32 {
 }
 
 impl DesiredPod {
+    /// The AppArmor profile of container `c`: its own `appArmorProfile`, else the pod's deprecated annotation for
+    /// it, else the pod's `appArmorProfile`; `None`: the runtime's choice.
+    pub fn apparmor<'a>(&'a self, c: &'a ContainerSpec) -> Option<std::borrow::Cow<'a, AppArmor>> {
+        use std::borrow::Cow;
+        if let Some(a) = c.security.as_deref().and_then(|s| s.apparmor.as_ref()) {
+            return Some(Cow::Borrowed(a));
+        }
+        let annotated = self
+            .annotations
+            .get(&format!("{APPARMOR_ANNOTATION_PREFIX}{}", c.name))
+            .and_then(|v| AppArmor::from_annotation(v));
+        if let Some(a) = annotated {
+            return Some(Cow::Owned(a));
+        }
+        self.security
+            .as_deref()
+            .and_then(|p| p.apparmor.as_ref())
+            .map(Cow::Borrowed)
+    }
+}
+
+impl DesiredPod {
     /// Why a resize of this pod waits, if one does.
     pub fn resize_pending(&self) -> Option<&ResizePending> {
         self.extras.as_ref()?.resize_pending.as_ref()
@@ -543,11 +567,34 @@ impl DesiredPod {
     /// Effective requests, for admission accounting: computed from the (shared) container lists and the
     /// overhead, not kept in every pod's state.
     pub fn requests(&self) -> PodRequests {
-        let overhead = self
-            .extras
+        let overhead = self.overhead();
+        let requests = resources::pod_requests(&self.init_containers, &self.containers, overhead);
+        match self.pod_level() {
+            Some(p) if p.requests_set() => p.over_requests(requests, overhead),
+            _ => requests,
+        }
+    }
+
+    /// `spec.overhead` as requests.
+    pub fn overhead(&self) -> PodRequests {
+        self.extras
             .as_ref()
-            .map_or_else(PodRequests::default, |e| e.overhead);
-        resources::pod_requests(&self.init_containers, &self.containers, overhead)
+            .map_or_else(PodRequests::default, |e| e.overhead)
+    }
+
+    /// Pod-level `spec.resources`, when the pod has them.
+    pub fn pod_level(&self) -> Option<&resources::PodLevel> {
+        self.extras.as_ref()?.pod_level.as_ref()
+    }
+
+    /// The limits the pod's cgroup gets: pod-level ones where set, else those every container declares.
+    pub fn limits(&self) -> resources::PodLimits {
+        let own = resources::pod_requests(&self.init_containers, &self.containers, self.overhead());
+        let limits = resources::pod_limits(&self.init_containers, &self.containers, own);
+        match self.pod_level() {
+            Some(p) if p.is_set() => p.over_limits(limits, self.overhead()),
+            _ => limits,
+        }
     }
 
     /// Extracts the desired pod from an API object. Fails only when the object has no UID or name.
@@ -620,6 +667,7 @@ impl DesiredPod {
             hostname_as_fqdn: spec.set_hostname_as_fqdn.unwrap_or(false),
             active_deadline_secs: spec.active_deadline_seconds,
             overhead: resources::overhead(spec.overhead.as_ref()),
+            pod_level: resources::PodLevel::from_api(spec.resources.as_ref()),
             ephemeral: spec
                 .ephemeral_containers
                 .iter()
@@ -641,7 +689,11 @@ impl DesiredPod {
             container_claims: extract::container_claims(spec),
         };
         let extras = (extras != PodExtras::default()).then(|| Box::new(extras));
-        let qos = resources::qos_class(init_containers.iter().chain(&containers));
+        // as the kubelet: pod-level resources, where the pod has them, decide alone
+        let qos = match extras.as_ref().and_then(|e| e.pod_level.as_ref()) {
+            Some(p) => p.qos(),
+            None => resources::qos_class(init_containers.iter().chain(&containers)),
+        };
         Some(Arc::new(Self {
             uid: uid.into(),
             name,

@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::pods::model::resources::{self, QosClass};
+use crate::pods::model::resources::QosClass;
 use crate::pods::model::spec::DesiredPod;
 
 pub mod systemd;
@@ -128,7 +128,7 @@ fn quota(milli: i64) -> i64 {
 
 /// What a pod cgroup is given: `(file, value)` pairs, written in order.
 pub fn pod_settings(pod: &DesiredPod, pids_limit: i64) -> Vec<(&'static str, String)> {
-    let limits = resources::pod_limits(&pod.init_containers, &pod.containers, pod.requests());
+    let limits = pod.limits();
     let mut out = Vec::new();
     match pod.qos {
         QosClass::BestEffort => out.push(("cpu.shares", MIN_SHARES.to_string())),

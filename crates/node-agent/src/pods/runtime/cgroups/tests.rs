@@ -70,6 +70,36 @@ fn pod_settings_follow_the_qos_class() {
     );
     let be = desired(json!({"containers": [{"name": "a", "image": "i"}]}));
     assert_eq!(pod_settings(&be, -1), [("cpu.shares", "2".to_owned())]);
+    // pod-level resources: the pod's own limits bound its cgroup, containers without limits included
+    let pod_level = desired(json!({
+        "resources": {"requests": {"cpu": "200m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "128Mi"}},
+        "overhead": {"cpu": "50m", "memory": "8Mi"},
+        "containers": [{"name": "a", "image": "i"},
+                       {"name": "b", "image": "i", "resources": {"requests": {"cpu": "100m"}}}]}));
+    assert_eq!(pod_level.qos, QosClass::Burstable);
+    assert_eq!(
+        pod_settings(&pod_level, 0),
+        [
+            ("cpu.shares", "256".to_owned()),
+            ("cpu.cfs_period_us", "100000".to_owned()),
+            ("cpu.cfs_quota_us", "105000".to_owned()),
+            ("memory.limit_in_bytes", (136u64 << 20).to_string()),
+        ],
+        "the pod's request and limits, each with the overhead"
+    );
+    let memory_only = desired(json!({
+        "resources": {"limits": {"memory": "128Mi"}, "requests": {"memory": "128Mi"}},
+        "containers": [{"name": "a", "image": "i", "resources": {"limits": {"cpu": "300m"}}}]}));
+    assert_eq!(
+        pod_settings(&memory_only, 0),
+        [
+            ("cpu.shares", "307".to_owned()),
+            ("cpu.cfs_period_us", "100000".to_owned()),
+            ("cpu.cfs_quota_us", "30000".to_owned()),
+            ("memory.limit_in_bytes", (128u64 << 20).to_string()),
+        ],
+        "a limit the pod does not set is the containers' where they all declare it"
+    );
     assert_eq!(shares(1), 2);
     assert_eq!(shares(10_000_000), MAX_SHARES);
     assert_eq!(quota(5), MIN_QUOTA_US);
