@@ -274,6 +274,7 @@ async fn idle_agent_writes_over_two_minutes() -> anyhow::Result<()> {
         "NodeHasSufficientPID",
     ];
     let admin = cp.admin_client().await?;
+    let last = std::sync::Mutex::new(String::new());
     poll(
         "start-up events and the pod CIDR",
         Duration::from_secs(60),
@@ -285,10 +286,15 @@ async fn idle_agent_writes_over_two_minutes() -> anyhow::Result<()> {
                 && created == u64::try_from(reasons.len())?
                 && cidr.is_some()
                 && a.runtime.pod_cidr() == cidr;
+            *last.lock().unwrap() = format!(
+                "events {reasons:?}, {created} created by the agent, pod CIDR {cidr:?}, the runtime's {:?}",
+                a.runtime.pod_cidr()
+            );
             Ok(settled.then_some(()))
         },
     )
-    .await?;
+    .await
+    .with_context(|| last.lock().unwrap().clone())?;
 
     let kinds: [(&str, &str, u16); 8] = [
         ("update", "leases", 200),

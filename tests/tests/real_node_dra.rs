@@ -240,7 +240,7 @@ async fn a_pod_with_a_resource_claim_runs_with_its_cdi_device_and_the_claim_is_r
         claim_name.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
     );
     assert!(with.iter().any(|l| l == "user_a=b"), "{with:?}");
-    assert!(with.iter().any(|l| *l == claim_var), "{claim_var} in {with:?}");
+    assert!(with.contains(&claim_var), "{claim_var} in {with:?}");
     let without = container_env(node, &running, "without-resource").await?;
     assert!(
         !without

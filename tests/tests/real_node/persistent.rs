@@ -84,7 +84,14 @@ sleep 3600
     let message = wait_for(
         "a FailedMount event for the unbound claim",
         Duration::from_secs(60),
-        || async { Ok(failed_mounts(node, "claimed").await?.into_iter().next()) },
+        // a claim read in the moment after the binding, before the API server's node authorizer has linked the
+        // pod to its claim, is refused; the kubelet reports that and retries as node-agent does
+        || async {
+            Ok(failed_mounts(node, "claimed")
+                .await?
+                .into_iter()
+                .find(|m| !m.contains("no relationship found between node")))
+        },
     )
     .await
     .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;

@@ -73,7 +73,7 @@ async fn the_agents_long_lived_futures_stay_small() {
         // texts are two words; the image list, the pod CIDR and the first wait for the runtime's answer are
         // boxed; the node side's join stops it
         // (with the receiver of the attachable CSI volumes in use, `status.volumesInUse`)
-        ("node status", size_of_val(&m.node.status().run()), 544),
+        ("node status", size_of_val(&m.node.status().run()), 560),
         // an `Api` built per request, a retry back-off only while renewals fail, the Node's name once, the
         // shared client; the Lease it last wrote is boxed; it sleeps on the shared timer, and a renewal's result
         // and the Node's copy are out of scope before the wait for the next one; the node side's join stops it
@@ -103,7 +103,7 @@ async fn the_agents_long_lived_futures_stay_small() {
             // waiting on the agent's token, its waits are one pointer each, it keeps one timer for its workers'
             // wake times (`crate::density::wake_timer`), and it holds a pointer to what arrived before the pod
             // side was built (`pods::first_pod`)
-            528,
+            552,
         ),
         (
             "garbage collectors",
@@ -154,7 +154,7 @@ async fn the_node_side_is_one_task_near_the_sum_of_its_managers() {
         ),
         // the seven managers' idle futures together: waits on the shared timer (`crate::density::timer`) and
         // pokes (`crate::density::poke`), not tokio `Sleep`s and `Notified`s
-        ("node side (joined)", size_of_val(&joined), 1_952),
+        ("node side (joined)", size_of_val(&joined), 1_968),
     ]);
 }
 
@@ -182,7 +182,7 @@ fn per_node_and_per_pod_structures_stay_small() {
         ("AgentContext", size_of::<crate::AgentContext>(), 320),
         // one per node in an `Arc`: what the node-side managers are built again from after a crash, the agent's
         // context among them (the one a running agent answers)
-        ("NodeSide", size_of::<super::node_side::NodeSide>(), 496),
+        ("NodeSide", size_of::<super::node_side::NodeSide>(), 504),
         // one per node in a shared `Arc`: the machine facts, the kubelet version and the collection settings the
         // fleet shares are one copy, a node's own identifiers exact-size strings
         ("AgentConfig", size_of::<AgentConfig>(), 304),

@@ -86,10 +86,13 @@ pub struct DeviceManager {
     inner: Arc<Inner>,
 }
 
+/// Each resource's connected plugin, with the number of its connection.
+type Plugins = BTreeMap<String, (u64, Arc<dyn DevicePlugin>)>;
+
 struct Inner {
     state: Mutex<DeviceState>,
     /// Each resource's connected plugin, with the connection's number.
-    plugins: Mutex<BTreeMap<String, (u64, Arc<dyn DevicePlugin>)>>,
+    plugins: Mutex<Plugins>,
     next_connection: std::sync::atomic::AtomicU64,
     counts: watch::Sender<Arc<BTreeMap<String, Counts>>>,
     checkpoint: Option<PathBuf>,
@@ -165,7 +168,7 @@ impl DeviceManager {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn plugins(&self) -> MutexGuard<'_, BTreeMap<String, (u64, Arc<dyn DevicePlugin>)>> {
+    fn plugins(&self) -> MutexGuard<'_, Plugins> {
         self.inner.plugins.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -240,7 +243,7 @@ impl DeviceManager {
     pub fn disconnected(&self, resource: &str, connection: u64) {
         {
             let mut plugins = self.plugins();
-            if !plugins.get(resource).is_some_and(|(id, _)| *id == connection) {
+            if plugins.get(resource).is_none_or(|(id, _)| *id != connection) {
                 return;
             }
             plugins.remove(resource);

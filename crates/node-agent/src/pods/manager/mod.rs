@@ -634,8 +634,10 @@ fn tick(every: &mut Option<Box<tokio::time::Interval>>) -> impl Future<Output = 
 /// The event reason of a rejection (event reasons are `&'static str`; admission's come from a fixed set, and
 /// `OutOf<resource>` for the extended resources this node has, kept once per name).
 fn event_reason(reason: &str) -> &'static str {
-    const KNOWN: [&str; 14] = [
+    const KNOWN: [&str; 16] = [
         admission::UNEXPECTED_ADMISSION_ERROR,
+        "AppArmor",
+        "SupplementalGroupsPolicyNotSupported",
         crate::pods::model::fields::REASON,
         "Evicted",
         "SysctlForbidden",

@@ -553,12 +553,12 @@ mod tests {
         assert_eq!(d.extended_effective().get("example.com/foo"), Some(&3));
         let mut n = node();
         // a resource the node does not report is not checked (the kubelet's cluster-level resources)
-        assert!(admit(&p, &d, &n, &Committed::default(), false, Allowlist::safe()).is_ok());
+        assert!(admit(&p, &d, &n, &Committed::default(), false, Allowlist::safe(), false).is_ok());
         n.extended.insert("example.com/foo".into(), 4);
         let mut committed = Committed::default();
-        assert!(admit(&p, &d, &n, &committed, false, Allowlist::safe()).is_ok());
+        assert!(admit(&p, &d, &n, &committed, false, Allowlist::safe(), false).is_ok());
         committed.add(&d);
-        let err = admit(&p, &d, &n, &committed, false, Allowlist::safe()).unwrap_err();
+        let err = admit(&p, &d, &n, &committed, false, Allowlist::safe(), false).unwrap_err();
         assert_eq!(err.reason, "OutOfexample.com/foo");
         assert_eq!(
             err.message,
