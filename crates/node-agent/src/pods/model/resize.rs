@@ -52,6 +52,32 @@ pub fn decide(
     })
 }
 
+/// The `PodResizePending` condition `pod`'s status reports, as the node's decision (its reason one the node
+/// gives).
+pub fn reported_pending(pod: &k8s_openapi::api::core::v1::Pod) -> Option<ResizePending> {
+    let c = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == PENDING && c.status == "True")?;
+    let reason = match c.reason.as_deref()? {
+        DEFERRED => DEFERRED,
+        INFEASIBLE => INFEASIBLE,
+        _ => return None,
+    };
+    Some(ResizePending {
+        reason,
+        message: c.message.clone().unwrap_or_default(),
+        generation: c.observed_generation,
+        since: c.last_transition_time.as_ref().map_or_else(
+            || k8s_openapi::jiff::Timestamp::now().as_second(),
+            |t| t.0.as_second(),
+        ),
+    })
+}
+
 #[derive(Serialize)]
 struct Allocation<'a> {
     name: &'a str,
