@@ -164,7 +164,7 @@ struct Container<'a>(&'a ContainerStatus);
 impl Serialize for Container<'_> {
     fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         let c = self.0;
-        let mut m = ser.serialize_map(Some(11))?;
+        let mut m = ser.serialize_map(None)?;
         m.serialize_entry("allocatedResources", &c.allocated_resources)?;
         m.serialize_entry("containerID", &c.container_id)?;
         m.serialize_entry("image", &c.image)?;
@@ -176,6 +176,10 @@ impl Serialize for Container<'_> {
         m.serialize_entry("restartCount", &c.restart_count)?;
         m.serialize_entry("started", &c.started)?;
         m.serialize_entry("state", &State(c.state.as_ref()))?;
+        // the identity the runtime reports; a runtime that reports none leaves it out
+        if let Some(user) = &c.user {
+            m.serialize_entry("user", user)?;
+        }
         m.end()
     }
 }
@@ -349,6 +353,7 @@ mod tests {
                 "state": {"terminated": {"exitCode": 0, "reason": "Completed", "containerID": "containerd://1",
                     "startedAt": "2024-01-01T00:00:00Z", "finishedAt": "2024-01-01T00:00:01Z"}}}],
             "containerStatuses": [{"name": "a", "image": "i", "imageID": "", "ready": false, "restartCount": 2,
+                "user": {"linux": {"uid": 1000, "gid": 50, "supplementalGroups": [50, 4000]}},
                 "started": false, "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
                 "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]
         }))
@@ -387,6 +392,7 @@ mod tests {
                     "containerStatuses": [{"name": "a", "image": "i", "imageID": "", "containerID": null,
                         "ready": false, "started": false, "restartCount": 2,
                         "allocatedResources": null, "resources": null,
+                        "user": {"linux": {"uid": 1000, "gid": 50, "supplementalGroups": [50, 4000]}},
                         "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"},
                             "running": null, "terminated": null},
                         "lastState": {"waiting": null, "running": null, "terminated": {"exitCode": 1,
