@@ -39,6 +39,16 @@ fn seen(p: &Pod) -> Option<(String, String, String, i32)> {
     Some((limit, allocated, c.container_id?, c.restart_count))
 }
 
+/// The pod's own `(status.allocatedResources.cpu, status.resources.requests.cpu, status.resources.limits.cpu)`.
+fn pod_level(p: &Pod) -> Option<(String, String, String)> {
+    let s = p.status.as_ref()?;
+    let allocated = s.allocated_resources.as_ref()?.get("cpu")?.0.clone();
+    let r = s.resources.as_ref()?;
+    let request = r.requests.as_ref()?.get("cpu")?.0.clone();
+    let limit = r.limits.as_ref()?.get("cpu")?.0.clone();
+    Some((allocated, request, limit))
+}
+
 fn pending_reason(p: &Pod) -> Option<String> {
     p.status
         .as_ref()?
@@ -175,6 +185,11 @@ async fn a_resized_pod_keeps_its_allocation_across_a_restart() -> anyhow::Result
         "the cgroup keeps the allocated limit"
     );
     assert_eq!(
+        pod_level(&after),
+        Some(("100m".into(), "100m".into(), "400m".into())),
+        "the pod's own status resources: the allocation"
+    );
+    assert_eq!(
         pending_reason(&after),
         Some(reason),
         "the large resize still waits"
@@ -201,5 +216,9 @@ async fn a_resized_pod_keeps_its_allocation_across_a_restart() -> anyhow::Result
     assert_eq!(id_applied, id, "resized in place, the same container");
     assert_eq!(restarts, 0);
     assert_eq!(quota(node, &applied)?, "150000", "the cgroup has the new limit");
+    assert_eq!(
+        pod_level(&applied),
+        Some(("1500m".into(), "1500m".into(), "1500m".into()))
+    );
     Ok(())
 }

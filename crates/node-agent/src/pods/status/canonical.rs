@@ -37,7 +37,11 @@ impl Serialize for Owned<'_> {
     fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         let s = self.0;
         let ephemeral = s.ephemeral_container_statuses.as_deref();
-        let mut m = ser.serialize_map(Some(13 + usize::from(ephemeral.is_some())))?;
+        let mut m = ser.serialize_map(None)?;
+        // the pod's own resources: written once known (a status without them changes nothing there)
+        if let Some(allocated) = &s.allocated_resources {
+            m.serialize_entry("allocatedResources", allocated)?;
+        }
         m.serialize_entry("conditions", &Conditions(s))?;
         m.serialize_entry(
             "containerStatuses",
@@ -69,6 +73,9 @@ impl Serialize for Owned<'_> {
         )?;
         m.serialize_entry("qosClass", &s.qos_class)?;
         m.serialize_entry("reason", &s.reason)?;
+        if let Some(resources) = &s.resources {
+            m.serialize_entry("resources", resources)?;
+        }
         m.serialize_entry("startTime", &s.start_time)?;
         m.end()
     }
@@ -341,8 +348,10 @@ mod tests {
             "podIP": "10.0.0.5",
             "podIPs": [{"ip": "10.0.0.5"}, {"ip": "fd00::5"}],
             "startTime": "2024-01-01T00:00:00Z",
-            "qosClass": "BestEffort",
+            "qosClass": "Burstable",
             "nominatedNodeName": "not ours",
+            "allocatedResources": {"cpu": "100m"},
+            "resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "64Mi"}},
             "conditions": [
                 {"type": "Ready", "status": "True", "lastTransitionTime": "2024-01-01T00:00:01Z"},
                 {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"},
@@ -371,7 +380,9 @@ mod tests {
                     "hostIP": "127.0.0.1", "hostIPs": [{"$patch": "replace"}, {"ip": "127.0.0.1"}],
                     "podIP": "10.0.0.5",
                     "podIPs": [{"$patch": "replace"}, {"ip": "10.0.0.5"}, {"ip": "fd00::5"}],
-                    "startTime": "2024-01-01T00:00:00Z", "qosClass": "BestEffort",
+                    "startTime": "2024-01-01T00:00:00Z", "qosClass": "Burstable",
+                    "allocatedResources": {"cpu": "100m"},
+                    "resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "64Mi"}},
                     "conditions": [
                         {"type": "Ready", "status": "True", "reason": null, "message": null,
                             "lastTransitionTime": "2024-01-01T00:00:01Z", "observedGeneration": null},
