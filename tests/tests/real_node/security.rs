@@ -555,7 +555,6 @@ fn import_with_group(node: &RealNode, reference: &str) -> anyhow::Result<()> {
 /// the identity it started with; where it does not (containerd 1.6), the pod is rejected with the kubelet's
 /// reason.
 #[tokio::test]
-#[ignore = "on containerd 2.x the containers' user status is not reported yet (a running container's record comes from the runtime's container list, which carries no user); run with --ignored"]
 async fn strict_supplemental_groups_leave_out_the_images_groups() -> anyhow::Result<()> {
     init_logging();
     let Some(node) = RealNode::get().await? else {

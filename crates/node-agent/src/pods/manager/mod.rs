@@ -223,9 +223,7 @@ impl PodManager {
                             break;
                         }
                         let pending = std::mem::take(&mut self.pending);
-                        for pod in pending {
-                            self.apply(pod);
-                        }
+                        self.apply_all(pending);
                     }
                 }
             }
@@ -248,7 +246,7 @@ impl PodManager {
                 if let (Some(live), Some(uid)) = (self.statics.api_live.as_mut(), pod.metadata.uid.as_ref()) {
                     live.insert(uid.clone());
                 }
-                self.apply(*pod)
+                self.apply_all([*pod]);
             }
             PodEvent::Delete(pod) => {
                 if let Some(uid) = pod.metadata.uid.as_deref() {
@@ -282,9 +280,7 @@ impl PodManager {
                     .retain(|p| p.metadata.uid.as_ref().is_some_and(|u| live.contains(u)));
                 // admission in creation order, like the kubelet
                 pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
-                for pod in pods {
-                    self.apply(pod);
-                }
+                self.apply_all(pods);
                 if self.statics.unseen == 0 {
                     self.cleanup_orphans(&live).await;
                 }
@@ -374,10 +370,10 @@ impl PodManager {
                 }
             }
             self.statics.by_source.insert(update.source.clone(), now);
-            for pod in start {
+            for pod in &start {
                 tracing::info!(pod = ?pod.metadata.name, source = %update.source, "static pod added");
-                self.apply(pod);
             }
+            self.apply_all(start);
             self.statics.publish();
         }
         if first
@@ -453,23 +449,37 @@ impl PodManager {
                 .cloned();
             match again {
                 // the manifest came back while its old pod was stopping: run it again
-                Some(pod) => self.apply(pod),
+                Some(pod) => self.apply_all([pod]),
                 None => self.statics.mirrors.remove_static(&uid),
             }
         }
     }
 
-    fn apply(&mut self, pod: Pod) {
+    /// Applies `pods` in order; then, when one of them brought back a resize kept from before a restart,
+    /// judges the waiting resizes with every pod of the batch counted.
+    fn apply_all(&mut self, pods: impl IntoIterator<Item = Pod>) {
+        let mut restored = false;
+        for pod in pods {
+            restored |= self.apply(pod);
+        }
+        if restored {
+            self.retry_deferred();
+        }
+    }
+
+    /// Applies one pod: an update to its worker, or admission and a new worker. True when the pod was resized
+    /// before a restart of node-agent and its resize waits to be judged ([`Self::apply_all`]).
+    fn apply(&mut self, pod: Pod) -> bool {
         let node = &self.ctx.config.node_name;
         if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.as_str()) {
-            return;
+            return false;
         }
         let Some(mut desired) = DesiredPod::from_pod(&pod) else {
             tracing::warn!(pod = ?pod.metadata.name, "pod without uid or spec ignored");
-            return;
+            return false;
         };
         if self.finished.contains(&*desired.uid) {
-            return;
+            return false;
         }
         if let Some(e) = self.workers.get(&*desired.uid) {
             // one allocation of the UID for the pod's life (the table's key): the update's own goes
@@ -482,7 +492,7 @@ impl PodManager {
                 e.pod = desired.clone();
                 e.deliver(WorkerMsg::Update(desired), &self.tracker);
             }
-            return;
+            return false;
         }
         let observed = Timeline::observed(desired.created);
         let api_status = pod.status.clone();
@@ -497,7 +507,7 @@ impl PodManager {
                 },
                 false,
             );
-            return;
+            return false;
         }
         let view = self.ctx.node.get();
         let is_static = self.statics.mirrors.is_static(&desired.uid);
@@ -510,7 +520,7 @@ impl PodManager {
             None if is_static => Ok(()),
             None => {
                 self.pending.push(pod);
-                return;
+                return false;
             }
             Some(_) if started_before(&pod) || desired.deletion.is_some() => Ok(()),
             Some(mut view) => {
@@ -562,7 +572,8 @@ impl PodManager {
                     true,
                 );
                 if restored.is_some() {
-                    self.retry_deferred_of(desired);
+                    self.defer_restored(desired);
+                    return true;
                 }
             }
             Err(rejection) => {
@@ -580,6 +591,7 @@ impl PodManager {
                 self.spawn(desired, init, false);
             }
         }
+        false
     }
 
     fn spawn(&mut self, desired: Arc<DesiredPod>, init: WorkerInit, admitted: bool) {

@@ -78,7 +78,9 @@ impl PodManager {
         }
     }
 
-    /// For a pod that ran before this agent started: its kept allocation, when it differs from its spec.
+    /// For a pod that ran before this agent started: its kept allocation, when it differs from its spec —
+    /// carrying the `PodResizePending` condition the pod's status held, so the resize is reported as waiting
+    /// (since when it waited) until [`Self::retry_deferred`] judges it again.
     pub(super) fn restored(
         &self,
         object: &k8s_openapi::api::core::v1::Pod,
@@ -89,7 +91,22 @@ impl PodManager {
         }
         let saved = load(self.ctx.config.layout.pods_dir.as_deref(), &desired.uid)?;
         let allocated = desired.with_resources(&saved);
-        resize::resized(desired, &allocated).then(|| Arc::new(allocated))
+        if !resize::resized(desired, &allocated) {
+            return None;
+        }
+        Some(Arc::new(match resize::reported_pending(object) {
+            Some(pending) => desired.with_allocated(&allocated, pending),
+            None => allocated,
+        }))
+    }
+
+    /// Marks the resize of a pod restored from its kept allocation as waiting: it is judged once every pod of
+    /// the same batch is admitted (as the kubelet backfills its pending resizes after adding all pods), so
+    /// that a pod listed before the pods that hold the room does not take it.
+    pub(super) fn defer_restored(&mut self, desired: Arc<DesiredPod>) {
+        if let Some(e) = self.workers.get_mut(&desired.uid) {
+            e.deferred = Some(desired);
+        }
     }
 
     /// Judges the resize to `desired` of a pod whose worker runs its allocation, and tells the worker.

@@ -5,7 +5,10 @@
 //! allocatable is deferred too); the pod then runs with its allocated resources
 //! ([`DesiredPod::with_allocated`]).
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use serde::Serialize;
 
 use crate::pods::model::admission::{Committed, fit_resources};
@@ -52,6 +55,32 @@ pub fn decide(
     })
 }
 
+/// The `PodResizePending` condition `pod`'s status reports, as the node's decision (its reason one the node
+/// gives).
+pub fn reported_pending(pod: &k8s_openapi::api::core::v1::Pod) -> Option<ResizePending> {
+    let c = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == PENDING && c.status == "True")?;
+    let reason = match c.reason.as_deref()? {
+        DEFERRED => DEFERRED,
+        INFEASIBLE => INFEASIBLE,
+        _ => return None,
+    };
+    Some(ResizePending {
+        reason,
+        message: c.message.clone().unwrap_or_default(),
+        generation: c.observed_generation,
+        since: c.last_transition_time.as_ref().map_or_else(
+            || k8s_openapi::jiff::Timestamp::now().as_second(),
+            |t| t.0.as_second(),
+        ),
+    })
+}
+
 #[derive(Serialize)]
 struct Allocation<'a> {
     name: &'a str,
@@ -82,6 +111,68 @@ pub fn requirements(r: &ContainerResources) -> ResourceRequirements {
         limits: (!limits.is_empty()).then_some(limits),
         requests: (!requests.is_empty()).then_some(requests),
     }
+}
+
+/// The pod's own `status.allocatedResources` and `status.resources`, which the kubelet of this release reports
+/// for every pod: the pod's effective requests (pod-level ones where set, else its containers' by the
+/// scheduler's rule, plus the overhead) as allocated, and as its resources those requests with the limits its
+/// cgroup is bound by. Empty maps are left out, as the API server stores them.
+pub fn pod_status_resources(
+    pod: &DesiredPod,
+) -> (
+    Option<BTreeMap<String, ApiQuantity>>,
+    Option<ResourceRequirements>,
+) {
+    use crate::quantity::{Format, Quantity};
+    // a sum takes the format of its parts: binary when the pod's memory was written so
+    let binary = pod
+        .init_containers
+        .iter()
+        .chain(pod.containers.iter())
+        .any(|c| c.resources.memory_request_binary || c.resources.memory_limit_binary);
+    let memory = |bytes: i64| {
+        let format = if binary {
+            Format::BinarySI
+        } else {
+            Format::DecimalSI
+        };
+        Quantity::from_units(bytes, format).to_api()
+    };
+    let requests = pod.requests();
+    let mut allocated = BTreeMap::new();
+    if requests.cpu_milli > 0 {
+        allocated.insert(
+            "cpu".to_owned(),
+            Quantity::from_milli(requests.cpu_milli).to_api(),
+        );
+    }
+    if requests.memory > 0 {
+        allocated.insert("memory".to_owned(), memory(requests.memory));
+    }
+    let wanted = allocated.clone();
+    if requests.ephemeral > 0 {
+        allocated.insert(
+            "ephemeral-storage".to_owned(),
+            Quantity::from_units(requests.ephemeral, Format::BinarySI).to_api(),
+        );
+    }
+    let bound = pod.limits();
+    let mut limits = BTreeMap::new();
+    if let Some(m) = bound.cpu_milli.filter(|m| *m > 0) {
+        limits.insert("cpu".to_owned(), Quantity::from_milli(m).to_api());
+    }
+    if let Some(b) = bound.memory.filter(|b| *b > 0) {
+        limits.insert("memory".to_owned(), memory(b));
+    }
+    let resources = ResourceRequirements {
+        claims: None,
+        limits: (!limits.is_empty()).then_some(limits),
+        requests: (!wanted.is_empty()).then_some(wanted),
+    };
+    (
+        (!allocated.is_empty()).then_some(allocated),
+        (!is_empty(&resources)).then_some(resources),
+    )
 }
 
 /// The text of the kubelet's resize events: `<prefix>: <the pod's container resources as JSON>` (with the
@@ -132,6 +223,46 @@ mod tests {
             pods: 10,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_pod_reports_its_effective_requests_and_the_limits_its_cgroup_is_bound_by() {
+        let status = |spec: serde_json::Value| {
+            let p: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "default", "uid": "u1"},
+                "spec": spec,
+            }))
+            .unwrap();
+            let (allocated, resources) = pod_status_resources(&DesiredPod::from_pod(&p).unwrap());
+            serde_json::json!({"allocated": allocated, "resources": resources})
+        };
+        // two containers and a sidecar: the sum; a limit only where every container has one
+        assert_eq!(
+            status(json!({"initContainers": [
+                    {"name": "s", "image": "i", "restartPolicy": "Always",
+                     "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}, "limits": {"cpu": "50m"}}}],
+                "containers": [
+                    {"name": "a", "image": "i", "resources": {"requests": {"cpu": "100m", "memory": "32Mi",
+                        "ephemeral-storage": "1Gi"}, "limits": {"cpu": "200m", "memory": "64Mi"}}},
+                    {"name": "b", "image": "i", "resources": {"requests": {"cpu": "250m"},
+                        "limits": {"cpu": "250m"}}}]})),
+            json!({"allocated": {"cpu": "400m", "memory": "48Mi", "ephemeral-storage": "1Gi"},
+                   "resources": {"requests": {"cpu": "400m", "memory": "48Mi"}, "limits": {"cpu": "500m"}}})
+        );
+        // pod-level resources in place of the containers'
+        assert_eq!(
+            status(json!({"resources": {"requests": {"cpu": "1", "memory": "128Mi"},
+                                         "limits": {"cpu": "2", "memory": "256Mi"}},
+                "containers": [{"name": "a", "image": "i", "resources": {"requests": {"memory": "32Mi"}}}]})),
+            json!({"allocated": {"cpu": "1", "memory": "128Mi"},
+                   "resources": {"requests": {"cpu": "1", "memory": "128Mi"},
+                                 "limits": {"cpu": "2", "memory": "256Mi"}}})
+        );
+        // nothing asked: nothing written
+        assert_eq!(
+            status(json!({"containers": [{"name": "a", "image": "i"}]})),
+            json!({"allocated": null, "resources": null})
+        );
     }
 
     #[test]

@@ -37,7 +37,11 @@ impl Serialize for Owned<'_> {
     fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         let s = self.0;
         let ephemeral = s.ephemeral_container_statuses.as_deref();
-        let mut m = ser.serialize_map(Some(13 + usize::from(ephemeral.is_some())))?;
+        let mut m = ser.serialize_map(None)?;
+        // the pod's own resources: written once known (a status without them changes nothing there)
+        if let Some(allocated) = &s.allocated_resources {
+            m.serialize_entry("allocatedResources", allocated)?;
+        }
         m.serialize_entry("conditions", &Conditions(s))?;
         m.serialize_entry(
             "containerStatuses",
@@ -69,6 +73,9 @@ impl Serialize for Owned<'_> {
         )?;
         m.serialize_entry("qosClass", &s.qos_class)?;
         m.serialize_entry("reason", &s.reason)?;
+        if let Some(resources) = &s.resources {
+            m.serialize_entry("resources", resources)?;
+        }
         m.serialize_entry("startTime", &s.start_time)?;
         m.end()
     }
@@ -164,7 +171,7 @@ struct Container<'a>(&'a ContainerStatus);
 impl Serialize for Container<'_> {
     fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         let c = self.0;
-        let mut m = ser.serialize_map(Some(11))?;
+        let mut m = ser.serialize_map(None)?;
         m.serialize_entry("allocatedResources", &c.allocated_resources)?;
         m.serialize_entry("containerID", &c.container_id)?;
         m.serialize_entry("image", &c.image)?;
@@ -176,6 +183,10 @@ impl Serialize for Container<'_> {
         m.serialize_entry("restartCount", &c.restart_count)?;
         m.serialize_entry("started", &c.started)?;
         m.serialize_entry("state", &State(c.state.as_ref()))?;
+        // the identity the runtime reports; a runtime that reports none leaves it out
+        if let Some(user) = &c.user {
+            m.serialize_entry("user", user)?;
+        }
         m.end()
     }
 }
@@ -337,8 +348,10 @@ mod tests {
             "podIP": "10.0.0.5",
             "podIPs": [{"ip": "10.0.0.5"}, {"ip": "fd00::5"}],
             "startTime": "2024-01-01T00:00:00Z",
-            "qosClass": "BestEffort",
+            "qosClass": "Burstable",
             "nominatedNodeName": "not ours",
+            "allocatedResources": {"cpu": "100m"},
+            "resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "64Mi"}},
             "conditions": [
                 {"type": "Ready", "status": "True", "lastTransitionTime": "2024-01-01T00:00:01Z"},
                 {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"},
@@ -349,6 +362,7 @@ mod tests {
                 "state": {"terminated": {"exitCode": 0, "reason": "Completed", "containerID": "containerd://1",
                     "startedAt": "2024-01-01T00:00:00Z", "finishedAt": "2024-01-01T00:00:01Z"}}}],
             "containerStatuses": [{"name": "a", "image": "i", "imageID": "", "ready": false, "restartCount": 2,
+                "user": {"linux": {"uid": 1000, "gid": 50, "supplementalGroups": [50, 4000]}},
                 "started": false, "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
                 "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]
         }))
@@ -366,7 +380,9 @@ mod tests {
                     "hostIP": "127.0.0.1", "hostIPs": [{"$patch": "replace"}, {"ip": "127.0.0.1"}],
                     "podIP": "10.0.0.5",
                     "podIPs": [{"$patch": "replace"}, {"ip": "10.0.0.5"}, {"ip": "fd00::5"}],
-                    "startTime": "2024-01-01T00:00:00Z", "qosClass": "BestEffort",
+                    "startTime": "2024-01-01T00:00:00Z", "qosClass": "Burstable",
+                    "allocatedResources": {"cpu": "100m"},
+                    "resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "64Mi"}},
                     "conditions": [
                         {"type": "Ready", "status": "True", "reason": null, "message": null,
                             "lastTransitionTime": "2024-01-01T00:00:01Z", "observedGeneration": null},
@@ -387,6 +403,7 @@ mod tests {
                     "containerStatuses": [{"name": "a", "image": "i", "imageID": "", "containerID": null,
                         "ready": false, "started": false, "restartCount": 2,
                         "allocatedResources": null, "resources": null,
+                        "user": {"linux": {"uid": 1000, "gid": 50, "supplementalGroups": [50, 4000]}},
                         "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"},
                             "running": null, "terminated": null},
                         "lastState": {"waiting": null, "running": null, "terminated": {"exitCode": 1,

@@ -556,8 +556,11 @@ pub(crate) fn generate(i: &Inputs<'_>) -> (PodStatus, Phase) {
     if pod_ips.is_empty() {
         pod_ips = old.map(|o| o.pod_ips.to_vec()).unwrap_or_default();
     }
+    let (allocated_resources, resources) = resize::pod_status_resources(pod);
     let status = PodStatus {
         phase: Some(phase.as_str().to_owned()),
+        allocated_resources,
+        resources,
         conditions: Some(conditions),
         host_ip: i.host_ips.first().cloned(),
         host_ips: (!i.host_ips.is_empty())
