@@ -408,6 +408,7 @@ impl PodWorker {
             resolved,
             mounts,
             ctx.config.layout.memory_capacity,
+            &ctx.config.layout.page_sizes,
         );
         if let Some(cgroups) = &ctx.config.layout.cgroups
             && let Some(resources) = config.linux.as_mut().and_then(|l| l.resources.as_mut())
