@@ -64,13 +64,6 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
     config.layout.pods_dir = options.root_dir.as_ref().map(|r| r.join("pods"));
     config.layout.cgroups = options.cgroups.clone();
     config.layout.memory_capacity = ctx.config.machine.memory_bytes;
-    config.layout.page_sizes = ctx
-        .config
-        .machine
-        .hugepages
-        .iter()
-        .map(|(size, _)| *size)
-        .collect();
     config.csi_drivers = options.csi_drivers.clone();
     config.devices = options.devices.clone();
     config.dra = options.dra.clone();

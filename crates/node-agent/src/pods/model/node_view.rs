@@ -261,6 +261,15 @@ pub(crate) fn ordered_host_ips<'a>(
     ips
 }
 
+/// The name admission counts resource `name` under when it is an extended resource (itself) or huge pages (the
+/// node's spelling of its page size: `hugepages-2048Ki` is `hugepages-2Mi`); `None` for any other resource.
+pub fn scalar_name(name: &str) -> Option<String> {
+    if crate::pods::model::resources::is_extended(name) {
+        return Some(name.to_owned());
+    }
+    crate::pods::model::resources::hugepage_size(name).map(crate::pods::model::resources::hugepage_resource)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -392,13 +401,4 @@ mod tests {
         drop(tx);
         assert!(views.changed().await.is_err());
     }
-}
-
-/// The name admission counts resource `name` under when it is an extended resource (itself) or huge pages (the
-/// node's spelling of its page size: `hugepages-2048Ki` is `hugepages-2Mi`); `None` for any other resource.
-pub fn scalar_name(name: &str) -> Option<String> {
-    if crate::pods::model::resources::is_extended(name) {
-        return Some(name.to_owned());
-    }
-    crate::pods::model::resources::hugepage_size(name).map(crate::pods::model::resources::hugepage_resource)
 }

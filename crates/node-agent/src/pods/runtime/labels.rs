@@ -69,8 +69,6 @@ pub struct RuntimeLayout {
     /// The node's memory capacity, bytes: Burstable containers' `oom_score_adj` is their request's share of it
     /// ([`oom_score`](super::oom_score)).
     pub memory_capacity: u64,
-    /// The node's huge page sizes, bytes: every container's resources limit each of them ([`hugepage_limits`]).
-    pub page_sizes: Vec<u64>,
 }
 
 impl RuntimeLayout {
@@ -92,7 +90,6 @@ impl Default for RuntimeLayout {
             dns: Arc::default(),
             cgroups: None,
             memory_capacity: 0,
-            page_sizes: Vec::new(),
         }
     }
 }

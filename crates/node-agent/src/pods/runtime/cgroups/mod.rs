@@ -131,8 +131,14 @@ pub fn v2_setting(file: &str, value: &str) -> Option<(&'static str, String)> {
 }
 
 /// The huge page sizes of this machine in bytes, smallest first, from `/sys/kernel/mm/hugepages` (`hugepages-2048kB`):
-/// every size the kernel has, whether pages of it are reserved or not.
-pub fn host_page_sizes() -> Vec<u64> {
+/// every size the kernel has, whether pages of it are reserved or not. Read once: the kernel's sizes do not change
+/// while it runs.
+pub fn host_page_sizes() -> &'static [u64] {
+    static SIZES: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
+    SIZES.get_or_init(read_page_sizes)
+}
+
+fn read_page_sizes() -> Vec<u64> {
     let Ok(entries) = std::fs::read_dir("/sys/kernel/mm/hugepages") else {
         return Vec::new();
     };
@@ -330,7 +336,7 @@ impl QosCgroups {
         let mountinfo = "/proc/self/mountinfo";
         let text = std::fs::read_to_string(mountinfo).map_err(io(Path::new(mountinfo)))?;
         if let Some(dir) = v2_only(&text) {
-            return Self::start_on_v2(&dir, cgroup_root, pods_pids_limit, &host_page_sizes());
+            return Self::start_on_v2(&dir, cgroup_root, pods_pids_limit, host_page_sizes());
         }
         Self::build_on(
             v1_hierarchies(&text),
@@ -338,7 +344,7 @@ impl QosCgroups {
             unified_hierarchy(&text),
             cgroup_root,
             pods_pids_limit,
-            &host_page_sizes(),
+            host_page_sizes(),
         )
         .map(Arc::new)
     }
@@ -394,7 +400,7 @@ impl QosCgroups {
             cgroup_root,
             pods_pids_limit,
             Some(sd),
-            &host_page_sizes(),
+            host_page_sizes(),
         )?);
         cg.create_tree().await?;
         Ok(cg)
