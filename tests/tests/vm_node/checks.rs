@@ -437,6 +437,7 @@ pub async fn a_huge_pages_pod_is_limited_to_its_pages(
     ns: &str,
     tag: &str,
 ) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
     let layout = Layout::of(node);
     let pods = &node.namespace(ns).await?;
     let volume = |mut p: Pod| -> anyhow::Result<Pod> {
@@ -550,5 +551,6 @@ pub async fn a_huge_pages_pod_is_limited_to_its_pages(
     for name in ["huge", "huge-none"] {
         pods.delete(name, &Default::default()).await?;
     }
+    println!("[{tag}] huge pages checked in {:?}", t0.elapsed());
     Ok(())
 }
