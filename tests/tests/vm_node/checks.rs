@@ -432,6 +432,8 @@ pub async fn a_container_past_its_limit_is_oom_killed(
 /// page size the guest has, its container's likewise (the runtime's limits, from the CRI), the QoS classes
 /// unbounded and the pods' cgroup at the node's huge pages; its `HugePages` emptyDir is a hugetlbfs of 2 MiB
 /// pages; a pod with such a volume and no huge pages request is told why it cannot mount it.
+// the binaries whose guest reserves no huge pages never call it
+#[allow(dead_code)]
 pub async fn a_huge_pages_pod_is_limited_to_its_pages(
     node: &VmNode,
     ns: &str,
