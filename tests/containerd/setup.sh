@@ -104,6 +104,8 @@ state = "$DIR/state"
   disable_apparmor = true
   # these machines lack CAP_SYS_RESOURCE: runc cannot set a negative oom_score_adj, so clamp to ours
   restrict_oom_score_adj = $RESTRICT_OOM
+  # the containers' huge pages limits (CRI hugepage_limits) reach runc where the hugetlb controller is there
+  disable_hugetlb_controller = false
   netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"

@@ -17,6 +17,7 @@ const TAG: &str = "vm_cgroup_v2";
 const SETUP: NodeSetup = NodeSetup {
     systemd: false,
     config: "",
+    huge_pages: 0,
 };
 
 #[tokio::test]

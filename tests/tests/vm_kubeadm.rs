@@ -158,6 +158,7 @@ async fn kubeadm_join_makes_node_agent_the_nodes_kubelet() -> anyhow::Result<()>
         NodeSetup {
             systemd: true,
             config: "",
+            huge_pages: 0,
         },
         // kubeadm's controllers beside the defaults: cluster-info signed for each bootstrap token
         &["--controllers=*,bootstrapsigner,tokencleaner"],

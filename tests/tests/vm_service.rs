@@ -158,6 +158,7 @@ async fn a_service_restart_keeps_pods_and_a_reboot_shuts_them_down_by_priority()
     let Some(node) = VmNode::get(NodeSetup {
         systemd: false,
         config: "",
+        huge_pages: 0,
     })
     .await?
     else {

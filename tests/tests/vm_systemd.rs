@@ -4,7 +4,8 @@
 //! systemd as transient units, with the kubelet's limits and OOM scores, as read from the guest's cgroup and proc
 //! files and from systemd; `kubepods.slice` is limited to the node's allocatable; a container past its memory
 //! limit is OOM-killed and reported so; a BestEffort pod filling the node's memory is evicted by the v2 figures
-//! while a Guaranteed pod stays. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
+//! while a Guaranteed pod stays; a pod asking for huge pages has its slice's hugetlb limits and a hugetlbfs
+//! emptyDir. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
 
 #[path = "vm_node/checks.rs"]
 mod checks;
@@ -27,6 +28,7 @@ const TAG: &str = "vm_systemd";
 const SETUP: NodeSetup = NodeSetup {
     systemd: true,
     config: "evictionHard: {memory.available: 600Mi}\nevictionPressureTransitionPeriod: 10s\n",
+    huge_pages: 4,
 };
 
 /// The memory-pressure test holds it alone: under pressure the node admits no BestEffort pod.
@@ -70,6 +72,16 @@ async fn qos_pods_run_in_the_kubelets_slices_with_their_limits() -> anyhow::Resu
         assert!(show.lines().any(|l| l == line), "{unit}: {line} in {show}");
     }
     Ok(())
+}
+
+#[tokio::test]
+async fn a_huge_pages_pod_is_limited_to_its_pages_and_mounts_them() -> anyhow::Result<()> {
+    init_logging();
+    let Some(node) = VmNode::get(SETUP).await? else {
+        return Ok(());
+    };
+    let _shared = PRESSURE.read().await;
+    checks::a_huge_pages_pod_is_limited_to_its_pages(node, "vm-huge", TAG).await
 }
 
 #[tokio::test]

@@ -5,7 +5,9 @@
 //! As the kubelet, `kubepods` is always given the node's capacity (cpu as a weight, memory, processes), and with
 //! `pods` enforced the capacity less `kubeReserved` and `systemReserved` — the hard eviction thresholds are not
 //! subtracted there: they are the eviction manager's to keep. `kube-reserved` / `system-reserved` limit their
-//! cgroup to the reservation (`-compressible`: its cpu weight alone).
+//! cgroup to the reservation (`-compressible`: its cpu weight alone). Huge pages go the same way: `kubepods` gets
+//! the node's huge pages of each size (less those reserved, with `pods` enforced), a reservation cgroup the huge
+//! pages its reservation names ([`hugepages`]).
 
 use std::sync::Arc;
 
@@ -75,11 +77,47 @@ pub fn reservation_limits(map: &BTreeMap<String, Quantity>) -> NodeLimits {
     }
 }
 
+/// The huge pages `kubepods` (with `reserved`: less the reservations, never below zero) or a reservation cgroup is
+/// limited to, bytes by page size: `capacity` (page size, total) less what `reserved` names, or with no capacity
+/// given, what `reserved` names.
+pub fn hugepages(
+    capacity: Option<&[(u64, u64)]>,
+    reserved: &[&BTreeMap<String, Quantity>],
+) -> BTreeMap<u64, u64> {
+    let named = |size: u64| -> u64 {
+        reserved
+            .iter()
+            .flat_map(|map| map.iter())
+            .filter(|(name, _)| crate::pods::model::resources::hugepage_size(name) == Some(size))
+            .map(|(_, q)| u64::try_from(q.value()).unwrap_or(0))
+            .sum()
+    };
+    match capacity {
+        Some(capacity) => capacity
+            .iter()
+            .map(|(size, total)| (*size, total.saturating_sub(named(*size))))
+            .collect(),
+        None => reserved
+            .iter()
+            .flat_map(|map| map.keys())
+            .filter_map(|name| crate::pods::model::resources::hugepage_size(name))
+            .map(|size| (size, named(size)))
+            .collect(),
+    }
+}
+
 /// Applies node allocatable enforcement to `cgroups` as `config` asks.
 pub async fn enforce(cgroups: &Arc<QosCgroups>, config: &AgentConfig) -> Result<(), CgroupError> {
     let k = &config.kubelet;
     let limits = kubepods_limits(k, capacity(config, pid_capacity()));
-    cgroups.limit_kubepods(&limits).await?;
+    let pods_enforced = k.enforce_node_allocatable.iter().any(|v| v == "pods");
+    let reserved: &[&BTreeMap<String, Quantity>] = if pods_enforced {
+        &[&k.kube_reserved, &k.system_reserved]
+    } else {
+        &[]
+    };
+    let huge = hugepages(Some(&config.machine.hugepages), reserved);
+    cgroups.limit_kubepods(&limits, &huge).await?;
     tracing::info!(kubepods = %cgroups.kubepods(), ?limits, "node allocatable enforced on the pods' cgroup");
     for (value, cgroup, map) in [
         ("kube-reserved", &k.kube_reserved_cgroup, &k.kube_reserved),
@@ -92,7 +130,16 @@ pub async fn enforce(cgroups: &Arc<QosCgroups>, config: &AgentConfig) -> Result<
             continue;
         }
         cgroups
-            .limit_existing(cgroup, &reservation_limits(map), cpu_only)
+            .limit_existing(
+                cgroup,
+                &reservation_limits(map),
+                cpu_only,
+                &if cpu_only {
+                    BTreeMap::new()
+                } else {
+                    hugepages(None, &[map])
+                },
+            )
             .await?;
         tracing::info!(%cgroup, enforcement = value, "reservation enforced on its cgroup");
     }
@@ -153,6 +200,21 @@ mod tests {
         );
         let none = kubelet("kubeReserved: {cpu: 500m}\nenforceNodeAllocatable: [none]\n");
         assert_eq!(kubepods_limits(&none, capacity), capacity);
+    }
+
+    #[test]
+    fn huge_pages_are_the_capacity_less_the_reservations() {
+        let k = kubelet("kubeReserved: {hugepages-2Mi: 4Mi}\nsystemReserved: {hugepages-2048Ki: 2Mi}\n");
+        let capacity = [(2 << 20, 16 << 20), (1 << 30, 0)];
+        assert_eq!(
+            hugepages(Some(&capacity), &[&k.kube_reserved, &k.system_reserved]),
+            BTreeMap::from([(2 << 20, 10 << 20), (1 << 30, 0)]),
+            "two spellings of one size both count"
+        );
+        assert_eq!(
+            hugepages(None, &[&k.kube_reserved]),
+            BTreeMap::from([(2 << 20, 4 << 20)])
+        );
     }
 
     #[test]

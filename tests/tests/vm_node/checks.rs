@@ -427,3 +427,132 @@ pub async fn a_container_past_its_limit_is_oom_killed(
     phase.context("a pod whose only container was OOM-killed, restartPolicy Never")?;
     Ok(())
 }
+
+/// A pod asking for 4 MiB of 2 MiB huge pages runs with its cgroup's hugetlb limit at that and 0 for every other
+/// page size the guest has, its container's likewise (the runtime's limits, from the CRI), the QoS classes
+/// unbounded and the pods' cgroup at the node's huge pages; its `HugePages` emptyDir is a hugetlbfs of 2 MiB
+/// pages; a pod with such a volume and no huge pages request is told why it cannot mount it.
+// the binaries whose guest reserves no huge pages never call it
+#[allow(dead_code)]
+pub async fn a_huge_pages_pod_is_limited_to_its_pages(
+    node: &VmNode,
+    ns: &str,
+    tag: &str,
+) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
+    let layout = Layout::of(node);
+    let pods = &node.namespace(ns).await?;
+    let volume = |mut p: Pod| -> anyhow::Result<Pod> {
+        let spec = p.spec.as_mut().context("spec")?;
+        spec.volumes = Some(serde_json::from_value(serde_json::json!([
+            {"name": "huge", "emptyDir": {"medium": "HugePages"}}
+        ]))?);
+        spec.containers[0].volume_mounts = Some(serde_json::from_value(serde_json::json!([
+            {"name": "huge", "mountPath": "/huge"}
+        ]))?);
+        Ok(p)
+    };
+    let huge = volume(pod(
+        "huge",
+        "grep ' /huge ' /proc/mounts; while :; do sleep 1; done",
+        serde_json::json!({"limits": {"cpu": "100m", "memory": "32Mi", "hugepages-2Mi": "4Mi"}}),
+    )?)?;
+    let none = volume(pod("huge-none", "sleep 1", serde_json::json!({}))?)?;
+    node.create_pod(pods, &huge).await?;
+    node.create_pod(pods, &none).await?;
+    let (uid, id) = running(node, pods, "huge").await?;
+
+    let sizes = node
+        .vm
+        .run("ls /sys/kernel/mm/hugepages", Duration::from_secs(30))
+        .await?;
+    let sizes: Vec<String> = sizes
+        .split_whitespace()
+        .filter_map(|s| {
+            s.strip_prefix("hugepages-")?
+                .strip_suffix("kB")?
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kb| {
+            if kb >= 1 << 20 {
+                format!("{}GB", kb >> 20)
+            } else {
+                format!("{}MB", kb >> 10)
+            }
+        })
+        .collect();
+    anyhow::ensure!(
+        sizes.iter().any(|s| s == "2MB"),
+        "the guest has 2 MiB pages: {sizes:?}"
+    );
+    let pod_cgroup = layout.pod("", &uid);
+    let container = layout.container(&pod_cgroup, &id);
+    for size in &sizes {
+        let file = format!("hugetlb.{size}.max");
+        let want = if size == "2MB" {
+            (4u64 << 20).to_string()
+        } else {
+            "0".to_owned()
+        };
+        let got = cgroup_file(node, &pod_cgroup, &file).await?;
+        println!("[{tag}] {pod_cgroup}/{file} = {got}");
+        assert_eq!(got, want, "{pod_cgroup}/{file}");
+        assert_eq!(
+            cgroup_file(node, &container, &file).await?,
+            want,
+            "{container}/{file}"
+        );
+        for class in ["burstable", "besteffort"] {
+            assert_eq!(
+                cgroup_file(node, &layout.class(class), &file).await?,
+                (1u64 << 62).to_string(),
+                "the {class} class is not bounded"
+            );
+        }
+    }
+    let pages: u64 = node.vm.read("/proc/sys/vm/nr_hugepages").await?.trim().parse()?;
+    assert_eq!(
+        cgroup_file(node, layout.kubepods(), "hugetlb.2MB.max").await?,
+        (pages << 21).to_string(),
+        "the pods' cgroup holds the node's 2 MiB pages"
+    );
+
+    let port = i32::from(node.kubelet_port);
+    let mounts = wait_for("the huge pod's log", Duration::from_secs(60), || async {
+        let (status, body) =
+            e2e::kubelet_api::get(node.cp, port, &format!("/containerLogs/{ns}/huge/main")).await?;
+        Ok((status == 200 && !body.is_empty()).then_some(body))
+    })
+    .await?;
+    println!("[{tag}] huge: {}", mounts.trim());
+    assert!(
+        mounts.contains("hugetlbfs") && mounts.contains("pagesize=2M"),
+        "/huge is a hugetlbfs of 2 MiB pages: {mounts}"
+    );
+
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(node.cp.admin_client().await?, ns);
+    let message = wait_for("huge-none's FailedMount", Duration::from_secs(90), || async {
+        let list = events
+            .list(&kube::api::ListParams::default().fields("involvedObject.name=huge-none"))
+            .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("FailedMount"))
+            .and_then(|e| e.message))
+    })
+    .await?;
+    println!("[{tag}] huge-none: {message}");
+    assert!(
+        message.contains(
+            "medium HugePages: hugePages storage requested, but there is no resource request for huge pages"
+        ),
+        "{message}"
+    );
+    for name in ["huge", "huge-none"] {
+        pods.delete(name, &Default::default()).await?;
+    }
+    println!("[{tag}] huge pages checked in {:?}", t0.elapsed());
+    Ok(())
+}

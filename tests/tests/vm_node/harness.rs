@@ -46,6 +46,8 @@ pub struct NodeSetup {
     pub systemd: bool,
     /// Lines added to the agent's KubeletConfiguration.
     pub config: &'static str,
+    /// 2 MiB huge pages the guest reserves before the agent starts (its capacity then reports them).
+    pub huge_pages: u32,
 }
 
 /// The guest node, with the control plane it is registered with.
@@ -98,13 +100,15 @@ impl VmNode {
         // the agent runs from the guest's disk, as a transient service with its log in a file
         vm.run(
             &format!(
-                "install -m 0755 {GUEST_SHARE}/node-agent /usr/local/bin/node-agent && \
+                "echo {} > /proc/sys/vm/nr_hugepages && \
+                 install -m 0755 {GUEST_SHARE}/node-agent /usr/local/bin/node-agent && \
                  systemd-run --unit=node-agent --property=StandardOutput=file:{AGENT_LOG} \
                  --property=StandardError=file:{AGENT_LOG} /usr/local/bin/node-agent \
                  --config {GUEST_SHARE}/kubelet-config.yaml --kubeconfig {GUEST_SHARE}/kubeconfig \
                  --hostname-override {NODE} --node-ip 127.0.0.1 --runtime remote \
                  --container-runtime-endpoint unix://{CRI_DIR}/containerd.sock --root-dir /var/lib/node-agent \
-                 --address 0.0.0.0 --port {port} --healthz-port 10248"
+                 --address 0.0.0.0 --port {port} --healthz-port 10248",
+                setup.huge_pages
             ),
             long,
         )

@@ -644,7 +644,7 @@ fn tick(every: &mut Option<Box<tokio::time::Interval>>) -> impl Future<Output = 
 }
 
 /// The event reason of a rejection (event reasons are `&'static str`; admission's come from a fixed set, and
-/// `OutOf<resource>` for the extended resources this node has, kept once per name).
+/// `OutOf<resource>` for the extended resources and huge pages this node has, kept once per name).
 fn event_reason(reason: &str) -> &'static str {
     const KNOWN: [&str; 16] = [
         admission::UNEXPECTED_ADMISSION_ERROR,
@@ -669,7 +669,8 @@ fn event_reason(reason: &str) -> &'static str {
     }
     if reason
         .strip_prefix("OutOf")
-        .is_some_and(crate::pods::model::resources::is_extended)
+        .and_then(crate::pods::model::node_view::scalar_name)
+        .is_some()
     {
         static EXTENDED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
         let mut seen = EXTENDED.lock().unwrap_or_else(|e| e.into_inner());

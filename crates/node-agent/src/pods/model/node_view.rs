@@ -35,6 +35,8 @@ pub struct NodeView {
     /// Allocatable pods.
     pub pods: i64,
     /// Allocatable extended resources (`example.com/gpu`), by name; a resource missing here is not checked.
+    /// Huge pages (`hugepages-2Mi`) are here too, by the name the node's capacity gives them ([`scalar_name`]); a
+    /// size missing here has none allocatable.
     pub extended: std::collections::BTreeMap<String, i64>,
     /// Node labels (shared with the node informer's snapshot).
     pub labels: std::sync::Arc<crate::node::NodeLabels>,
@@ -77,10 +79,9 @@ impl NodeView {
             extended: alloc
                 .into_iter()
                 .flatten()
-                .filter(|(k, _)| crate::pods::model::resources::is_extended(k))
                 .filter_map(|(k, q)| {
                     Some((
-                        k.clone(),
+                        scalar_name(k)?,
                         i64::try_from(Quantity::from_api(q).ok()?.value()).ok()?,
                     ))
                 })
@@ -225,8 +226,7 @@ pub fn compose(node: &NodeSnapshot, allocatable: &ResourceList, pressure: Pressu
         pods: get("pods", false),
         extended: allocatable
             .iter()
-            .filter(|(k, _)| crate::pods::model::resources::is_extended(k))
-            .filter_map(|(k, q)| Some((k.clone(), i64::try_from(q.value()).ok()?)))
+            .filter_map(|(k, q)| Some((scalar_name(k)?, i64::try_from(q.value()).ok()?)))
             .collect(),
         labels: node.labels.clone(),
         no_execute_taints: node
@@ -259,6 +259,15 @@ pub(crate) fn ordered_host_ips<'a>(
         }
     }
     ips
+}
+
+/// The name admission counts resource `name` under when it is an extended resource (itself) or huge pages (the
+/// node's spelling of its page size: `hugepages-2048Ki` is `hugepages-2Mi`); `None` for any other resource.
+pub fn scalar_name(name: &str) -> Option<String> {
+    if crate::pods::model::resources::is_extended(name) {
+        return Some(name.to_owned());
+    }
+    crate::pods::model::resources::hugepage_size(name).map(crate::pods::model::resources::hugepage_resource)
 }
 
 #[cfg(test)]

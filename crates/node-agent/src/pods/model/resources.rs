@@ -132,6 +132,45 @@ pub fn extended_requests<'a>(
     out
 }
 
+/// The page size, in bytes, of a huge pages resource (`hugepages-2Mi`: 2 MiB); `None` for any other name.
+pub fn hugepage_size(name: &str) -> Option<u64> {
+    let size: crate::quantity::Quantity = name.strip_prefix("hugepages-")?.parse().ok()?;
+    u64::try_from(size.value()).ok().filter(|s| *s > 0)
+}
+
+/// The huge pages resource of page size `size` bytes, as the node's capacity names it (`hugepages-2Mi`).
+pub fn hugepage_resource(size: u64) -> String {
+    let size = i64::try_from(size).unwrap_or(i64::MAX);
+    format!(
+        "hugepages-{}",
+        crate::quantity::Quantity::from_units(size, crate::quantity::Format::BinarySI)
+    )
+}
+
+/// The huge pages of one resource list pair: (page size, bytes) for each `hugepages-<size>` the limits name, or
+/// the requests where no limit is written (the API requires the two to be equal), sizes summed where two names
+/// spell one size.
+pub fn hugepages_of(r: Option<&ResourceRequirements>) -> Vec<(u64, u64)> {
+    let mut out: BTreeMap<u64, u64> = BTreeMap::new();
+    let Some(r) = r else { return Vec::new() };
+    let limits = r.limits.as_ref();
+    let requests = r.requests.as_ref();
+    let names: std::collections::BTreeSet<&String> = limits
+        .into_iter()
+        .flatten()
+        .chain(requests.into_iter().flatten())
+        .map(|(k, _)| k)
+        .collect();
+    for name in names {
+        let Some(size) = hugepage_size(name) else { continue };
+        let bytes = units(limits, name).or_else(|| units(requests, name));
+        if let Some(bytes) = bytes.and_then(|b| u64::try_from(b).ok()) {
+            *out.entry(size).or_default() += bytes;
+        }
+    }
+    out.into_iter().collect()
+}
+
 /// What a pod charges against the node: cpu millicores, memory and ephemeral-storage bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PodRequests {
@@ -215,7 +254,8 @@ pub fn overhead(overhead: Option<&BTreeMap<String, ApiQuantity>>) -> PodRequests
 }
 
 /// Pod-level `spec.resources`: the cpu and memory the whole pod requests and is limited to, each `None` when not
-/// set (or not positive). The kubelet reads only these two there (and hugepages, which this node does not offer).
+/// set (or not positive). The kubelet reads only these two there, and huge pages (kept in
+/// [`crate::pods::model::spec::PodExtras::pod_hugepages`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PodLevel {
     /// `requests.cpu`, millicores.
@@ -424,6 +464,59 @@ mod tests {
         assert_eq!(d.requests().cpu_milli, 2000, "init peak wins for cpu");
         assert_eq!(d.requests().memory, 1 << 30, "init peak wins for memory");
         assert_eq!(d.qos, QosClass::Burstable);
+    }
+
+    #[test]
+    fn huge_pages_count_as_other_requests_do() {
+        assert_eq!(hugepage_size("hugepages-2Mi"), Some(2 << 20));
+        assert_eq!(hugepage_size("hugepages-2048Ki"), Some(2 << 20));
+        assert_eq!(hugepage_size("memory"), None);
+        assert_eq!(hugepage_resource(1 << 30), "hugepages-1Gi");
+        let d = desired(json!({
+            "initContainers": [
+                {"name": "init", "image": "i", "resources": {"limits": {"memory": "8Mi", "hugepages-2Mi": "10Mi"}}},
+                {"name": "side", "image": "i", "restartPolicy": "Always",
+                 "resources": {"limits": {"memory": "8Mi", "hugepages-2Mi": "2Mi"}}}
+            ],
+            "containers": [
+                {"name": "a", "image": "i", "resources": {
+                    "requests": {"memory": "8Mi", "hugepages-2Mi": "4Mi"},
+                    "limits": {"memory": "8Mi", "hugepages-2Mi": "4Mi", "hugepages-1Gi": "1Gi"}}},
+                {"name": "b", "image": "i", "resources": {"limits": {"memory": "8Mi", "hugepages-2048Ki": "2Mi"}}}
+            ]
+        }));
+        assert_eq!(
+            d.hugepages(),
+            BTreeMap::from([(2 << 20, 10 << 20), (1 << 30, 1 << 30)]),
+            "the plain init container's 10Mi over the running 8Mi; 1Gi from a alone"
+        );
+        assert_eq!(
+            d.container_hugepages("a"),
+            BTreeMap::from([(2 << 20, 4 << 20), (1 << 30, 1 << 30)])
+        );
+        assert!(d.container_hugepages("nobody").is_empty());
+        let pod_level = desired(json!({
+            "resources": {"limits": {"memory": "64Mi", "hugepages-2Mi": "8Mi"}},
+            "containers": [
+                {"name": "a", "image": "i"},
+                {"name": "b", "image": "i", "resources": {"limits": {"hugepages-2Mi": "2Mi"}}}
+            ]
+        }));
+        assert_eq!(
+            pod_level.hugepages(),
+            BTreeMap::from([(2 << 20, 8 << 20)]),
+            "the pod level's own"
+        );
+        assert_eq!(
+            pod_level.container_hugepages("a"),
+            BTreeMap::from([(2 << 20, 8 << 20)]),
+            "a container without its own takes the pod's"
+        );
+        assert_eq!(
+            pod_level.container_hugepages("b"),
+            BTreeMap::from([(2 << 20, 2 << 20)]),
+            "a container's own wins"
+        );
     }
 
     #[test]

@@ -181,6 +181,7 @@ pub fn container_config(
     resolved: Resolved,
     mounts: Vec<cri::Mount>,
     memory_capacity: u64,
+    page_sizes: &[u64],
 ) -> cri::ContainerConfig {
     let mut labels = pod_labels(pod);
     labels.insert(CONTAINER_NAME.to_owned(), c.name.clone());
@@ -207,6 +208,7 @@ pub fn container_config(
     ]);
     let resources = cri::LinuxContainerResources {
         oom_score_adj: super::oom_score::container(pod, c, memory_capacity),
+        hugepage_limits: hugepage_limits(pod, &c.name, page_sizes),
         ..linux_resources(&c.resources)
     };
     cri::ContainerConfig {
@@ -252,6 +254,19 @@ pub fn linux_resources(
     }
 }
 
+/// The huge pages limits of container `name` for the runtime, as the kubelet gives them: one for each of the
+/// node's `page_sizes`, the container's limit of that size (or the pod level's) or else 0.
+pub fn hugepage_limits(pod: &DesiredPod, name: &str, page_sizes: &[u64]) -> Vec<cri::HugepageLimit> {
+    let limits = pod.container_hugepages(name);
+    page_sizes
+        .iter()
+        .map(|size| cri::HugepageLimit {
+            page_size: super::cgroups::page_size_name(*size),
+            limit: limits.get(size).copied().unwrap_or(0),
+        })
+        .collect()
+}
+
 /// The restart count recorded on a container, 0 when absent.
 pub fn restart_count(annotations: &HashMap<String, String>) -> u32 {
     annotations
@@ -276,6 +291,31 @@ pub fn grace_secs(annotations: &HashMap<String, String>) -> Option<i64> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn every_page_size_of_the_node_is_limited_for_each_container() {
+        let pod = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [
+                {"name": "a", "image": "i", "resources": {"limits": {"memory": "8Mi", "hugepages-2Mi": "4Mi"}}},
+                {"name": "b", "image": "i"}
+            ]}
+        }))
+        .unwrap();
+        let d = DesiredPod::from_pod(&pod).unwrap();
+        let resolved = Resolved::default();
+        let sizes = [2 << 20, 1 << 30];
+        let cc = container_config(&d, &d.containers[0], 0, resolved, Vec::new(), 1 << 30, &sizes);
+        let limits = cc.linux.unwrap().resources.unwrap().hugepage_limits;
+        let pairs: Vec<(&str, u64)> = limits.iter().map(|l| (l.page_size.as_str(), l.limit)).collect();
+        assert_eq!(pairs, [("2MB", 4 << 20), ("1GB", 0)]);
+        let other: Vec<u64> = hugepage_limits(&d, "b", &sizes).iter().map(|l| l.limit).collect();
+        assert_eq!(other, [0, 0], "a container asking for none gets 0 of every size");
+        assert!(
+            hugepage_limits(&d, "a", &[]).is_empty(),
+            "a node without huge pages"
+        );
+    }
 
     #[test]
     fn configs_carry_kubelet_labels_and_annotations() {
@@ -306,7 +346,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let cc = container_config(&d, &d.containers[0], 3, resolved, Vec::new(), 1 << 30);
+        let cc = container_config(&d, &d.containers[0], 3, resolved, Vec::new(), 1 << 30, &[]);
         assert_eq!(cc.labels[CONTAINER_NAME], "app");
         assert_eq!(cc.labels[POD_NAMESPACE], "ns");
         assert_eq!(restart_count(&cc.annotations), 3);

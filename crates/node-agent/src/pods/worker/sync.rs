@@ -408,6 +408,12 @@ impl PodWorker {
             resolved,
             mounts,
             ctx.config.layout.memory_capacity,
+            // the machine's huge page sizes, as the kubelet reads them; a hollow node's containers get none
+            if ctx.config.kind == crate::pods::NodeKind::Real {
+                crate::pods::runtime::cgroups::host_page_sizes()
+            } else {
+                &[]
+            },
         );
         if let Some(cgroups) = &ctx.config.layout.cgroups
             && let Some(resources) = config.linux.as_mut().and_then(|l| l.resources.as_mut())

@@ -1,6 +1,6 @@
 //! A real node's volume directories: the atomic writer of configMap / secret / downward API / projected content
 //! (a timestamped data directory behind a `..data` symlink that is swapped in one rename, so a running container
-//! never sees half an update), tmpfs mounts for memory-backed volumes, hostPath type checks, and removal of a
+//! never sees half an update), tmpfs mounts for memory-backed volumes and hugetlbfs mounts for huge pages ones, hostPath type checks, and removal of a
 //! pod's directory (unmounting what it mounted). Blocking file-system calls: callers run them off the runtime.
 
 use std::collections::BTreeSet;
@@ -152,6 +152,62 @@ pub fn make_dir(dir: &Path, tmpfs: bool, size: Option<i64>) -> io::Result<()> {
     }
     let mode = if tmpfs { 0o1777 } else { 0o777 };
     fs::set_permissions(dir, fs::Permissions::from_mode(mode))
+}
+
+/// The hugetlbfs mount option (`pagesize=2Mi`) of an emptyDir of `medium` (`HugePages` or `HugePages-<size>`) in
+/// a pod whose containers (and pod level) request huge pages of the page sizes `requested`, as the kubelet chooses
+/// it; the error is the kubelet's: no huge pages (of the medium's size) requested, or `HugePages` with several
+/// sizes.
+pub fn page_size_option(medium: &str, requested: impl IntoIterator<Item = u64>) -> Result<String, String> {
+    use crate::pods::model::resources::{hugepage_resource, hugepage_size};
+    let wanted = match medium.strip_prefix("HugePages-") {
+        Some(size) => Some(
+            hugepage_size(&format!("hugepages-{size}"))
+                .ok_or_else(|| format!("unable to parse page size from medium {medium}"))?,
+        ),
+        None if medium == "HugePages" => None,
+        None => return Err(format!("unknown storage medium {medium:?}")),
+    };
+    let mut found: Option<u64> = None;
+    for size in requested {
+        match wanted {
+            None => {
+                if found.is_some_and(|f| f != size) {
+                    return Err(format!(
+                        "medium: {medium} can't be used if container requests multiple huge page sizes"
+                    ));
+                }
+                found = Some(size);
+            }
+            Some(w) if w == size => found = Some(size),
+            Some(_) => {}
+        }
+    }
+    let size = found.ok_or_else(|| {
+        format!(
+            "medium {medium}: hugePages storage requested, but there is no resource request for huge pages"
+        )
+    })?;
+    let name = hugepage_resource(size);
+    Ok(format!("pagesize={}", name.trim_start_matches("hugepages-")))
+}
+
+/// Creates `dir` and mounts a hugetlbfs on it with `option` (`pagesize=2Mi`), as the kubelet mounts a huge pages
+/// emptyDir.
+pub fn make_hugetlbfs_dir(dir: &Path, option: &str) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o777))?;
+    if !is_mount_point(dir) {
+        nix::mount::mount(
+            Some("nodev"),
+            dir,
+            Some("hugetlbfs"),
+            nix::mount::MsFlags::empty(),
+            Some(option),
+        )
+        .map_err(|e| io::Error::other(format!("mounting a hugetlbfs on {}: {e}", dir.display())))?;
+    }
+    Ok(())
 }
 
 /// Checks (and for the `...OrCreate` types, creates) a hostPath volume's path; the error is the kubelet's.
@@ -353,7 +409,7 @@ pub fn remove_volumes(pod_dir: &Path) -> io::Result<()> {
     let mounts = mounts_below(&volumes)?;
     let base = fs::canonicalize(&volumes).unwrap_or_else(|_| volumes.clone());
     let ours = |(point, fstype): &(PathBuf, String)| {
-        fstype == "tmpfs"
+        (fstype == "tmpfs" || fstype == "hugetlbfs")
             && point
                 .strip_prefix(&base)
                 .is_ok_and(|rel| rel.components().count() == 2)
@@ -495,6 +551,60 @@ mod tests {
         remove_pod_dir(&pod).unwrap();
         assert!(!pod.exists());
         assert!(mounts_below(tmp.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_page_size_of_a_huge_pages_volume_comes_from_the_pods_requests() {
+        const M2: u64 = 2 << 20;
+        const G1: u64 = 1 << 30;
+        assert_eq!(page_size_option("HugePages", [M2, M2]).unwrap(), "pagesize=2Mi");
+        assert_eq!(
+            page_size_option("HugePages-1Gi", [M2, G1]).unwrap(),
+            "pagesize=1Gi"
+        );
+        assert_eq!(
+            page_size_option("HugePages-2048Ki", [M2]).unwrap(),
+            "pagesize=2Mi"
+        );
+        assert_eq!(
+            page_size_option("HugePages", [M2, G1]).unwrap_err(),
+            "medium: HugePages can't be used if container requests multiple huge page sizes"
+        );
+        assert_eq!(
+            page_size_option("HugePages", []).unwrap_err(),
+            "medium HugePages: hugePages storage requested, but there is no resource request for huge pages"
+        );
+        assert_eq!(
+            page_size_option("HugePages-1Gi", [M2]).unwrap_err(),
+            "medium HugePages-1Gi: hugePages storage requested, but there is no resource request for huge pages"
+        );
+    }
+
+    /// A huge pages volume is a hugetlbfs of the page size, unmounted with the pod's directory.
+    #[test]
+    fn a_huge_pages_volume_is_a_hugetlbfs_that_goes_with_the_pod() {
+        if !is_root() {
+            println!("skipped: mounting a hugetlbfs needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let pod = tmp.path().join("uid-3");
+        let vol = pod.join("volumes/kubernetes.io~empty-dir/huge");
+        make_hugetlbfs_dir(&vol, "pagesize=2Mi").unwrap();
+        let mounted = mounts_below(&pod).unwrap();
+        assert_eq!(mounted.len(), 1, "{mounted:?}");
+        assert_eq!(mounted[0].1, "hugetlbfs");
+        let options = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let line = options
+            .lines()
+            .find(|l| l.contains(&*vol.to_string_lossy()))
+            .unwrap()
+            .to_owned();
+        assert!(line.contains("pagesize=2M"), "{line}");
+        make_hugetlbfs_dir(&vol, "pagesize=2Mi").unwrap();
+        assert_eq!(mounts_below(&pod).unwrap().len(), 1, "mounted once");
+        remove_pod_dir(&pod).unwrap();
+        assert!(!pod.exists());
     }
 
     /// Something mounted in a pod directory that this node did not mount there (here a tmpfs in the

@@ -237,6 +237,20 @@ fn prepare_claim(bound: &BoundClaim, fs_group: Option<u32>, on_root_mismatch: bo
     }
 }
 
+/// The page sizes of the huge pages `pod` requests: the pod level's (where it has resources of its own), then its
+/// containers'.
+fn hugepage_sizes(pod: &DesiredPod) -> Vec<u64> {
+    let pod_level = pod
+        .pod_level()
+        .map(|_| pod.pod_level_hugepages())
+        .unwrap_or_default();
+    pod_level
+        .iter()
+        .map(|(size, _)| *size)
+        .chain(pod.hugepage_requests().iter().map(|(_, size, _)| *size))
+        .collect()
+}
+
 impl PodVolumes {
     /// The claim of volume `index`, once resolved.
     pub fn claim(&self, index: usize) -> Option<&BoundClaim> {
@@ -263,11 +277,22 @@ impl PodVolumes {
             let on_disk = ctx.config.kind == crate::pods::NodeKind::Real;
             let fs_group = fs_group(pod).map_err(err)?;
             let files = match &*v.source {
-                VolumeSource::EmptyDir { memory, size_limit } => {
+                VolumeSource::EmptyDir {
+                    memory,
+                    size_limit,
+                    huge_pages,
+                } => {
+                    let page_size = match huge_pages {
+                        Some(medium) => Some(disk::page_size_option(medium, hugepage_sizes(pod)).map_err(err)?),
+                        None => None,
+                    };
                     if self.set_up[i].is_none() && on_disk {
                         let (tmpfs, size) = (*memory, *size_limit);
                         blocking(move || {
-                            disk::make_dir(&dir, tmpfs, size)?;
+                            match page_size {
+                                Some(option) => disk::make_hugetlbfs_dir(&dir, &option)?,
+                                None => disk::make_dir(&dir, tmpfs, size)?,
+                            }
                             match fs_group {
                                 Some(gid) => ownership::set(&dir, gid, false),
                                 None => Ok(()),

@@ -7,7 +7,7 @@
 //! node pressure (`Evicted`), sysctls (`SysctlForbidden`), the pod's OS (`PodOSSelectorNodeLabelDoesNotMatch`,
 //! `PodOSNotSupported`), the supplemental groups policy (`SupplementalGroupsPolicyNotSupported`), node selector and
 //! required node affinity (`NodeAffinity`), host ports (`NodePorts`), resources (`OutOfcpu`, `OutOfmemory`,
-//! `OutOfephemeral-storage`, `OutOfpods`, `OutOf<extended resource>`), untolerated `NoExecute` taints
+//! `OutOfephemeral-storage`, `OutOfpods`, `OutOf<extended resource>`, `OutOfhugepages-<size>`), untolerated `NoExecute` taints
 //! (`TaintToleration`), and AppArmor profiles the host cannot enforce (`AppArmor`). [`admit_devices`] is the device
 //! manager's check of device plugin resources (`UnexpectedAdmissionError`). A rejection carries the reason and
 //! message the pod's status and event show.
@@ -50,7 +50,7 @@ impl Committed {
         self.requests = self.requests.plus(pod.requests());
         self.pods += 1;
         self.host_ports.extend(host_ports(pod));
-        for (resource, n) in pod.extended_effective() {
+        for (resource, n) in scalar_requests(pod) {
             *self.extended.entry(resource).or_default() += n;
         }
     }
@@ -62,7 +62,7 @@ impl Committed {
         for p in host_ports(pod) {
             self.host_ports.remove(&p);
         }
-        for (resource, n) in pod.extended_effective() {
+        for (resource, n) in scalar_requests(pod) {
             if let Some(used) = self.extended.get_mut(&resource) {
                 *used -= n;
                 if *used <= 0 {
@@ -310,17 +310,33 @@ fn short(name: &str, requested: i64, used: i64, capacity: i64) -> Rejection {
     }
 }
 
-/// Whether the pod's extended resources fit beside what is committed, as the kubelet's resource predicate
-/// judges them (`OutOf<resource>`): only resources the node's allocatable names are checked, as the kubelet
-/// leaves out those it does not know (cluster-level resources).
+/// The pod's effective requests of extended resources and of huge pages (by the node's name for the size), as
+/// admission counts them.
+pub fn scalar_requests(pod: &DesiredPod) -> BTreeMap<String, i64> {
+    let mut out = pod.extended_effective();
+    for (size, bytes) in pod.hugepages() {
+        out.insert(
+            crate::pods::model::resources::hugepage_resource(size),
+            i64::try_from(bytes).unwrap_or(i64::MAX),
+        );
+    }
+    out
+}
+
+/// Whether the pod's extended resources and huge pages fit beside what is committed, as the kubelet's resource
+/// predicate judges them (`OutOf<resource>`): only extended resources the node's allocatable names are checked,
+/// as the kubelet leaves out those it does not know (cluster-level resources); huge pages of a size the node
+/// does not have do not fit.
 fn fit_extended(desired: &DesiredPod, committed: &Committed, node: &NodeView) -> Result<(), Rejection> {
-    for (resource, want) in desired.extended_effective() {
-        let Some(capacity) = node.extended.get(&resource) else {
-            continue;
+    for (resource, want) in scalar_requests(desired) {
+        let capacity = match node.extended.get(&resource) {
+            Some(capacity) => *capacity,
+            None if resource.starts_with("hugepages-") => 0,
+            None => continue,
         };
         let used = committed.extended.get(&resource).copied().unwrap_or(0);
-        if want > 0 && used + want > *capacity {
-            return Err(short(&resource, want, used, *capacity));
+        if want > 0 && used + want > capacity {
+            return Err(short(&resource, want, used, capacity));
         }
     }
     Ok(())
@@ -563,6 +579,33 @@ mod tests {
         assert_eq!(
             err.message,
             "Node didn't have enough resource: example.com/foo, requested: 3, used: 3, capacity: 4"
+        );
+        committed.remove(&d);
+        assert!(committed.extended.is_empty());
+    }
+
+    #[test]
+    fn huge_pages_fit_the_nodes_allocatable_or_the_pod_is_refused() {
+        let (p, d) = pod(json!({"containers": [{"name": "c", "image": "i", "resources": {
+            "limits": {"memory": "16Mi", "hugepages-2048Ki": "4Mi"}}}]}));
+        let mut n = node();
+        let err = admit(&p, &d, &n, &Committed::default(), false, Allowlist::safe(), false).unwrap_err();
+        assert_eq!(
+            err.reason, "OutOfhugepages-2Mi",
+            "a node without the size has none"
+        );
+        assert_eq!(
+            err.message,
+            "Node didn't have enough resource: hugepages-2Mi, requested: 4194304, used: 0, capacity: 0"
+        );
+        n.extended.insert("hugepages-2Mi".into(), 6 << 20);
+        let mut committed = Committed::default();
+        assert!(admit(&p, &d, &n, &committed, false, Allowlist::safe(), false).is_ok());
+        committed.add(&d);
+        let err = admit(&p, &d, &n, &committed, false, Allowlist::safe(), false).unwrap_err();
+        assert_eq!(
+            err.message,
+            "Node didn't have enough resource: hugepages-2Mi, requested: 4194304, used: 4194304, capacity: 6291456"
         );
         committed.remove(&d);
         assert!(committed.extended.is_empty());

@@ -300,6 +300,10 @@ pub struct PodExtras {
     /// Extended resources (`example.com/gpu`) the init and app containers request, as (container, resource,
     /// count), in spec order.
     pub extended: Vec<(String, String, u64)>,
+    /// Huge pages the init and app containers ask for, as (container, page size, bytes), in spec order.
+    pub hugepages: Vec<(String, u64, u64)>,
+    /// Huge pages of pod-level `spec.resources`, as (page size, bytes).
+    pub pod_hugepages: Vec<(u64, u64)>,
     /// `spec.resourceClaims`, each with the ResourceClaim it stands for (`status.resourceClaimStatuses` for
     /// claims generated from templates).
     pub resource_claims: Vec<crate::dra::PodClaim>,
@@ -685,6 +689,18 @@ impl DesiredPod {
                     .chain(spec.containers.iter())
                     .map(|c| (c.name.as_str(), c.resources.as_ref())),
             ),
+            hugepages: spec
+                .init_containers
+                .iter()
+                .flatten()
+                .chain(spec.containers.iter())
+                .flat_map(|c| {
+                    resources::hugepages_of(c.resources.as_ref())
+                        .into_iter()
+                        .map(|(size, bytes)| (c.name.clone(), size, bytes))
+                })
+                .collect(),
+            pod_hugepages: resources::hugepages_of(spec.resources.as_ref()),
             resource_claims: extract::resource_claims(pod),
             container_claims: extract::container_claims(spec),
         };
@@ -840,6 +856,77 @@ impl DesiredPod {
             *s = (*s).max(m);
         }
         sum
+    }
+
+    /// The huge pages the init and app containers ask for: (container, page size, bytes).
+    pub fn hugepage_requests(&self) -> &[(String, u64, u64)] {
+        self.extras.as_ref().map_or(&[], |e| &e.hugepages)
+    }
+
+    /// The huge pages of pod-level `spec.resources`: (page size, bytes).
+    pub fn pod_level_hugepages(&self) -> &[(u64, u64)] {
+        self.extras.as_ref().map_or(&[], |e| &e.pod_hugepages)
+    }
+
+    /// The pod's huge pages by page size, as its cgroup is limited to them and admission charges them: the app
+    /// containers' and sidecars' sum, or the largest plain init container's (with the sidecars started before
+    /// it, counted as for other resources) when that is more; a size the pod level names is the pod's own.
+    pub fn hugepages(&self) -> std::collections::BTreeMap<u64, u64> {
+        use std::collections::BTreeMap;
+        let mut running: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut sidecars: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut init_peak: BTreeMap<u64, u64> = BTreeMap::new();
+        let requests = self.hugepage_requests();
+        let of = |name: &str| -> Vec<(u64, u64)> {
+            requests
+                .iter()
+                .filter(|(c, _, _)| c == name)
+                .map(|(_, size, bytes)| (*size, *bytes))
+                .collect()
+        };
+        for c in self.init_containers.iter() {
+            for (size, bytes) in of(&c.name) {
+                let peak = init_peak.entry(size).or_default();
+                if c.sidecar {
+                    let side = sidecars.entry(size).or_default();
+                    *side += bytes;
+                    *peak = (*peak).max(*side);
+                } else {
+                    *peak = (*peak).max(sidecars.get(&size).copied().unwrap_or(0) + bytes);
+                }
+            }
+        }
+        for c in self.containers.iter() {
+            for (size, bytes) in of(&c.name) {
+                *running.entry(size).or_default() += bytes;
+            }
+        }
+        for (size, bytes) in sidecars {
+            *running.entry(size).or_default() += bytes;
+        }
+        for (size, peak) in init_peak {
+            let r = running.entry(size).or_default();
+            *r = (*r).max(peak);
+        }
+        if self.pod_level().is_some() {
+            running.extend(self.pod_level_hugepages().iter().copied());
+        }
+        running
+    }
+
+    /// The huge pages limits of container `name`: its own, over the pod-level ones.
+    pub fn container_hugepages(&self, name: &str) -> std::collections::BTreeMap<u64, u64> {
+        let mut out: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+        if self.pod_level().is_some() {
+            out.extend(self.pod_level_hugepages().iter().copied());
+        }
+        out.extend(
+            self.hugepage_requests()
+                .iter()
+                .filter(|(c, _, _)| c == name)
+                .map(|(_, size, bytes)| (*size, *bytes)),
+        );
+        out
     }
 
     /// `spec.ephemeralContainers`.

@@ -125,12 +125,14 @@ impl HostPathType {
 /// Where a volume's content comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum VolumeSource {
-    /// `emptyDir`: a fresh directory, or a tmpfs for `medium: Memory`.
+    /// `emptyDir`: a fresh directory, a tmpfs for `medium: Memory`, a hugetlbfs for `medium: HugePages[-<size>]`.
     EmptyDir {
         /// `medium: Memory`.
         memory: bool,
         /// `sizeLimit` in bytes (the tmpfs size for a memory volume).
         size_limit: Option<i64>,
+        /// `medium: HugePages` or `HugePages-<size>`, as written: a hugetlbfs of the pod's page size.
+        huge_pages: Option<String>,
     },
     /// `hostPath`.
     HostPath {
@@ -368,7 +370,15 @@ impl VolumeSpec {
                 .and_then(|q| crate::quantity::Quantity::from_api(q).ok())
                 .and_then(|q| i64::try_from(q.value()).ok());
             let memory = e.medium.as_deref() == Some("Memory");
-            (None, VolumeSource::EmptyDir { memory, size_limit })
+            let huge_pages = e.medium.clone().filter(|m| m.starts_with("HugePages"));
+            (
+                None,
+                VolumeSource::EmptyDir {
+                    memory,
+                    size_limit,
+                    huge_pages,
+                },
+            )
         } else if let Some(h) = &v.host_path {
             let kind = HostPathType::parse(h.type_.as_deref());
             (

@@ -26,9 +26,16 @@
 //! expects. Internally every cgroup keeps its cgroupfs name (`/kubepods/burstable/pod<uid>`); [`QosCgroups::fs_name`]
 //! maps it to the path it has in the hierarchy.
 //!
+//! Where the hugetlb controller is there (a v1 hierarchy holds it, or the unified hierarchy lists it), every
+//! cgroup of the tree is given a limit for each huge page size the machine has (`/sys/kernel/mm/hugepages`), as
+//! the kubelet gives them ([`hugetlb_settings`]): a pod its huge pages requests and 0 for the sizes it does not
+//! ask for, the QoS cgroups no bound (2^62 bytes), `kubepods` the node's huge pages (less the reservations with
+//! `pods` enforced); in `hugetlb.<size>.limit_in_bytes` on v1 and `hugetlb.<size>.max` on v2, and in the
+//! reservation's `rsvd` file beside it where the kernel has one.
+//!
 //! A hollow node has no `QosCgroups`: nothing of the machine's cgroups is touched.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -43,6 +50,8 @@ const MIN_SHARES: i64 = 2;
 const MAX_SHARES: i64 = 262_144;
 /// The cgroup v2 controllers the kubelet enables for the pods' cgroups, where the kernel has them.
 pub const V2_CONTROLLERS: [&str; 5] = ["cpu", "cpuset", "memory", "hugetlb", "pids"];
+/// The huge pages limit of the QoS cgroups: no bound, as the kubelet writes it.
+pub const HUGETLB_UNBOUNDED: u64 = 1 << 62;
 /// The CFS period the kubelet uses, in microseconds.
 const CFS_PERIOD_US: i64 = 100_000;
 /// The smallest CFS quota, in microseconds.
@@ -119,6 +128,60 @@ pub fn v2_setting(file: &str, value: &str) -> Option<(&'static str, String)> {
         "pids.max" => Some(("pids.max", value.to_owned())),
         _ => None,
     }
+}
+
+/// The huge page sizes of this machine in bytes, smallest first, from `/sys/kernel/mm/hugepages` (`hugepages-2048kB`):
+/// every size the kernel has, whether pages of it are reserved or not. Read once: the kernel's sizes do not change
+/// while it runs.
+pub fn host_page_sizes() -> &'static [u64] {
+    static SIZES: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
+    SIZES.get_or_init(read_page_sizes)
+}
+
+fn read_page_sizes() -> Vec<u64> {
+    let Ok(entries) = std::fs::read_dir("/sys/kernel/mm/hugepages") else {
+        return Vec::new();
+    };
+    let mut sizes: Vec<u64> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let kb: u64 = name
+                .strip_prefix("hugepages-")?
+                .strip_suffix("kB")?
+                .parse()
+                .ok()?;
+            Some(kb * 1024)
+        })
+        .collect();
+    sizes.sort_unstable();
+    sizes
+}
+
+/// A huge page size as the hugetlb controller's files and the runtime name it (`2MB`, `1GB`, `64KB`).
+pub fn page_size_name(size: u64) -> String {
+    let kb = size / 1024;
+    if kb >= 1 << 20 {
+        format!("{}GB", kb >> 20)
+    } else if kb >= 1 << 10 {
+        format!("{}MB", kb >> 10)
+    } else {
+        format!("{kb}KB")
+    }
+}
+
+/// The hugetlb limits a cgroup gets, as the kubelet sets them: for every size in `page_sizes`, the bytes `limits`
+/// names for it, else `unnamed`; as (size name, bytes).
+pub fn hugetlb_settings(page_sizes: &[u64], limits: &BTreeMap<u64, u64>, unnamed: u64) -> Vec<(String, u64)> {
+    page_sizes
+        .iter()
+        .map(|size| {
+            (
+                page_size_name(*size),
+                limits.get(size).copied().unwrap_or(unnamed),
+            )
+        })
+        .collect()
 }
 
 /// `cpu.cfs_quota_us` for a limit of `milli` millicores over the 100 ms period.
@@ -262,6 +325,8 @@ pub struct QosCgroups {
     /// The systemd driver's connection to systemd: every cgroup of the tree is a slice it makes. `None`: the
     /// cgroupfs driver.
     systemd: Option<systemd::Systemd>,
+    /// The machine's huge page sizes, bytes, when the hugetlb controller is there to limit them; else empty.
+    page_sizes: Vec<u64>,
 }
 
 impl QosCgroups {
@@ -271,35 +336,48 @@ impl QosCgroups {
         let mountinfo = "/proc/self/mountinfo";
         let text = std::fs::read_to_string(mountinfo).map_err(io(Path::new(mountinfo)))?;
         if let Some(dir) = v2_only(&text) {
-            return Self::start_on_v2(&dir, cgroup_root, pods_pids_limit);
+            return Self::start_on_v2(&dir, cgroup_root, pods_pids_limit, host_page_sizes());
         }
-        Self::build(
+        Self::build_on(
             v1_hierarchies(&text),
+            false,
             unified_hierarchy(&text),
             cgroup_root,
             pods_pids_limit,
+            host_page_sizes(),
         )
         .map(Arc::new)
     }
 
-    /// [`QosCgroups::start`] on the given hierarchies.
+    /// [`QosCgroups::start`] on the given hierarchies, on a machine with huge pages of `page_sizes` bytes.
     pub fn start_on(
         hierarchies: Vec<Hierarchy>,
         cgroup_root: &str,
         pods_pids_limit: i64,
+        page_sizes: &[u64],
     ) -> Result<Arc<Self>, CgroupError> {
-        Self::build(hierarchies, None, cgroup_root, pods_pids_limit).map(Arc::new)
+        Self::build_on(hierarchies, false, None, cgroup_root, pods_pids_limit, page_sizes).map(Arc::new)
     }
 
     /// [`QosCgroups::start`] on the unified hierarchy mounted at `mount`: the controllers the kubelet uses
-    /// ([`V2_CONTROLLERS`]) that `cgroup.controllers` there lists.
+    /// ([`V2_CONTROLLERS`]) that `cgroup.controllers` there lists, on a machine with huge pages of `page_sizes`
+    /// bytes.
     pub fn start_on_v2(
         mount: &Path,
         cgroup_root: &str,
         pods_pids_limit: i64,
+        page_sizes: &[u64],
     ) -> Result<Arc<Self>, CgroupError> {
         let hierarchy = v2_hierarchy(mount)?;
-        Self::build_on(vec![hierarchy], true, None, cgroup_root, pods_pids_limit).map(Arc::new)
+        Self::build_on(
+            vec![hierarchy],
+            true,
+            None,
+            cgroup_root,
+            pods_pids_limit,
+            page_sizes,
+        )
+        .map(Arc::new)
     }
 
     /// The systemd driver's [`QosCgroups::start`]: the tree made of slices systemd creates, in the unified
@@ -322,6 +400,7 @@ impl QosCgroups {
             cgroup_root,
             pods_pids_limit,
             Some(sd),
+            host_page_sizes(),
         )?);
         cg.create_tree().await?;
         Ok(cg)
@@ -343,23 +422,23 @@ impl QosCgroups {
         }
     }
 
-    fn build(
-        hierarchies: Vec<Hierarchy>,
-        unified: Option<PathBuf>,
-        cgroup_root: &str,
-        pods_pids_limit: i64,
-    ) -> Result<Self, CgroupError> {
-        Self::build_on(hierarchies, false, unified, cgroup_root, pods_pids_limit)
-    }
-
     fn build_on(
         hierarchies: Vec<Hierarchy>,
         v2: bool,
         unified: Option<PathBuf>,
         cgroup_root: &str,
         pods_pids_limit: i64,
+        page_sizes: &[u64],
     ) -> Result<Self, CgroupError> {
-        let cg = Self::new(hierarchies, v2, unified, cgroup_root, pods_pids_limit, None)?;
+        let cg = Self::new(
+            hierarchies,
+            v2,
+            unified,
+            cgroup_root,
+            pods_pids_limit,
+            None,
+            page_sizes,
+        )?;
         for name in ["", "/burstable", "/besteffort"] {
             cg.create(&format!("{}{name}", cg.kubepods))?;
         }
@@ -369,6 +448,12 @@ impl QosCgroups {
             &MIN_SHARES.to_string(),
         )?;
         cg.write_burstable()?;
+        for class in ["/burstable", "/besteffort"] {
+            cg.write_hugetlb(
+                &format!("{}{class}", cg.kubepods),
+                &cg.hugetlb(&BTreeMap::new(), HUGETLB_UNBOUNDED),
+            )?;
+        }
         Ok(cg)
     }
 
@@ -379,6 +464,7 @@ impl QosCgroups {
         cgroup_root: &str,
         pods_pids_limit: i64,
         systemd: Option<systemd::Systemd>,
+        page_sizes: &[u64],
     ) -> Result<Self, CgroupError> {
         if hierarchies.is_empty() {
             return Err(CgroupError::NoHierarchy);
@@ -387,7 +473,9 @@ impl QosCgroups {
             return Err(CgroupError::BadRoot(cgroup_root.to_owned()));
         }
         let kubepods = format!("{}/kubepods", cgroup_root.trim_end_matches('/'));
+        let hugetlb = hierarchies.iter().any(|h| Self::has(h, "hugetlb"));
         Ok(Self {
+            page_sizes: if hugetlb { page_sizes.to_vec() } else { Vec::new() },
             hierarchies,
             v2,
             unified,
@@ -407,6 +495,11 @@ impl QosCgroups {
         let besteffort = vec![("cpu.shares", MIN_SHARES.to_string())];
         self.apply(&format!("{}/besteffort", self.kubepods), besteffort, true)
             .await?;
+        for class in ["/burstable", "/besteffort"] {
+            let name = format!("{}{class}", self.kubepods);
+            self.apply_hugetlb(name, &BTreeMap::new(), HUGETLB_UNBOUNDED)
+                .await?;
+        }
         self.update_burstable().await
     }
 
@@ -543,20 +636,65 @@ impl QosCgroups {
     }
 
     /// Limits `kubepods` (node allocatable enforcement; the node's capacity when only the weight is to be
-    /// right).
-    pub async fn limit_kubepods(self: &Arc<Self>, limits: &NodeLimits) -> Result<(), CgroupError> {
+    /// right), its huge pages to `hugepages` (bytes by page size; 0 for a size not named).
+    pub async fn limit_kubepods(
+        self: &Arc<Self>,
+        limits: &NodeLimits,
+        hugepages: &BTreeMap<u64, u64>,
+    ) -> Result<(), CgroupError> {
         self.apply(&self.kubepods.clone(), limits.settings(false), false)
-            .await
+            .await?;
+        self.apply_hugetlb(self.kubepods.clone(), hugepages, 0).await
+    }
+
+    /// [`hugetlb_settings`] for this machine's page sizes (none when the hugetlb controller is not there).
+    fn hugetlb(&self, limits: &BTreeMap<u64, u64>, unnamed: u64) -> Vec<(String, u64)> {
+        hugetlb_settings(&self.page_sizes, limits, unnamed)
+    }
+
+    /// Writes the huge pages limits of `cgroup`: `limits` for the sizes it names, `unnamed` for the others.
+    async fn apply_hugetlb(
+        self: &Arc<Self>,
+        cgroup: String,
+        limits: &BTreeMap<u64, u64>,
+        unnamed: u64,
+    ) -> Result<(), CgroupError> {
+        let settings = self.hugetlb(limits, unnamed);
+        if settings.is_empty() {
+            return Ok(());
+        }
+        let this = self.clone();
+        blocking(move || this.write_hugetlb(&cgroup, &settings)).await
+    }
+
+    /// Writes `settings` (size name, bytes) to the hugetlb files of `cgroup`: `hugetlb.<size>.limit_in_bytes` on
+    /// v1, `hugetlb.<size>.max` on v2, and the same value to the `rsvd` file beside it where the kernel has one.
+    fn write_hugetlb(&self, cgroup: &str, settings: &[(String, u64)]) -> Result<(), CgroupError> {
+        let suffix = if self.v2 { "max" } else { "limit_in_bytes" };
+        for h in self.hierarchies.iter().filter(|h| Self::has(h, "hugetlb")) {
+            let dir = self.dir(h, cgroup);
+            for (size, bytes) in settings {
+                let path = dir.join(format!("hugetlb.{size}.{suffix}"));
+                std::fs::write(&path, bytes.to_string()).map_err(io(&path))?;
+                let rsvd = dir.join(format!("hugetlb.{size}.rsvd.{suffix}"));
+                if rsvd.exists() {
+                    std::fs::write(&rsvd, bytes.to_string()).map_err(io(&rsvd))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Limits the existing cgroup at `path` (as in the hierarchy, e.g. `/system.slice` with the systemd driver)
-    /// to `limits`, or with `compressible_only` its cpu weight alone: the enforcement of `kube-reserved` /
-    /// `system-reserved` on their cgroups. A cgroup that does not exist is an error, as with the kubelet.
+    /// to `limits`, or with `compressible_only` its cpu weight alone, and its huge pages to `hugepages` (0 for the
+    /// sizes not named, whatever `compressible_only` says, as the kubelet writes them): the enforcement of
+    /// `kube-reserved` / `system-reserved` on their cgroups. A cgroup that does not exist is an error, as with the kubelet.
     pub async fn limit_existing(
         self: &Arc<Self>,
         path: &str,
         limits: &NodeLimits,
         compressible_only: bool,
+        hugepages: &BTreeMap<u64, u64>,
     ) -> Result<(), CgroupError> {
         let name = if self.systemd.is_some() {
             systemd::cgroup_name(path)
@@ -570,7 +708,9 @@ impl QosCgroups {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "the cgroup does not exist"),
             });
         }
-        self.apply(&name, limits.settings(compressible_only), false).await
+        self.apply(&name, limits.settings(compressible_only), false)
+            .await?;
+        self.apply_hugetlb(name, hugepages, 0).await
     }
 
     /// The burstable cgroup's `cpu.shares`: from the sum of its pods' cpu requests.
@@ -612,7 +752,9 @@ impl QosCgroups {
         if self.hierarchies.iter().all(|h| self.dir(h, &name).is_dir()) {
             return Ok(());
         }
-        self.apply(&name, pod_settings(pod, self.pids_limit), true).await
+        self.apply(&name, pod_settings(pod, self.pids_limit), true)
+            .await?;
+        self.apply_hugetlb(name, &pod.hugepages(), 0).await
     }
 
     /// Writes `pod`'s limits again into its existing cgroup (an in-place resize changed them), and the
@@ -628,7 +770,9 @@ impl QosCgroups {
             self.update_burstable().await?;
         }
         let name = self.pod_name(pod.qos, &pod.uid);
-        self.apply(&name, pod_settings(pod, self.pids_limit), false).await
+        self.apply(&name, pod_settings(pod, self.pids_limit), false)
+            .await?;
+        self.apply_hugetlb(name, &pod.hugepages(), 0).await
     }
 
     /// Removes `pod`'s cgroup (and whatever the runtime left inside) from every hierarchy — with systemd, stops

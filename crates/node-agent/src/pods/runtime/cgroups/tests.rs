@@ -125,7 +125,7 @@ async fn qos_and_pod_cgroups_are_created_with_their_limits_and_removed() {
     let hierarchies = hierarchies(root.path());
     std::fs::write(root.path().join("cpuset/cpuset.cpus"), "0-1\n").unwrap();
     std::fs::write(root.path().join("cpuset/cpuset.mems"), "0\n").unwrap();
-    let cg = QosCgroups::start_on(hierarchies, "/", 0).unwrap();
+    let cg = QosCgroups::start_on(hierarchies, "/", 0, &[]).unwrap();
     let mut resources = runtime_api::cri::LinuxContainerResources::default();
     cg.container_resources(&mut resources);
     assert!(resources.unified.is_empty(), "nothing unified on v1");
@@ -161,14 +161,98 @@ async fn qos_and_pod_cgroups_are_created_with_their_limits_and_removed() {
     assert_eq!(read("cpu/kubepods/burstable/cpu.shares"), "2");
 }
 
+/// A Guaranteed pod asking for 4 MiB of 2 MiB pages (with memory, as the API requires).
+fn hugepages_pod() -> Arc<DesiredPod> {
+    desired(json!({"containers": [
+        {"name": "a", "image": "i", "resources": {
+            "limits": {"cpu": "100m", "memory": "64Mi", "hugepages-2Mi": "4Mi"}}}
+    ]}))
+}
+
+#[test]
+fn huge_page_sizes_are_named_as_the_kernel_names_them() {
+    assert_eq!(page_size_name(2 << 20), "2MB");
+    assert_eq!(page_size_name(1 << 30), "1GB");
+    assert_eq!(page_size_name(64 << 10), "64KB");
+    assert_eq!(page_size_name(32 << 20), "32MB");
+    assert_eq!(
+        hugetlb_settings(&[2 << 20, 1 << 30], &BTreeMap::from([(2 << 20, 4 << 20)]), 0),
+        [("2MB".to_owned(), 4 << 20), ("1GB".to_owned(), 0)],
+        "every size the machine has: the pod's, else 0"
+    );
+}
+
+#[tokio::test]
+async fn v1_hugetlb_limits_follow_the_pods_huge_pages() {
+    let root = tempfile::tempdir().unwrap();
+    let mut hierarchies = hierarchies(root.path());
+    let dir = root.path().join("hugetlb");
+    std::fs::create_dir_all(&dir).unwrap();
+    hierarchies.push(Hierarchy {
+        dir,
+        controllers: vec!["hugetlb".to_owned()],
+    });
+    let cg = QosCgroups::start_on(hierarchies, "/", 0, &[2 << 20, 1 << 30]).unwrap();
+    let read = |p: &str| std::fs::read_to_string(root.path().join(p)).unwrap_or_default();
+    for class in ["burstable", "besteffort"] {
+        for size in ["2MB", "1GB"] {
+            assert_eq!(
+                read(&format!("hugetlb/kubepods/{class}/hugetlb.{size}.limit_in_bytes")),
+                HUGETLB_UNBOUNDED.to_string(),
+                "the QoS cgroups are not bounded"
+            );
+        }
+    }
+    let g = hugepages_pod();
+    cg.ensure(&g).await.unwrap();
+    assert_eq!(
+        read("hugetlb/kubepods/podu1/hugetlb.2MB.limit_in_bytes"),
+        "4194304"
+    );
+    assert_eq!(
+        read("hugetlb/kubepods/podu1/hugetlb.1GB.limit_in_bytes"),
+        "0",
+        "a size the pod does not ask for"
+    );
+    assert!(
+        !root
+            .path()
+            .join("cpu/kubepods/podu1/hugetlb.2MB.limit_in_bytes")
+            .exists(),
+        "only in the hugetlb hierarchy"
+    );
+    cg.limit_kubepods(&NodeLimits::default(), &BTreeMap::from([(2 << 20, 8 << 20)]))
+        .await
+        .unwrap();
+    assert_eq!(read("hugetlb/kubepods/hugetlb.2MB.limit_in_bytes"), "8388608");
+    assert_eq!(read("hugetlb/kubepods/hugetlb.1GB.limit_in_bytes"), "0");
+    cg.remove(&g).await;
+    assert!(!root.path().join("hugetlb/kubepods/podu1").exists());
+}
+
+#[tokio::test]
+async fn without_the_hugetlb_controller_no_hugetlb_file_is_written() {
+    let root = tempfile::tempdir().unwrap();
+    let cg = QosCgroups::start_on(hierarchies(root.path()), "/", 0, &[2 << 20]).unwrap();
+    cg.ensure(&hugepages_pod()).await.unwrap();
+    for h in ["cpu", "memory", "cpuset"] {
+        let files: Vec<String> = std::fs::read_dir(root.path().join(h).join("kubepods/podu1"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!files.iter().any(|f| f.starts_with("hugetlb.")), "{h}: {files:?}");
+    }
+}
+
 #[test]
 fn a_host_without_v1_or_a_relative_root_is_refused() {
     assert!(matches!(
-        QosCgroups::start_on(Vec::new(), "/", 0),
+        QosCgroups::start_on(Vec::new(), "/", 0, &[]),
         Err(CgroupError::NoHierarchy)
     ));
     let root = tempfile::tempdir().unwrap();
-    let err = QosCgroups::start_on(hierarchies(root.path()), "kube", 0).unwrap_err();
+    let err = QosCgroups::start_on(hierarchies(root.path()), "kube", 0, &[]).unwrap_err();
     assert_eq!(err.to_string(), "cgroupRoot \"kube\" must be an absolute path");
 }
 
@@ -190,7 +274,17 @@ fn the_unified_hierarchy_of_a_hybrid_host_comes_from_mountinfo() {
 async fn orphaned_pod_cgroups_are_found_anywhere_and_removed() {
     let root = tempfile::tempdir().unwrap();
     let unified = root.path().join("unified");
-    let cg = Arc::new(QosCgroups::build(hierarchies(root.path()), Some(unified.clone()), "/", 0).unwrap());
+    let cg = Arc::new(
+        QosCgroups::build_on(
+            hierarchies(root.path()),
+            false,
+            Some(unified.clone()),
+            "/",
+            0,
+            &[],
+        )
+        .unwrap(),
+    );
     let kept = desired(json!({"containers": [{"name": "a", "image": "i"}]}));
     cg.ensure(&kept).await.unwrap();
     let dir = |p: &str| root.path().join(p);
@@ -244,7 +338,7 @@ async fn v2_cgroups_get_their_controllers_and_v2_files() {
         "cpuset cpu io memory hugetlb pids rdma misc\n",
     )
     .unwrap();
-    let cg = QosCgroups::start_on_v2(mount, "/", 0).unwrap();
+    let cg = QosCgroups::start_on_v2(mount, "/", 0, &[2 << 20, 1 << 30]).unwrap();
     assert!(cg.is_v2());
     let read = |p: &str| std::fs::read_to_string(mount.join(p)).unwrap_or_default();
     assert_eq!(
@@ -264,10 +358,34 @@ async fn v2_cgroups_get_their_controllers_and_v2_files() {
     ]}));
     cg.ensure(&g).await.unwrap();
     assert_eq!(read("kubepods/podu1/cpu.weight"), "20");
+    assert_eq!(
+        read("kubepods/burstable/hugetlb.2MB.max"),
+        HUGETLB_UNBOUNDED.to_string()
+    );
+    assert_eq!(
+        read("kubepods/besteffort/hugetlb.1GB.max"),
+        HUGETLB_UNBOUNDED.to_string()
+    );
+    assert_eq!(
+        read("kubepods/podu1/hugetlb.2MB.max"),
+        "0",
+        "no huge pages asked for"
+    );
+    assert_eq!(read("kubepods/podu1/hugetlb.1GB.max"), "0");
     assert_eq!(read("kubepods/podu1/cpu.max"), "50000 100000");
     assert_eq!(read("kubepods/podu1/memory.max"), (64u64 << 20).to_string());
     cg.remove(&g).await;
     assert!(!mount.join("kubepods/podu1").exists());
+
+    let huge = hugepages_pod();
+    std::fs::create_dir_all(mount.join("kubepods/podu1")).unwrap();
+    // the kernel's reservation file beside the limit gets the same value
+    std::fs::write(mount.join("kubepods/podu1/hugetlb.2MB.rsvd.max"), "max").unwrap();
+    cg.resize(&huge).await.unwrap();
+    assert_eq!(read("kubepods/podu1/hugetlb.2MB.max"), "4194304");
+    assert_eq!(read("kubepods/podu1/hugetlb.2MB.rsvd.max"), "4194304");
+    assert_eq!(read("kubepods/podu1/hugetlb.1GB.max"), "0");
+    assert!(!mount.join("kubepods/podu1/hugetlb.1GB.rsvd.max").exists());
 
     let mut resources = runtime_api::cri::LinuxContainerResources::default();
     cg.container_resources(&mut resources);
