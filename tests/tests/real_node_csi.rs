@@ -942,8 +942,14 @@ async fn csi_secrets_and_service_account_tokens_reach_the_driver() -> anyhow::Re
     };
     let pv_publish = by_target(&format!("/volumes/kubernetes.io~csi/{pv_name}/"))?;
     let inline_publish = by_target("/volumes/kubernetes.io~csi/inline/")?;
-    assert_eq!(pv_publish["secrets"], serde_json::json!({"password": "publisher"}));
-    assert_eq!(inline_publish["secrets"], serde_json::json!({"key": "inline-secret"}));
+    assert_eq!(
+        pv_publish["secrets"],
+        serde_json::json!({"password": "publisher"})
+    );
+    assert_eq!(
+        inline_publish["secrets"],
+        serde_json::json!({"key": "inline-secret"})
+    );
 
     // a token for the driver's audience, bound to the pod, in each volume context
     for request in [&pv_publish, &inline_publish] {
@@ -970,7 +976,10 @@ async fn csi_secrets_and_service_account_tokens_reach_the_driver() -> anyhow::Re
             .context("a review")?;
         assert_eq!(reviewed.authenticated, Some(true), "{reviewed:?}");
         let user = reviewed.user.context("a user")?;
-        assert_eq!(user.username.as_deref(), Some("system:serviceaccount:csi-secrets:default"));
+        assert_eq!(
+            user.username.as_deref(),
+            Some("system:serviceaccount:csi-secrets:default")
+        );
         let extra = user.extra.unwrap_or_default();
         assert_eq!(
             extra.get("authentication.kubernetes.io/pod-uid"),
@@ -982,13 +991,17 @@ async fn csi_secrets_and_service_account_tokens_reach_the_driver() -> anyhow::Re
     // requiresRepublish: both volumes published again (with their secrets) at the pod's next syncs, the
     // claim's volume never staged again
     let t0 = Instant::now();
-    wait_for("both volumes published again", Duration::from_secs(60), || async {
-        let again = calls(&driver, "NodePublishVolume")
-            .iter()
-            .filter(|l| l.contains("\"secrets\":{\"") && l.ends_with("-> ok"))
-            .count();
-        Ok((again >= 4).then_some(()))
-    })
+    wait_for(
+        "both volumes published again",
+        Duration::from_secs(60),
+        || async {
+            let again = calls(&driver, "NodePublishVolume")
+                .iter()
+                .filter(|l| l.contains("\"secrets\":{\"") && l.ends_with("-> ok"))
+                .count();
+            Ok((again >= 4).then_some(()))
+        },
+    )
     .await
     .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
     println!(

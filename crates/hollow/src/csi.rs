@@ -135,7 +135,13 @@ mod tests {
         assert_eq!((info.node_id.as_str(), info.max_volumes), ("hollow-1", 8));
         let fixed: CsiSpec = serde_yaml::from_str("{driver: csi.example.com, nodeId: shared}").unwrap();
         assert_eq!(fixed.node_info("hollow-1").node_id, "shared");
-        assert_eq!(fixed.drivers("hollow-1").get("csi.example.com").map(|d| d.node_id), Some("shared".into()));
+        assert_eq!(
+            fixed
+                .drivers("hollow-1")
+                .get("csi.example.com")
+                .map(|d| d.node_id),
+            Some("shared".into())
+        );
         let bad: CsiSpec = serde_yaml::from_str("{driver: Not_A_Name}").unwrap();
         assert!(bad.check().unwrap_err().contains("csi.driver"));
         assert!(serde_yaml::from_str::<CsiSpec>("{attachLatency: 1s}").is_err());

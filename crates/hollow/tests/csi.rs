@@ -8,9 +8,9 @@
 //!
 //! The mock driver's controller knows one node ID (its name), so the profile gives every hollow node that ID.
 //!
-//! The small fleet runs in the default test run; `storage_at_scale` (ignored; `cargo test -p hollow --release
-//! --test csi -- --ignored --nocapture`) runs 1,000 nodes and 2,000 pods with claims, plain pods beside them for
-//! the memory a claim adds (figures in docs/benchmarks.md).
+//! The small fleet runs in the default test run; `storage_at_scale` (ignored; `cargo test -p hollow --test csi --
+//! --ignored --nocapture`) runs 1,000 nodes and 2,000 pods with claims, plain pods beside them for the memory a
+//! claim adds (figures in docs/benchmarks.md).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -35,8 +35,11 @@ use tokio_util::sync::CancellationToken;
 
 /// Runs `hack/<script>` (which builds a binary on first use and caches it); the binary's path.
 async fn built(script: &str) -> anyhow::Result<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hack").join(script);
-    let out = tokio::task::spawn_blocking(move || std::process::Command::new("bash").arg(path).output()).await??;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../hack")
+        .join(script);
+    let out =
+        tokio::task::spawn_blocking(move || std::process::Command::new("bash").arg(path).output()).await??;
     anyhow::ensure!(
         out.status.success(),
         "{script}: {}",
@@ -169,14 +172,17 @@ fn stateful_set(name: &str, replicas: usize, class: Option<&str>) -> anyhow::Res
         },
     });
     if let Some(class) = class {
-        spec["template"]["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "data", "mountPath": "/data"}]);
+        spec["template"]["spec"]["containers"][0]["volumeMounts"] =
+            json!([{"name": "data", "mountPath": "/data"}]);
         spec["volumeClaimTemplates"] = json!([{
             "metadata": {"name": "data"},
             "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
                      "resources": {"requests": {"storage": "1Gi"}}},
         }]);
     }
-    Ok(serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec}))?)
+    Ok(serde_json::from_value(
+        json!({"metadata": {"name": name}, "spec": spec}),
+    )?)
 }
 
 /// Starts `nodes` hollow nodes with the CSI driver, runs `plain` pods without volumes and `pods` pods with a
@@ -308,10 +314,16 @@ async fn storage_load(nodes: usize, plain: usize, pods: usize, driver: &str, ns:
     let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for pod in &ran {
         let name = pod.metadata.name.clone().unwrap_or_default();
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
         let claim = claims.get(&format!("data-{name}")).await?;
         let pv = claim.spec.and_then(|s| s.volume_name).context("claim bound")?;
-        let va = vas.get(&pv).with_context(|| format!("a VolumeAttachment for {pv}"))?;
+        let va = vas
+            .get(&pv)
+            .with_context(|| format!("a VolumeAttachment for {pv}"))?;
         assert_eq!(va.spec.node_name, node, "{pv} attached to the pod's node");
         assert!(va.status.as_ref().is_some_and(|s| s.attached), "{pv} attached");
         by_node.entry(node).or_default().push(pv);
@@ -337,8 +349,14 @@ async fn storage_load(nodes: usize, plain: usize, pods: usize, driver: &str, ns:
                 .map(|c| c.volume_handle)
                 .context("a CSI volume")?;
             let unique = format!("kubernetes.io/csi/{driver}^{handle}");
-            assert!(in_use.contains(&unique), "{node} reports {unique} in use: {in_use:?}");
-            assert!(attached.contains(&unique), "{node} has {unique} attached: {attached:?}");
+            assert!(
+                in_use.contains(&unique),
+                "{node} reports {unique} in use: {in_use:?}"
+            );
+            assert!(
+                attached.contains(&unique),
+                "{node} has {unique} attached: {attached:?}"
+            );
         }
     }
     println!(
@@ -365,7 +383,10 @@ async fn storage_load(nodes: usize, plain: usize, pods: usize, driver: &str, ns:
     )
     .await
     .with_context(|| storage.tails())?;
-    println!("[hollow csi] every volume detached {:?} after the pods' deletion", t2.elapsed());
+    println!(
+        "[hollow csi] every volume detached {:?} after the pods' deletion",
+        t2.elapsed()
+    );
     let still: Vec<String> = list_paged(&node_api, &ListParams::default())
         .await?
         .into_iter()
@@ -378,7 +399,10 @@ async fn storage_load(nodes: usize, plain: usize, pods: usize, driver: &str, ns:
         })
         .filter_map(|n| n.metadata.name)
         .collect();
-    assert!(still.is_empty(), "nodes still reporting volumes in use: {still:?}");
+    assert!(
+        still.is_empty(),
+        "nodes still reporting volumes in use: {still:?}"
+    );
 
     token.cancel();
     fleet.stop(Duration::from_secs(10)).await;
@@ -395,5 +419,12 @@ async fn statefulset_volumes_are_provisioned_attached_and_detached_on_hollow_nod
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "storage at scale: minutes of a 1,000-node fleet; run by hand"]
 async fn storage_at_scale() -> anyhow::Result<()> {
-    storage_load(1000, 2000, 2000, "csi-mock.hollow-csi-scale.test", "hollow-csi-scale").await
+    storage_load(
+        1000,
+        2000,
+        2000,
+        "csi-mock.hollow-csi-scale.test",
+        "hollow-csi-scale",
+    )
+    .await
 }

@@ -323,7 +323,11 @@ pub async fn publish(drivers: &CsiDrivers, p: &Publish<'_>) -> Result<PathBuf, S
     let publish_context = p.attachment.as_ref().map(|(_, m)| m.clone()).unwrap_or_default();
     let stages = driver.capabilities.stage_unstage && p.source.lifecycle == Lifecycle::Persistent;
     let staging = if stages && p.republish {
-        Some(staging_path(p.root_dir, &p.source.driver, &p.source.volume_handle))
+        Some(staging_path(
+            p.root_dir,
+            &p.source.driver,
+            &p.source.volume_handle,
+        ))
     } else if stages {
         let staging = staging_path(p.root_dir, &p.source.driver, &p.source.volume_handle);
         let data = StagedData {
@@ -715,7 +719,11 @@ async fn attachment(
 /// On a node without disk (a hollow node): the attach part of [`set_up`] alone — the driver must be registered
 /// and its `CSIDriver` must list the volume's mode, an attachable volume is in use from here on, and the pod
 /// waits for its attachment. A node without CSI drivers lets the pod run.
-pub(crate) async fn attach_only(ctx: &ActionCtx, pod: &DesiredPod, source: &CsiSource) -> Result<(), SetUpError> {
+pub(crate) async fn attach_only(
+    ctx: &ActionCtx,
+    pod: &DesiredPod,
+    source: &CsiSource,
+) -> Result<(), SetUpError> {
     let Some(drivers) = &ctx.config.csi_drivers else {
         return Ok(());
     };
@@ -727,7 +735,9 @@ pub(crate) async fn attach_only(ctx: &ActionCtx, pod: &DesiredPod, source: &CsiS
         .map_err(|e| SetUpError::Waiting(format!("reading CSIDriver {}: {}", source.driver, e.0)))?;
     check_lifecycle(object.as_ref(), source)
         .map_err(|e| SetUpError::Waiting(format!("kubernetes.io/csi: {e}")))?;
-    attachment(ctx, drivers, pod, object.as_ref(), source).await.map(drop)
+    attachment(ctx, drivers, pod, object.as_ref(), source)
+        .await
+        .map(drop)
 }
 
 /// On a node without disk: the pod's volumes are no longer in use once it is gone (nothing to unpublish).
@@ -796,7 +806,11 @@ pub(crate) async fn set_up(
             .as_ref()
             .and_then(|d| d.spec.service_account_token_in_secrets)
             == Some(true);
-        let into = if in_secrets { &mut publish_secrets } else { &mut context };
+        let into = if in_secrets {
+            &mut publish_secrets
+        } else {
+            &mut context
+        };
         into.insert(TOKENS_KEY.to_owned(), tokens);
     }
     let pod_dir = super::pod_dir(pods_dir, &pod.uid);

@@ -380,7 +380,11 @@ pub static FIELDS: &[Field] = &[
     f("Volume", "vsphereVolume", FailsMount),
     f("CSIVolumeSource", "driver", Acts),
     f("CSIVolumeSource", "fsType", Acts),
-    f("CSIVolumeSource", "nodePublishSecretRef", Walk("LocalObjectReference")),
+    f(
+        "CSIVolumeSource",
+        "nodePublishSecretRef",
+        Walk("LocalObjectReference"),
+    ),
     f("CSIVolumeSource", "readOnly", Acts),
     f("CSIVolumeSource", "volumeAttributes", Acts),
     f("PersistentVolumeClaimVolumeSource", "claimName", Acts),
