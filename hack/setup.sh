@@ -55,6 +55,7 @@ binaries() {
   bash "$root/hack/build-sample-device-plugin.sh" >/dev/null
   bash "$root/hack/build-local-path-provisioner.sh" >/dev/null
   bash "$root/hack/build-external-attacher.sh" >/dev/null
+  bash "$root/hack/build-external-provisioner.sh" >/dev/null
   bash "$root/hack/conformance.sh" build >/dev/null
   if [ -n "$vm" ]; then wait "$vm" || { echo "setup: the VM guest image could not be built" >&2; return 1; }; fi
   echo "setup: ready (Kubernetes $(cat "$root/KUBERNETES_VERSION") in $(bash "$root/hack/build-kubernetes.sh"))" >&2

@@ -261,6 +261,7 @@ struct ProfileTemplate {
     device_plugins: Vec<node_agent::devices::fake::FakeDevices>,
     /// The profile's DRA driver, if it has one.
     dra: Option<crate::dra::DraSpec>,
+    csi: Option<crate::csi::CsiSpec>,
 }
 
 fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError> {
@@ -294,6 +295,7 @@ fn template(spec: &FleetSpec, p: &Profile) -> Result<ProfileTemplate, FleetError
             })
             .collect(),
         dra: p.dra.clone(),
+        csi: p.csi.clone(),
     };
     for (resource, value) in &p.capacity {
         let q = quantity(&p.name, resource, value)?;
@@ -437,8 +439,8 @@ impl NodeFactory {
             root_dir: None,
             // nor cgroups: the machine's are never touched by a hollow node
             cgroups: None,
-            // nor CSI drivers: no plugin registers on a hollow node
-            csi_drivers: None,
+            // no plugin registers on a hollow node: the profile's CSI driver, if any, is registered directly
+            csi_drivers: t.csi.as_ref().map(|spec| spec.drivers(&name)),
             devices: None,
             // the profile's DRA driver, in process
             dra,
@@ -475,6 +477,9 @@ impl NodeFactory {
         if let Some(spec) = t.dra.clone() {
             let (client, node) = (self.pool.fleet_client(), name.clone());
             agent.spawn(async move { crate::dra::publish(client, &spec, &node).await });
+        }
+        if let Some(spec) = &t.csi {
+            crate::csi::publish(&agent, spec);
         }
         if let Some(server) = &self.kubelet_server {
             let script = runtime.clone();

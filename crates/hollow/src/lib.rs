@@ -5,6 +5,7 @@
 //! * [`profiles`] — node profiles (capacity, labels, taints, zones, extended resources) and who gets which;
 //!   the profile file's chaos section.
 //! * [`dra`] — hollow DRA drivers: each node's ResourceSlice, claims prepared and released in process.
+//! * [`csi`] — hollow CSI drivers: each node's `CSINode` entry; PVC pods wait for their attachment through the agent.
 //! * [`duration`] — durations as written in flags and profile files.
 //! * [`client_pool`] — the agents' API client over a few HTTP/2 connections (or one per node, with per-node
 //!   credentials); [`connections`] picks a connection per request, [`h2_connection`] is one connection.
@@ -27,6 +28,7 @@ pub mod cidrs;
 pub mod client_pool;
 pub mod connections;
 pub mod credentials;
+pub mod csi;
 pub mod dra;
 pub mod duration;
 pub mod fleet;

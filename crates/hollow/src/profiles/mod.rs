@@ -14,6 +14,7 @@
 //!                               # given to pods through the agent's device manager
 //!       - {resource: example.com/fpga, count: 2, flapEvery: 60s}   # flapEvery: one device unhealthy in turn
 //!     dra: {driver: gpu.example.com, devices: 8, prepareLatency: 200ms}   # a DRA driver (crate::dra)
+//!     csi: {driver: hollow.csi.node-agent.io, maxVolumes: 64}   # a CSI driver (crate::csi)
 //!   - name: general
 //!     weight: 1                 # the rest of the fleet, split by weight
 //!     capacity: {cpu: "8", memory: 32Gi, pods: "110"}
@@ -168,6 +169,9 @@ pub struct Profile {
     /// A DRA driver on every node of the profile (see [`crate::dra`]).
     #[serde(default)]
     pub dra: Option<crate::dra::DraSpec>,
+    /// A CSI driver on every node of the profile (see [`crate::csi`]).
+    #[serde(default)]
+    pub csi: Option<crate::csi::CsiSpec>,
 }
 
 /// A fake device plugin as written in a profile.
@@ -251,6 +255,7 @@ pub fn default_profiles() -> Vec<Profile> {
         static_pods: Vec::new(),
         device_plugins: Vec::new(),
         dra: None,
+        csi: None,
     }]
 }
 
@@ -295,6 +300,9 @@ pub fn parse_with_chaos(text: &str, origin: &str) -> Result<(Vec<Profile>, chaos
         }
         if let Some(dra) = &p.dra {
             dra.check().map_err(invalid)?;
+        }
+        if let Some(csi) = &p.csi {
+            csi.check().map_err(invalid)?;
         }
         if let Some(pc) = p.percent
             && !(0.0..=100.0).contains(&pc)

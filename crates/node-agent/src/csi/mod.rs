@@ -164,7 +164,9 @@ impl CsiDrivers {
             .collect()
     }
 
-    fn insert(&self, name: &str, driver: Driver) {
+    /// Registers `driver` as `name` (what the registration handler does when a driver's node plugin registers;
+    /// a hollow node registers its profile's driver so).
+    pub fn insert(&self, name: &str, driver: Driver) {
         self.drivers
             .write()
             .unwrap_or_else(|p| p.into_inner())

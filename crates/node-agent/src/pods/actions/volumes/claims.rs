@@ -290,7 +290,7 @@ mod tests {
     }
 
     #[test]
-    fn csi_volumes_name_their_driver_and_refuse_secrets() {
+    fn csi_volumes_name_their_driver_and_secrets() {
         let csi = pv(json!({"metadata": {"name": "c"}, "spec": {
             "accessModes": ["ReadWriteOnce"], "mountOptions": ["noatime"],
             "csi": {"driver": "csi.example.com", "volumeHandle": "vol-1", "fsType": "ext4",
@@ -313,10 +313,13 @@ mod tests {
             "published into the pod's own directory"
         );
         let secret = pv(json!({"metadata": {"name": "s"}, "spec": {
-            "csi": {"driver": "d", "volumeHandle": "h", "nodePublishSecretRef": {"name": "x", "namespace": "y"}}}}));
-        assert_eq!(
-            PersistentSource::from_pv(&secret).unwrap_err(),
-            "PersistentVolume s sets csi.nodePublishSecretRef, which node-agent does not pass to the driver yet"
-        );
+            "csi": {"driver": "d", "volumeHandle": "h",
+                    "nodeStageSecretRef": {"name": "stage", "namespace": "ns-1"},
+                    "nodePublishSecretRef": {"name": "x", "namespace": "y"}}}}));
+        let Ok(PersistentSource::Csi(source)) = PersistentSource::from_pv(&secret) else {
+            panic!("a csi source");
+        };
+        assert_eq!(source.stage_secret, Some(("ns-1".into(), "stage".into())));
+        assert_eq!(source.publish_secret, Some(("y".into(), "x".into())));
     }
 }

@@ -12,7 +12,12 @@
 //! inline `csi` volume (`Ephemeral`: published without staging or attaching, under the handle
 //! `csi-<sha256 of pod UID and volume name>`, as the kubelet names it). The driver's `CSIDriver` object must
 //! list the mode (no object: persistent volumes only). With `podInfoOnMount` the volume context carries the
-//! pod's name, namespace, UID, service account and whether the volume is ephemeral.
+//! pod's name, namespace, UID, service account and whether the volume is ephemeral. With `tokenRequests` it
+//! carries service account tokens bound to the pod, one per audience, as the JSON map the kubelet writes under
+//! `csi.storage.k8s.io/serviceAccount.tokens` (in the publish secrets instead when the `CSIDriver` says
+//! `serviceAccountTokenInSecrets`). The data of the Secrets a volume names are the secrets of the calls:
+//! the PersistentVolume's `nodeStageSecretRef` for `NodeStageVolume`, its (or the inline volume's)
+//! `nodePublishSecretRef` for `NodePublishVolume`.
 //!
 //! A persistent volume whose `CSIDriver` says `attachRequired` (or that has no `CSIDriver` object, as the
 //! kubelet takes it) is in use on this node from then on ([`VolumesInUse`](crate::csi::in_use::VolumesInUse),
@@ -47,6 +52,7 @@ use crate::csi::v1::node_client::NodeClient;
 use crate::csi::volume_stats::PublishedVolume;
 use crate::csi::{CsiDrivers, Driver, connect};
 use crate::pods::actions::context::ActionCtx;
+use crate::pods::actions::objects::{ObjectKind, TokenFor};
 use crate::pods::model::spec::DesiredPod;
 use crate::pods::model::spec::volumes::InlineCsi;
 
@@ -77,6 +83,10 @@ pub struct CsiSource {
     pub read_write_once: bool,
     /// `Persistent` (a PersistentVolume) or `Ephemeral` (a pod's inline volume).
     pub lifecycle: Lifecycle,
+    /// `nodeStageSecretRef` as (namespace, name): the secrets of `NodeStageVolume`.
+    pub stage_secret: Option<(String, String)>,
+    /// `nodePublishSecretRef` as (namespace, name): the secrets of `NodePublishVolume`.
+    pub publish_secret: Option<(String, String)>,
 }
 
 /// A CSI volume's lifecycle mode (`CSIDriver.spec.volumeLifecycleModes`).
@@ -103,16 +113,14 @@ impl CsiSource {
     pub fn from_pv(pv: &PersistentVolume) -> Option<Result<Self, String>> {
         let spec = pv.spec.as_ref()?;
         let c = spec.csi.as_ref()?;
-        let name = pv.metadata.name.as_deref().unwrap_or_default();
-        let secrets = [
-            ("nodeStageSecretRef", c.node_stage_secret_ref.is_some()),
-            ("nodePublishSecretRef", c.node_publish_secret_ref.is_some()),
-        ];
-        if let Some((field, _)) = secrets.iter().find(|(_, set)| *set) {
-            return Some(Err(format!(
-                "PersistentVolume {name} sets csi.{field}, which node-agent does not pass to the driver yet"
-            )));
-        }
+        let reference = |r: &Option<k8s_openapi::api::core::v1::SecretReference>| {
+            r.as_ref().map(|r| {
+                (
+                    r.namespace.clone().unwrap_or_default(),
+                    r.name.clone().unwrap_or_default(),
+                )
+            })
+        };
         use csi::volume_capability::access_mode::Mode;
         let modes = spec.access_modes.clone().unwrap_or_default();
         let has = |m: &str| modes.iter().any(|x| x == m);
@@ -133,19 +141,16 @@ impl CsiSource {
             access_mode: access_mode as i32,
             read_write_once: has("ReadWriteOnce"),
             lifecycle: Lifecycle::Persistent,
+            stage_secret: reference(&c.node_stage_secret_ref),
+            publish_secret: reference(&c.node_publish_secret_ref),
         }))
     }
 
-    /// The CSI source of the inline volume `name` of the pod `uid`: the kubelet's volume handle for it, mounted
-    /// read-write-once.
-    pub fn inline(uid: &str, name: &str, c: &InlineCsi) -> Result<Self, String> {
-        if c.node_publish_secret {
-            return Err(format!(
-                "volume {name} sets csi.nodePublishSecretRef, which node-agent does not pass to the driver yet"
-            ));
-        }
+    /// The CSI source of the inline volume `name` of the pod `uid` in `namespace`: the kubelet's volume handle
+    /// for it, mounted read-write-once.
+    pub fn inline(uid: &str, namespace: &str, name: &str, c: &InlineCsi) -> Self {
         use csi::volume_capability::access_mode::Mode;
-        Ok(Self {
+        Self {
             driver: c.driver.clone(),
             volume_handle: inline_handle(uid, name),
             read_only: c.read_only,
@@ -155,7 +160,12 @@ impl CsiSource {
             access_mode: Mode::SingleNodeWriter as i32,
             read_write_once: true,
             lifecycle: Lifecycle::Ephemeral,
-        })
+            stage_secret: None,
+            publish_secret: c
+                .node_publish_secret
+                .as_ref()
+                .map(|secret| (namespace.to_owned(), secret.clone())),
+        }
     }
 
     fn capability(&self, block: bool, mount_group: Option<u32>) -> csi::VolumeCapability {
@@ -266,6 +276,12 @@ pub struct Publish<'a> {
     pub block: bool,
     /// The attachment's name and metadata, when it is attached.
     pub attachment: Option<(String, BTreeMap<String, String>)>,
+    /// The secrets of `NodeStageVolume`.
+    pub stage_secrets: BTreeMap<String, String>,
+    /// The secrets of `NodePublishVolume`.
+    pub publish_secrets: BTreeMap<String, String>,
+    /// Published before (the driver's `requiresRepublish`): published again, not staged again.
+    pub republish: bool,
 }
 
 fn driver_of(drivers: &CsiDrivers, name: &str) -> Result<Driver, String> {
@@ -306,7 +322,13 @@ pub async fn publish(drivers: &CsiDrivers, p: &Publish<'_>) -> Result<PathBuf, S
     let capability = p.source.capability(p.block, mount_group);
     let publish_context = p.attachment.as_ref().map(|(_, m)| m.clone()).unwrap_or_default();
     let stages = driver.capabilities.stage_unstage && p.source.lifecycle == Lifecycle::Persistent;
-    let staging = if stages {
+    let staging = if stages && p.republish {
+        Some(staging_path(
+            p.root_dir,
+            &p.source.driver,
+            &p.source.volume_handle,
+        ))
+    } else if stages {
         let staging = staging_path(p.root_dir, &p.source.driver, &p.source.volume_handle);
         let data = StagedData {
             driver_name: p.source.driver.clone(),
@@ -324,7 +346,7 @@ pub async fn publish(drivers: &CsiDrivers, p: &Publish<'_>) -> Result<PathBuf, S
                 publish_context: publish_context.clone().into_iter().collect(),
                 staging_target_path: staging.display().to_string(),
                 volume_capability: Some(capability.clone()),
-                secrets: Default::default(),
+                secrets: p.stage_secrets.clone().into_iter().collect(),
                 volume_context: p.context.clone().into_iter().collect(),
             })
             .await
@@ -362,7 +384,7 @@ pub async fn publish(drivers: &CsiDrivers, p: &Publish<'_>) -> Result<PathBuf, S
             target_path: target.display().to_string(),
             volume_capability: Some(capability),
             readonly: p.read_only || p.source.read_only,
-            secrets: Default::default(),
+            secrets: p.publish_secrets.clone().into_iter().collect(),
             volume_context: p.context.clone().into_iter().collect(),
         })
         .await
@@ -540,6 +562,77 @@ fn applies_fs_group(object: Option<&CSIDriver>, source: &CsiSource, read_only: b
     }
 }
 
+/// The volume context key of the service account tokens a `CSIDriver`'s `tokenRequests` ask for.
+pub const TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
+
+/// The data of the Secret `(namespace, name)` a volume names in `field`, as text.
+async fn secret(
+    ctx: &ActionCtx,
+    field: &str,
+    (namespace, name): &(String, String),
+) -> Result<BTreeMap<String, String>, SetUpError> {
+    let failed = |why: String| {
+        SetUpError::Failed(format!(
+            "kubernetes.io/csi: fetching {field} {namespace}/{name} failed: {why}"
+        ))
+    };
+    let data = ctx
+        .objects
+        .get(ObjectKind::Secret, namespace, name)
+        .await
+        .map_err(|e| failed(e.0))?
+        .ok_or_else(|| {
+            failed(format!(
+                "failed to find the secret {name} in the namespace {namespace} with error: secrets \"{name}\" not found"
+            ))
+        })?;
+    Ok(data
+        .iter()
+        .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+        .collect())
+}
+
+/// The tokens the driver's `tokenRequests` ask for, bound to the pod, as the kubelet passes them: a JSON map of
+/// audience to the token request's status (`token`, `expirationTimestamp`). `None` when it asks for none.
+async fn service_account_tokens(
+    ctx: &ActionCtx,
+    pod: &DesiredPod,
+    object: Option<&CSIDriver>,
+) -> Result<Option<String>, SetUpError> {
+    let requests = object
+        .and_then(|d| d.spec.token_requests.as_ref())
+        .filter(|r| !r.is_empty());
+    let Some(requests) = requests else {
+        return Ok(None);
+    };
+    let mut tokens = serde_json::Map::new();
+    for request in requests {
+        let token = ctx
+            .objects
+            .token(TokenFor {
+                namespace: &pod.namespace,
+                service_account: &pod.service_account,
+                audience: &request.audience,
+                // the API server's default lifetime when the driver names none
+                expiration_secs: request.expiration_seconds.unwrap_or(3600),
+                pod_name: &pod.name,
+                pod_uid: &pod.uid,
+            })
+            .await
+            .map_err(|e| {
+                SetUpError::Failed(format!(
+                    "kubernetes.io/csi: mounter.SetUpAt failed to get service account token attributes: {}",
+                    e.0
+                ))
+            })?;
+        tokens.insert(
+            request.audience.clone(),
+            serde_json::json!({"token": token.token, "expirationTimestamp": token.expires.to_string()}),
+        );
+    }
+    Ok(Some(serde_json::Value::Object(tokens).to_string()))
+}
+
 /// The pod's attributes the kubelet adds to the volume context of a driver with `podInfoOnMount`.
 fn pod_info(pod: &DesiredPod, lifecycle: Lifecycle) -> [(&'static str, String); 5] {
     [
@@ -623,6 +716,37 @@ async fn attachment(
     }
 }
 
+/// On a node without disk (a hollow node): the attach part of [`set_up`] alone — the driver must be registered
+/// and its `CSIDriver` must list the volume's mode, an attachable volume is in use from here on, and the pod
+/// waits for its attachment. A node without CSI drivers lets the pod run.
+pub(crate) async fn attach_only(
+    ctx: &ActionCtx,
+    pod: &DesiredPod,
+    source: &CsiSource,
+) -> Result<(), SetUpError> {
+    let Some(drivers) = &ctx.config.csi_drivers else {
+        return Ok(());
+    };
+    driver_of(drivers, &source.driver).map_err(|e| SetUpError::Failed(format!("kubernetes.io/csi: {e}")))?;
+    let object = ctx
+        .objects
+        .csi_driver(&source.driver)
+        .await
+        .map_err(|e| SetUpError::Waiting(format!("reading CSIDriver {}: {}", source.driver, e.0)))?;
+    check_lifecycle(object.as_ref(), source)
+        .map_err(|e| SetUpError::Waiting(format!("kubernetes.io/csi: {e}")))?;
+    attachment(ctx, drivers, pod, object.as_ref(), source)
+        .await
+        .map(drop)
+}
+
+/// On a node without disk: the pod's volumes are no longer in use once it is gone (nothing to unpublish).
+pub(crate) fn release_hollow(ctx: &ActionCtx, uid: &str) {
+    if let Some(drivers) = &ctx.config.csi_drivers {
+        drivers.in_use().release_pod(uid);
+    }
+}
+
 /// A CSI volume as the pod uses it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct VolumeUse<'a> {
@@ -636,16 +760,19 @@ pub(crate) struct VolumeUse<'a> {
     pub read_only: bool,
     /// `volumeMode: Block`.
     pub block: bool,
+    /// Set up before: published again because the driver asks for it (`requiresRepublish`).
+    pub republish: bool,
 }
 
 /// Attaches (waits for the attachment), stages and publishes the CSI volume `source` for `pod`, and applies the
-/// pod's `fsGroup`.
+/// pod's `fsGroup`. Returns whether the driver wants the volume published again at every sync of the pod
+/// (`requiresRepublish`: its tokens and secrets renewed), as the kubelet's volume manager remounts it.
 pub(crate) async fn set_up(
     ctx: &ActionCtx,
     pod: &DesiredPod,
     using: VolumeUse<'_>,
     source: &CsiSource,
-) -> Result<(), SetUpError> {
+) -> Result<bool, SetUpError> {
     let (Some(drivers), Some(pods_dir)) = (&ctx.config.csi_drivers, &ctx.config.layout.pods_dir) else {
         return Err(SetUpError::Failed(format!(
             "driver name {} not found in the list of registered CSI drivers",
@@ -660,10 +787,31 @@ pub(crate) async fn set_up(
     check_lifecycle(object.as_ref(), source)
         .map_err(|e| SetUpError::Waiting(format!("kubernetes.io/csi: {e}")))?;
     let attachment = attachment(ctx, drivers, pod, object.as_ref(), source).await?;
+    let republish = object.as_ref().and_then(|d| d.spec.requires_republish) == Some(true);
     let fs_group = super::fs_group(pod).map_err(SetUpError::Failed)?;
     let mut context = source.attributes.clone();
     if object.as_ref().and_then(|d| d.spec.pod_info_on_mount) == Some(true) {
         context.extend(pod_info(pod, source.lifecycle).map(|(k, v)| (k.to_owned(), v)));
+    }
+    let stage_secrets = match &source.stage_secret {
+        Some(r) => secret(ctx, "NodeStageSecretRef", r).await?,
+        None => BTreeMap::new(),
+    };
+    let mut publish_secrets = match &source.publish_secret {
+        Some(r) => secret(ctx, "NodePublishSecretRef", r).await?,
+        None => BTreeMap::new(),
+    };
+    if let Some(tokens) = service_account_tokens(ctx, pod, object.as_ref()).await? {
+        let in_secrets = object
+            .as_ref()
+            .and_then(|d| d.spec.service_account_token_in_secrets)
+            == Some(true);
+        let into = if in_secrets {
+            &mut publish_secrets
+        } else {
+            &mut context
+        };
+        into.insert(TOKENS_KEY.to_owned(), tokens);
     }
     let pod_dir = super::pod_dir(pods_dir, &pod.uid);
     let read_only = using.read_only || source.read_only;
@@ -678,6 +826,9 @@ pub(crate) async fn set_up(
         read_only: using.read_only,
         block: using.block,
         attachment,
+        stage_secrets,
+        publish_secrets,
+        republish: using.republish,
     };
     let target = publish(drivers, &p)
         .await
@@ -701,10 +852,10 @@ pub(crate) async fn set_up(
         .get(&source.driver)
         .is_some_and(|d| d.capabilities.volume_mount_group);
     let Some(gid) = fs_group.filter(|_| !driver_applies && !using.block) else {
-        return Ok(());
+        return Ok(republish);
     };
     if !applies_fs_group(object.as_ref(), source, read_only) {
-        return Ok(());
+        return Ok(republish);
     }
     let on_root_mismatch = pod
         .security
@@ -720,7 +871,8 @@ pub(crate) async fn set_up(
             .map_err(|e| format!("applyFSGroup failed for {}: {e}", target.display()))
     })
     .await
-    .map_err(|e| SetUpError::Failed(format!("kubernetes.io/csi: {e}")))
+    .map_err(|e| SetUpError::Failed(format!("kubernetes.io/csi: {e}")))?;
+    Ok(republish)
 }
 
 #[cfg(test)]
@@ -780,6 +932,8 @@ mod tests {
             access_mode: 1,
             read_write_once: rwo,
             lifecycle,
+            stage_secret: None,
+            publish_secret: None,
         }
     }
 
@@ -842,11 +996,11 @@ mod tests {
             read_only: false,
             fs_type: String::new(),
             attributes: BTreeMap::new(),
-            node_publish_secret: true,
+            node_publish_secret: Some("creds".into()),
         };
-        assert_eq!(
-            CsiSource::inline("uid-1", "scratch", &inline).unwrap_err(),
-            "volume scratch sets csi.nodePublishSecretRef, which node-agent does not pass to the driver yet"
-        );
+        let source = CsiSource::inline("uid-1", "ns-1", "scratch", &inline);
+        // an inline volume's publish secret is in the pod's namespace
+        assert_eq!(source.publish_secret, Some(("ns-1".into(), "creds".into())));
+        assert_eq!(source.stage_secret, None);
     }
 }

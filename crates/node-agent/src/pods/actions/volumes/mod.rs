@@ -18,7 +18,8 @@
 //! writable `local` volume the pod's `fsGroup` under its `fsGroupChangePolicy`).
 //!
 //! A `csi` PersistentVolume and a pod's inline `csi` volume are attached, staged and published through the
-//! driver ([`csi`]).
+//! driver ([`csi`]). A hollow node with a CSI driver of its profile does the attach part alone: the volume is in
+//! use, and the pod waits for its attachment as a real node's pod waits; nothing is staged or published.
 //!
 //! Other volume kinds (nfs, iscsi, ...) are not provided: on a real node the pod fails to start with a
 //! `FailedMount` event naming the kind; a hollow node has no disk to mount and lets the pod run.
@@ -49,6 +50,12 @@ const TOKEN_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 
 /// The longest a pod waiting for its claim waits between two reads of it.
 const CLAIM_RETRY_MAX: Duration = Duration::from_secs(4);
+
+/// What [`PodVolumes`] keeps for a volume set up once and for all (a claim's, a CSI volume's: content hashes are
+/// for volumes whose content the node computes).
+const SET_UP: u64 = 0;
+/// What it keeps for a CSI volume whose driver asks to publish it again at every sync (`requiresRepublish`).
+const REPUBLISH: u64 = 1;
 
 /// Why a volume could not be set up: the kubelet's `FailedMount` event text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -346,9 +353,10 @@ impl PodVolumes {
                                     claim: Some(claim),
                                     read_only: bound.read_only,
                                     block: bound.block,
+                                    republish: false,
                                 };
                                 match csi::set_up(ctx, pod, using, source).await {
-                                    Ok(()) => {}
+                                    Ok(republish) => self.set_up[i] = Some(if republish { REPUBLISH } else { SET_UP }),
                                     Err(csi::SetUpError::Waiting(message)) => {
                                         self.waiting_for_claim = true;
                                         return Err(err(message));
@@ -356,25 +364,54 @@ impl PodVolumes {
                                     Err(csi::SetUpError::Failed(message)) => return Err(err(message)),
                                 }
                             }
+                        } else if let PersistentSource::Csi(source) = &bound.source {
+                            match csi::attach_only(ctx, pod, source).await {
+                                Ok(()) => {}
+                                Err(csi::SetUpError::Waiting(message)) => {
+                                    self.waiting_for_claim = true;
+                                    return Err(err(message));
+                                }
+                                Err(csi::SetUpError::Failed(message)) => return Err(err(message)),
+                            }
                         }
                         self.claims.retain(|(index, _)| *index != i);
                         self.claims.push((i, bound));
+                        self.set_up[i].get_or_insert(SET_UP);
+                    } else if self.set_up[i] == Some(REPUBLISH)
+                        && let Some(bound) = self.claim(i).cloned()
+                        && let PersistentSource::Csi(source) = &bound.source
+                    {
+                        let using = csi::VolumeUse {
+                            volume: &bound.volume,
+                            name: &v.name,
+                            claim: Some(claim),
+                            read_only: bound.read_only,
+                            block: bound.block,
+                            republish: true,
+                        };
+                        match csi::set_up(ctx, pod, using, source).await {
+                            Ok(republish) => self.set_up[i] = Some(if republish { REPUBLISH } else { SET_UP }),
+                            Err(csi::SetUpError::Waiting(message) | csi::SetUpError::Failed(message)) => {
+                                return Err(err(message));
+                            }
+                        }
                     }
-                    self.set_up[i] = Some(0);
                     continue;
                 }
                 VolumeSource::Csi(inline) => {
-                    if self.set_up[i].is_none() && on_disk {
-                        let source = csi::CsiSource::inline(&pod.uid, &v.name, inline).map_err(err)?;
+                    let republish = self.set_up[i] == Some(REPUBLISH);
+                    if (self.set_up[i].is_none() || republish) && on_disk {
+                        let source = csi::CsiSource::inline(&pod.uid, &pod.namespace, &v.name, inline);
                         let using = csi::VolumeUse {
                             volume: &v.name,
                             name: &v.name,
                             claim: None,
                             read_only: inline.read_only,
                             block: false,
+                            republish,
                         };
                         match csi::set_up(ctx, pod, using, &source).await {
-                            Ok(()) => {}
+                            Ok(again) => self.set_up[i] = Some(if again { REPUBLISH } else { SET_UP }),
                             Err(csi::SetUpError::Waiting(message)) => {
                                 self.waiting_for_claim = true;
                                 return Err(err(message));
@@ -382,7 +419,7 @@ impl PodVolumes {
                             Err(csi::SetUpError::Failed(message)) => return Err(err(message)),
                         }
                     }
-                    self.set_up[i] = Some(0);
+                    self.set_up[i].get_or_insert(SET_UP);
                     continue;
                 }
                 VolumeSource::Unsupported(kind) => {
@@ -701,6 +738,7 @@ pub async fn etc_hosts(
 /// [`cleanup`].
 pub async fn release(ctx: &ActionCtx, uid: &str) {
     let Some(pods_dir) = ctx.config.layout.pods_dir.clone() else {
+        csi::release_hollow(ctx, uid);
         return;
     };
     let dir = pod_dir(&pods_dir, uid);
@@ -718,6 +756,7 @@ pub async fn release(ctx: &ActionCtx, uid: &str) {
 /// Removes the pod's directory on a node that keeps one (volumes unmounted first).
 pub async fn cleanup(ctx: &ActionCtx, uid: &str) {
     let Some(pods_dir) = ctx.config.layout.pods_dir.clone() else {
+        csi::release_hollow(ctx, uid);
         return;
     };
     let dir = pod_dir(&pods_dir, uid);

@@ -174,8 +174,9 @@ pub struct InlineCsi {
     pub fs_type: String,
     /// `volumeAttributes`: the volume context.
     pub attributes: std::collections::BTreeMap<String, String>,
-    /// `nodePublishSecretRef` is set.
-    pub node_publish_secret: bool,
+    /// `nodePublishSecretRef`: the Secret (in the pod's namespace) whose data the driver is given with
+    /// `NodePublishVolume`.
+    pub node_publish_secret: Option<String>,
 }
 
 /// One pod volume.
@@ -422,7 +423,7 @@ impl VolumeSpec {
                 read_only: c.read_only.unwrap_or(false),
                 fs_type: c.fs_type.clone().unwrap_or_default(),
                 attributes: c.volume_attributes.clone().unwrap_or_default(),
-                node_publish_secret: c.node_publish_secret_ref.is_some(),
+                node_publish_secret: c.node_publish_secret_ref.as_ref().map(|r| r.name.clone()),
             });
             (None, source)
         } else {

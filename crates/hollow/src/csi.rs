@@ -1,0 +1,149 @@
+//! Hollow CSI drivers: a profile's `csi:` section gives each of its nodes a CSI driver, registered in the node's
+//! agent as a real driver's node plugin registers through `plugins_registry`. The node publishes it as a kubelet
+//! does (its `CSINode` entry and the Node's `csi.volume.kubernetes.io/nodeid` annotation, through the agent's own
+//! [`NodeInfo`]), so the scheduler's volume limits and the attach/detach controller see a storage node. A pod
+//! whose claim is bound to a PersistentVolume of the driver then goes through the agent's own attach path: the
+//! volume is in the Node's `volumesInUse`, and the pod waits for the controller's `volumesAttached` and, when the
+//! driver's `CSIDriver` says `attachRequired`, for the `VolumeAttachment` its external attacher marks attached.
+//! Nothing is staged or published: a hollow node has no disk.
+//!
+//! ```yaml
+//! profiles:
+//!   - name: storage
+//!     count: 100
+//!     csi: {driver: hollow.csi.node-agent.io, maxVolumes: 64}   # nodeId: the node's name unless given
+//! ```
+
+use std::time::Duration;
+
+use node_agent::RunningAgent;
+use node_agent::csi::node_info::{DriverNodeInfo, NodeInfo};
+use node_agent::csi::{CsiDrivers, Driver, NodeCapabilities, Version};
+use serde::Deserialize;
+
+/// The driver name when the profile names none.
+pub const DEFAULT_DRIVER: &str = "hollow.csi.node-agent.io";
+
+fn default_driver() -> String {
+    DEFAULT_DRIVER.to_owned()
+}
+
+/// A profile's `csi:` section.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CsiSpec {
+    /// The driver's name (what `CSIDriver` objects, StorageClasses and PersistentVolumes name).
+    #[serde(default = "default_driver")]
+    pub driver: String,
+    /// The driver's ID for every node of the profile; unset: each node's own name. A controller that knows a
+    /// single node (as the e2e suite's mock driver, whose node ID is its name) is served by naming it here.
+    #[serde(default)]
+    pub node_id: Option<String>,
+    /// How many of the driver's volumes a node may hold (the `CSINode` allocatable count); 0: no limit.
+    #[serde(default)]
+    pub max_volumes: i64,
+}
+
+impl CsiSpec {
+    /// Why the section cannot be used, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        let d = &self.driver;
+        let ok = !d.is_empty()
+            && d.len() <= 63
+            && d.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+        if !ok {
+            return Err(format!(
+                "csi.driver {d:?} is not a CSI driver name (at most 63 lowercase letters, digits, '.' or '-')"
+            ));
+        }
+        if self.node_id.as_deref() == Some("") {
+            return Err("csi.nodeId is empty (leave it out for each node's own name)".into());
+        }
+        if self.max_volumes < 0 {
+            return Err(format!("csi.maxVolumes {} is negative", self.max_volumes));
+        }
+        Ok(())
+    }
+
+    /// What the driver reports for `node` (`NodeGetInfo`).
+    pub fn node_info(&self, node: &str) -> DriverNodeInfo {
+        DriverNodeInfo {
+            driver: self.driver.clone(),
+            node_id: self.node_id.clone().unwrap_or_else(|| node.to_owned()),
+            max_volumes: self.max_volumes,
+            topology: Default::default(),
+        }
+    }
+
+    /// The node's CSI drivers with this one registered.
+    pub fn drivers(&self, node: &str) -> CsiDrivers {
+        let drivers = CsiDrivers::default();
+        drivers.insert(
+            &self.driver,
+            Driver {
+                // never dialled: a hollow node stages and publishes nothing
+                endpoint: Default::default(),
+                version: Version(1, 0, 0),
+                node_id: self.node_info(node).node_id,
+                capabilities: NodeCapabilities::default(),
+            },
+        );
+        drivers
+    }
+}
+
+/// Publishes the driver for `agent`'s node once the Node is registered (its `CSINode` entry and node ID
+/// annotation, written with the node's own credentials as a kubelet writes them), trying again until it is
+/// done or the agent stops.
+pub fn publish(agent: &RunningAgent, spec: &CsiSpec) {
+    let ctx = agent.context();
+    let node = ctx.config.node_name.clone();
+    let node_info = NodeInfo::new(ctx.client.clone(), ctx.api.clone(), node.clone());
+    let info = spec.node_info(&node);
+    let mut registered = ctx.registered.clone();
+    agent.spawn(async move {
+        while registered.borrow_and_update().is_none() {
+            if registered.changed().await.is_err() {
+                return;
+            }
+        }
+        let mut delay = Duration::from_secs(1);
+        loop {
+            match node_info.install(&info).await {
+                Ok(()) => return,
+                Err(error) => {
+                    tracing::warn!(%node, %error, "publishing the node's CSI driver; trying again");
+                }
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(60));
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_section_is_checked_and_names_each_node() {
+        let spec: CsiSpec = serde_yaml::from_str("{maxVolumes: 8}").unwrap();
+        assert_eq!(spec.check(), Ok(()));
+        assert_eq!(spec.driver, DEFAULT_DRIVER);
+        let info = spec.node_info("hollow-1");
+        assert_eq!((info.node_id.as_str(), info.max_volumes), ("hollow-1", 8));
+        let fixed: CsiSpec = serde_yaml::from_str("{driver: csi.example.com, nodeId: shared}").unwrap();
+        assert_eq!(fixed.node_info("hollow-1").node_id, "shared");
+        assert_eq!(
+            fixed
+                .drivers("hollow-1")
+                .get("csi.example.com")
+                .map(|d| d.node_id),
+            Some("shared".into())
+        );
+        let bad: CsiSpec = serde_yaml::from_str("{driver: Not_A_Name}").unwrap();
+        assert!(bad.check().unwrap_err().contains("csi.driver"));
+        assert!(serde_yaml::from_str::<CsiSpec>("{attachLatency: 1s}").is_err());
+    }
+}
