@@ -187,6 +187,14 @@ fn main_container(p: &Pod) -> (bool, Option<String>, i32) {
     }
 }
 
+/// Whether the pod's Ready condition is True (what the node-lifecycle controller sets False on a lost node).
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// Waits until all `count` fault pods of `api` are Running with their container ready; returns them.
 async fn all_running(
     node: &RealNode,

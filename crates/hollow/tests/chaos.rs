@@ -386,3 +386,170 @@ async fn churn_with_shutdown_drains_leaving_nodes_gracefully() -> anyhow::Result
         .await?;
     Ok(())
 }
+
+/// The API server unreachable from a whole fleet (every connection of its pool cut by a relay, which refuses new
+/// ones) for longer than the nodes' lease and the controller-manager's grace period: the node-lifecycle
+/// controller, which still reaches the API server, marks every node Unknown and its pods not ready; once the
+/// relay lets the fleet through again every node is Ready and untainted and every pod ready, with the container
+/// it had before and no restart. `NA_OUTAGE_NODES` and `NA_OUTAGE_PODS` set the size (50 nodes and 100 pods by
+/// default; docs/reliability.md has the 1,000-node run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "not yet run green: the pods' Ready condition is not yet written back after the outage (docs/reliability.md); run with --ignored"]
+async fn an_api_server_outage_past_the_lease_leaves_the_pods_untouched() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{DeleteParams, ListParams, PostParams};
+    use std::collections::BTreeMap;
+
+    init_logging();
+    let env = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (nodes, pod_count) = (env("NA_OUTAGE_NODES", 50), env("NA_OUTAGE_PODS", 100));
+    // the waits grow with the fleet: a thousand nodes register and start their pods in minutes on 2 cores
+    let within = Duration::from_secs(120 + nodes as u64 / 5);
+    let prefix = "outage";
+    let cp = control_plane().await?;
+    let admin = cp.admin_client().await?;
+    let api: Api<Node> = Api::all(admin.clone());
+    let relay = e2e::relay::Relay::start(cp.server().trim_start_matches("https://").parse()?)?;
+    let mut config = cp.admin_config().await?;
+    config.cluster_url = format!("https://{}", relay.addr()).parse()?;
+    let pool = ClientPool::new(&config, PoolSize::for_fleet(nodes, true, PoolLimits::default()))?;
+    let token = CancellationToken::new();
+    let t0 = tokio::time::Instant::now();
+    let fleet = Fleet::start(
+        &FleetSpec::new(nodes, format!("{prefix}-{{index}}"), profiles::default_profiles())?,
+        &pool,
+        Arc::new(Metrics::unregistered()),
+        Arc::new(PodMetrics::new()),
+        token.clone(),
+    )
+    .await?;
+    let ready_nodes = |count: usize| {
+        let api = api.clone();
+        async move {
+            e2e::wait_for_progress(
+                &format!("{count} {prefix} nodes Ready and untainted"),
+                within,
+                within * 2,
+                || async {
+                    let all = nodes_with_prefix(&api, prefix).await?;
+                    let ok = all
+                        .iter()
+                        .filter(|n| {
+                            ready_condition(n).is_some_and(|c| c.status == "True") && !tainted_unreachable(n)
+                        })
+                        .count();
+                    Ok((ok, (ok == count && all.len() == count).then_some(())))
+                },
+            )
+            .await
+        }
+    };
+    ready_nodes(nodes).await?;
+    println!(
+        "outage: {nodes} nodes Ready {:.1}s after start",
+        t0.elapsed().as_secs_f64()
+    );
+
+    let ns = "default";
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let selector = ListParams::default().labels("fault=outage");
+    for i in 0..pod_count {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("outage-{i:04}"), "labels": {"fault": "outage"}},
+            "spec": {
+                "nodeName": format!("{prefix}-{}", i % nodes),
+                "containers": [{"name": "c", "image": "registry.test/outage:1"}],
+            },
+        }))?;
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    // each pod's (ready, container ID, restart count)
+    let container = |p: &Pod| {
+        let c = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.first());
+        (
+            c.is_some_and(|c| c.ready),
+            c.and_then(|c| c.container_id.clone()),
+            c.map_or(0, |c| c.restart_count),
+        )
+    };
+    let all_ready = || async {
+        e2e::wait_for_progress(&format!("{pod_count} pods ready"), within, within * 2, || async {
+            let list = pods.list(&selector).await?.items;
+            let ready = list.iter().filter(|p| container(p).0).count();
+            Ok((
+                ready,
+                (ready == pod_count && list.len() == pod_count).then_some(list),
+            ))
+        })
+        .await
+    };
+    let before: BTreeMap<String, (Option<String>, i32)> = all_ready()
+        .await?
+        .iter()
+        .map(|p| {
+            let (_, id, restarts) = container(p);
+            (p.metadata.name.clone().unwrap_or_default(), (id, restarts))
+        })
+        .collect();
+
+    let cut = tokio::time::Instant::now();
+    relay.cut();
+    let lost = wait_for(
+        &format!("{nodes} nodes Unknown and their pods not ready"),
+        GRACE + within,
+        || async {
+            let unknown = nodes_with_prefix(&api, prefix)
+                .await?
+                .iter()
+                .filter(|n| ready_condition(n).is_some_and(|c| c.status == "Unknown"))
+                .count();
+            if unknown < nodes {
+                return Ok(None);
+            }
+            let list = pods.list(&selector).await?.items;
+            Ok(list.iter().all(|p| !container(p).0).then(|| cut.elapsed()))
+        },
+    )
+    .await;
+    let outage = cut.elapsed();
+    relay.restore();
+    let lost = lost?;
+    let restored = tokio::time::Instant::now();
+    ready_nodes(nodes).await?;
+    let nodes_back = restored.elapsed();
+    let after = all_ready().await?;
+    let pods_back = restored.elapsed();
+    assert_eq!(after.len(), before.len(), "no pod lost");
+    for p in &after {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let (_, id, restarts) = container(p);
+        assert_eq!(before.get(&name), Some(&(id, restarts)), "{name} untouched");
+        assert_eq!(restarts, 0, "{name} restarted");
+    }
+    println!(
+        "outage: API server unreachable from {nodes} nodes for {:.1}s: all Unknown and {pod_count} pods not ready \
+         {:.1}s after the cut; all Ready and untainted {:.1}s and all pods ready {:.1}s after it ended, \
+         {pod_count} containers kept, 0 restarts",
+        outage.as_secs_f64(),
+        lost.as_secs_f64(),
+        nodes_back.as_secs_f64(),
+        pods_back.as_secs_f64()
+    );
+
+    pods.delete_collection(&DeleteParams::default().grace_period(0), &selector)
+        .await?;
+    fleet.stop(Duration::from_secs(10)).await;
+    for node in nodes_with_prefix(&api, prefix).await? {
+        let _ = api.delete(&name(&node), &DeleteParams::default()).await;
+    }
+    Ok(())
+}

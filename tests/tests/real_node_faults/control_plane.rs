@@ -20,8 +20,8 @@ use kube::api::{DeleteParams, WatchEvent, WatchParams};
 
 use super::harness::{NODE, RealNode};
 use super::{
-    RELAY, all_running, delete_all, fault_pods, held_by_uid, main_container, name, node, ready_condition,
-    sleeper, uid, wait_clean,
+    RELAY, all_running, delete_all, fault_pods, held_by_uid, main_container, name, node, pod_ready,
+    ready_condition, sleeper, uid, wait_clean,
 };
 
 /// Starts `count` sleepers in `pods` and answers their container IDs by name.
@@ -104,7 +104,6 @@ async fn still_following(
 }
 
 #[tokio::test]
-#[ignore = "not in the default run yet: with every branch merged it failed in the whole suite (docs/reliability.md); run with --ignored"]
 async fn api_server_and_etcd_restarted() -> anyhow::Result<()> {
     init_logging();
     let Some((node, _serial)) = node().await? else {
@@ -259,7 +258,7 @@ async fn a_watch_answered_410_after_etcd_compaction() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-#[ignore = "not in the default run yet: with every branch merged it failed in the whole suite (docs/reliability.md); run with --ignored"]
+#[ignore = "fails: after the node is reachable again its pods stay not ready (the Ready condition the controller wrote is not yet written back; docs/reliability.md); run with --ignored"]
 async fn api_server_unreachable_past_the_lease() -> anyhow::Result<()> {
     init_logging();
     let Some((node, _serial)) = node().await? else {
@@ -285,13 +284,14 @@ async fn api_server_unreachable_past_the_lease() -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    // the controller marks the node's pods not ready; the containers run on
+    // the controller marks the node's pods not ready (their Ready condition; the containers' statuses are the
+    // node's to write, and the containers run on)
     let not_ready = wait_for(
         "the node's pods marked not ready",
         Duration::from_secs(60),
         || async {
             let all = fault_pods(&pods).await?;
-            Ok(all.iter().all(|p| !main_container(p).0).then_some(()))
+            Ok(all.iter().all(|p| !pod_ready(p)).then_some(()))
         },
     )
     .await;
@@ -306,6 +306,13 @@ async fn api_server_unreachable_past_the_lease() -> anyhow::Result<()> {
     .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
     let ready_after = restored.elapsed();
     untouched(node, &pods, &before).await?;
+    // the agent writes the Ready condition the controller overwrote back
+    wait_for("the pods ready again", Duration::from_secs(60), || async {
+        let all = fault_pods(&pods).await?;
+        Ok(all.iter().all(pod_ready).then_some(()))
+    })
+    .await
+    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
     let pods_ready_after = restored.elapsed();
     println!(
         "[real_node_faults] API server unreachable from the node for {outage:?}: Unknown after {unknown_after:?} \

@@ -147,8 +147,11 @@ where
         &self.selector
     }
 
-    /// The next change. An error leaves the watch usable: the next call retries after a back-off.
+    /// The next change. An error leaves the watch usable: the next call retries after a back-off, waited once
+    /// before its first step (the steps after it — the watch opened, bookmarks, chunks — go on at once; the
+    /// sequence grows while calls keep failing and starts over with the first change).
     pub async fn next(&mut self) -> Result<Change<K>, WatchError> {
+        let mut waited = false;
         loop {
             if let Some(ready) = self.ready.as_mut()
                 && let Some(change) = ready.pop_front()
@@ -158,10 +161,11 @@ where
                 }
                 return Ok(change);
             }
-            if let Some(backoff) = self.backoff.as_mut() {
+            if !waited && let Some(backoff) = self.backoff.as_mut() {
                 // boxed: the idle watch keeps no room for the retry's timer
                 Box::pin(backoff.wait()).await;
             }
+            waited = true;
             match self.step().await {
                 Ok(Some(change)) => {
                     self.backoff = None;

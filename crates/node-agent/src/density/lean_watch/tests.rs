@@ -1,6 +1,6 @@
 //! Decoding the watch stream: lines split across chunks, several lines in one chunk, bookmarks moving the
 //! resume point, 410 Gone turning the next step into a list, other error events surfacing; every watch asks
-//! for a timeout of its own between 5 and 10 minutes.
+//! for a timeout of its own between 5 and 10 minutes; after a failure one back-off is waited, not one per step.
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -110,4 +110,41 @@ async fn every_watch_asks_for_its_own_timeout_between_five_and_ten_minutes() {
     assert!(asked.iter().all(|t| (300..600).contains(t)), "{asked:?}");
     let distinct: std::collections::BTreeSet<_> = asked.iter().collect();
     assert!(distinct.len() > 1, "picked anew for each watch: {asked:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_failure_the_watch_waits_one_back_off_then_reads_at_once() {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let bookmark = r#"{"type":"BOOKMARK","object":{"apiVersion":"v1","kind":"Pod","metadata":{"resourceVersion":"150"}}}"#;
+    let bookmark = format!("{bookmark}\n");
+    let added = event("ADDED", "after", "151");
+    // the API server unreachable once; then a watch that sends a bookmark and ends (its timeout), then one
+    // that sends the pod
+    let service = tower::service_fn(move |_req: http::Request<kube::client::Body>| {
+        let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let body = match n {
+            0 => None,
+            1 => Some(bookmark.clone()),
+            _ => Some(added.clone()),
+        };
+        std::future::ready(
+            body.map(|b| http::Response::new(kube::client::Body::from(b.into_bytes())))
+                .ok_or_else(|| std::io::Error::other("connection refused")),
+        )
+    });
+    let mut w: LeanWatch<Pod> = LeanWatch::new(kube::Client::new(service, "default"), "spec.nodeName=n1");
+    w.resource_version = Some("100".into());
+    assert!(w.next().await.is_err(), "the first watch request fails");
+    let t0 = tokio::time::Instant::now();
+    let change = w.next().await.expect("the watch resumes");
+    let took = t0.elapsed();
+    assert!(
+        matches!(&change, Change::Applied(p) if p.metadata.name.as_deref() == Some("after")),
+        "{change:?}"
+    );
+    assert_eq!(w.resource_version.as_deref(), Some("151"));
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    // one back-off of 800 ms (10 % jitter), not one before each of the five steps
+    assert!(took <= std::time::Duration::from_millis(880), "{took:?}");
 }

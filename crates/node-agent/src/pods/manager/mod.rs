@@ -490,6 +490,9 @@ impl PodManager {
             let desired = self.allocate(&uid, desired);
             if let Some(e) = self.workers.get_mut(&uid) {
                 e.pod = desired.clone();
+                if let Some(since) = marked_not_ready(&pod) {
+                    e.deliver(WorkerMsg::ApiNotReady(since), &self.tracker);
+                }
                 e.deliver(WorkerMsg::Update(desired), &self.tracker);
             }
             return false;
@@ -685,4 +688,15 @@ fn event_reason(reason: &str) -> &'static str {
         }
     }
     admission::UNEXPECTED_ADMISSION_ERROR
+}
+
+/// The second since which `pod`'s Ready condition is False while its ContainersReady is True: a status the
+/// agent does not write for a pod without readiness gates, written by the node-lifecycle controller when the
+/// node was lost.
+fn marked_not_ready(pod: &Pod) -> Option<i64> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    let status_of = |type_: &str| conditions.iter().find(|c| c.type_ == type_);
+    let ready = status_of("Ready").filter(|c| c.status == "False")?;
+    status_of("ContainersReady").filter(|c| c.status == "True")?;
+    Some(ready.last_transition_time.as_ref()?.0.as_second())
 }

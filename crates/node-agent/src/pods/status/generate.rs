@@ -150,6 +150,14 @@ impl Previous {
         Self { conditions, pod_ips }
     }
 
+    /// The Ready condition: whether it was True and since when (seconds since the epoch), if reported.
+    pub(crate) fn ready(&self) -> Option<(bool, i64)> {
+        let i = crate::pods::status::canonical::OWNED_CONDITIONS
+            .iter()
+            .position(|t| *t == "Ready")?;
+        self.conditions[i].get()
+    }
+
     /// When condition `type_` became `ok`, if that is what it said.
     fn since(&self, type_: &str, ok: bool) -> Option<Time> {
         let i = crate::pods::status::canonical::OWNED_CONDITIONS

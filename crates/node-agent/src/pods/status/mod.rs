@@ -39,6 +39,9 @@ pub(crate) enum StatusMsg {
         namespace: String,
         name: String,
     },
+    /// The API server holds another status than the one last written (someone else wrote it): the next status
+    /// is written even if it equals the last.
+    Overwritten { uid: Arc<str> },
     /// Drop everything about the pod.
     Forget { uid: Arc<str> },
     /// Answer once nothing is waiting to be written (statuses failing with back-off count as waiting).

@@ -234,7 +234,10 @@ impl Harness {
                 StatusMsg::Flush(done) => {
                     let _ = done.send(());
                 }
-                StatusMsg::Seed { .. } | StatusMsg::Forget { .. } | StatusMsg::MirrorChanged { .. } => {}
+                StatusMsg::Seed { .. }
+                | StatusMsg::Forget { .. }
+                | StatusMsg::Overwritten { .. }
+                | StatusMsg::MirrorChanged { .. } => {}
             }
         }
     }

@@ -110,6 +110,20 @@ impl PodWorker {
             }
             WorkerMsg::Removed => self.removed = true,
             WorkerMsg::Runtime | WorkerMsg::Wake => {}
+            WorkerMsg::ApiNotReady(since) => {
+                if let Some(last) = self.last.as_mut()
+                    && last
+                        .previous
+                        .ready()
+                        .is_some_and(|(ready, at)| ready && since > at)
+                {
+                    // what the API holds is not what was last written: the next report is written again
+                    last.fingerprint = 0;
+                    self.ctx.status.send(StatusMsg::Overwritten {
+                        uid: self.pod.uid.clone(),
+                    });
+                }
+            }
             WorkerMsg::Probe(update) => self.probes.apply(&update),
             WorkerMsg::Kill(order) => {
                 let KillOrder {

@@ -41,6 +41,10 @@ pub(crate) enum WorkerMsg {
     Probe(Box<ProbeUpdate>),
     /// The time the worker asked to be woken at (its `wake_at` when its last turn ended) has come.
     Wake,
+    /// The API server holds the pod not ready since this second (seconds since the epoch) while its containers
+    /// are ready: someone else wrote it (the node-lifecycle controller marks a lost node's pods so). If the
+    /// worker last reported it ready before then, it reports its status again.
+    ApiNotReady(i64),
     /// Stop the pod on request (graceful node shutdown, eviction) and report why, then fire the order's
     /// sender (boxed: messages stay small).
     Kill(Box<KillOrder>),

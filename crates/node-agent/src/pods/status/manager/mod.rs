@@ -282,6 +282,11 @@ impl StatusManager {
                     self.mark(&uid);
                 }
             }
+            StatusMsg::Overwritten { uid } => {
+                if let Some(e) = self.entries.get_mut(&uid) {
+                    e.acked = None;
+                }
+            }
             StatusMsg::Forget { uid } => {
                 self.entries.remove(&uid);
                 self.dirty.retain(|u| *u != uid);
