@@ -283,7 +283,8 @@ async fn a_pod_with_a_resource_claim_runs_with_its_cdi_device_and_the_claim_is_r
         .as_ref()
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.first())
+        .and_then(|d| d.results.as_ref())
+        .and_then(|r| r.first())
         .context("the claim's allocated device")?;
     let mut client =
         node_agent::pod_resources::connect(node_agent::pod_resources::socket_path(&node.agent_root)).await?;
