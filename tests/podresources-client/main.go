@@ -5,9 +5,13 @@
 //
 // Usage:
 //
-//	podresources-client SOCKET list
-//	podresources-client SOCKET allocatable
-//	podresources-client SOCKET get NAMESPACE NAME
+//	podresources-client [-dial-path] SOCKET list
+//	podresources-client [-dial-path] SOCKET allocatable
+//	podresources-client [-dial-path] SOCKET get NAMESPACE NAME
+//
+// It names the socket by the unix scheme (so gRPC sends "localhost" as the request's authority); with -dial-path
+// it dials the bare path with a dialer of its own, as the kubelet's own pod-resources client (GetV1Client in
+// k8s.io/kubernetes/pkg/kubelet/apis/podresources) does, and gRPC sends the path as the authority.
 //
 // It prints the answer as JSON (proto field names) on stdout and exits 0; a gRPC error is printed as
 // {"code": "...", "message": "..."} and the exit status is 3; bad usage or no connection exits 2.
@@ -17,6 +21,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
@@ -29,11 +34,24 @@ import (
 )
 
 func main() {
+	dialPath := len(os.Args) > 1 && os.Args[1] == "-dial-path"
+	if dialPath {
+		os.Args = append(os.Args[:1], os.Args[2:]...)
+	}
 	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: podresources-client SOCKET list|allocatable|get NAMESPACE NAME")
+		fmt.Fprintln(os.Stderr, "usage: podresources-client [-dial-path] SOCKET list|allocatable|get NAMESPACE NAME")
 		os.Exit(2)
 	}
-	conn, err := grpc.NewClient("unix://"+os.Args[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	target := "unix://" + os.Args[1]
+	options := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if dialPath {
+		// what grpc.DialContext does with a bare path: the passthrough resolver, the path as the address
+		target = "passthrough:///" + os.Args[1]
+		options = append(options, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
+		}))
+	}
+	conn, err := grpc.NewClient(target, options...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "connecting:", err)
 		os.Exit(2)
@@ -52,7 +70,7 @@ func main() {
 	case os.Args[2] == "get" && len(os.Args) == 5:
 		answer, err = client.Get(ctx, &podresources.GetPodResourcesRequest{PodNamespace: os.Args[3], PodName: os.Args[4]})
 	default:
-		fmt.Fprintln(os.Stderr, "usage: podresources-client SOCKET list|allocatable|get NAMESPACE NAME")
+		fmt.Fprintln(os.Stderr, "usage: podresources-client [-dial-path] SOCKET list|allocatable|get NAMESPACE NAME")
 		os.Exit(2)
 	}
 	if err != nil {

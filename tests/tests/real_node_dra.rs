@@ -3,7 +3,8 @@
 //! node's DRA driver — its kubelet plugin registers through the agent's `plugins_registry`, publishes the node's
 //! ResourceSlice and writes CDI specs into the directory containerd 2.x reads them from. The real scheduler
 //! allocates a device to a pod's claim; the agent prepares the claim before the sandbox, hands the CDI device to
-//! containerd for the container that names the claim, and releases the claim when the pod is deleted. A binary
+//! containerd for the container that names the claim, reports the claim's device for that container in the
+//! pod-resources API, and releases the claim when the pod is deleted. A binary
 //! of its own, with its own node, so its driver never meets the other real-node tests. Needs root (or
 //! `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
 
@@ -40,6 +41,32 @@ async fn driver_binary() -> anyhow::Result<PathBuf> {
         String::from_utf8_lossy(&built.stderr)
     );
     Ok(PathBuf::from(String::from_utf8(built.stdout)?.trim()))
+}
+
+/// The answer of the pod-resources client built on the published Go client (`tests/podresources-client`,
+/// built by `hack/build-podresources-client.sh`) run with `args` against the node's socket.
+async fn go_pod_resources(node: &RealNode, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-podresources-client.sh");
+    let built = tokio::task::spawn_blocking(move || std::process::Command::new("bash").arg(script).output())
+        .await??;
+    anyhow::ensure!(
+        built.status.success(),
+        "building the pod-resources client: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let bin = PathBuf::from(String::from_utf8(built.stdout)?.trim());
+    let out = tokio::process::Command::new(bin)
+        .arg(node_agent::pod_resources::socket_path(&node.agent_root))
+        .args(args)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "podresources-client {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// The node's CDI spec directory (containerd reads it; the driver writes it).
@@ -247,6 +274,75 @@ async fn a_pod_with_a_resource_claim_runs_with_its_cdi_device_and_the_claim_is_r
             .iter()
             .any(|l| l.starts_with("user_") || l.starts_with("claim_")),
         "{without:?}"
+    );
+
+    // the pod-resources API lists the claim with its device for the container that uses it, as the kubelet
+    // reports it, to this project's client and to one built on the published Go client alike
+    let allocated = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .and_then(|r| r.first())
+        .context("the claim's allocated device")?;
+    let mut client =
+        node_agent::pod_resources::connect(node_agent::pod_resources::socket_path(&node.agent_root)).await?;
+    let listed = client
+        .get(node_agent::pod_resources::v1::GetPodResourcesRequest {
+            pod_name: "with-claim".into(),
+            pod_namespace: ns.into(),
+        })
+        .await?
+        .into_inner()
+        .pod_resources
+        .context("the pod's resources")?;
+    let dynamic: Vec<_> = listed
+        .containers
+        .iter()
+        .map(|c| (c.name.as_str(), c.dynamic_resources.clone()))
+        .collect();
+    assert_eq!(dynamic.len(), 2, "{listed:?}");
+    assert_eq!(dynamic[1], ("without-resource", Vec::new()));
+    let (name, [resource]) = (dynamic[0].0, dynamic[0].1.as_slice()) else {
+        panic!("one claim for with-resource: {listed:?}");
+    };
+    assert_eq!(name, "with-resource");
+    assert_eq!(
+        (resource.claim_name.as_str(), resource.claim_namespace.as_str()),
+        (claim_name.as_str(), ns)
+    );
+    let [device] = resource.claim_resources.as_slice() else {
+        panic!("one device: {resource:?}");
+    };
+    assert_eq!(
+        (
+            device.driver_name.as_str(),
+            device.pool_name.as_str(),
+            device.device_name.as_str()
+        ),
+        (
+            allocated.driver.as_str(),
+            allocated.pool.as_str(),
+            allocated.device.as_str()
+        )
+    );
+    assert_eq!(device.cdi_devices.len(), 1, "{device:?}");
+    assert!(device.cdi_devices[0].name.starts_with(DRIVER), "{device:?}");
+    let listed_by_go = go_pod_resources(node, &["list"]).await?;
+    let go_dynamic = listed_by_go["pod_resources"]
+        .as_array()
+        .and_then(|pods| pods.iter().find(|p| p["name"] == "with-claim"))
+        .map(|p| p["containers"][0]["dynamic_resources"].clone())
+        .context("the pod in the Go client's list")?;
+    assert_eq!(go_dynamic[0]["claim_name"], claim_name.as_str(), "{listed_by_go}");
+    assert_eq!(
+        go_dynamic[0]["claim_resources"][0]["device_name"],
+        allocated.device.as_str()
+    );
+    assert_eq!(
+        go_dynamic[0]["claim_resources"][0]["cdi_devices"][0]["name"],
+        device.cdi_devices[0].name.as_str()
     );
 
     // the agent's checkpoint holds the prepared claim (a restarted agent still knows its devices)

@@ -156,6 +156,7 @@ impl Driver for HollowDriver {
                         request_names: vec![r.request],
                         pool: r.pool,
                         device: r.device,
+                        share_id: r.share_id,
                     })
                     .collect()),
             };

@@ -189,6 +189,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let csi_drivers = pods.csi_drivers.clone().unwrap_or_default();
     let host = node_agent::stats::host::RealHost::new(&flags.root_dir).with_pod_cgroups(pods.cgroups.clone());
     let devices = pods.devices.clone();
+    let dra = pods.dra.clone();
     let dra_drivers = pods.dra.as_ref().map(|d| d.drivers().clone()).unwrap_or_default();
     let mut builder = Agent::builder(config, client, runtime)
         .token(token.clone())
@@ -217,6 +218,9 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         let mut service = node_agent::pod_resources::PodResourcesService::new(agent.pods_query());
         if let Some(devices) = &devices {
             service = service.with_devices(devices.clone());
+        }
+        if let Some(dra) = dra {
+            service = service.with_dra(dra);
         }
         let server = node_agent::pod_resources::PodResourcesServer::bind_with(&path, service)?;
         let stop = token.clone();

@@ -40,6 +40,7 @@
 //! * [`sysctl`] — sysctl names, namespaces and the allowlist pods are admitted against.
 //! * [`eviction`] — node-pressure eviction: thresholds, pressure conditions, ranking, one eviction per pass.
 //! * [`gc`] — container and image garbage collection.
+//! * [`grpc_unix`] — gRPC on the unix sockets node-local programs call, for clients in any language.
 //! * [`pod_resources`] — the pod-resources gRPC API on `<root-dir>/pod-resources/kubelet.sock`.
 //! * [`plugins`] — kubelet plugin registration: the watcher of `<root-dir>/plugins_registry`.
 //! * [`csi`] — the CSI node side: registered drivers, `CSINode` and the node's topology labels.
@@ -68,6 +69,7 @@ pub mod dra;
 pub mod events;
 pub mod eviction;
 pub mod gc;
+pub mod grpc_unix;
 pub mod machine;
 pub mod metrics;
 pub mod node;

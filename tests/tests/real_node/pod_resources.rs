@@ -256,7 +256,8 @@ async fn a_local_client_lists_the_running_pods_and_their_containers_over_the_soc
 }
 
 /// Runs the Go client built on the published `k8s.io/kubelet` pod-resources client (built by
-/// `hack/build-podresources-client.sh`) with `args`: its JSON answer, or the gRPC error's `code` and `message`.
+/// `hack/build-podresources-client.sh`) with `args` (`-dial-path` first: dialing the bare path, as the kubelet's own
+/// client does): its JSON answer, or the gRPC error's `code` and `message`.
 async fn upstream_client(socket: &std::path::Path, args: &[&str]) -> anyhow::Result<serde_json::Value> {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-podresources-client.sh");
@@ -272,9 +273,11 @@ async fn upstream_client(socket: &std::path::Path, args: &[&str]) -> anyhow::Res
             String::from_utf8_lossy(&built.stderr)
         );
         let bin = String::from_utf8(built.stdout)?.trim().to_owned();
+        let (flags, rest) = args.split_at(usize::from(args.first().is_some_and(|a| a == "-dial-path")));
         Ok(std::process::Command::new(bin)
+            .args(flags)
             .arg(&socket)
-            .args(&args)
+            .args(rest)
             .output()?)
     })
     .await??;
@@ -312,7 +315,8 @@ async fn upstream_client_sees_the_same(
     println!("[real_node] the Go client on k8s.io/kubelet lists ours as {listed:?}");
     assert_eq!(listed, ours(list), "the upstream client's List");
 
-    let web = upstream_client(socket, &["get", NS, "web"]).await?;
+    // dialed as the kubelet's own client dials: the socket's path as the request's authority
+    let web = upstream_client(socket, &["-dial-path", "get", NS, "web"]).await?;
     assert_eq!(web["pod_resources"]["name"], "web", "{web}");
     assert_eq!(web["pod_resources"]["namespace"], NS, "{web}");
     let names: Vec<&str> = web["pod_resources"]["containers"]

@@ -9,7 +9,6 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -188,7 +187,7 @@ impl RegistrationServer {
         tracing::info!(socket = %path.display(), "serving device plugin registration");
         let served = tonic::transport::Server::builder()
             .add_service(GrpcServer::new(service))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), token.cancelled_owned())
+            .serve_with_incoming_shutdown(crate::grpc_unix::incoming(listener), token.cancelled_owned())
             .await
             .map_err(RegistrationError::Serve);
         if let Err(error) = std::fs::remove_file(&path)

@@ -137,6 +137,7 @@ impl Driver for GrpcDriver {
                                 pool: d.pool_name,
                                 device: d.device_name,
                                 cdi_ids: d.cdi_device_ids,
+                                share_id: d.share_id,
                             })
                             .collect();
                         (uid, outcome(r.error).map(|()| devices))
@@ -165,6 +166,8 @@ impl Driver for GrpcDriver {
                                 pool: d.pool_name,
                                 device: d.device_name,
                                 cdi_ids: d.cdi_device_ids,
+                                // v1beta1 does not carry shares
+                                share_id: None,
                             })
                             .collect();
                         (uid, outcome(r.error).map(|()| devices))

@@ -69,6 +69,9 @@ pub struct PreparedDevice {
     /// The fully qualified CDI device IDs the runtime injects into the containers that use the device.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cdi_ids: Vec<String>,
+    /// The share of the device this claim holds, when the device is shared by several allocations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 /// Per claim UID, the devices prepared or why the claim was not.

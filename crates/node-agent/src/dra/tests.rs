@@ -33,6 +33,7 @@ fn info() -> ClaimInfo {
         pool: "node-1".into(),
         device: cdi.rsplit('=').next().unwrap_or_default().into(),
         cdi_ids: vec![cdi.to_owned()],
+        share_id: None,
     };
     ClaimInfo {
         claim: ClaimRef {

@@ -8,13 +8,15 @@
 //! (100 per second, bursts of 10; beyond that `RESOURCE_EXHAUSTED`). The messages are compiled by the build
 //! script from the project's own `proto/podresources/v1/api.proto`, wire-compatible with the published API.
 //!
-//! What it reports is what a kubelet reports with the CPU manager and memory manager policy `none` and no
-//! dynamic resource allocation, because that is all this agent does (`cpuManagerPolicy` and its kin are
-//! accepted without effect): every pod the pod manager holds admitted — a pod being deleted until its
-//! containers have stopped; not refused pods, not pods that finished — with its sidecars (init containers
-//! with `restartPolicy: Always`) and its app containers, each with the device plugins' devices it was given
-//! (from the device manager, [`crate::devices`]), no exclusive CPU ids, no memory blocks and no dynamic
-//! resources; `GetAllocatableResources` answers the plugins' healthy devices and empty lists for the rest.
+//! What it reports is what a kubelet reports with the CPU manager and memory manager policy `none`, because
+//! that is all this agent does (`cpuManagerPolicy` and its kin are accepted without effect): every pod the
+//! pod manager holds admitted — a pod being deleted until its containers have stopped; not refused pods, not
+//! pods that finished — with its sidecars (init containers with `restartPolicy: Always`) and its app
+//! containers, each with the device plugins' devices it was given (from the device manager,
+//! [`crate::devices`]) and the resource claims it uses with their prepared devices (`dynamic_resources`,
+//! from the DRA manager, [`crate::dra`]), no exclusive CPU ids and no memory blocks;
+//! `GetAllocatableResources` answers the plugins' healthy devices and empty lists for the rest (claims'
+//! devices are not in it, as with the kubelet).
 //! The pods come from the pod manager over its control channel ([`PodsQuery::admitted_pods`]), never from
 //! the API server.
 
@@ -27,9 +29,10 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::dra::claims::ClaimInfo;
+use crate::dra::manager::ClaimName;
 use crate::pods::PodsQuery;
 use crate::pods::model::spec::DesiredPod;
 
@@ -120,6 +123,66 @@ pub fn add_devices(pod: &mut v1::PodResources, devices: Vec<(String, String, Vec
                 topology: None,
             });
         }
+    }
+}
+
+/// The claims container `container` of `pod` names in `resources.claims`, each with the devices its drivers
+/// prepared, as the kubelet reports them: in the order of the pod's `spec.resourceClaims`, each claim once,
+/// its devices driver by driver, each device with its own CDI devices. `claim` finds a claim this node knows
+/// by namespace and name. As the kubelet does, a claim the node does not know (not prepared yet, or its name
+/// not resolved yet) leaves the container with no dynamic resources at all.
+pub fn dynamic_resources(
+    pod: &DesiredPod,
+    container: &str,
+    claim: &dyn Fn(&str, &str) -> Option<ClaimInfo>,
+) -> Vec<v1::DynamicResource> {
+    let uses = pod.container_claims(container);
+    let mut out = Vec::new();
+    for pc in pod.resource_claims() {
+        if !uses.iter().any(|(name, _)| *name == pc.name) {
+            continue;
+        }
+        let name = match &pc.claim {
+            ClaimName::Named(n) | ClaimName::Generated(n) => n,
+            ClaimName::NotNeeded => continue,
+            ClaimName::NotCreatedYet | ClaimName::Unsupported => return Vec::new(),
+        };
+        let Some(info) = claim(&pod.namespace, name) else {
+            return Vec::new();
+        };
+        out.push(v1::DynamicResource {
+            claim_name: name.clone(),
+            claim_namespace: pod.namespace.clone(),
+            claim_resources: info
+                .drivers
+                .iter()
+                .flat_map(|(driver, devices)| {
+                    devices.iter().map(move |d| v1::ClaimResource {
+                        cdi_devices: d
+                            .cdi_ids
+                            .iter()
+                            .map(|id| v1::CdiDevice { name: id.clone() })
+                            .collect(),
+                        driver_name: driver.clone(),
+                        pool_name: d.pool.clone(),
+                        device_name: d.device.clone(),
+                        share_id: d.share_id.clone(),
+                    })
+                })
+                .collect(),
+        });
+    }
+    out
+}
+
+/// Adds to each container of `out` (converted from `pod`) the claims it uses ([`dynamic_resources`]).
+pub fn add_dynamic_resources(
+    out: &mut v1::PodResources,
+    pod: &DesiredPod,
+    claim: &dyn Fn(&str, &str) -> Option<ClaimInfo>,
+) {
+    for c in &mut out.containers {
+        c.dynamic_resources = dynamic_resources(pod, &c.name, claim);
     }
 }
 
@@ -235,7 +298,7 @@ impl PodResourcesServer {
             .add_service(v1::pod_resources_lister_server::PodResourcesListerServer::new(
                 service,
             ))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), token.cancelled_owned())
+            .serve_with_incoming_shutdown(crate::grpc_unix::incoming(listener), token.cancelled_owned())
             .await
             .map_err(PodResourcesError::Serve);
         if let Err(error) = std::fs::remove_file(&path)

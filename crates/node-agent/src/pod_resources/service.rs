@@ -1,7 +1,7 @@
 //! The `v1.PodResourcesLister` service: answers from the pod manager, each request first taking a token of the
 //! kubelet's rate limit.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -21,6 +21,7 @@ pub const BURST: u32 = 10;
 pub struct PodResourcesService {
     pods: PodsQuery,
     devices: Option<crate::devices::DeviceManager>,
+    dra: Option<Arc<crate::dra::DraManager>>,
     limit: Limit,
 }
 
@@ -30,6 +31,7 @@ impl PodResourcesService {
         Self {
             pods,
             devices: None,
+            dra: None,
             limit: Limit::new(QPS, BURST),
         }
     }
@@ -37,6 +39,12 @@ impl PodResourcesService {
     /// Also reports the devices `devices` gave the containers, and its healthy devices as allocatable.
     pub fn with_devices(mut self, devices: crate::devices::DeviceManager) -> Self {
         self.devices = Some(devices);
+        self
+    }
+
+    /// Also reports the resource claims each container uses, with the devices `dra`'s drivers prepared.
+    pub fn with_dra(mut self, dra: Arc<crate::dra::DraManager>) -> Self {
+        self.dra = Some(dra);
         self
     }
 
@@ -53,6 +61,9 @@ impl PodResourcesService {
                 let mut out = pod_resources(p);
                 if let Some(devices) = &self.devices {
                     super::add_devices(&mut out, devices.pod_devices(&p.uid));
+                }
+                if let Some(dra) = &self.dra {
+                    super::add_dynamic_resources(&mut out, p, &|ns, name| dra.claim(ns, name));
                 }
                 out
             })

@@ -73,6 +73,115 @@ fn a_guaranteed_pod_with_whole_cpus_gets_no_cpu_ids_under_policy_none() {
     assert!(r.containers[0].memory.is_empty());
 }
 
+/// Per driver, its devices with their share IDs.
+type Devices<'a> = &'a [(&'a str, &'a [(&'a str, Option<&'a str>)])];
+
+fn claim_info(name: &str, drivers: Devices<'_>) -> ClaimInfo {
+    ClaimInfo {
+        claim: crate::dra::ClaimRef {
+            namespace: "ml".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        },
+        drivers: drivers
+            .iter()
+            .map(|(driver, devices)| {
+                let devices = devices
+                    .iter()
+                    .map(|(device, share)| crate::dra::PreparedDevice {
+                        request_names: Vec::new(),
+                        pool: "node-1".into(),
+                        device: (*device).into(),
+                        cdi_ids: vec![format!("{driver}/dev={device}")],
+                        share_id: share.map(str::to_owned),
+                    })
+                    .collect();
+                ((*driver).to_owned(), devices)
+            })
+            .collect(),
+        prepared: true,
+        pods: Default::default(),
+    }
+}
+
+#[test]
+fn each_container_lists_the_claims_it_uses_with_their_prepared_devices() {
+    let pod = desired(
+        "train",
+        "ml",
+        json!({
+            "resourceClaims": [
+                {"name": "gpu", "resourceClaimName": "gpus"},
+                {"name": "nic", "resourceClaimName": "nics"},
+                {"name": "spare", "resourceClaimName": "spares"},
+            ],
+            "initContainers": [{"name": "side", "image": "busybox", "restartPolicy": "Always",
+                "resources": {"claims": [{"name": "gpu", "request": "one"}, {"name": "nic"}]}}],
+            "containers": [
+                {"name": "app", "image": "busybox", "resources": {"claims": [{"name": "gpu"}, {"name": "gpu", "request": "two"}]}},
+                container("idle"),
+            ],
+        }),
+    );
+    // the node knows the GPU claim (two drivers) but not the NIC claim (not prepared yet)
+    let gpus = claim_info(
+        "gpus",
+        &[
+            ("b.example.com", &[("shared-0", Some("share-7"))]),
+            ("a.example.com", &[("gpu-0", None), ("gpu-1", None)]),
+        ],
+    );
+    let known = move |ns: &str, name: &str| (ns == "ml" && name == "gpus").then(|| gpus.clone());
+    let mut r = pod_resources(&pod);
+    add_dynamic_resources(&mut r, &pod, &known);
+    assert_eq!(names(&r), ["side", "app", "idle"]);
+    let resource = |driver: &str, device: &str, share: Option<&str>| v1::ClaimResource {
+        cdi_devices: vec![v1::CdiDevice {
+            name: format!("{driver}/dev={device}"),
+        }],
+        driver_name: driver.into(),
+        pool_name: "node-1".into(),
+        device_name: device.into(),
+        share_id: share.map(str::to_owned),
+    };
+    assert_eq!(
+        r.containers[1].dynamic_resources,
+        [v1::DynamicResource {
+            claim_name: "gpus".into(),
+            claim_namespace: "ml".into(),
+            claim_resources: vec![
+                resource("a.example.com", "gpu-0", None),
+                resource("a.example.com", "gpu-1", None),
+                resource("b.example.com", "shared-0", Some("share-7")),
+            ],
+        }],
+        "the claim once, however many of its requests the container names"
+    );
+    assert!(
+        r.containers[0].dynamic_resources.is_empty(),
+        "a claim the node does not know leaves the container without any: {:?}",
+        r.containers[0].dynamic_resources
+    );
+    assert!(r.containers[2].dynamic_resources.is_empty());
+}
+
+#[test]
+fn a_claim_from_a_template_not_created_yet_lists_nothing() {
+    let pod = desired(
+        "infer",
+        "ml",
+        json!({
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "containers": [{"name": "app", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+        }),
+    );
+    let mut r = pod_resources(&pod);
+    add_dynamic_resources(&mut r, &pod, &|_, _| {
+        Some(claim_info("x", &[("a.example.com", &[("gpu-0", None)])]))
+    });
+    assert!(r.containers[0].dynamic_resources.is_empty());
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_rate_limit_allows_a_burst_of_ten_then_a_hundred_a_second() {
     let limit = Limit::new(service::QPS, service::BURST);
