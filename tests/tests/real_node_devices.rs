@@ -162,7 +162,6 @@ async fn allocatable_devices(node: &RealNode) -> anyhow::Result<Vec<String>> {
 }
 
 #[tokio::test]
-#[ignore = "registration now accepts the plugin's :authority (grpc_unix); the whole flow is still to be run green on a real node"]
 async fn the_sample_device_plugin_gives_its_devices_to_pods_across_a_restart() -> anyhow::Result<()> {
     e2e::init_logging();
     let Some(node) = RealNode::get().await? else {
