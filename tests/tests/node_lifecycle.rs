@@ -33,8 +33,8 @@ use node_agent::{KubeletConfig, MachineInfo, Metrics};
 use tokio::time::Instant;
 
 use support::{
-    audit_counts, condition, control_plane, event_reasons, poll, ready_status, start_in_process, start_with,
-    wait_node,
+    agent_event_reasons, audit_counts, condition, control_plane, event_reasons, poll, ready_status,
+    start_in_process, start_with, wait_node,
 };
 
 /// A started agent's Node is Ready from its registration (not a status period later), with every field a
@@ -279,7 +279,7 @@ async fn idle_agent_writes_over_two_minutes() -> anyhow::Result<()> {
         "start-up events and the pod CIDR",
         Duration::from_secs(60),
         || async {
-            let reasons = event_reasons(&admin, name).await?;
+            let reasons = agent_event_reasons(&admin, name).await?;
             let created = a.metrics.request_count("create", "events", 201);
             let cidr = nodes.get(name).await?.spec.and_then(|s| s.pod_cidr);
             let settled = startup.iter().all(|w| reasons.iter().any(|r| r == w))

@@ -177,8 +177,16 @@ async fn a_csi_driver_registers_in_csinode_and_leaves_when_its_socket_goes() -> 
         "[real_node_csi] driver gone from CSINode {:?} after it stopped",
         t1.elapsed()
     );
-    let n = nodes.get(NODE).await?;
-    assert_eq!(node_ids(&n).get(name), None);
+    // the Node's annotation is a write of its own, after the CSINode's
+    wait_for(
+        "the driver's node ID gone from the Node's annotation",
+        Duration::from_secs(20),
+        || async {
+            let n = nodes.get(NODE).await?;
+            Ok(node_ids(&n).get(name).is_none().then_some(()))
+        },
+    )
+    .await?;
     assert!(
         csi_nodes.get_opt(NODE).await?.is_some(),
         "the CSINode object stays, with no drivers"

@@ -162,6 +162,21 @@ pub async fn event_reasons(admin: &kube::Client, node: &str) -> anyhow::Result<V
     Ok(list.items.iter().filter_map(|e| e.reason.clone()).collect())
 }
 
+/// The reasons of the events about `node` that the agent itself reported (`source.component=kubelet`): the
+/// node-lifecycle controller's own (`RegisteredNode`) left out.
+pub async fn agent_event_reasons(admin: &kube::Client, node: &str) -> anyhow::Result<Vec<String>> {
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|e| e.source.as_ref().and_then(|s| s.component.as_deref()) == Some("kubelet"))
+        .filter_map(|e| e.reason.clone())
+        .collect())
+}
+
 /// Requests of `user` in the audit log by (verb, resource[/subresource]); `None` without an audit log
 /// (attached to an outside control plane).
 pub fn audit_counts(user: &str) -> Option<BTreeMap<(String, String), u64>> {

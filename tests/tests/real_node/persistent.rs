@@ -102,14 +102,22 @@ sleep 3600
              process volumes=[store]: error processing PVC {NS}/data: PVC is not bound"
         )
     );
-    let waiting = pods.get("claimed").await?;
-    let status = waiting.status.context("status")?;
-    assert_eq!(status.phase.as_deref(), Some("Pending"));
-    let reason = status
-        .container_statuses
-        .iter()
-        .flatten()
-        .find_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone());
+    // the event and the status are written separately: wait for the status that goes with the event
+    let (phase, reason) = wait_for(
+        "the claimed pod's status written while it waits",
+        Duration::from_secs(30),
+        || async {
+            let status = pods.get("claimed").await?.status.context("status")?;
+            let reason = status
+                .container_statuses
+                .iter()
+                .flatten()
+                .find_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone());
+            Ok(reason.is_some().then_some((status.phase, reason)))
+        },
+    )
+    .await?;
+    assert_eq!(phase.as_deref(), Some("Pending"));
     assert_eq!(
         reason.as_deref(),
         Some("ContainerCreating"),
