@@ -29,7 +29,7 @@
 //! Where the hugetlb controller is there (a v1 hierarchy holds it, or the unified hierarchy lists it), every
 //! cgroup of the tree is given a limit for each huge page size the machine has (`/sys/kernel/mm/hugepages`), as
 //! the kubelet gives them ([`hugetlb_settings`]): a pod its huge pages requests and 0 for the sizes it does not
-//! ask for, the QoS cgroups no bound (2^62 bytes), `kubepods` the node's huge pages (less the reservations with
+//! ask for, the QoS cgroups unbounded, `kubepods` the node's huge pages (less the reservations with
 //! `pods` enforced); in `hugetlb.<size>.limit_in_bytes` on v1 and `hugetlb.<size>.max` on v2, and in the
 //! reservation's `rsvd` file beside it where the kernel has one.
 //!
