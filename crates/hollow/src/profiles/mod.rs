@@ -182,8 +182,8 @@ pub struct DevicePluginSpec {
     pub resource: String,
     /// How many devices each node has.
     pub count: u32,
-    /// Every this long one device turns unhealthy, and healthy again the same time later (`30s`); absent:
-    /// always healthy.
+    /// Every this long the next device turns unhealthy and the one before healthy again (`30s`), so one device
+    /// is out of allocatable from the first period on; absent: always healthy.
     #[serde(default, rename = "flapEvery", with = "crate::duration::text_opt")]
     pub flap_every: Option<std::time::Duration>,
 }

@@ -1,5 +1,6 @@
 //! In-memory device plugins for hollow nodes: a resource with a number of devices, all healthy, or with one
-//! device at a time turning unhealthy and healthy again on a period (health flapping). They go through the
+//! device at a time unhealthy, a different one each period (health flapping: the unhealthy device recovers as
+//! the next one fails, in one listing). They go through the
 //! device manager as a connected plugin does, so capacity, allocatable, admission, the devices' checkpointing
 //! and the pod-resources answers come out of the same code as on a real node. `Allocate` answers an
 //! environment variable naming the devices given.
@@ -19,7 +20,8 @@ pub struct FakeDevices {
     pub resource: String,
     /// How many devices.
     pub count: u32,
-    /// Every period, the next device turns unhealthy (and the one before healthy again); `None`: always
+    /// From one period after the start, one device is unhealthy; every period the next one turns unhealthy
+    /// and the one before healthy again, so the healthy count stays one below the count. `None`: always
     /// healthy.
     pub flap_every: Option<Duration>,
 }
@@ -95,20 +97,16 @@ pub fn start(
     let every = devices.flap_every?;
     let (manager, resource, count) = (manager.clone(), devices.resource.clone(), devices.count);
     Some(async move {
-        let mut next = 0u32;
-        let mut unhealthy = false;
+        let mut down = 0u32;
         loop {
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
                 () = token.cancelled() => return,
             }
-            // one device unhealthy for a period, then all healthy for one, then the next device
-            let down = (!unhealthy && count > 0).then_some(next);
-            if unhealthy {
-                next = (next + 1) % count.max(1);
+            if count > 0 {
+                manager.listed(&resource, connection, listing(count, Some(down)));
+                down = (down + 1) % count;
             }
-            unhealthy = down.is_some();
-            manager.listed(&resource, connection, listing(count, down));
         }
     })
 }

@@ -85,7 +85,7 @@ async fn a_fake_plugin_fills_capacity_and_admission_counts_free_devices() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn flapping_health_moves_devices_out_of_allocatable_and_back() {
+async fn flapping_health_keeps_one_device_at_a_time_out_of_allocatable() {
     let m = DeviceManager::in_memory();
     let token = CancellationToken::new();
     let flap = fake::start(
@@ -100,17 +100,36 @@ async fn flapping_health_moves_devices_out_of_allocatable_and_back() {
     .unwrap();
     let task = tokio::spawn(flap);
     let seen = |m: &DeviceManager| counts(m, "example.com/gpu").unwrap();
+    let healthy = |m: &DeviceManager| -> Vec<String> {
+        m.allocatable_devices()["example.com/gpu"]
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect()
+    };
     assert_eq!(seen(&m).allocatable, 3);
+    let one_down = Counts {
+        capacity: 3,
+        allocatable: 2,
+    };
     tokio::time::sleep(Duration::from_secs(11)).await;
-    assert_eq!(
-        seen(&m),
-        Counts {
-            capacity: 3,
-            allocatable: 2
-        }
-    );
+    assert_eq!(seen(&m), one_down);
+    assert_eq!(healthy(&m), ["dev-1", "dev-2"]);
+    // the next device fails as the first recovers: one is out of allocatable at every moment
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(seen(&m).allocatable, 3);
+    assert_eq!(seen(&m), one_down);
+    assert_eq!(healthy(&m), ["dev-0", "dev-2"]);
+    m.admit("p", &wants("c", "example.com/gpu", 2)).unwrap();
+    assert_eq!(
+        m.admit("q", &wants("c", "example.com/gpu", 1)),
+        Err(
+            "Allocate failed due to requested number of devices unavailable for example.com/gpu. \
+             Requested: 1, Available: 0, which is unexpected"
+                .into()
+        ),
+        "the unhealthy device is not offered"
+    );
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(healthy(&m), ["dev-1", "dev-2"], "round again to the first");
     token.cancel();
     task.await.unwrap();
 }
