@@ -4,7 +4,8 @@
 //! its capacity and allocatable; the real scheduler places a pod asking for one, which runs on containerd with
 //! the plugin's mount (`/tmp/Dev-N`) inside its container; a pod sent to the node asking for three is refused
 //! with the kubelet's reason; the pod-resources API lists the pod's device; node-agent stopped and started again
-//! keeps the pod's device (checkpoint), and the next pod gets the other one.
+//! keeps the pod's device (checkpoint), and the next pod gets the other one; pods deleted while node-agent is
+//! down leave their devices free for the next pod once it runs again.
 //!
 //! The plugin registers at the path the kubelet uses (`/var/lib/kubelet/device-plugins/kubelet.sock`, fixed in
 //! it): it runs in a mount namespace of its own where the agent's device-plugins directory is bind-mounted there,
@@ -261,5 +262,57 @@ async fn the_sample_device_plugin_gives_its_devices_to_pods_across_a_restart() -
         "the restarted agent gave the second pod the device the first does not hold"
     );
     assert_eq!(listed_devices(node, "two").await?, vec![other]);
+
+    // both pods deleted (forced) while node-agent is down: the checkpoint still gives them the devices; the
+    // agent started again frees them, so a pod asking for both is admitted and given them
+    node.stop_agent(Duration::from_secs(20)).await?;
+    let now = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        ..kube::api::DeleteParams::default()
+    };
+    for name in ["one", "two"] {
+        pods.delete(name, &now).await?;
+    }
+    wait_for("the pods gone from the API", Duration::from_secs(30), || async {
+        Ok((pods.get_opt("one").await?.is_none() && pods.get_opt("two").await?.is_none()).then_some(()))
+    })
+    .await?;
+    node.start_agent()?;
+    let restarted = std::time::Instant::now();
+    wait_for(
+        "the plugin registered again",
+        Duration::from_secs(120),
+        || async {
+            Ok(allocatable_devices(node)
+                .await
+                .is_ok_and(|ids| ids == ["Dev-1", "Dev-2"])
+                .then_some(()))
+        },
+    )
+    .await?;
+    node.create_pod(&pods, &pod("both", 2, Some(NODE))?).await?;
+    let both = wait_for(
+        "pod both Running or refused",
+        Duration::from_secs(120),
+        || async {
+            let s = pods.get("both").await?.status.unwrap_or_default();
+            Ok(matches!(s.phase.as_deref(), Some("Running" | "Failed")).then_some(s))
+        },
+    )
+    .await
+    .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    assert_eq!(
+        both.phase.as_deref(),
+        Some("Running"),
+        "the devices of the deleted pods were not freed: {:?}",
+        both.message
+    );
+    eprintln!(
+        "a pod given the devices of pods deleted while the agent was down {:?} after its start",
+        restarted.elapsed()
+    );
+    let mut given = listed_devices(node, "both").await?;
+    given.sort();
+    assert_eq!(given, ["Dev-1", "Dev-2"]);
     Ok(())
 }

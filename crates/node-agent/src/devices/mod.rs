@@ -406,6 +406,17 @@ impl DeviceManager {
         }
     }
 
+    /// Frees what pods for which `active` says no hold — pods that ended while the agent was down, whose
+    /// devices the checkpoint kept — as the kubelet's device manager drops the assignments of pods no longer
+    /// active once it has seen every pod source. Returns whether anything was freed.
+    pub fn retain_pods(&self, active: impl Fn(&str) -> bool) -> bool {
+        let freed = self.lock().retain_pods(&active);
+        if freed {
+            self.save();
+        }
+        freed
+    }
+
     /// The devices each container of pod `pod_uid` holds: (container, resource, device IDs).
     pub fn pod_devices(&self, pod_uid: &str) -> Vec<(String, String, Vec<String>)> {
         self.lock()

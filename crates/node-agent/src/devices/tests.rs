@@ -399,6 +399,14 @@ async fn a_grpc_plugin_registers_lists_and_allocates_and_the_checkpoint_keeps_it
         }),
         "restored devices wait for their plugin"
     );
+    // a pod gone while the agent was down: its devices are freed, and the checkpoint says so
+    assert!(
+        !restarted.retain_pods(|uid| uid == "pod"),
+        "an active pod keeps them"
+    );
+    assert!(restarted.retain_pods(|_| false));
+    assert!(restarted.pod_devices("pod").is_empty());
+    assert!(DeviceManager::with_checkpoint(&dir).pod_devices("pod").is_empty());
 
     // the plugin stops: allocatable 0, capacity kept
     plugin.stop.cancel();

@@ -278,6 +278,12 @@ impl PodManager {
                 }
                 self.pending
                     .retain(|p| p.metadata.uid.as_ref().is_some_and(|u| live.contains(u)));
+                if self.statics.unseen == 0 {
+                    // every source seen: what pods that are gone held is free for those admitted now
+                    let mut keep = live.clone();
+                    keep.extend(self.workers.keys().map(|uid| uid.to_string()));
+                    orphans::free_devices(&self.ctx, &keep);
+                }
                 // admission in creation order, like the kubelet
                 pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
                 self.apply_all(pods);
@@ -620,6 +626,7 @@ impl PodManager {
         keep.extend(self.workers.keys().map(|uid| uid.to_string()));
         keep.extend(self.finished.iter().cloned());
         keep.extend(self.pending.iter().filter_map(|p| p.metadata.uid.clone()));
+        orphans::free_devices(&self.ctx, &keep);
         self.orphans.sweep(&self.ctx, &keep, &self.tracker).await;
     }
 

@@ -8,6 +8,9 @@
 //! directory is gone, so memory-backed volumes no longer charge it — the cgroup. Resource claims prepared for
 //! such a pod are released once its runtime objects are gone.
 //!
+//! Devices a device plugin gave such a pod are freed as soon as the pod is known to be gone ([`free_devices`]),
+//! before its containers are stopped, as the kubelet frees them: the pods admitted after the list may take them.
+//!
 //! The pod manager runs a sweep after every full list of the API's pods (once every static source has been
 //! read) and, on a real node, every [`PERIOD`] (a hollow node has neither directories nor cgroups, and sweeps
 //! only after a list).
@@ -120,6 +123,16 @@ impl Orphans {
                 }
             });
         }
+    }
+}
+
+/// Frees the devices held by pods not in `keep` (their assignments restored from the checkpoint of an agent
+/// that was down when they were deleted).
+pub(crate) fn free_devices(ctx: &AgentCtx, keep: &HashSet<String>) {
+    if let Some(devices) = &ctx.config.devices
+        && devices.retain_pods(|uid| keep.contains(uid))
+    {
+        tracing::info!("freed the devices of pods that no longer exist");
     }
 }
 
