@@ -27,7 +27,7 @@ use serde::de::DeserializeOwned;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::density::lean_watch::{Change, LeanWatch};
+use crate::density::lean_watch::{Change, LeanWatch, OneObject};
 use crate::density::watch;
 use crate::pods::actions::object_data::{ObjectData, ObjectError, ObjectKind, config_map_data, secret_data};
 
@@ -181,20 +181,19 @@ impl ObjectWatches {
     /// A new watch of one object, read just now, named by no pod yet.
     fn start(&self, kind: ObjectKind, namespace: &str, name: &str, key: &str) -> Watched {
         let (tx, rx) = watch::channel(Seen::Pending);
-        let selector = format!("metadata.name={name}");
         let (client, idle) = (self.client.clone(), self.idle);
         // the entry and its task share the read time: the task stops the watch when it grows old
         let last_read = Arc::new(SyncMutex::new(Instant::now()));
         let task = match kind {
             ObjectKind::ConfigMap => tokio::spawn(run(
-                LeanWatch::<ConfigMap, Box<str>>::namespaced(client, namespace, selector),
+                LeanWatch::<ConfigMap, OneObject>::one_object(client, namespace, name),
                 |cm: ConfigMap| (cm.immutable == Some(true), config_map_data(cm)),
                 tx,
                 last_read.clone(),
                 idle,
             )),
             ObjectKind::Secret => tokio::spawn(run(
-                LeanWatch::<Secret, Box<str>>::namespaced(client, namespace, selector),
+                LeanWatch::<Secret, OneObject>::one_object(client, namespace, name),
                 |s: Secret| (s.immutable == Some(true), secret_data(s)),
                 tx,
                 last_read.clone(),
@@ -222,7 +221,7 @@ impl Drop for ObjectWatches {
 /// Follows one object until no read has asked for it for `idle` (counted once it is listed) or it is seen
 /// immutable. `data_of` says whether an object is immutable, and what it holds.
 async fn run<K>(
-    mut watch: LeanWatch<K, Box<str>>,
+    mut watch: LeanWatch<K, OneObject>,
     data_of: fn(K) -> (bool, ObjectData),
     tx: watch::Sender<Seen>,
     last_read: Arc<SyncMutex<Instant>>,
