@@ -46,6 +46,10 @@ if [ -z "$testenv_bin" ] || [ -z "$node_agent_bin" ] || [ -z "$hollow_bin" ]; th
   testenv_bin="$target/debug/testenv" node_agent_bin="$target/debug/node-agent" hollow_bin="$target/debug/hollow"
 fi
 
+# the two containerds' pod subnets (TRAFFIC_SUBNETS="A B" to run beside other nodes on this machine)
+read -r -a TRAFFIC_SUBNETS <<<"${TRAFFIC_SUBNETS:-10.79.0.0/16 10.80.0.0/16}"
+[ "${#TRAFFIC_SUBNETS[@]}" = 2 ] || die "TRAFFIC_SUBNETS names two subnets"
+
 rm -rf "$out"; mkdir -p "$out"
 cp_dir="$out/control-plane" audit="$out/audit.log"
 pids=() cri_dirs=() bridges=() ips=() cgroup_roots=()
@@ -192,8 +196,8 @@ window() {
   python3 "$root/hack/traffic-report.py" "$audit" "$start" "$end" "$@" | tee "$out/$label.md"
 }
 
-start_real kubelet "$kubelet_bin" 10.254.254.4 10.79.0.0/16 natraffic0
-start_real node-agent "$node_agent_bin" 10.254.254.5 10.80.0.0/16 natraffic1
+start_real kubelet "$kubelet_bin" 10.254.254.4 "${TRAFFIC_SUBNETS[0]}" natraffic0
+start_real node-agent "$node_agent_bin" 10.254.254.5 "${TRAFFIC_SUBNETS[1]}" natraffic1
 start_hollow 1 traffic-hollow-{index} "$(free_port)" 20250
 wait_ready 3 traffic- 180
 pods traffic traffic-kubelet traffic-node-agent traffic-hollow-0

@@ -357,6 +357,9 @@ pub struct NodeFactory {
     timer: node_agent::density::timer::Timer,
     /// One copy of the collection settings for every node.
     gc: Arc<node_agent::config::GcSettings>,
+    /// The Services, RuntimeClasses and CSIDrivers informers every node reads (one list+watch of each for the
+    /// fleet, where as many kubelets would hold one each).
+    informers: Arc<node_agent::informers::ClusterInformers>,
 }
 
 impl NodeFactory {
@@ -444,6 +447,7 @@ impl NodeFactory {
             devices: None,
             // the profile's DRA driver, in process
             dra,
+            informers: Some(self.informers.clone()),
         };
         let token = self.token.child_token();
         let mut pods = pods;
@@ -572,6 +576,8 @@ impl Fleet {
             token: token.clone(),
             timer: node_agent::density::timer::Timer::new(),
             gc: Arc::new(spec.gc),
+            // with the first node's identity: the Node authorizer lets a node list and watch all three
+            informers: node_agent::informers::ClusterInformers::start(pool.for_agent(0)),
         });
         let mut nodes = Vec::with_capacity(spec.nodes);
         let period = Duration::from_secs_f64(1.0 / spec.register_qps.max(0.001));

@@ -3,18 +3,21 @@
 //! pod back exactly as on a real node — `CreateContainerConfigError` for an environment reference,
 //! `FailedMount` for a volume — and the pod runs once the object exists. Every pod's service account token
 //! (the `kube-api-access-*` volume the API server adds) is requested from the TokenRequest API. Objects are
-//! followed by watches of their own (the default `Watch` strategy), never read by GET.
+//! followed by watches of their own (the default `Watch` strategy), never read by GET, and let go when the pods
+//! naming them are gone. Services, RuntimeClasses and CSIDrivers come from one informer of each for the fleet.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use e2e::{init_logging, wait_for};
 use hollow::client_pool::{ClientPool, PoolLimits, PoolSize};
 use hollow::fleet::{Fleet, FleetSpec};
 use hollow::profiles;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use node_agent::Metrics;
 use node_agent::pods::PodMetrics;
 use serde_json::json;
@@ -59,21 +62,38 @@ async fn event_for(client: &kube::Client, pod: &str, reason: &str) -> anyhow::Re
         .and_then(|e| e.message))
 }
 
-/// Watches of ConfigMaps in one namespace the API server holds open now (the controllers' are cluster-wide).
-async fn namespaced_config_map_watches(client: &kube::Client) -> anyhow::Result<u64> {
+/// Watches of `resource` in `scope` the API server holds open now: `cluster` (every namespace), `namespace`,
+/// or `resource` (one object, named by `fieldSelector=metadata.name=...`).
+async fn watches(client: &kube::Client, resource: &str, scope: &str) -> anyhow::Result<u64> {
     let text = client
         .request_text(http::Request::get("/metrics").body(Vec::new())?)
         .await?;
+    let (resource, scope) = (format!("resource=\"{resource}\""), format!("scope=\"{scope}\""));
     Ok(text
         .lines()
         .filter(|l| {
             l.starts_with("apiserver_longrunning_requests{")
-                && l.contains("resource=\"configmaps\"")
-                && l.contains("scope=\"namespace\"")
+                && l.contains(&resource)
+                && l.contains(&scope)
                 && l.contains("verb=\"WATCH\"")
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64)
+}
+
+/// The cluster-wide watches of Services, RuntimeClasses and CSIDrivers held now.
+async fn informer_watches(client: &kube::Client) -> anyhow::Result<[u64; 3]> {
+    Ok([
+        watches(client, "services", "cluster").await?,
+        watches(client, "runtimeclasses", "cluster").await?,
+        watches(client, "csidrivers", "cluster").await?,
+    ])
+}
+
+/// Watches of single ConfigMaps and Secrets (the nodes' per-object watches, and the control plane's own of a few
+/// objects).
+async fn object_watches(client: &kube::Client) -> anyhow::Result<u64> {
+    Ok(watches(client, "configmaps", "resource").await? + watches(client, "secrets", "resource").await?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,6 +102,7 @@ async fn missing_objects_hold_pods_back_with_the_kubelets_reasons_until_they_exi
     let cp = testenv::shared().await?;
     let admin = cp.admin_client().await?;
     let config = cp.admin_config().await?;
+    let (before, control_plane_objects) = (informer_watches(&admin).await?, object_watches(&admin).await?);
     let pool = ClientPool::new(&config, PoolSize::for_fleet(NODES, true, PoolLimits::default()))?;
     let metrics = Arc::new(Metrics::unregistered());
     let token = CancellationToken::new();
@@ -99,6 +120,24 @@ async fn missing_objects_hold_pods_back_with_the_kubelets_reasons_until_they_exi
         Ok((fleet.view().registered() == NODES).then_some(()))
     })
     .await?;
+    // the fleet's nodes share one informer of each kind: one more cluster-wide watch each, not one per node
+    let held = std::sync::Mutex::new([0; 3]);
+    let shared = wait_for(
+        "one Services, RuntimeClasses and CSIDrivers watch for the fleet",
+        Duration::from_secs(30),
+        || async {
+            let now = informer_watches(&admin).await?;
+            let added = [0, 1, 2].map(|i| now[i].saturating_sub(before[i]));
+            *held.lock().unwrap() = added;
+            Ok((added == [1, 1, 1]).then_some(()))
+        },
+    )
+    .await;
+    println!(
+        "[volumes] cluster-wide watches the fleet added (services, runtimeclasses, csidrivers): {:?}",
+        held.lock().unwrap()
+    );
+    shared?;
 
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}}))?;
     Api::<Namespace>::all(admin.clone())
@@ -195,9 +234,12 @@ async fn missing_objects_hold_pods_back_with_the_kubelets_reasons_until_they_exi
         (0, 0),
         "ConfigMaps read by GET (200, 404)"
     );
-    let watches = namespaced_config_map_watches(&admin).await?;
-    println!("[volumes] ConfigMap watches in a namespace the API server holds: {watches}");
-    assert!(watches >= 1, "no node follows its pods' ConfigMaps by watch");
+    let followed = object_watches(&admin)
+        .await?
+        .saturating_sub(control_plane_objects);
+    println!("[volumes] the nodes' ConfigMap and Secret watches the API server holds: {followed}");
+    // each node's pods name their namespace's kube-root-ca.crt (the token volume) and app-config
+    assert!(followed >= 4, "the nodes follow {followed} objects by watch");
     wait_for("bad-key names its key", Duration::from_secs(60), || async {
         let p = pods.get("bad-key").await?;
         let want = (
@@ -230,6 +272,61 @@ async fn missing_objects_hold_pods_back_with_the_kubelets_reasons_until_they_exi
         "one token request per pod at least, counted {issued}"
     );
     println!("[volumes] {issued} service account tokens issued to the fleet's pods");
+
+    // a pod naming a RuntimeClass gets its handler from the fleet's informer, never by GET
+    let class: RuntimeClass = serde_json::from_value(json!({
+        "metadata": {"name": "hollow-volumes-class"}, "handler": "runc"
+    }))?;
+    let classes: Api<RuntimeClass> = Api::all(admin.clone());
+    classes.create(&pp, &class).await?;
+    let mut with_class = pod("with-class", json!({}), json!([]))?;
+    with_class.spec.as_mut().context("spec")?.runtime_class_name = Some("hollow-volumes-class".into());
+    pods.create(&pp, &with_class).await?;
+    wait_for("with-class Running", Duration::from_secs(60), || async {
+        Ok((phase(&pods.get("with-class").await?) == "Running").then_some(()))
+    })
+    .await?;
+    let reads = (
+        metrics.request_count("get", "runtimeclasses", 200),
+        metrics.request_count("get", "runtimeclasses", 404),
+        metrics.request_count("list", "services", 200),
+        metrics.request_count("get", "services", 200),
+    );
+    assert_eq!(
+        reads,
+        (0, 0, 0, 0),
+        "RuntimeClasses read by GET (200, 404), Services listed, read by GET"
+    );
+
+    // the pods go: every per-object watch their nodes held ends with the last pod naming its object
+    let opened = object_watches(&admin)
+        .await?
+        .saturating_sub(control_plane_objects);
+    pods.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    let gone = std::time::Instant::now();
+    wait_for("the pods gone", Duration::from_secs(60), || async {
+        Ok(pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    wait_for(
+        "the nodes' ConfigMap and Secret watches closed",
+        Duration::from_secs(30),
+        || async { Ok((object_watches(&admin).await? <= control_plane_objects).then_some(())) },
+    )
+    .await?;
+    println!(
+        "[volumes] {opened} ConfigMap and Secret watches closed {:.1} s after the pods' deletion",
+        gone.elapsed().as_secs_f64()
+    );
+    classes
+        .delete("hollow-volumes-class", &DeleteParams::default())
+        .await?;
     token.cancel();
     fleet.stop(Duration::from_secs(10)).await;
     Ok(())

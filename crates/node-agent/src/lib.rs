@@ -40,6 +40,7 @@
 //! * [`sysctl`] — sysctl names, namespaces and the allowlist pods are admitted against.
 //! * [`eviction`] — node-pressure eviction: thresholds, pressure conditions, ranking, one eviction per pass.
 //! * [`gc`] — container and image garbage collection.
+//! * [`informers`] — the cluster-wide informers a node keeps: Services, RuntimeClasses, CSIDrivers.
 //! * [`grpc_unix`] — gRPC on the unix sockets node-local programs call, for clients in any language.
 //! * [`pod_resources`] — the pod-resources gRPC API on `<root-dir>/pod-resources/kubelet.sock`.
 //! * [`plugins`] — kubelet plugin registration: the watcher of `<root-dir>/plugins_registry`.
@@ -70,6 +71,7 @@ pub mod events;
 pub mod eviction;
 pub mod gc;
 pub mod grpc_unix;
+pub mod informers;
 pub mod machine;
 pub mod metrics;
 pub mod node;

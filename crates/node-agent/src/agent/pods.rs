@@ -111,6 +111,7 @@ pub fn lifecycle(ctx: &AgentContext, options: PodOptions) -> PodLifecycle {
     .with_events(Arc::new(ctx.events.clone()))
     .with_api(ctx.api.clone())
     .with_source(options.source)
+    .with_informers(options.informers)
 }
 
 /// Runs the pod lifecycle of the agent behind `ctx` until the agent's token fires (errors are logged).

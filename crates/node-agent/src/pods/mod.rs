@@ -188,6 +188,8 @@ pub struct PodLifecycle {
     source: PodSource,
     /// Graceful node shutdown requests, questions about the node's pods, evictions.
     control: Option<crate::density::chan::UnboundedReceiver<ManagerControl>>,
+    /// Informers shared with other nodes (`None`: its own, started with the pod side).
+    informers: Option<Arc<crate::informers::ClusterInformers>>,
 }
 
 /// The receiving end of a node view channel.
@@ -240,7 +242,15 @@ impl PodLifecycle {
             api: ApiCalls::new(Arc::new(Metrics::unregistered()), 0, 0),
             source: PodSource::Watch,
             control: None,
+            informers: None,
         }
+    }
+
+    /// Reads Services, RuntimeClasses and CSIDrivers from `informers` (a fleet's, shared by its nodes) instead
+    /// of starting informers of its own.
+    pub fn with_informers(mut self, informers: Option<Arc<crate::informers::ClusterInformers>>) -> Self {
+        self.informers = informers;
+        self
     }
 
     /// Takes graceful node shutdown requests (see [`shutdown`](manager::shutdown)), questions about the node's pods
@@ -443,11 +453,16 @@ impl PodLifecycle {
             desired_tx,
             static_pods::mirror::MirrorLink::new(start_mirrors, statics_config.sources() > 0),
         );
+        let informers = match self.informers.take() {
+            Some(shared) => shared,
+            None => crate::informers::ClusterInformers::start(self.client.clone()),
+        };
         let objects = Arc::new(actions::objects::ApiObjects::new(
             self.client.clone(),
             self.api.clone(),
             self.config.change_detection,
             self.config.sync_frequency,
+            informers,
         ));
         let (reports, reports_rx) = crate::density::chan::unbounded_channel();
         let ctx = Arc::new(worker::AgentCtx {

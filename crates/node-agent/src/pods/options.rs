@@ -32,6 +32,9 @@ pub struct PodOptions {
     pub devices: Option<crate::devices::DeviceManager>,
     /// The node's DRA manager (see [`with_dra`](Self::with_dra)); `None`: resource claims are not prepared.
     pub dra: Option<Arc<crate::dra::DraManager>>,
+    /// Cluster-wide informers shared with other nodes (a hollow fleet's); `None`: the node starts its own when
+    /// its pod side starts.
+    pub informers: Option<Arc<crate::informers::ClusterInformers>>,
 }
 
 impl PodOptions {
@@ -49,6 +52,7 @@ impl PodOptions {
             csi_drivers: None,
             devices: None,
             dra: None,
+            informers: None,
         }
     }
 

@@ -9,8 +9,8 @@
 //! Semantics as the kubelet's reflector and kube-runtime's watcher: a list first (`resourceVersion=0`, served
 //! from the API server's watch cache), then a watch from the list's resourceVersion with bookmarks, resumed from
 //! the last resourceVersion seen when the server ends it (`timeoutSeconds` picked anew for every watch in
-//! [5, 10) minutes, as the reflector picks it) or the connection breaks; a
-//! `410 Gone` (the version is too old) lists again. Errors are returned to the caller, who logs them; the next
+//! [5, 10) minutes, as the reflector picks it; [30, 60) for a watch of one object, see [`OneObject`]) or the
+//! connection breaks; a `410 Gone` (the version is too old) lists again. Errors are returned to the caller, who logs them; the next
 //! call waits out a back-off (800 ms doubling to 30 s) before trying again.
 
 use std::collections::VecDeque;
@@ -56,11 +56,16 @@ pub enum WatchError {
     Decode(#[source] serde_json::Error),
 }
 
-/// Where a watch looks: every namespace (`()`, which costs the long-lived per-node watches no bytes) or the one
-/// a `Box<str>` names.
+/// Where a watch looks: every namespace (`()`, which costs the long-lived per-node watches no bytes) or one
+/// named object of a namespace ([`OneObject`]).
 pub trait Scope {
     /// The namespace, or `None` for every namespace (or a cluster-scoped kind).
     fn namespace(&self) -> Option<&str>;
+
+    /// The range (seconds) the server's timeout of each watch is picked in.
+    fn watch_timeout_secs(&self) -> std::ops::Range<u32> {
+        WATCH_TIMEOUT_SECS
+    }
 }
 
 impl Scope for () {
@@ -69,9 +74,18 @@ impl Scope for () {
     }
 }
 
-impl Scope for Box<str> {
+/// One object of the namespace it holds, followed by a watch of its own, as the kubelet's ConfigMap and Secret
+/// managers follow each object a pod names. Those watches ask for 30 to 60 minutes, as the managers' reflectors
+/// do: a node holds one per object, and re-opening each every few minutes would be most of what it asks.
+pub struct OneObject(Box<str>);
+
+impl Scope for OneObject {
     fn namespace(&self) -> Option<&str> {
-        Some(self)
+        Some(&self.0)
+    }
+
+    fn watch_timeout_secs(&self) -> std::ops::Range<u32> {
+        1800..3600
     }
 }
 
@@ -104,14 +118,14 @@ impl<K> LeanWatch<K> {
     }
 }
 
-impl<K> LeanWatch<K, Box<str>> {
-    /// A watch of the `K`s of `namespace` matching `field_selector` (e.g. `metadata.name=settings`).
-    pub fn namespaced(
-        client: impl Into<crate::client::ApiClient>,
-        namespace: &str,
-        field_selector: impl Into<String>,
-    ) -> Self {
-        LeanWatch::scoped(client, namespace.into(), field_selector)
+impl<K> LeanWatch<K, OneObject> {
+    /// A watch of the `K` named `name` in `namespace` (`fieldSelector=metadata.name=<name>`).
+    pub fn one_object(client: impl Into<crate::client::ApiClient>, namespace: &str, name: &str) -> Self {
+        LeanWatch::scoped(
+            client,
+            OneObject(namespace.into()),
+            format!("metadata.name={name}"),
+        )
     }
 }
 
@@ -190,8 +204,16 @@ where
         }
         let Some(body) = self.body.as_mut() else {
             let version = self.resource_version.as_deref().unwrap_or_default().to_owned();
-            self.body =
-                Some(Box::pin(open_watch(&self.client, &self.path(), &self.selector, version)).await?);
+            self.body = Some(
+                Box::pin(open_watch(
+                    &self.client,
+                    &self.path(),
+                    &self.selector,
+                    version,
+                    self.scope.watch_timeout_secs(),
+                ))
+                .await?,
+            );
             return Ok(None);
         };
         match body.frame().await {
@@ -283,16 +305,18 @@ where
     }
 }
 
-/// A watch of `url_path` from `version`, matching `selector`.
+/// A watch of `url_path` from `version`, matching `selector`, which the server ends after a time picked in
+/// `timeout_secs`.
 async fn open_watch(
     client: &kube::Client,
     url_path: &str,
     selector: &str,
     version: String,
+    timeout_secs: std::ops::Range<u32>,
 ) -> Result<kube::client::Body, WatchError> {
     let params = WatchParams::default()
         .fields(selector)
-        .timeout(rand::random_range(WATCH_TIMEOUT_SECS));
+        .timeout(rand::random_range(timeout_secs));
     let request = Request::new(url_path)
         .watch(&params, &version)
         .map_err(|e| WatchError::Request(kube::Error::BuildRequest(e)))?;

@@ -4,7 +4,7 @@
 //!   [`pull_secrets`] finds credentials).
 //! * [`volumes`] — setting up and tearing down the volumes a node provides itself; [`objects`] reads the
 //!   ConfigMaps, Secrets and tokens they name, through [`object_watches`] or [`read_cache`] ([`object_data`]: what
-//!   such an object holds).
+//!   such an object holds; [`object_refs`]: which ones a pod names).
 //! * [`env`](mod@env) — a container's environment, command and arguments ([`service_links`] adds the Services).
 //! * [`action`] — one probe or lifecycle-hook action (exec, HTTP, TCP, gRPC, sleep).
 //! * [`kill`] — stopping containers and pods.
@@ -17,6 +17,7 @@ pub(crate) mod env;
 pub(crate) mod images;
 pub(crate) mod kill;
 pub(crate) mod object_data;
+pub(crate) mod object_refs;
 pub(crate) mod object_watches;
 pub mod objects;
 pub mod pull_gate;

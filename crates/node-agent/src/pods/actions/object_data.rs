@@ -45,7 +45,7 @@ pub(crate) fn secret_data(s: Secret) -> ObjectData {
 }
 
 /// A ConfigMap or a Secret.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ObjectKind {
     /// `configmaps`.
     ConfigMap,

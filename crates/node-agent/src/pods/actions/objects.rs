@@ -10,16 +10,13 @@
 //! are serialised, so fifty pods starting at once read it once, and an object found missing is not cached: each
 //! retry of a pod waiting for it reads again.
 //!
-//! A pod's RuntimeClass is read when its sandbox is created, for the handler the runtime is asked for.
+//! Services (for service links), RuntimeClasses (for a sandbox's handler) and CSIDrivers come from the node's
+//! cluster-wide informers ([`ClusterInformers`]), as the kubelet's listers answer them.
 //!
-//! PersistentVolumeClaims and PersistentVolumes (and for CSI volumes the CSIDriver, the VolumeAttachment and
-//! the Node's volume status) are read uncached, each time a claim's volume is resolved (see
+//! PersistentVolumeClaims and PersistentVolumes (and for CSI volumes the VolumeAttachment and the Node's volume
+//! status) are read uncached, each time a claim's volume is resolved (see
 //! [`claims`](crate::pods::actions::volumes::claims)): only until the volume is set up, as the kubelet's volume
 //! manager reads them when it adds a pod's volume.
-//!
-//! Services are listed per namespace (the kubelet keeps a cluster-wide informer instead) and kept for
-//! `syncFrequency` whatever the strategy, reduced to [`ServiceLink`]s: a name, a cluster IP and the ports; a
-//! list read before a pod was created is read again for it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,17 +24,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret, ServiceAccount,
 };
-use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::api::{ApiCalls, is_not_found};
+use crate::informers::ClusterInformers;
+pub use crate::informers::ServiceLink;
 pub use crate::pods::actions::object_data::{ObjectData, ObjectError, ObjectKind};
 use crate::pods::actions::object_data::{config_map_data, secret_data};
 use crate::pods::actions::object_watches::ObjectWatches;
@@ -80,44 +78,6 @@ pub struct Token {
     pub expires: Timestamp,
 }
 
-/// A Service with a cluster IP, as its environment variables need it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ServiceLink {
-    /// `metadata.name`.
-    pub name: String,
-    /// `spec.clusterIP` (never empty nor `None`).
-    pub cluster_ip: String,
-    /// `spec.ports` as (name, port, protocol), in order.
-    pub ports: Vec<(String, i32, String)>,
-}
-
-impl ServiceLink {
-    /// The link of `svc`, or `None` for a Service without a cluster IP (headless, ExternalName).
-    pub fn from_api(svc: &Service) -> Option<Self> {
-        let spec = svc.spec.as_ref()?;
-        let ip = spec
-            .cluster_ip
-            .as_deref()
-            .filter(|ip| !ip.is_empty() && *ip != "None")?;
-        Some(Self {
-            name: svc.metadata.name.clone()?,
-            cluster_ip: ip.to_owned(),
-            ports: spec
-                .ports
-                .iter()
-                .flatten()
-                .map(|p| {
-                    (
-                        p.name.clone().unwrap_or_default(),
-                        p.port,
-                        p.protocol.clone().unwrap_or_else(|| "TCP".to_owned()),
-                    )
-                })
-                .collect(),
-        })
-    }
-}
-
 /// One copy of equal Service lists: every node of a fleet lists the same Services of a namespace (the
 /// `kubernetes` Service in every one), which would otherwise be a copy per node with pods.
 fn shared_links(links: Vec<ServiceLink>) -> Arc<[ServiceLink]> {
@@ -138,6 +98,17 @@ pub trait PodObjects: Send + Sync {
 
     /// A token for the pod's service account, bound to the pod.
     async fn token(&self, request: TokenFor<'_>) -> Result<Token, ObjectError>;
+
+    /// Pod `uid` of `namespace` names the objects `refs` (see [`object_refs`](super::object_refs)), at each of
+    /// its syncs: a source that follows objects follows these from now, and lets go of those it named before.
+    fn register_pod(&self, uid: &Arc<str>, namespace: &str, refs: &[(ObjectKind, &str)]) {
+        let _ = (uid, namespace, refs);
+    }
+
+    /// Pod `uid` is terminated: the objects only it named need not be followed any more.
+    fn release_pod(&self, uid: &str) {
+        let _ = uid;
+    }
 
     /// The `handler` of RuntimeClass `name`, or `None` when it does not exist. A source without an API server
     /// knows no RuntimeClass.
@@ -178,15 +149,9 @@ pub trait PodObjects: Send + Sync {
     }
 
     /// The Services of `namespace` that have a cluster IP, or with `name` only that one (empty when it does not
-    /// exist or has none), as read after `created` (a pod's creation: a Service made just before the pod is in
-    /// what it gets). A source without an API server has none.
-    async fn services(
-        &self,
-        namespace: &str,
-        name: Option<&str>,
-        created: Option<Timestamp>,
-    ) -> Result<Arc<[ServiceLink]>, ObjectError> {
-        let _ = (namespace, name, created);
+    /// exist or has none). A source without an API server has none.
+    async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {
+        let _ = (namespace, name);
         Ok(Arc::new([]))
     }
 }
@@ -218,11 +183,8 @@ pub struct ApiObjects {
     /// a pod waiting for it reads again at its next retry, so the object's creation reaches the pod as soon as
     /// the kubelet's watch would bring it (a kept absence would hold the pod back for the whole time to live).
     cache: Mutex<ReadCache<Arc<ObjectData>>>,
-    /// How long a Service read is kept (the sync period, whatever the ConfigMap strategy).
-    services_ttl: Duration,
-    /// Services read, under the namespace (all of its Services) or `namespace/name` (one asked for alone), with
-    /// the time the read was sent.
-    services: Mutex<ReadCache<(Arc<[ServiceLink]>, Timestamp)>>,
+    /// The node's Services, RuntimeClasses and CSIDrivers.
+    informers: Arc<ClusterInformers>,
 }
 
 impl std::fmt::Debug for ApiObjects {
@@ -235,18 +197,19 @@ impl std::fmt::Debug for ApiObjects {
 
 impl ApiObjects {
     /// Reads through `client` and `api`, ConfigMaps and Secrets as `strategy` says (`Cache` keeps a read for
-    /// `sync_period`; a `Watch` ends three sync periods after its last read), each Service read kept for
-    /// `sync_period`.
+    /// `sync_period`; a `Watch` stops five sync periods after its last read, as the kubelet's); Services,
+    /// RuntimeClasses and CSIDrivers from `informers`.
     pub fn new(
         client: impl Into<crate::client::ApiClient>,
         api: ApiCalls,
         strategy: ChangeDetection,
         sync_period: Duration,
+        informers: Arc<ClusterInformers>,
     ) -> Self {
         let client = client.into();
         Self {
             watches: (strategy == ChangeDetection::Watch)
-                .then(|| ObjectWatches::new(client.clone(), sync_period * 3)),
+                .then(|| ObjectWatches::new(client.clone(), sync_period * 5)),
             ttl: match strategy {
                 ChangeDetection::Cache => sync_period,
                 ChangeDetection::Get | ChangeDetection::Watch => Duration::ZERO,
@@ -254,31 +217,7 @@ impl ApiObjects {
             client,
             api,
             cache: Mutex::default(),
-            services_ttl: sync_period,
-            services: Mutex::default(),
-        }
-    }
-
-    async fn fetch_services(&self, namespace: &str, name: Option<&str>) -> kube::Result<Vec<ServiceLink>> {
-        let api: Api<Service> = Api::namespaced(self.client.kube(), namespace);
-        match name {
-            Some(name) => match self.api.run("get", "services", Box::pin(api.get(name))).await {
-                Ok(svc) => Ok(ServiceLink::from_api(&svc).into_iter().collect()),
-                Err(e) if is_not_found(&e) => Ok(Vec::new()),
-                Err(e) => Err(e),
-            },
-            None => {
-                // any resourceVersion: the API server answers from its watch cache, as for an informer's list
-                let list = self
-                    .api
-                    .run(
-                        "list",
-                        "services",
-                        Box::pin(api.list(&ListParams::default().match_any())),
-                    )
-                    .await?;
-                Ok(list.items.iter().filter_map(ServiceLink::from_api).collect())
-            }
+            informers,
         }
     }
 
@@ -345,21 +284,23 @@ impl PodObjects for ApiObjects {
         Ok(data)
     }
 
-    async fn runtime_handler(&self, name: &str) -> Result<Option<String>, ObjectError> {
-        // read at each sandbox creation, the only time it is needed
-        let api: Api<RuntimeClass> = Api::all(self.client.kube());
-        match self
-            .api
-            .run("get", "runtimeclasses", Box::pin(api.get(name)))
-            .await
-        {
-            Ok(rc) => Ok(Some(rc.handler)),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(ObjectError(format!(
-                "failed to lookup RuntimeClass {name}: {}",
-                describe(&e)
-            ))),
+    fn register_pod(&self, uid: &Arc<str>, namespace: &str, refs: &[(ObjectKind, &str)]) {
+        if let Some(watches) = &self.watches {
+            watches.register(uid, namespace, refs);
         }
+    }
+
+    fn release_pod(&self, uid: &str) {
+        if let Some(watches) = &self.watches {
+            watches.release(uid);
+        }
+    }
+
+    async fn runtime_handler(&self, name: &str) -> Result<Option<String>, ObjectError> {
+        self.informers
+            .runtime_handler(name)
+            .await
+            .map_err(|e| ObjectError(format!("failed to lookup RuntimeClass {name}: {e}")))
     }
 
     async fn claim(&self, namespace: &str, name: &str) -> Result<Option<PersistentVolumeClaim>, ObjectError> {
@@ -376,12 +317,10 @@ impl PodObjects for ApiObjects {
     }
 
     async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, ObjectError> {
-        let api: Api<CSIDriver> = Api::all(self.client.kube());
-        match self.api.run("get", "csidrivers", Box::pin(api.get(name))).await {
-            Ok(driver) => Ok(Some(driver)),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(ObjectError(describe(&e))),
-        }
+        self.informers
+            .csi_driver(name)
+            .await
+            .map_err(|e| ObjectError(e.to_string()))
     }
 
     async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>, ObjectError> {
@@ -419,35 +358,16 @@ impl PodObjects for ApiObjects {
         }
     }
 
-    async fn services(
-        &self,
-        namespace: &str,
-        name: Option<&str>,
-        created: Option<Timestamp>,
-    ) -> Result<Arc<[ServiceLink]>, ObjectError> {
-        // namespaces and names hold no `/`
-        let key = match name {
-            Some(name) => format!("{namespace}/{name}"),
-            None => namespace.to_owned(),
+    async fn services(&self, namespace: &str, name: Option<&str>) -> Result<Arc<[ServiceLink]>, ObjectError> {
+        let links = match name {
+            Some(name) => self
+                .informers
+                .service(namespace, name)
+                .await
+                .map(|link| link.into_iter().collect()),
+            None => self.informers.services(namespace).await,
         };
-        let mut cache = self.services.lock().await;
-        let now = Instant::now();
-        // a read sent before the pod was made may miss a Service made just before it (the kubelet's informer
-        // would have it): such a read is not reused for the pod. Creation times count whole seconds, so a read
-        // sent within the creation's second counts as before.
-        if let Some((links, read_at)) = cache.fresh(&key, now, self.services_ttl)
-            && created.is_none_or(|c| read_at.as_second() > c.as_second())
-        {
-            return Ok(links);
-        }
-        let read_at = Timestamp::now();
-        let links = self
-            .fetch_services(namespace, name)
-            .await
-            .map_err(|e| ObjectError(describe(&e)))?;
-        let links = shared_links(links);
-        cache.put(&key, now, self.services_ttl, Some((links.clone(), read_at)));
-        Ok(links)
+        links.map(shared_links).map_err(|e| ObjectError(e.to_string()))
     }
 
     async fn token(&self, r: TokenFor<'_>) -> Result<Token, ObjectError> {
@@ -487,7 +407,7 @@ impl PodObjects for ApiObjects {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
     use kube::api::ObjectMeta;
 
     use super::*;

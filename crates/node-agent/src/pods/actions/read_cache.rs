@@ -1,5 +1,5 @@
-//! The per-agent cache of API reads ([`ReadCache`]): what one agent read of ConfigMaps, Secrets and Services,
-//! each kept for a time to live.
+//! The per-agent cache of API reads ([`ReadCache`]): what one agent read of ConfigMaps and Secrets, each
+//! kept for a time to live.
 //!
 //! An agent reads a handful of objects (every pod of a namespace mounts the same `kube-root-ca.crt`), and a
 //! hollow fleet holds one cache per node: the entries sit in one allocation sized to them, each under one key

@@ -5,7 +5,8 @@
 //! pod's own namespace replaces a `default/kubernetes` of the same name.
 //!
 //! The variables go in before the container's own, so its `envFrom` and `env` override them and can refer to
-//! them with `$(VAR)`. Services come from [`PodObjects::services`](crate::pods::actions::objects::PodObjects), cached per agent.
+//! them with `$(VAR)`. Services come from [`PodObjects::services`](crate::pods::actions::objects::PodObjects): the node's Services
+//! informer.
 
 use std::collections::BTreeMap;
 
@@ -81,14 +82,14 @@ fn select(pod: &DesiredPod, master: &[ServiceLink], own: &[ServiceLink]) -> BTre
 /// the API server: it gets what could be read.
 pub(crate) async fn vars(ctx: &ActionCtx, pod: &DesiredPod) -> Result<Vec<(String, String)>, String> {
     let own = if pod.service_links {
-        ctx.objects.services(&pod.namespace, None, pod.created).await
+        ctx.objects.services(&pod.namespace, None).await
     } else {
         Ok(std::sync::Arc::new([]) as std::sync::Arc<[ServiceLink]>)
     };
     let master = if pod.service_links && pod.namespace == MASTER.0 {
         own.clone()
     } else {
-        ctx.objects.services(MASTER.0, Some(MASTER.1), None).await
+        ctx.objects.services(MASTER.0, Some(MASTER.1)).await
     };
     let static_pod = pod.annotations.get(SOURCE_ANNOTATION).is_some_and(|s| s != "api");
     let (own, master) = match (own, master) {

@@ -175,6 +175,7 @@ async fn a_node_without_pods_waits_in_little() {
     let parts = size_of::<PodLifecycle>();
     let wait = size_of_val(&Box::new(lifecycle).start(&cancel));
     println!("lifecycle parts {parts} bytes, wait {wait} bytes");
-    assert!(parts <= 392, "the lifecycle's parts grew: {parts} bytes");
+    // the parts are boxed in jemalloc's 448 class
+    assert!(parts <= 400, "the lifecycle's parts grew: {parts} bytes");
     assert!(wait <= 320, "the wait for the first pod grew: {wait} bytes");
 }

@@ -292,6 +292,8 @@ impl PodWorker {
         }
         if first {
             volumes::release(&self.ctx, &self.pod.uid).await;
+            // its volumes are let go: so are the objects only it named
+            self.ctx.objects.release_pod(&self.pod.uid);
         }
         for done in self.stop.iter_mut().flat_map(|s| s.done.drain(..)) {
             let _ = done.send(());

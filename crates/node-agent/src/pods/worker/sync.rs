@@ -51,6 +51,12 @@ impl PodWorker {
         }
         let ctx = self.ctx.clone();
         let pod = self.pod.clone();
+        // the objects the pod names are followed while it runs, as the kubelet's managers register them
+        ctx.objects.register_pod(
+            &pod.uid,
+            &pod.namespace,
+            &crate::pods::actions::object_refs::referenced(&pod),
+        );
         self.view
             .refresh(ctx.view_source(), &pod.uid, Reread::Kept)
             .await?;
