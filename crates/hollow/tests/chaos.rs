@@ -394,7 +394,6 @@ async fn churn_with_shutdown_drains_leaving_nodes_gracefully() -> anyhow::Result
 /// it had before and no restart. `NA_OUTAGE_NODES` and `NA_OUTAGE_PODS` set the size (50 nodes and 100 pods by
 /// default; docs/reliability.md has the 1,000-node run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "not yet run green: the pods' Ready condition is not yet written back after the outage (docs/reliability.md); run with --ignored"]
 async fn an_api_server_outage_past_the_lease_leaves_the_pods_untouched() -> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::{DeleteParams, ListParams, PostParams};
@@ -468,15 +467,18 @@ async fn an_api_server_outage_past_the_lease_leaves_the_pods_untouched() -> anyh
         }))?;
         pods.create(&PostParams::default(), &pod).await?;
     }
-    // each pod's (ready, container ID, restart count)
+    // each pod's (ready: its Ready condition, which the node-lifecycle controller sets False on a lost node, and
+    // its container ready; container ID; restart count)
     let container = |p: &Pod| {
-        let c = p
-            .status
-            .as_ref()
+        let status = p.status.as_ref();
+        let c = status
             .and_then(|s| s.container_statuses.as_ref())
             .and_then(|cs| cs.first());
+        let pod_ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
         (
-            c.is_some_and(|c| c.ready),
+            pod_ready && c.is_some_and(|c| c.ready),
             c.and_then(|c| c.container_id.clone()),
             c.map_or(0, |c| c.restart_count),
         )

@@ -258,7 +258,6 @@ async fn a_watch_answered_410_after_etcd_compaction() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-#[ignore = "fails: after the node is reachable again its pods stay not ready (the Ready condition the controller wrote is not yet written back; docs/reliability.md); run with --ignored"]
 async fn api_server_unreachable_past_the_lease() -> anyhow::Result<()> {
     init_logging();
     let Some((node, _serial)) = node().await? else {

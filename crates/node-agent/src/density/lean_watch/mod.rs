@@ -173,6 +173,8 @@ where
                 if ready.is_empty() {
                     self.ready = None;
                 }
+                // a change read: the watch works again, and the next step goes on at once
+                self.backoff = None;
                 return Ok(change);
             }
             if !waited && let Some(backoff) = self.backoff.as_mut() {

@@ -1,6 +1,7 @@
 //! Decoding the watch stream: lines split across chunks, several lines in one chunk, bookmarks moving the
 //! resume point, 410 Gone turning the next step into a list, other error events surfacing; every watch asks
-//! for a timeout of its own between 5 and 10 minutes; after a failure one back-off is waited, not one per step.
+//! for a timeout of its own between 5 and 10 minutes; after a failure one back-off is waited, not one per step,
+//! and none once a change came through.
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -146,5 +147,35 @@ async fn after_a_failure_the_watch_waits_one_back_off_then_reads_at_once() {
     assert_eq!(w.resource_version.as_deref(), Some("151"));
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
     // one back-off of 800 ms (10 % jitter), not one before each of the five steps
+    assert!(took <= std::time::Duration::from_millis(880), "{took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_failure_every_later_change_comes_at_once() {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    // the API server unreachable once; then watches that each send one pod and end
+    let service = tower::service_fn(move |_req: http::Request<kube::client::Body>| {
+        let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let body = (n > 0).then(|| event("MODIFIED", &format!("p{n}"), &(200 + n).to_string()));
+        std::future::ready(
+            body.map(|b| http::Response::new(kube::client::Body::from(b.into_bytes())))
+                .ok_or_else(|| std::io::Error::other("connection refused")),
+        )
+    });
+    let mut w: LeanWatch<Pod> = LeanWatch::new(kube::Client::new(service, "default"), "spec.nodeName=n1");
+    w.resource_version = Some("100".into());
+    assert!(w.next().await.is_err(), "the first watch request fails");
+    let t0 = tokio::time::Instant::now();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        match w.next().await.expect("the watch resumes") {
+            Change::Applied(p) => seen.push(p.metadata.name.unwrap_or_default()),
+            other => panic!("{other:?}"),
+        }
+    }
+    let took = t0.elapsed();
+    assert_eq!(seen, ["p1", "p2", "p3"]);
+    // one back-off of 800 ms (10 % jitter) before the first; the changes after it wait for nothing
     assert!(took <= std::time::Duration::from_millis(880), "{took:?}");
 }
