@@ -8,8 +8,7 @@ directory as cargo would run them. The longest-running binaries (as measured by 
 cache directory) start first. The binaries that start a private containerd with bridge networking
 (CONTAINERD_BINARIES) run in CONTAINERD_LANES lanes, one binary after another in each, so at most that many real
 nodes load the machine at once; each has its own state directory, bridge and pod subnet (NA_CRI_SUBNET, unless
-the environment sets one). The binaries that boot a VM guest (VM_BINARIES) run in VM_LANES lanes the same way;
-the lanes start first and run beside every other binary. The `hollow` and `node-agent` programs the same build made are
+the environment sets one). The `hollow` and `node-agent` programs the same build made are
 handed to the tests (HOLLOW_BIN, NODE_AGENT_BIN, TESTENV_BIN, unless the environment sets them). Beside the test
 binaries runs the CI subset of the upstream node conformance suite (SCRIPTS: hack/conformance.sh --subset, with its
 own containerd, bridge and pod subnet).
@@ -18,7 +17,7 @@ With NODE_AGENT_LINT=1 the workspace's own crates are compiled by clippy (cargo'
 warning an error: the lints ride on the one compile the tests need instead of a second pass of their own.
 `--build-only` builds and stops (CI starts the build while the Go-built binaries are made).
 
-Environment: NODE_AGENT_TEST_JOBS (binaries at once, default 6: the four lanes and two more), NODE_AGENT_TEST_THREADS (test threads per
+Environment: NODE_AGENT_TEST_JOBS (binaries at once, default 4), NODE_AGENT_TEST_THREADS (test threads per
 binary, default 8), NODE_AGENT_CACHE (where the timings are kept), NODE_AGENT_LINT (see above).
 """
 
@@ -50,11 +49,6 @@ CONTAINERD_BINARIES = {
 
 # how many real nodes on a private containerd run at once
 CONTAINERD_LANES = 2
-
-# the binaries that boot a guest under software emulation (QEMU's TCG), each guest busy on the host's cores:
-# they run in VM_LANES serial lanes, beside the containerd lanes and the other binaries, never all at once
-VM_BINARIES = {"e2e/test/vm_systemd", "e2e/test/vm_service", "e2e/test/vm_kubeadm", "e2e/test/vm_cgroup_v2"}
-VM_LANES = 2
 
 
 def package_name_of(package_id):
@@ -124,7 +118,7 @@ def build(root):
 
 def main():
     root = Path(__file__).resolve().parent.parent
-    jobs = int(os.environ.get("NODE_AGENT_TEST_JOBS", "6"))
+    jobs = int(os.environ.get("NODE_AGENT_TEST_JOBS", "4"))
     threads = os.environ.get("NODE_AGENT_TEST_THREADS", "8")
     cache = Path(os.environ.get("NODE_AGENT_CACHE", Path.home() / ".cache/node-agent"))
     timings_file = cache / "test-timings.json"
@@ -152,22 +146,19 @@ def main():
         return sum(timings.get(label(b), 60.0) for b in group)
 
     groups = {}
-    in_lanes = set()
-    for kind, members, count in (("containerd", CONTAINERD_BINARIES, CONTAINERD_LANES), ("vm", VM_BINARIES, VM_LANES)):
-        lanes = [[] for _ in range(count)]
-        for b in sorted((b for b in binaries if label(b) in members), key=lambda b: expected([b]), reverse=True):
-            min(lanes, key=expected).append(b)
-            in_lanes.add(label(b))
-        for i, lane in enumerate(lanes):
-            if lane:
-                groups[f"{kind}-{i}"] = lane
+    lanes = [[] for _ in range(CONTAINERD_LANES)]
+    real_nodes = sorted((b for b in binaries if label(b) in CONTAINERD_BINARIES), key=lambda b: expected([b]),
+                        reverse=True)
+    for b in real_nodes:
+        min(lanes, key=expected).append(b)
+    for i, lane in enumerate(lanes):
+        if lane:
+            groups[f"containerd-{i}"] = lane
     for b in binaries:
-        if label(b) not in in_lanes:
+        if label(b) not in CONTAINERD_BINARIES:
             groups[label(b)] = [b]
 
-    # the lanes first (each holds its slot from the start), then the other binaries, longest first
-    order = [g for name, g in sorted(groups.items(), key=lambda kv: -expected(kv[1])) if "/" not in name]
-    order += sorted((g for name, g in groups.items() if "/" in name), key=expected, reverse=True)
+    order = sorted(groups.values(), key=expected, reverse=True)
     cargo = subprocess.run(["bash", "-c", "command -v cargo"], stdout=subprocess.PIPE, text=True).stdout.strip()
     lock = threading.Lock()
     results = []
