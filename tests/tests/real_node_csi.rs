@@ -373,11 +373,14 @@ async fn a_csi_persistent_volume_is_staged_published_used_and_torn_down() -> any
         calls(&driver, "NodeUnstageVolume")[0]
             .contains(&format!("\"staging_target_path\":\"{}\"", staging.display()))
     );
-    assert!(
-        !target.parent().context("parent")?.exists(),
-        "the pod's CSI volume directory is removed"
-    );
-    assert!(!staging.exists(), "the global mount directory is removed");
+    // the driver logs each call when it is made; the agent removes the directories once the calls have returned
+    let volume_dir = target.parent().context("parent")?.to_path_buf();
+    wait_for(
+        "the pod's CSI volume directory and the global mount directory removed",
+        Duration::from_secs(30),
+        || async { Ok((!volume_dir.exists() && !staging.exists()).then_some(())) },
+    )
+    .await?;
     driver.proc.stop(Duration::from_secs(10)).await?;
     Ok(())
 }
@@ -826,7 +829,16 @@ async fn an_inline_csi_volume_with_fs_group_and_volume_stats() -> anyhow::Result
         "[real_node_csi] inline and claim volumes torn down {:?} after the pod's deletion",
         t1.elapsed()
     );
-    assert!(!volumes.exists() || std::fs::read_dir(&volumes)?.next().is_none());
+    // as above: the directories go after the calls have returned
+    wait_for(
+        "the pod's volume directories removed",
+        Duration::from_secs(30),
+        || async {
+            let empty = !volumes.exists() || std::fs::read_dir(&volumes)?.next().is_none();
+            Ok(empty.then_some(()))
+        },
+    )
+    .await?;
     driver.proc.stop(Duration::from_secs(10)).await?;
     Ok(())
 }
