@@ -13,8 +13,10 @@ handed to the tests (HOLLOW_BIN, NODE_AGENT_BIN, TESTENV_BIN, unless the environ
 binaries runs the CI subset of the upstream node conformance suite (SCRIPTS: hack/conformance.sh --subset, with its
 own containerd, bridge and pod subnet).
 
-With NODE_AGENT_LINT=1 the workspace's own crates are compiled by clippy (cargo's RUSTC_WORKSPACE_WRAPPER), every
-warning an error: the lints ride on the one compile the tests need instead of a second pass of their own.
+The workspace's own crates are compiled through hack/rustc-wrapper.sh (cargo's RUSTC_WORKSPACE_WRAPPER), which
+builds the libraries' unit-test harnesses and the benchmarks unoptimised. With NODE_AGENT_LINT=1 it compiles them
+with clippy, every warning an error: the lints ride on the one compile the tests need instead of a second pass of
+their own.
 `--build-only` builds and stops (CI starts the build while the Go-built binaries are made).
 
 Environment: NODE_AGENT_TEST_JOBS (binaries at once, default 4), NODE_AGENT_TEST_THREADS (test threads per
@@ -73,12 +75,14 @@ def build(root):
     program binaries the same build made ({environment variable: executable})."""
     cmd = ["cargo", "test", "--workspace", "--all-targets", "--no-run", "--message-format=json-render-diagnostics"]
     env = dict(os.environ)
+    # the unit-test harnesses and benchmarks compile unoptimised (hack/rustc-wrapper.sh says why)
+    env["RUSTC_WORKSPACE_WRAPPER"] = str(root / "hack" / "rustc-wrapper.sh")
     if os.environ.get("NODE_AGENT_LINT") == "1":
         sysroot = subprocess.run(["rustc", "--print", "sysroot"], stdout=subprocess.PIPE, text=True, check=True)
         driver = Path(sysroot.stdout.strip()) / "bin" / "clippy-driver"
         if not driver.exists():
             sys.exit(f"test: NODE_AGENT_LINT=1 needs clippy ({driver} is missing: rustup component add clippy)")
-        env["RUSTC_WORKSPACE_WRAPPER"] = str(driver)
+        env["NODE_AGENT_CLIPPY_DRIVER"] = str(driver)
         # what `cargo clippy -- -D warnings` hands the driver
         env["CLIPPY_ARGS"] = "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
     proc = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True, env=env)
