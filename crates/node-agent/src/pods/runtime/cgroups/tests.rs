@@ -1,6 +1,9 @@
 //! Tests of the QoS and pod cgroups on fake hierarchies (plain directories).
 
+use super::settings::{MAX_SHARES, MIN_QUOTA_US, quota};
 use super::*;
+use crate::pods::model::resources::QosClass;
+use crate::pods::model::spec::DesiredPod;
 use serde_json::json;
 
 fn desired(spec: serde_json::Value) -> Arc<DesiredPod> {
