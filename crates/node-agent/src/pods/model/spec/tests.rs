@@ -1,3 +1,7 @@
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+
 use super::*;
 use serde_json::json;
 
