@@ -3,6 +3,12 @@
 //! The defaults are the upstream kubelet's (`kubelet.config.k8s.io/v1beta1` defaulting). Validation collects every
 //! problem before failing, and names each field the way the file spells it, with the flag in parentheses when a
 //! flag supplied the value.
+//!
+//! This module reads the file and runs [`resolve`] over every field in the order the errors are reported; the
+//! fields that take more than a line to check are checked in a module each: eviction thresholds (`eviction`),
+//! image garbage collection and pulls (`images`), container log rotation (`container_logs`), the runtime's
+//! endpoints (`runtime`), graceful shutdown (`shutdown`), and node allocatable enforcement and `qosReserved`
+//! (`node_allocatable`).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -11,11 +17,20 @@ use std::time::Duration;
 
 use super::check::{Check, taint};
 use super::file::{self, FileConfig};
-use super::validate::{self, EVICTION_SIGNALS};
-use super::{
-    Authentication, Authorization, AuthorizationMode, ConfigError, KubeletConfig, Threshold, Unacted,
-};
-use crate::quantity::Quantity;
+use super::validate;
+use super::{Authentication, Authorization, AuthorizationMode, ConfigError, KubeletConfig, Unacted};
+
+mod container_logs;
+mod eviction;
+mod images;
+mod node_allocatable;
+mod runtime;
+mod shutdown;
+
+pub use eviction::default_eviction_hard;
+
+use container_logs::container_log_rotation;
+use node_allocatable::{enforce_node_allocatable, qos_reserved};
 
 /// A configuration file read from disk (or text), before flags and defaults.
 #[derive(Debug, Clone, Default)]
@@ -66,35 +81,6 @@ pub fn load_file(path: &Path) -> Result<LoadedConfig, ConfigError> {
 /// Applies defaults to a loaded file (no flags) and validates it.
 pub fn resolve_kubelet_config(loaded: &LoadedConfig) -> Result<KubeletConfig, ConfigError> {
     resolve(&loaded.file, &BTreeMap::new())
-}
-
-/// The upstream default eviction thresholds.
-pub fn default_eviction_hard() -> BTreeMap<String, Threshold> {
-    let mut m = BTreeMap::new();
-    m.insert(
-        "memory.available".to_owned(),
-        Threshold::Quantity(Quantity::from_units(
-            100 * 1024 * 1024,
-            crate::quantity::Format::BinarySI,
-        )),
-    );
-    m.insert(
-        "nodefs.available".to_owned(),
-        Threshold::Percentage(10.0f32 / 100.0),
-    );
-    m.insert(
-        "nodefs.inodesFree".to_owned(),
-        Threshold::Percentage(5.0f32 / 100.0),
-    );
-    m.insert(
-        "imagefs.available".to_owned(),
-        Threshold::Percentage(15.0f32 / 100.0),
-    );
-    m.insert(
-        "imagefs.inodesFree".to_owned(),
-        Threshold::Percentage(5.0f32 / 100.0),
-    );
-    m
 }
 
 /// The upstream kubelet's defaults.
@@ -205,90 +191,21 @@ pub(crate) fn resolve(
     );
     let kube_reserved = c.reserved("kubeReserved", f.kube_reserved.as_ref());
     let system_reserved = c.reserved("systemReserved", f.system_reserved.as_ref());
-    let merge_defaults = f.merge_default_eviction_settings.unwrap_or(false);
-    let eviction_hard = match &f.eviction_hard {
-        None => default_eviction_hard(),
-        Some(given) => {
-            let given = c.thresholds("evictionHard", Some(given));
-            if merge_defaults {
-                let mut m = default_eviction_hard();
-                m.extend(given);
-                m
-            } else {
-                given
-            }
-        }
-    };
-    let eviction_soft = c.thresholds("evictionSoft", f.eviction_soft.as_ref());
-    let eviction_minimum_reclaim =
-        c.thresholds("evictionMinimumReclaim", f.eviction_minimum_reclaim.as_ref());
-    let mut eviction_soft_grace_period = BTreeMap::new();
-    for (signal, raw) in f.eviction_soft_grace_period.iter().flatten() {
-        let field = format!("evictionSoftGracePeriod[{signal}]");
-        if !EVICTION_SIGNALS.contains(&signal.as_str()) {
-            c.err(&field, "unknown eviction signal");
-            continue;
-        }
-        match super::duration::parse(raw) {
-            Ok(d) => {
-                eviction_soft_grace_period.insert(signal.clone(), d);
-            }
-            Err(e) => c.err(&field, e.to_string()),
-        }
-    }
-    for signal in eviction_soft.keys() {
-        if !eviction_soft_grace_period.contains_key(signal) {
-            c.err(
-                &format!("evictionSoftGracePeriod[{signal}]"),
-                "a soft eviction threshold needs a grace period",
-            );
-        }
-    }
+    let eviction::Eviction {
+        eviction_hard,
+        eviction_soft,
+        eviction_minimum_reclaim,
+        eviction_soft_grace_period,
+    } = eviction::eviction(&mut c, f);
 
-    let image_gc_high_threshold_percent = c.percent(
-        "imageGCHighThresholdPercent",
-        f.image_gc_high_threshold_percent,
-        85,
-    );
-    let image_gc_low_threshold_percent =
-        c.percent("imageGCLowThresholdPercent", f.image_gc_low_threshold_percent, 80);
-    if image_gc_low_threshold_percent >= image_gc_high_threshold_percent {
-        c.err(
-            "imageGCLowThresholdPercent",
-            format!(
-                "{image_gc_low_threshold_percent} must be less than imageGCHighThresholdPercent \
-                 {image_gc_high_threshold_percent}"
-            ),
-        );
-    }
-    let image_minimum_gc_age = f.image_minimum_gc_age.unwrap_or(secs(120));
-    let image_maximum_gc_age = f.image_maximum_gc_age.unwrap_or_default();
-    if !image_maximum_gc_age.is_zero() && image_maximum_gc_age <= image_minimum_gc_age {
-        c.err(
-            "imageMaximumGCAge",
-            format!(
-                "{image_maximum_gc_age:?} must be greater than imageMinimumGCAge {image_minimum_gc_age:?}"
-            ),
-        );
-    }
-
-    let max_parallel_image_pulls = match f.max_parallel_image_pulls {
-        None => None,
-        Some(n) if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
-        Some(n) => {
-            c.err("maxParallelImagePulls", format!("{n} must be at least 1"));
-            None
-        }
-    };
-    let serialize_image_pulls = f
-        .serialize_image_pulls
-        .unwrap_or(max_parallel_image_pulls.is_none_or(|n| n < 2));
-    if serialize_image_pulls && max_parallel_image_pulls.is_some_and(|n| n > 1) {
-        c.err(
-            "maxParallelImagePulls",
-            "must be 1 or unset when serializeImagePulls is true",
-        );
-    }
+    let images::Images {
+        image_gc_high_threshold_percent,
+        image_gc_low_threshold_percent,
+        image_minimum_gc_age,
+        image_maximum_gc_age,
+        max_parallel_image_pulls,
+        serialize_image_pulls,
+    } = images::images(&mut c, f);
 
     let container_logs = container_log_rotation(&mut c, f);
 
@@ -349,67 +266,13 @@ pub(crate) fn resolve(
         );
     }
 
-    let container_runtime_endpoint = f
-        .container_runtime_endpoint
-        .clone()
-        .unwrap_or_else(|| "unix:///run/containerd/containerd.sock".into());
-    for (field, ep) in [
-        ("containerRuntimeEndpoint", Some(&container_runtime_endpoint)),
-        ("imageServiceEndpoint", f.image_service_endpoint.as_ref()),
-    ] {
-        if let Some(ep) = ep
-            && !ep.is_empty()
-            && !ep.starts_with("unix://")
-            && !ep.starts_with('/')
-        {
-            c.err(
-                field,
-                format!("{ep:?} must be a unix socket endpoint (unix:///path) or an absolute path"),
-            );
-        }
-    }
-    if container_runtime_endpoint.is_empty() {
-        c.err("containerRuntimeEndpoint", "must not be empty");
-    }
-    let image_service_endpoint = f
-        .image_service_endpoint
-        .clone()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| container_runtime_endpoint.clone());
+    let (container_runtime_endpoint, image_service_endpoint) = runtime::endpoints(&mut c, f);
 
-    let shutdown_grace_period = f.shutdown_grace_period.unwrap_or_default();
-    let shutdown_grace_period_critical_pods = f.shutdown_grace_period_critical_pods.unwrap_or_default();
-    if shutdown_grace_period_critical_pods > shutdown_grace_period {
-        c.err(
-            "shutdownGracePeriodCriticalPods",
-            "must not be greater than shutdownGracePeriod",
-        );
-    }
-    let mut shutdown_grace_period_by_pod_priority = Vec::new();
-    for (i, g) in f
-        .shutdown_grace_period_by_pod_priority
-        .iter()
-        .flatten()
-        .enumerate()
-    {
-        match u64::try_from(g.shutdown_grace_period_seconds) {
-            Ok(secs) => shutdown_grace_period_by_pod_priority.push(super::ShutdownGroup {
-                priority: g.priority,
-                grace: Duration::from_secs(secs),
-            }),
-            Err(_) => c.err(
-                &format!("shutdownGracePeriodByPodPriority[{i}].shutdownGracePeriodSeconds"),
-                "must not be negative",
-            ),
-        }
-    }
-    let two_groups_set = !shutdown_grace_period.is_zero() || !shutdown_grace_period_critical_pods.is_zero();
-    if !shutdown_grace_period_by_pod_priority.is_empty() && two_groups_set {
-        c.err(
-            "shutdownGracePeriodByPodPriority",
-            "cannot be set together with shutdownGracePeriod or shutdownGracePeriodCriticalPods",
-        );
-    }
+    let shutdown::Shutdown {
+        shutdown_grace_period,
+        shutdown_grace_period_critical_pods,
+        shutdown_grace_period_by_pod_priority,
+    } = shutdown::shutdown(&mut c, f);
 
     let authn = f.authentication.clone().unwrap_or_default();
     let authz = f.authorization.clone().unwrap_or_default();
@@ -562,81 +425,6 @@ pub(crate) fn resolve(
     }
 }
 
-/// `enforceNodeAllocatable` checked as the kubelet checks it: known values, no duplicates, `none` alone, a
-/// `kube-reserved*` / `system-reserved*` value only with its cgroup named, and none of them without
-/// `cgroupsPerQOS`. Not given: `[pods]`, or nothing with `cgroupsPerQOS: false` (where the kubelet would refuse
-/// its own default, node-agent enforces nothing). `[none]` resolves to nothing.
-fn enforce_node_allocatable(
-    c: &mut Check<'_>,
-    given: Option<&[String]>,
-    cgroups_per_qos: bool,
-    kube_cgroup: &str,
-    system_cgroup: &str,
-) -> Vec<String> {
-    const FIELD: &str = "enforceNodeAllocatable";
-    let Some(given) = given else {
-        return if cgroups_per_qos {
-            vec!["pods".to_owned()]
-        } else {
-            Vec::new()
-        };
-    };
-    let mut out: Vec<String> = Vec::new();
-    for value in given {
-        if out.contains(value) {
-            c.err(FIELD, format!("{value:?} is given twice"));
-            continue;
-        }
-        match value.as_str() {
-            "pods" => {}
-            "kube-reserved" | "kube-reserved-compressible" if kube_cgroup.is_empty() => {
-                c.err(FIELD, format!("{value:?} needs kubeReservedCgroup"))
-            }
-            "system-reserved" | "system-reserved-compressible" if system_cgroup.is_empty() => {
-                c.err(FIELD, format!("{value:?} needs systemReservedCgroup"))
-            }
-            "kube-reserved"
-            | "kube-reserved-compressible"
-            | "system-reserved"
-            | "system-reserved-compressible" => {}
-            "none" => {
-                if given.len() > 1 {
-                    c.err(FIELD, "\"none\" may not be given with other values".to_owned());
-                }
-                continue;
-            }
-            other => {
-                c.err(
-                    FIELD,
-                    format!(
-                        "{other:?} must be pods, system-reserved, system-reserved-compressible, kube-reserved, \
-                         kube-reserved-compressible or none"
-                    ),
-                );
-                continue;
-            }
-        }
-        if !cgroups_per_qos {
-            c.err(FIELD, format!("{value:?} needs cgroupsPerQOS: true"));
-        }
-        out.push(value.clone());
-    }
-    for name in ["kube-reserved", "system-reserved"] {
-        let compressible = format!("{name}-compressible");
-        if out.iter().any(|v| v == name) && out.contains(&compressible) {
-            c.err(
-                FIELD,
-                format!("{name:?} and {compressible:?} may not be given together"),
-            );
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-#[path = "resolve_tests.rs"]
-mod tests;
-
 /// `staticPodURL`: an `http://` URL with a host (fetching over TLS is not built; such a URL is refused by
 /// name rather than ignored).
 fn static_pod_url(c: &mut Check<'_>, v: Option<&str>) -> Option<String> {
@@ -657,85 +445,6 @@ fn static_pod_url(c: &mut Check<'_>, v: Option<&str>) -> Option<String> {
     }
 }
 
-/// The container log rotation settings, resolved.
-struct ContainerLogs {
-    max_size: Quantity,
-    max_files: u32,
-    max_workers: u32,
-    monitor_interval: Duration,
-}
-
-/// `containerLogMaxSize`, `containerLogMaxFiles`, `containerLogMaxWorkers`, `containerLogMonitorInterval`, checked
-/// as the kubelet checks them: the size a whole number of bytes (negative turns rotation off), at least 2 files,
-/// at least 1 worker, an interval of at least 3 s.
-fn container_log_rotation(c: &mut Check, f: &FileConfig) -> ContainerLogs {
-    let max_size = match f
-        .container_log_max_size
-        .as_deref()
-        .unwrap_or("10Mi")
-        .parse::<Quantity>()
-    {
-        Ok(q) if q.milli() % 1000 == 0 && i64::try_from(q.value()).is_ok() => q,
-        Ok(q) => {
-            c.err(
-                "containerLogMaxSize",
-                format!("{q} is not a whole number of bytes"),
-            );
-            Quantity::zero()
-        }
-        Err(e) => {
-            c.err("containerLogMaxSize", e.to_string());
-            Quantity::zero()
-        }
-    };
-    let max_files = c.non_negative("containerLogMaxFiles", f.container_log_max_files, 5);
-    if max_files < 2 {
-        c.err(
-            "containerLogMaxFiles",
-            format!("{max_files} must be greater than 1"),
-        );
-    }
-    let max_workers = c.non_negative("containerLogMaxWorkers", f.container_log_max_workers, 1);
-    if max_workers < 1 {
-        c.err("containerLogMaxWorkers", "must be greater than or equal to 1");
-    }
-    let monitor_interval = f
-        .container_log_monitor_interval
-        .unwrap_or(Duration::from_secs(10));
-    if monitor_interval < Duration::from_secs(3) {
-        c.err(
-            "containerLogMonitorInterval",
-            format!("{monitor_interval:?} must be at least 3s"),
-        );
-    }
-    ContainerLogs {
-        max_size,
-        max_files,
-        max_workers,
-        monitor_interval,
-    }
-}
-
-/// `qosReserved` as the kubelet parses it at start (whatever its feature gate): only `memory`, as a whole
-/// percentage from 0% to 100%.
-fn qos_reserved(c: &mut Check<'_>, given: Option<&BTreeMap<String, String>>) -> Option<i64> {
-    let mut memory = None;
-    for (resource, value) in given.into_iter().flatten() {
-        if resource != "memory" {
-            c.err("qosReserved", format!("cannot reserve {resource:?} resource"));
-            continue;
-        }
-        match value
-            .strip_suffix('%')
-            .and_then(|n| n.parse::<i64>().ok())
-            .filter(|p| (0..=100).contains(p))
-        {
-            Some(p) => memory = Some(p),
-            None => c.err(
-                "qosReserved",
-                format!("{value:?} for \"memory\" must be a percentage between 0% and 100%"),
-            ),
-        }
-    }
-    memory
-}
+#[cfg(test)]
+#[path = "resolve_tests.rs"]
+mod tests;

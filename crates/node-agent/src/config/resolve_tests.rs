@@ -2,6 +2,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::config::Threshold;
 use crate::config::check::parse_threshold;
 use crate::config::tls_settings;
 
