@@ -1,5 +1,5 @@
 //! Shared helpers for the integration tests in `tests/tests/`: logging, polling, the `node-agent` and `hollow`
-//! binaries, the Helm chart ([`chart`]), and the scripted probe transport of agents on the fake runtime; a private
+//! binaries and those `hack/` scripts build, the Helm chart ([`chart`]), and the scripted probe transport of agents on the fake runtime; a private
 //! containerd ([`containerd`]) for real-mode tests and benchmarks, and requests to its kubelet API ([`kubelet_api`]); a Debian guest under QEMU ([`vm`]) for the tests
 //! that need a host unlike this one; the samples and slopes of the soak benchmarks ([`soak`]).
 
@@ -223,6 +223,19 @@ pub fn hollow_binary() -> anyhow::Result<PathBuf> {
     BIN.get_or_init(|| workspace_binary("hollow", "HOLLOW_BIN"))
         .clone()
         .map_err(anyhow::Error::msg)
+}
+
+/// The binary a `hack/` script builds on first use, caches and prints the path of (`build-csi-mock-driver.sh`,
+/// `build-sample-device-plugin.sh`, ...); `what` names it when the build fails.
+pub async fn hack_binary(script: &str, what: &str) -> anyhow::Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack").join(script);
+    let built = tokio::task::spawn_blocking(move || Command::new("bash").arg(script).output()).await??;
+    anyhow::ensure!(
+        built.status.success(),
+        "building {what}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Ok(PathBuf::from(String::from_utf8(built.stdout)?.trim()))
 }
 
 /// `cargo build --bin <name>` in this test's profile, or the binary the environment variable `overridden_by`
