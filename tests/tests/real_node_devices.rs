@@ -33,22 +33,9 @@ use node_agent::pod_resources;
 const RESOURCE: &str = "example.com/resource";
 const NS: &str = "rn-devices";
 
-/// The sample device plugin (built on first use, cached).
-async fn plugin_binary() -> anyhow::Result<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-sample-device-plugin.sh");
-    let built = tokio::task::spawn_blocking(move || std::process::Command::new("bash").arg(script).output())
-        .await??;
-    anyhow::ensure!(
-        built.status.success(),
-        "building the sample device plugin: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    Ok(PathBuf::from(String::from_utf8(built.stdout)?.trim()))
-}
-
 /// Starts the sample device plugin for `node` (see the module docs for its mount namespace).
 async fn start_plugin(node: &RealNode) -> anyhow::Result<(testenv::process::Proc, PathBuf)> {
-    let bin = plugin_binary().await?;
+    let bin = e2e::hack_binary("build-sample-device-plugin.sh", "the sample device plugin").await?;
     let dir = node.agent_root.join("device-plugins");
     std::fs::create_dir_all(&dir)?;
     let log = node
@@ -162,6 +149,32 @@ async fn allocatable_devices(node: &RealNode) -> anyhow::Result<Vec<String>> {
     Ok(ids)
 }
 
+/// The tails of the plugin's log and the agent's, for a wait that failed.
+fn logs(node: &RealNode, plugin_log: &Path) -> String {
+    format!(
+        "plugin log:\n{}\nagent log:\n{}",
+        testenv::process::log_tail(plugin_log, 20),
+        node.agent_log_tail()
+    )
+}
+
+/// Waits for the plugin to have registered with the agent started again: the agent's own answer, both devices
+/// allocatable (the Node still shows what the agent before it reported).
+async fn registered_again(node: &RealNode, plugin_log: &Path) -> anyhow::Result<()> {
+    wait_for(
+        "the plugin registered again",
+        Duration::from_secs(120),
+        || async {
+            Ok(allocatable_devices(node)
+                .await
+                .is_ok_and(|ids| ids == ["Dev-1", "Dev-2"])
+                .then_some(()))
+        },
+    )
+    .await
+    .with_context(|| logs(node, plugin_log))
+}
+
 #[tokio::test]
 async fn the_sample_device_plugin_gives_its_devices_to_pods_across_a_restart() -> anyhow::Result<()> {
     e2e::init_logging();
@@ -179,13 +192,7 @@ async fn the_sample_device_plugin_gives_its_devices_to_pods_across_a_restart() -
         },
     )
     .await
-    .with_context(|| {
-        format!(
-            "plugin log:\n{}\nagent log:\n{}",
-            testenv::process::log_tail(&plugin_log, 20),
-            node.agent_log_tail()
-        )
-    })?;
+    .with_context(|| logs(node, &plugin_log))?;
     eprintln!(
         "devices in the node's status {:?} after the plugin started",
         started.elapsed()
@@ -224,25 +231,7 @@ async fn the_sample_device_plugin_gives_its_devices_to_pods_across_a_restart() -
             .exists()
     );
     node.restart_agent(false).await?;
-    // the new agent's own answer (the Node still shows what the old one reported)
-    wait_for(
-        "the plugin registered again",
-        Duration::from_secs(120),
-        || async {
-            Ok(allocatable_devices(node)
-                .await
-                .is_ok_and(|ids| ids == ["Dev-1", "Dev-2"])
-                .then_some(()))
-        },
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "plugin log:\n{}\nagent log:\n{}",
-            testenv::process::log_tail(&plugin_log, 20),
-            node.agent_log_tail()
-        )
-    })?;
+    registered_again(node, &plugin_log).await?;
     let after = running(node, &pods, "one").await?;
     let restarts = after
         .status
@@ -279,17 +268,7 @@ async fn the_sample_device_plugin_gives_its_devices_to_pods_across_a_restart() -
     .await?;
     node.start_agent()?;
     let restarted = std::time::Instant::now();
-    wait_for(
-        "the plugin registered again",
-        Duration::from_secs(120),
-        || async {
-            Ok(allocatable_devices(node)
-                .await
-                .is_ok_and(|ids| ids == ["Dev-1", "Dev-2"])
-                .then_some(()))
-        },
-    )
-    .await?;
+    registered_again(node, &plugin_log).await?;
     node.create_pod(&pods, &pod("both", 2, Some(NODE))?).await?;
     let both = wait_for(
         "pod both Running or refused",
