@@ -1,4 +1,5 @@
-//! Tests of the admission predicates through [`admit`], as the pod manager calls it, and of the node view they judge against.
+//! Tests of the admission predicates through [`admit`], as the pod manager calls it, and of the node view they
+//! judge against.
 
 use super::*;
 use k8s_openapi::api::core::v1::Node;
@@ -25,6 +26,17 @@ fn pod(spec: serde_json::Value) -> (Pod, std::sync::Arc<DesiredPod>) {
         serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u"}, "spec": spec})).unwrap();
     let d = DesiredPod::from_pod(&p).unwrap();
     (p, d)
+}
+
+/// [`admit`] on `node` beside what is `committed`, for a pod that is not critical, with the safe sysctls and no
+/// AppArmor on the host.
+fn admitted(p: &Pod, d: &DesiredPod, node: &NodeView, committed: &Committed) -> Result<(), Rejection> {
+    admit(p, d, node, committed, false, Allowlist::safe(), false)
+}
+
+/// [`admitted`] on the test node with nothing committed.
+fn admitted_alone(p: &Pod, d: &DesiredPod) -> Result<(), Rejection> {
+    admitted(p, d, &node(), &Committed::default())
 }
 
 #[test]
@@ -90,16 +102,16 @@ fn out_of_cpu_names_request_use_and_capacity() {
         {"name": "c", "image": "i", "resources": {"requests": {"cpu": "1500m"}}}
     ]}));
     let mut committed = Committed::default();
-    assert!(admit(&p, &d, &node(), &committed, false, Allowlist::safe(), false).is_ok());
+    assert!(admitted(&p, &d, &node(), &committed).is_ok());
     committed.add(&d);
-    let err = admit(&p, &d, &node(), &committed, false, Allowlist::safe(), false).unwrap_err();
+    let err = admitted(&p, &d, &node(), &committed).unwrap_err();
     assert_eq!(err.reason, "OutOfcpu");
     assert_eq!(
         err.message,
         "Node didn't have enough resource: cpu, requested: 1500, used: 1500, capacity: 2000"
     );
     committed.remove(&d);
-    assert!(admit(&p, &d, &node(), &committed, false, Allowlist::safe(), false).is_ok());
+    assert!(admitted(&p, &d, &node(), &committed).is_ok());
 }
 
 #[test]
@@ -117,12 +129,12 @@ fn extended_resources_are_checked_when_the_node_reports_them() {
     assert_eq!(d.extended_effective().get("example.com/foo"), Some(&3));
     let mut n = node();
     // a resource the node does not report is not checked (the kubelet's cluster-level resources)
-    assert!(admit(&p, &d, &n, &Committed::default(), false, Allowlist::safe(), false).is_ok());
+    assert!(admitted(&p, &d, &n, &Committed::default()).is_ok());
     n.extended.insert("example.com/foo".into(), 4);
     let mut committed = Committed::default();
-    assert!(admit(&p, &d, &n, &committed, false, Allowlist::safe(), false).is_ok());
+    assert!(admitted(&p, &d, &n, &committed).is_ok());
     committed.add(&d);
-    let err = admit(&p, &d, &n, &committed, false, Allowlist::safe(), false).unwrap_err();
+    let err = admitted(&p, &d, &n, &committed).unwrap_err();
     assert_eq!(err.reason, "OutOfexample.com/foo");
     assert_eq!(
         err.message,
@@ -137,7 +149,7 @@ fn huge_pages_fit_the_nodes_allocatable_or_the_pod_is_refused() {
     let (p, d) = pod(json!({"containers": [{"name": "c", "image": "i", "resources": {
         "limits": {"memory": "16Mi", "hugepages-2048Ki": "4Mi"}}}]}));
     let mut n = node();
-    let err = admit(&p, &d, &n, &Committed::default(), false, Allowlist::safe(), false).unwrap_err();
+    let err = admitted(&p, &d, &n, &Committed::default()).unwrap_err();
     assert_eq!(
         err.reason, "OutOfhugepages-2Mi",
         "a node without the size has none"
@@ -148,9 +160,9 @@ fn huge_pages_fit_the_nodes_allocatable_or_the_pod_is_refused() {
     );
     n.extended.insert("hugepages-2Mi".into(), 6 << 20);
     let mut committed = Committed::default();
-    assert!(admit(&p, &d, &n, &committed, false, Allowlist::safe(), false).is_ok());
+    assert!(admitted(&p, &d, &n, &committed).is_ok());
     committed.add(&d);
-    let err = admit(&p, &d, &n, &committed, false, Allowlist::safe(), false).unwrap_err();
+    let err = admitted(&p, &d, &n, &committed).unwrap_err();
     assert_eq!(
         err.message,
         "Node didn't have enough resource: hugepages-2Mi, requested: 4194304, used: 4194304, capacity: 6291456"
@@ -164,46 +176,19 @@ fn out_of_memory_and_pods() {
     let (p, d) = pod(json!({"containers": [
         {"name": "c", "image": "i", "resources": {"requests": {"memory": "2Gi"}}}
     ]}));
-    assert_eq!(
-        admit(
-            &p,
-            &d,
-            &node(),
-            &Committed::default(),
-            false,
-            Allowlist::safe(),
-            false
-        )
-        .unwrap_err()
-        .reason,
-        "OutOfmemory"
-    );
+    assert_eq!(admitted_alone(&p, &d).unwrap_err().reason, "OutOfmemory");
     let (p, d) = pod(json!({"containers": [{"name": "c", "image": "i"}]}));
     let full = Committed {
         pods: 3,
         ..Default::default()
     };
-    assert_eq!(
-        admit(&p, &d, &node(), &full, false, Allowlist::safe(), false)
-            .unwrap_err()
-            .reason,
-        "OutOfpods"
-    );
+    assert_eq!(admitted(&p, &d, &node(), &full).unwrap_err().reason, "OutOfpods");
 }
 
 #[test]
 fn node_affinity_and_selector() {
     let (p, d) = pod(json!({"nodeSelector": {"zone": "b"}, "containers": [{"name": "c", "image": "i"}]}));
-    let err = admit(
-        &p,
-        &d,
-        &node(),
-        &Committed::default(),
-        false,
-        Allowlist::safe(),
-        false,
-    )
-    .unwrap_err();
+    let err = admitted_alone(&p, &d).unwrap_err();
     assert_eq!(err.reason, "NodeAffinity");
     let (p, d) = pod(json!({
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -212,35 +197,14 @@ fn node_affinity_and_selector() {
         ]}}},
         "containers": [{"name": "c", "image": "i"}]
     }));
-    assert!(
-        admit(
-            &p,
-            &d,
-            &node(),
-            &Committed::default(),
-            false,
-            Allowlist::safe(),
-            false
-        )
-        .is_ok(),
-        "second term matches"
-    );
+    assert!(admitted_alone(&p, &d).is_ok(), "second term matches");
 }
 
 #[test]
 fn untolerated_no_execute_taint_is_refused() {
     let (mut p, d) = pod(json!({"containers": [{"name": "c", "image": "i"}]}));
     p.spec.as_mut().unwrap().tolerations = None;
-    let err = admit(
-        &p,
-        &d,
-        &node(),
-        &Committed::default(),
-        false,
-        Allowlist::safe(),
-        false,
-    )
-    .unwrap_err();
+    let err = admitted_alone(&p, &d).unwrap_err();
     assert_eq!(err.reason, "TaintToleration");
 }
 
@@ -252,9 +216,7 @@ fn host_port_conflicts() {
     let mut committed = Committed::default();
     committed.add(&d);
     assert_eq!(
-        admit(&p, &d, &node(), &committed, false, Allowlist::safe(), false)
-            .unwrap_err()
-            .reason,
+        admitted(&p, &d, &node(), &committed).unwrap_err().reason,
         "NodePorts"
     );
 }
@@ -316,16 +278,7 @@ fn strict_supplemental_groups_need_the_runtimes_support() {
     let (p, d) = pod(json!({"securityContext": {"supplementalGroupsPolicy": "Strict"},
                             "tolerations": [{"key": "dedicated", "operator": "Exists"}],
                             "containers": [{"name": "a", "image": "i"}]}));
-    let err = admit(
-        &p,
-        &d,
-        &node(),
-        &Committed::default(),
-        false,
-        Allowlist::safe(),
-        false,
-    )
-    .unwrap_err();
+    let err = admitted_alone(&p, &d).unwrap_err();
     assert_eq!(
         (err.reason.as_str(), err.message.as_str()),
         (
@@ -335,16 +288,5 @@ fn strict_supplemental_groups_need_the_runtimes_support() {
     );
     let mut supported = node();
     supported.supplemental_groups_policy = true;
-    assert!(
-        admit(
-            &p,
-            &d,
-            &supported,
-            &Committed::default(),
-            false,
-            Allowlist::safe(),
-            false
-        )
-        .is_ok()
-    );
+    assert!(admitted(&p, &d, &supported, &Committed::default()).is_ok());
 }
