@@ -74,16 +74,21 @@ impl QosCgroups {
     }
 }
 
-/// Creates `dir` and the cgroups between `mount` and it in the unified hierarchy mounted at `mount`, enabling
-/// `controllers` (those the hierarchy has) in `cgroup.subtree_control` of each parent first, so that each level
-/// gets the controllers' files and its children can have them too.
-fn create_v2(mount: &Path, dir: &Path, controllers: &[String]) -> Result<(), CgroupError> {
+/// The cgroups from the one just below `mount` down to `dir`, parents first.
+fn levels<'a>(mount: &Path, dir: &'a Path) -> Vec<&'a Path> {
     let mut chain: Vec<&Path> = dir
         .ancestors()
         .take_while(|p| p.starts_with(mount) && *p != mount)
         .collect();
     chain.reverse();
-    for d in chain {
+    chain
+}
+
+/// Creates `dir` and the cgroups between `mount` and it in the unified hierarchy mounted at `mount`, enabling
+/// `controllers` (those the hierarchy has) in `cgroup.subtree_control` of each parent first, so that each level
+/// gets the controllers' files and its children can have them too.
+fn create_v2(mount: &Path, dir: &Path, controllers: &[String]) -> Result<(), CgroupError> {
+    for d in levels(mount, dir) {
         let Some(parent) = d.parent() else { continue };
         enable_controllers(parent, controllers)?;
         if !d.is_dir() {
@@ -115,12 +120,7 @@ fn enable_controllers(dir: &Path, controllers: &[String]) -> Result<(), CgroupEr
 /// Fills empty `cpuset.cpus` / `cpuset.mems` of `dir` and its parents below `mount` from the nearest ancestor
 /// that has them (a cpuset cgroup without them takes no task).
 fn copy_cpuset_down(mount: &Path, dir: &Path) -> Result<(), CgroupError> {
-    let mut chain: Vec<&Path> = dir
-        .ancestors()
-        .take_while(|p| p.starts_with(mount) && *p != mount)
-        .collect();
-    chain.reverse();
-    for d in chain {
+    for d in levels(mount, dir) {
         let Some(parent) = d.parent() else { continue };
         for file in ["cpuset.cpus", "cpuset.mems"] {
             let own = d.join(file);

@@ -69,8 +69,9 @@ impl QosCgroups {
             .await
     }
 
-    /// Makes sure `pod`'s cgroup exists with its limits (created once; an existing one is left as it is).
-    pub async fn ensure(self: &Arc<Self>, pod: &DesiredPod) -> Result<(), CgroupError> {
+    /// Records `pod`'s cpu request when it is Burstable, and writes the burstable cgroup's shares again when that
+    /// changed their sum.
+    async fn track_burstable(self: &Arc<Self>, pod: &DesiredPod) -> Result<(), CgroupError> {
         let changed = match self.burstable.lock() {
             Ok(mut m) if pod.qos == QosClass::Burstable => {
                 m.insert(pod.uid.to_string(), pod.requests().cpu_milli) != Some(pod.requests().cpu_milli)
@@ -80,6 +81,12 @@ impl QosCgroups {
         if changed {
             self.update_burstable().await?;
         }
+        Ok(())
+    }
+
+    /// Makes sure `pod`'s cgroup exists with its limits (created once; an existing one is left as it is).
+    pub async fn ensure(self: &Arc<Self>, pod: &DesiredPod) -> Result<(), CgroupError> {
+        self.track_burstable(pod).await?;
         let name = self.pod_name(pod.qos, &pod.uid);
         // a stat per hierarchy: cheap enough not to leave the async thread
         if self.hierarchies.iter().all(|h| self.dir(h, &name).is_dir()) {
@@ -93,15 +100,7 @@ impl QosCgroups {
     /// Writes `pod`'s limits again into its existing cgroup (an in-place resize changed them), and the
     /// burstable cgroup's shares.
     pub async fn resize(self: &Arc<Self>, pod: &DesiredPod) -> Result<(), CgroupError> {
-        let changed = match self.burstable.lock() {
-            Ok(mut m) if pod.qos == QosClass::Burstable => {
-                m.insert(pod.uid.to_string(), pod.requests().cpu_milli) != Some(pod.requests().cpu_milli)
-            }
-            _ => false,
-        };
-        if changed {
-            self.update_burstable().await?;
-        }
+        self.track_burstable(pod).await?;
         let name = self.pod_name(pod.qos, &pod.uid);
         self.apply(&name, pod_settings(pod, self.pids_limit), false)
             .await?;
