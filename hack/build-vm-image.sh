@@ -45,6 +45,15 @@ packages=(
   systemd-sysv udev dbus kmod initramfs-tools linux-image-amd64 qemu-guest-agent
   containerd runc containernetworking-plugins busybox-static iproute2 python3 util-linux procps
 )
+# units a test guest has no use for, each a few seconds of an emulated boot: timers of a long-lived machine, logins
+# on terminals, utmp, binfmt, debug and trace file systems, modules nothing here loads
+masked=(
+  apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer
+  systemd-tmpfiles-clean.timer getty@tty1.service systemd-update-utmp.service systemd-update-utmp-runlevel.service
+  systemd-binfmt.service proc-sys-fs-binfmt_misc.automount proc-sys-fs-binfmt_misc.mount sys-kernel-debug.mount
+  sys-kernel-tracing.mount systemd-pstore.service modprobe@drm.service modprobe@fuse.service
+  modprobe@efi_pstore.service modprobe@loop.service modprobe@dm_mod.service
+)
 started=$(date +%s)
 log "mmdebstrap bookworm (${packages[*]})"
 mmdebstrap --mode=root --variant=minbase --include="$(IFS=,; echo "${packages[*]}")" \
@@ -60,9 +69,46 @@ mmdebstrap --mode=root --variant=minbase --include="$(IFS=,; echo "${packages[*]
   --customize-hook='chroot "$1" systemctl disable containerd || true' \
   --customize-hook='chroot "$1" passwd -d root' \
   --customize-hook='printf "net.ipv4.ip_forward = 1\n" > "$1/etc/sysctl.d/90-node-vm.conf"' \
-  --customize-hook='cp -L "$1/vmlinuz" '"$tmp"'/vmlinuz && cp -L "$1/initrd.img" '"$tmp"'/initrd.img' \
+  --customize-hook='cp -L "$1/vmlinuz" '"$tmp"'/vmlinuz' \
+  --customize-hook='mkdir -p "$1/etc/systemd/journald.conf.d" && printf "[Journal]\nStorage=volatile\n" > "$1/etc/systemd/journald.conf.d/node-vm.conf"' \
+  --customize-hook='chroot "$1" systemctl mask '"${masked[*]}" \
   --customize-hook='rm -rf "$1/var/cache/apt/archives/"*.deb "$1/var/lib/apt/lists/"*' \
   bookworm "$root" http://deb.debian.org/debian >&2
+# The initrd: busybox and the modules that reach the root disk, loaded by a short script that then hands over to
+# systemd. Debian's own initrd carries most of the kernel's drivers and runs udev to find the disk, which takes
+# longer than the rest of the boot under emulation.
+kver=$(ls "$root/lib/modules")
+initrd="$root/tmp/initrd"
+mkdir -p "$initrd"/{bin,dev,proc,sys,newroot,modules}
+cp "$root/bin/busybox" "$initrd/bin/busybox"
+modules=()
+for m in virtio_pci virtio_blk ext4; do
+  while read -r cmd path _; do
+    [ "$cmd" = insmod ] || continue
+    name=$(basename "$path")
+    [ -f "$initrd/modules/$name" ] && continue
+    cp "$root$path" "$initrd/modules/$name"
+    modules+=("$name")
+  done < <(chroot "$root" modprobe -S "$kver" --show-depends "$m")
+done
+cat > "$initrd/init" <<INIT
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+for m in ${modules[*]}; do insmod /modules/\$m || echo "initrd: insmod \$m failed"; done
+i=0
+while [ ! -b /dev/vda ] && [ \$i -lt 300 ]; do sleep 0.1; i=\$((i + 1)); done
+mount -o rw /dev/vda /newroot || { echo "initrd: cannot mount /dev/vda"; exec sh; }
+umount /proc /sys
+mount --move /dev /newroot/dev
+exec switch_root /newroot /sbin/init
+INIT
+chmod 755 "$initrd/init"
+chroot "$root" sh -c 'cd /tmp/initrd && find . | busybox cpio -o -H newc 2>/dev/null' > "$tmp/initrd.img"
+rm -rf "$initrd"
+log "initrd: ${modules[*]}"
 log "rootfs: $(du -sh "$root" | cut -f1)"
 # the disk: the tree as an ext4 filesystem, with room for containerd's images and the pods
 size_mb=$(( $(du -sm "$root" | cut -f1) + 2048 ))
