@@ -21,7 +21,7 @@
 //!     csi: {stageLatency: 2s, publishLatency: 200ms, stageFailures: 2, publishFailures: 1}
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -125,8 +125,9 @@ impl CsiSpec {
     }
 }
 
-/// One node's driver node side as its profile scripts it. Only the volumes still failing are kept: a volume
-/// (or volume and pod) is forgotten at its first success.
+/// One node's driver node side as its profile scripts it. A volume staged once stays staged, as the kubelet
+/// stages a volume once per node (a hollow node never unstages: there is nothing on disk); of the failures, only
+/// the volumes (or volumes and pods) still failing are kept.
 #[derive(Debug)]
 pub struct ScriptedNodeSide {
     stage_latency: Duration,
@@ -135,6 +136,8 @@ pub struct ScriptedNodeSide {
     publish_failures: u32,
     /// Failed calls so far, by volume (staging) or volume and pod (publishing).
     failed: Mutex<BTreeMap<(String, String), u32>>,
+    /// The volumes staged on the node.
+    staged: Mutex<BTreeSet<String>>,
 }
 
 impl ScriptedNodeSide {
@@ -145,6 +148,7 @@ impl ScriptedNodeSide {
             stage_failures: spec.stage_failures,
             publish_failures: spec.publish_failures,
             failed: Mutex::default(),
+            staged: Mutex::default(),
         }
     }
 
@@ -179,9 +183,22 @@ impl ScriptedNodeSide {
 #[async_trait::async_trait]
 impl InProcessNodeSide for ScriptedNodeSide {
     async fn stage(&self, handle: &str) -> Result<(), tonic::Status> {
+        if self
+            .staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(handle)
+        {
+            return Ok(());
+        }
         let key = (handle.to_owned(), String::new());
         self.answer("NodeStageVolume", key, self.stage_latency, self.stage_failures)
-            .await
+            .await?;
+        self.staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle.to_owned());
+        Ok(())
     }
 
     async fn publish(&self, handle: &str, pod_uid: &str) -> Result<(), tonic::Status> {
@@ -269,6 +286,9 @@ mod tests {
         assert!(side.stage("vol-1").await.is_err());
         // another volume has failures of its own
         assert!(side.stage("vol-2").await.is_err());
+        side.stage("vol-1").await.unwrap();
+        assert_eq!(t0.elapsed(), Duration::from_secs(8));
+        // staged once: a retry after a failed publishing finds it staged, without its latency
         side.stage("vol-1").await.unwrap();
         assert_eq!(t0.elapsed(), Duration::from_secs(8));
         assert!(side.publish("vol-1", "pod-a").await.is_err());
