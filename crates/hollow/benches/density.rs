@@ -11,6 +11,13 @@
 //! KWOK (`hack/build-kwok.sh`, a pinned release from the Go module proxy) is built on the first run.
 //! Bounded: every wait has a deadline and all processes are stopped afterwards.
 //!
+//! `DENSITY_KINDS` adds hollow fleets of other nodes, each measured the same way beside the plain one: `dra`
+//! nodes each with a DRA driver publishing a ResourceSlice of 8 devices, their pods each with a claim from a
+//! ResourceClaimTemplate allocated by the real scheduler; `pvc` nodes each with a CSI driver, their pods each with
+//! a PersistentVolumeClaim provisioned by the real external-provisioner (the e2e mock CSI driver's controller)
+//! and attached by the real external-attacher. It prints each figure beside the plain fleet's and the ratio; KWOK
+//! has no DRA or CSI node side, so those kinds run for hollow alone.
+//!
 //! ```sh
 //! cargo bench -p hollow --bench density     # 1000,5000,10000 nodes, 120 s windows, 10 pods/node up to 1000
 //! DENSITY_NODES=1000 DENSITY_IDLE_SECS=60 DENSITY_PODS_PER_NODE=0 cargo bench -p hollow --bench density
@@ -18,8 +25,11 @@
 //! DENSITY_HOLLOW_BIN=/path/to/hollow cargo bench ...   # measure another build of the fleet binary
 //! DENSITY_READY_SECS=1200 cargo bench ...   # how long a fleet may take until all its nodes are Ready (600)
 //! DENSITY_HOLLOW_ARGS="--requests-in-flight-per-connection 64" cargo bench ...   # more flags for the fleet
+//! DENSITY_KINDS=plain,dra,pvc cargo bench ...   # DRA nodes and pods, CSI nodes and PVC pods beside plain ones
 //! ```
 
+#[path = "density/claims.rs"]
+mod claims;
 #[path = "density/cluster.rs"]
 mod cluster;
 #[path = "density/kwok.rs"]
@@ -122,8 +132,38 @@ impl Fleet {
     }
 }
 
+/// Which nodes and pods a row measures: plain ones, or hollow nodes with a driver and pods with claims on it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Plain,
+    /// Nodes with a DRA driver (a ResourceSlice of 8 devices each); pods each with a ResourceClaim.
+    Dra,
+    /// Nodes with a CSI driver; pods each with a PersistentVolumeClaim of a CSI volume, attached.
+    Pvc,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Plain => "plain",
+            Kind::Dra => "DRA",
+            Kind::Pvc => "PVC",
+        }
+    }
+
+    /// The profile file giving every node its driver, if the kind needs one.
+    fn profile(self) -> Option<String> {
+        match self {
+            Kind::Plain => None,
+            Kind::Dra => Some(claims::dra_profile()),
+            Kind::Pvc => Some(claims::csi_profile()),
+        }
+    }
+}
+
 struct Row {
     fleet: Fleet,
+    kind: Kind,
     nodes: usize,
     pods: usize,
     ready_secs: f64,
@@ -147,6 +187,15 @@ struct Row {
 }
 
 impl Row {
+    /// The fleet, and the kind of nodes unless plain.
+    fn label(&self) -> String {
+        match self.kind {
+            Kind::Plain => self.fleet.name().to_owned(),
+            Kind::Dra => format!("{}, DRA nodes / pods with a claim", self.fleet.name()),
+            Kind::Pvc => format!("{}, CSI nodes / pods with a PVC", self.fleet.name()),
+        }
+    }
+
     fn rss_per_node_kib(&self) -> f64 {
         self.rss as f64 / 1024.0 / self.nodes as f64
     }
@@ -169,12 +218,21 @@ struct Started {
 
 async fn start_fleet(
     fleet: Fleet,
+    kind: Kind,
     cp: &testenv::ControlPlane,
     nodes: usize,
     kwok_bin: Option<&PathBuf>,
 ) -> anyhow::Result<Started> {
     match fleet {
         Fleet::Hollow => {
+            let profiles = match kind.profile() {
+                Some(yaml) => {
+                    let path = cp.dir().join("density-profiles.yaml");
+                    std::fs::write(&path, yaml)?;
+                    vec!["--profiles".to_owned(), path.display().to_string()]
+                }
+                None => Vec::new(),
+            };
             let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
             // DENSITY_HOLLOW_BIN: another build of the fleet (e.g. one with another allocator) to measure
             let bin = std::env::var_os("DENSITY_HOLLOW_BIN")
@@ -189,6 +247,7 @@ async fn start_fleet(
                     &format!("{}-{{index}}", fleet.prefix()),
                 ])
                 .args(["--register-qps", "500"])
+                .args(&profiles)
                 // DENSITY_HOLLOW_ARGS: more flags for the fleet, split at whitespace (one setting against another)
                 .args(env_or("DENSITY_HOLLOW_ARGS", "").split_whitespace())
                 .arg("--kubeconfig")
@@ -204,6 +263,7 @@ async fn start_fleet(
             })
         }
         Fleet::Kwok => {
+            anyhow::ensure!(kind == Kind::Plain, "KWOK has no DRA or CSI node side");
             let bin = kwok_bin.context("KWOK binary")?;
             let child = kwok::start(bin, &cp.admin_kubeconfig())?;
             kwok::create_nodes(&cp.admin_client().await?, fleet.prefix(), nodes).await?;
@@ -234,8 +294,10 @@ where
     Ok((w, (after - before) / t0.elapsed().as_secs_f64()))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn measure(
     fleet: Fleet,
+    kind: Kind,
     cp: &testenv::ControlPlane,
     nodes: usize,
     ready_limit: Duration,
@@ -244,7 +306,7 @@ async fn measure(
     kwok_bin: Option<&PathBuf>,
 ) -> anyhow::Result<Vec<Row>> {
     let start = tokio::time::Instant::now();
-    let mut started = start_fleet(fleet, cp, nodes, kwok_bin).await?;
+    let mut started = start_fleet(fleet, kind, cp, nodes, kwok_bin).await?;
     let pid = started.child.id();
     let port = started.metrics_port;
     let requests = move || async move {
@@ -267,8 +329,9 @@ async fn measure(
         cluster::wait_ready(&api, fleet.prefix(), nodes, ready_limit).await?;
         let ready_secs = start.elapsed().as_secs_f64();
         eprintln!(
-            "density: {} {nodes} nodes Ready after {ready_secs:.1} s; the idle window opens in 20 s",
-            fleet.name()
+            "density: {} ({} nodes) {nodes} nodes Ready after {ready_secs:.1} s; the idle window opens in 20 s",
+            fleet.name(),
+            kind.name()
         );
         // let registration bursts settle before the idle window
         tokio::time::sleep(Duration::from_secs(20)).await;
@@ -277,6 +340,7 @@ async fn measure(
         let heap = read_heap(port).await;
         let mut rows = vec![Row {
             fleet,
+            kind,
             nodes,
             pods: 0,
             ready_secs,
@@ -297,12 +361,17 @@ async fn measure(
                 "density: {} {nodes} nodes idle measured; starting {pods} pods ...",
                 fleet.name()
             );
-            let pods_secs = cluster::run_bound_pods(&client, fleet.prefix(), nodes, pods_per_node).await?;
+            let pods_secs = match kind {
+                Kind::Plain => cluster::run_bound_pods(&client, fleet.prefix(), nodes, pods_per_node).await?,
+                Kind::Dra => claims::run_dra_pods(&client, pods).await?,
+                Kind::Pvc => claims::run_pvc_pods(&client, fleet.prefix(), nodes, pods).await?,
+            };
             tokio::time::sleep(Duration::from_secs(20)).await;
             let (w, lease_updates_per_sec) = counted_window(&client, pid, nodes, idle, requests).await?;
             let heap = read_heap(port).await;
             rows.push(Row {
                 fleet,
+                kind,
                 nodes,
                 pods,
                 ready_secs: pods_secs,
@@ -329,8 +398,10 @@ async fn measure(
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_size(
     fleet: Fleet,
+    kind: Kind,
     nodes: usize,
     ready_limit: Duration,
     idle: Duration,
@@ -343,11 +414,37 @@ async fn run_size(
             "--max-mutating-requests-inflight=1500".into(),
         ],
         controller_manager_args: vec!["--kube-api-qps=300".into(), "--kube-api-burst=600".into()],
+        // plain pods are bound straight to their nodes; pods with a DRA claim go through the scheduler, whose
+        // writes (the claim's allocation, the binding) should not pace the run either
+        scheduler_args: vec!["--kube-api-qps=300".into(), "--kube-api-burst=600".into()],
         start_timeout: Duration::from_secs(120),
         ..Default::default()
     })
     .await?;
-    let result = measure(fleet, &cp, nodes, ready_limit, idle, pods_per_node, kwok_bin).await;
+    let storage = match kind {
+        Kind::Pvc => match claims::Storage::start(&cp.admin_kubeconfig()).await {
+            Ok(storage) => Some(storage),
+            Err(error) => {
+                cp.stop().await?;
+                return Err(error);
+            }
+        },
+        _ => None,
+    };
+    let result = measure(
+        fleet,
+        kind,
+        &cp,
+        nodes,
+        ready_limit,
+        idle,
+        pods_per_node,
+        kwok_bin,
+    )
+    .await;
+    if let Some(storage) = storage {
+        storage.stop().await?;
+    }
     cp.stop().await?;
     result
 }
@@ -361,7 +458,7 @@ fn print_tables(rows: &[Row]) {
         let reqs: Vec<String> = r.requests.iter().map(|(k, v)| format!("{k} {v:.1}")).collect();
         println!(
             "| {} | {} | {} | {:.1} s | {:.0} MiB | {:.0} MiB | {:.1} KiB | {} | {:.2} ms | {} |",
-            r.fleet.name(),
+            r.label(),
             r.nodes,
             r.pods,
             r.ready_secs,
@@ -381,12 +478,15 @@ fn print_tables(rows: &[Row]) {
     print_targets(rows);
     print_memory_split(rows);
     print_cpu_split(rows);
+    print_beside_plain(rows);
     let pairs: Vec<(&Row, &Row)> = rows
         .iter()
-        .filter(|r| r.fleet == Fleet::Hollow)
+        .filter(|r| r.fleet == Fleet::Hollow && r.kind == Kind::Plain)
         .filter_map(|h| {
             rows.iter()
-                .find(|k| k.fleet == Fleet::Kwok && k.nodes == h.nodes && k.pods == h.pods)
+                .find(|k| {
+                    k.fleet == Fleet::Kwok && k.kind == Kind::Plain && k.nodes == h.nodes && k.pods == h.pods
+                })
                 .map(|k| (h, k))
         })
         .collect();
@@ -414,6 +514,69 @@ fn print_tables(rows: &[Row]) {
     }
 }
 
+/// Each hollow fleet of DRA or CSI nodes beside the plain hollow fleet of the same size: RSS and CPU per idle
+/// node, and RSS per running pod (a pod with a claim beside a plain pod), with the ratio. KWOK has no DRA or CSI
+/// node side: nothing of its own to set beside them.
+fn print_beside_plain(rows: &[Row]) {
+    let others: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.fleet == Fleet::Hollow && r.kind != Kind::Plain)
+        .collect();
+    if others.is_empty() {
+        return;
+    }
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!("{:.2}", a / b)
+        } else {
+            "—".to_owned()
+        }
+    };
+    println!(
+        "\n| nodes | kind | pods (kind / plain) | RSS per node (kind / plain, ratio) | CPU per node-minute (kind / plain, \
+         ratio) | RSS per running pod (kind / plain, ratio) | KWOK |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---|");
+    let plain = |nodes: usize, with_pods: bool| {
+        rows.iter().find(|p| {
+            p.fleet == Fleet::Hollow && p.kind == Kind::Plain && p.nodes == nodes && (p.pods > 0) == with_pods
+        })
+    };
+    for r in others {
+        let Some(p) = plain(r.nodes, r.pods > 0) else {
+            println!(
+                "| {} | {} | {} | {:.1} KiB / — | {:.2} ms / — | {} / — | no DRA or CSI node side |",
+                r.nodes,
+                r.kind.name(),
+                r.pods,
+                r.rss_per_node_kib(),
+                r.cpu_ms_per_node_minute,
+                r.rss_per_pod
+                    .map_or("—".to_owned(), |b| format!("{:.1} KiB", b / 1024.0)),
+            );
+            continue;
+        };
+        let per_pod = match (r.rss_per_pod, p.rss_per_pod) {
+            (Some(a), Some(b)) => format!("{:.1} KiB / {:.1} KiB, {}", a / 1024.0, b / 1024.0, ratio(a, b)),
+            _ => "—".to_owned(),
+        };
+        println!(
+            "| {} | {} | {} / {} | {:.1} KiB / {:.1} KiB, {} | {:.2} ms / {:.2} ms, {} | {per_pod} | no DRA or CSI \
+             node side |",
+            r.nodes,
+            r.kind.name(),
+            r.pods,
+            p.pods,
+            r.rss_per_node_kib(),
+            p.rss_per_node_kib(),
+            ratio(r.rss_per_node_kib(), p.rss_per_node_kib()),
+            r.cpu_ms_per_node_minute,
+            p.cpu_ms_per_node_minute,
+            ratio(r.cpu_ms_per_node_minute, p.cpu_ms_per_node_minute),
+        );
+    }
+}
+
 /// Where each hollow row's resident memory is, per node, in parts that add up to it: the live heap (what the
 /// allocator has handed out, at its size classes); the free room in the allocator's part-used pages (active −
 /// allocated); the rest of the anonymous memory (the allocator's metadata and the freed pages it has not
@@ -432,7 +595,11 @@ fn print_memory_split(rows: &[Row]) {
         let anonymous = r.rss.saturating_sub(r.file_rss);
         let active = heap.active.min(anonymous);
         println!(
-            "| {} nodes, {} pods | {:.1} KiB | {:.1} KiB | {:.1} KiB | {:.1} KiB | {:.1} KiB |",
+            "| {}{} nodes, {} pods | {:.1} KiB | {:.1} KiB | {:.1} KiB | {:.1} KiB | {:.1} KiB |",
+            match r.kind {
+                Kind::Plain => String::new(),
+                kind => format!("{} ", kind.name()),
+            },
             r.nodes,
             r.pods,
             r.rss_per_node_kib(),
@@ -464,7 +631,7 @@ fn print_cpu_split(rows: &[Row]) {
         };
         println!(
             "| {} | {} | {} | {:.2} ms | {:.0} % | {:.1} % | {:.1} | {per_update} |",
-            r.fleet.name(),
+            r.label(),
             r.nodes,
             r.pods,
             r.cpu_ms_per_node_minute,
@@ -486,7 +653,10 @@ const TARGETS_FROM_NODES: usize = 5_000;
 fn print_targets(rows: &[Row]) {
     let verdict = |ok: bool| if ok { "pass" } else { "FAIL" };
     let mut lines = Vec::new();
-    for r in rows.iter().filter(|r| r.fleet == Fleet::Hollow) {
+    for r in rows
+        .iter()
+        .filter(|r| r.fleet == Fleet::Hollow && r.kind == Kind::Plain)
+    {
         if r.pods == 0 && r.nodes >= TARGETS_FROM_NODES {
             let kib = r.rss_per_node_kib();
             lines.push(format!(
@@ -538,6 +708,15 @@ async fn main() -> anyhow::Result<()> {
     let ready = ready_limit()?;
     let pods_per_node: usize = env_or("DENSITY_PODS_PER_NODE", "10").parse()?;
     let pods_max_nodes: usize = env_or("DENSITY_PODS_MAX_NODES", "1000").parse()?;
+    let mut kinds = Vec::new();
+    for k in env_or("DENSITY_KINDS", "plain").split(',') {
+        kinds.push(match k.trim() {
+            "plain" => Kind::Plain,
+            "dra" => Kind::Dra,
+            "pvc" => Kind::Pvc,
+            other => anyhow::bail!("DENSITY_KINDS: unknown kind {other:?} (plain, dra, pvc)"),
+        });
+    }
     let mut fleets = Vec::new();
     for f in env_or("DENSITY_FLEETS", "hollow,kwok").split(',') {
         fleets.push(match f.trim() {
@@ -555,27 +734,47 @@ async fn main() -> anyhow::Result<()> {
     let mut failed = Vec::new();
     for n in sizes {
         let ppn = if n <= pods_max_nodes { pods_per_node } else { 0 };
-        for &fleet in &fleets {
-            eprintln!("density: {} {n} nodes ...", fleet.name());
+        for (fleet, kind) in fleets.iter().flat_map(|&f| kinds.iter().map(move |&k| (f, k))) {
+            // KWOK has no DRA or CSI node side: those kinds are hollow's alone (the table says so)
+            if fleet == Fleet::Kwok && kind != Kind::Plain {
+                continue;
+            }
+            // a DRA node has 8 devices: at most 8 pods with a claim each
+            let ppn = if kind == Kind::Dra {
+                ppn.min(claims::DRA_DEVICES)
+            } else {
+                ppn
+            };
+            eprintln!("density: {} ({} nodes) {n} nodes ...", fleet.name(), kind.name());
             // a fleet that fails at one size (e.g. not all Ready within the limit) is reported with the tables;
             // the other fleets and sizes are still measured
-            let measured = match run_size(fleet, n, ready, idle, ppn, kwok_bin.as_ref()).await {
+            let measured = match run_size(fleet, kind, n, ready, idle, ppn, kwok_bin.as_ref()).await {
                 Ok(measured) => measured,
                 Err(error) => {
-                    eprintln!("density: {} {n} nodes failed: {error:#}", fleet.name());
-                    failed.push(format!("{} at {n} nodes: {error:#}", fleet.name()));
+                    eprintln!(
+                        "density: {} ({} nodes) {n} nodes failed: {error:#}",
+                        fleet.name(),
+                        kind.name()
+                    );
+                    failed.push(format!(
+                        "{} ({} nodes) at {n} nodes: {error:#}",
+                        fleet.name(),
+                        kind.name()
+                    ));
                     continue;
                 }
             };
             for row in measured {
                 eprintln!(
-                    "density: {} {n} nodes, {} pods: Ready/Running after {:.1}s, {:.1} KiB/node (peak {:.0} MiB), {:.3} ms CPU/node-minute",
-                    fleet.name(),
+                    "density: {} {n} nodes, {} pods: Ready/Running after {:.1}s, {:.1} KiB/node (peak {:.0} MiB), {:.3} ms CPU/node-minute, {} per running pod",
+                    row.label(),
                     row.pods,
                     row.ready_secs,
                     row.rss_per_node_kib(),
                     row.peak_rss as f64 / 1_048_576.0,
-                    row.cpu_ms_per_node_minute
+                    row.cpu_ms_per_node_minute,
+                    row.rss_per_pod
+                        .map_or("—".to_owned(), |b| format!("{:.1} KiB", b / 1024.0)),
                 );
                 rows.push(row);
             }

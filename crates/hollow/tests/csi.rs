@@ -8,7 +8,11 @@
 //!
 //! The mock driver's controller knows one node ID (its name), so the profile gives every hollow node that ID.
 //!
-//! The small fleet runs in the default test run; `storage_at_scale` (ignored; `cargo test -p hollow --test csi --
+//! A driver whose node side fails at first (the profile's scripted `stageFailures`) shows each pod what a
+//! kubelet shows: `FailedMount` events in the kubelet's words, the set-up retried with back-off, the pod Running
+//! once a retry succeeds.
+//!
+//! The small fleets run in the default test run; `storage_at_scale` (ignored; `cargo test -p hollow --test csi --
 //! --ignored --nocapture`) runs 1,000 nodes and 2,000 pods with claims, plain pods beside them for the memory a
 //! claim adds (figures in docs/benchmarks.md).
 
@@ -156,7 +160,13 @@ async fn create_namespace(admin: &kube::Client, ns: &str) -> anyhow::Result<()> 
     .await
 }
 
-fn stateful_set(name: &str, replicas: usize, class: Option<&str>) -> anyhow::Result<StatefulSet> {
+/// `fleet`: the label of the nodes the pods may run on (each test's own fleet).
+fn stateful_set(
+    name: &str,
+    replicas: usize,
+    class: Option<&str>,
+    fleet: &str,
+) -> anyhow::Result<StatefulSet> {
     let mut spec = json!({
         "replicas": replicas,
         "podManagementPolicy": "Parallel",
@@ -165,7 +175,7 @@ fn stateful_set(name: &str, replicas: usize, class: Option<&str>) -> anyhow::Res
         "template": {
             "metadata": {"labels": {"app": name}},
             "spec": {
-                "nodeSelector": {"fleet": "hollow-csi"},
+                "nodeSelector": {"fleet": fleet},
                 "terminationGracePeriodSeconds": 0,
                 "containers": [{"name": "app", "image": "registry.test/db:1"}],
             },
@@ -185,9 +195,17 @@ fn stateful_set(name: &str, replicas: usize, class: Option<&str>) -> anyhow::Res
     )?)
 }
 
-/// Starts `nodes` hollow nodes with the CSI driver, runs `plain` pods without volumes and `pods` pods with a
-/// claim each, checks attachment and release; returns after tearing down.
-async fn storage_load(nodes: usize, plain: usize, pods: usize, driver: &str, ns: &str) -> anyhow::Result<()> {
+/// Starts `nodes` hollow nodes with the CSI driver (`script`: more keys of the profile's `csi:` section), runs
+/// `plain` pods without volumes and `pods` pods with a claim each, checks attachment and release; returns after
+/// tearing down.
+async fn storage_load(
+    nodes: usize,
+    plain: usize,
+    pods: usize,
+    driver: &str,
+    ns: &str,
+    script: &str,
+) -> anyhow::Result<()> {
     init_logging();
     let cp = testenv::shared().await?;
     let admin = cp.admin_client().await?;
@@ -196,8 +214,8 @@ async fn storage_load(nodes: usize, plain: usize, pods: usize, driver: &str, ns:
     let pool = ClientPool::new(&config, PoolSize::for_fleet(nodes, true, PoolLimits::default()))?;
     let token = CancellationToken::new();
     let yaml = format!(
-        "profiles:\n  - name: storage\n    weight: 1\n    labels: {{fleet: hollow-csi}}\n    \
-         csi: {{driver: {driver}, nodeId: {driver}, maxVolumes: 16}}\n"
+        "profiles:\n  - name: storage\n    weight: 1\n    labels: {{fleet: {ns}}}\n    \
+         csi: {{driver: {driver}, nodeId: {driver}, maxVolumes: 16{script}}}\n"
     );
     let spec = FleetSpec::new(nodes, format!("{ns}-{{index}}"), profiles::parse(&yaml, "test")?)?;
     let fleet = Fleet::start(
@@ -261,7 +279,7 @@ async fn storage_load(nodes: usize, plain: usize, pods: usize, driver: &str, ns:
     let rss0 = rss_bytes();
     if plain > 0 {
         let t = Instant::now();
-        sets.create(&PostParams::default(), &stateful_set("plain", plain, None)?)
+        sets.create(&PostParams::default(), &stateful_set("plain", plain, None, ns)?)
             .await?;
         wait_for_progress(
             "the plain pods Running",
@@ -275,8 +293,11 @@ async fn storage_load(nodes: usize, plain: usize, pods: usize, driver: &str, ns:
     let rss1 = rss_bytes();
 
     let t1 = Instant::now();
-    sets.create(&PostParams::default(), &stateful_set("db", pods, Some(&class))?)
-        .await?;
+    sets.create(
+        &PostParams::default(),
+        &stateful_set("db", pods, Some(&class), ns)?,
+    )
+    .await?;
     let ran = wait_for_progress(
         "every pod with a claim Running",
         Duration::from_secs(300),
@@ -411,7 +432,52 @@ async fn storage_load(nodes: usize, plain: usize, pods: usize, driver: &str, ns:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statefulset_volumes_are_provisioned_attached_and_detached_on_hollow_nodes() -> anyhow::Result<()> {
-    storage_load(10, 0, 20, "csi-mock.hollow-csi.test", "hollow-csi").await
+    storage_load(10, 0, 20, "csi-mock.hollow-csi.test", "hollow-csi", "").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_driver_node_side_is_failed_mount_then_running_after_a_retry() -> anyhow::Result<()> {
+    const NS: &str = "failing-csi";
+    const PODS: usize = 4;
+    // every volume's first two stagings fail, each publishing takes 200 ms
+    storage_load(
+        10,
+        0,
+        PODS,
+        "csi-mock.failing-csi.test",
+        NS,
+        ", stageFailures: 2, publishLatency: 200ms",
+    )
+    .await?;
+    // every pod ran (storage_load waited for it) after FailedMount events naming the driver's answer
+    let cp = testenv::shared().await?;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(cp.admin_client().await?, NS);
+    let failed = wait_for(
+        "a FailedMount event for every pod",
+        Duration::from_secs(60),
+        || async {
+            let mut by_pod: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for e in list_paged(&events, &ListParams::default()).await? {
+                if e.reason.as_deref() == Some("FailedMount")
+                    && let Some(pod) = e.involved_object.name
+                {
+                    by_pod.entry(pod).or_default().push(e.message.unwrap_or_default());
+                }
+            }
+            Ok((by_pod.len() == PODS).then_some(by_pod))
+        },
+    )
+    .await?;
+    for (pod, messages) in failed {
+        assert!(
+            messages.iter().any(|m| m.starts_with(
+                "MountVolume.SetUp failed for volume \"data\" : kubernetes.io/csi: MountDevice failed: rpc error: \
+                 code = Internal desc = NodeStageVolume of volume "
+            ) && m.ends_with(": scripted failure 1 of 2")),
+            "{pod}: {messages:?}"
+        );
+    }
+    Ok(())
 }
 
 /// The fleet at the scale of a cluster: 1,000 nodes, 2,000 pods with claims (and 2,000 plain pods first, for the
@@ -425,6 +491,7 @@ async fn storage_at_scale() -> anyhow::Result<()> {
         2000,
         "csi-mock.hollow-csi-scale.test",
         "hollow-csi-scale",
+        "",
     )
     .await
 }

@@ -1,5 +1,6 @@
 //! What the benchmark does to the cluster, the same for both fleets: count Ready nodes, create pods bound
-//! straight to the fleet's nodes (no scheduler in the way) and wait until they run.
+//! straight to the fleet's nodes (no scheduler in the way) and wait until they run (pods with claims:
+//! `claims.rs`).
 
 use std::time::Duration;
 
@@ -98,6 +99,12 @@ pub async fn run_bound_pods(
         "density: {total} pods created after {:.1} s",
         start.elapsed().as_secs_f64()
     );
+    wait_running(&pods, total, start).await
+}
+
+/// Waits until `total` pods labelled `app=density` are Running (at most 1800 s after `start`); the seconds since
+/// `start`.
+pub async fn wait_running(pods: &Api<Pod>, total: usize, start: tokio::time::Instant) -> anyhow::Result<f64> {
     let deadline = start + Duration::from_secs(1800);
     loop {
         let listed = pods

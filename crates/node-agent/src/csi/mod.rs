@@ -11,6 +11,9 @@
 //! The attachable volumes the node's pods use ([`in_use`]) are kept beside the drivers, for the node status, and
 //! so are the volumes published for each pod ([`volume_stats`]), for their statistics.
 //!
+//! A node without disk (a hollow node) has no driver socket to call: its drivers' node side may be answered in
+//! process instead ([`InProcessNodeSide`]), with the time and failures its owner scripts.
+//!
 //! The messages and clients are compiled by the build script from the project's own `proto/csi/v1/csi.proto`
 //! (the part of the CSI spec a node agent calls), wire-compatible with the published spec.
 
@@ -125,11 +128,23 @@ pub struct Driver {
     pub capabilities: NodeCapabilities,
 }
 
+/// A driver's node side answered in process, on a node without disk: what staging and publishing a volume
+/// take, and the driver's answer. `Err` is the status a driver would answer the call with.
+#[async_trait::async_trait]
+pub trait InProcessNodeSide: Send + Sync + fmt::Debug {
+    /// `NodeStageVolume` of the volume `handle`.
+    async fn stage(&self, handle: &str) -> Result<(), tonic::Status>;
+    /// `NodePublishVolume` of the volume `handle` for the pod `pod_uid`.
+    async fn publish(&self, handle: &str, pod_uid: &str) -> Result<(), tonic::Status>;
+}
+
 /// The CSI drivers registered on this node, by name, the attachable volumes in use and the volumes published.
-/// Clones share all three.
+/// Clones share all of them.
 #[derive(Debug, Clone, Default)]
 pub struct CsiDrivers {
     drivers: Arc<RwLock<BTreeMap<String, Driver>>>,
+    /// Drivers whose node side is answered in process (a node without disk), by name.
+    in_process: Arc<RwLock<BTreeMap<String, Arc<dyn InProcessNodeSide>>>>,
     in_use: in_use::VolumesInUse,
     published: volume_stats::PublishedVolumes,
 }
@@ -171,6 +186,23 @@ impl CsiDrivers {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(name.to_owned(), driver);
+    }
+
+    /// Answers the node side of the driver `name` in process (a node without disk has no socket to call).
+    pub fn insert_in_process(&self, name: &str, side: Arc<dyn InProcessNodeSide>) {
+        self.in_process
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_owned(), side);
+    }
+
+    /// The in-process node side of the driver `name`, if it has one.
+    pub fn in_process(&self, name: &str) -> Option<Arc<dyn InProcessNodeSide>> {
+        self.in_process
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
     }
 
     fn remove(&self, name: &str) -> Option<Driver> {

@@ -718,7 +718,8 @@ async fn attachment(
 
 /// On a node without disk (a hollow node): the attach part of [`set_up`] alone — the driver must be registered
 /// and its `CSIDriver` must list the volume's mode, an attachable volume is in use from here on, and the pod
-/// waits for its attachment. A node without CSI drivers lets the pod run.
+/// waits for its attachment. A driver answered in process is then asked to stage and publish the volume, its
+/// failures reported as the real calls' are. A node without CSI drivers lets the pod run.
 pub(crate) async fn attach_only(
     ctx: &ActionCtx,
     pod: &DesiredPod,
@@ -735,9 +736,17 @@ pub(crate) async fn attach_only(
         .map_err(|e| SetUpError::Waiting(format!("reading CSIDriver {}: {}", source.driver, e.0)))?;
     check_lifecycle(object.as_ref(), source)
         .map_err(|e| SetUpError::Waiting(format!("kubernetes.io/csi: {e}")))?;
-    attachment(ctx, drivers, pod, object.as_ref(), source)
+    attachment(ctx, drivers, pod, object.as_ref(), source).await?;
+    let Some(side) = drivers.in_process(&source.driver) else {
+        return Ok(());
+    };
+    let status = |s: tonic::Status| format!("rpc error: code = {:?} desc = {}", s.code(), s.message());
+    side.stage(&source.volume_handle)
         .await
-        .map(drop)
+        .map_err(|s| SetUpError::Failed(format!("kubernetes.io/csi: MountDevice failed: {}", status(s))))?;
+    side.publish(&source.volume_handle, &pod.uid)
+        .await
+        .map_err(|s| SetUpError::Failed(format!("kubernetes.io/csi: {}", status(s))))
 }
 
 /// On a node without disk: the pod's volumes are no longer in use once it is gone (nothing to unpublish).

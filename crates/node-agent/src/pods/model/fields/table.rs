@@ -22,7 +22,8 @@ const fn refused_unless(unless: &'static str, why: &'static str) -> Handling {
 const SCHEDULER: &str = "read by the scheduler; the node re-checks only required node affinity at admission";
 const WINDOWS: &str = "Windows-only; a Linux node ignores it, as the kubelet does";
 const FILE_ENV: &str = "environment variables from files in a volume are not read by this node";
-const BLOCK: &str = "raw block volumes need persistent volumes, which this node does not mount";
+const BLOCK: &str = "raw block devices are not provided: persistent volumes are mounted as filesystems only, \
+                     and a `volumeMode: Block` volume is refused";
 
 /// Every classified field. The tests fail when a field of the schema is missing here, or a row names a field
 /// that is not in the schema.
