@@ -2,7 +2,10 @@
 //! process. As a real driver's kubelet plugin does, it publishes the node's ResourceSlice (one pool named after
 //! the node, `devices` devices `dev-0`, `dev-1`, …) and, when the node's agent prepares a claim, reads the
 //! claim's allocation from the API and answers the devices allocated to it with CDI device IDs
-//! (`<driver>/hollow=<device>`), after the scripted latency; releasing waits its own latency. The agent's own
+//! (`<driver>/hollow=<device>`), after the scripted latency; releasing waits its own latency. With
+//! `prepareFailures: N` the first N preparations of each claim on a node fail (the agent reports them as a
+//! `FailedPrepareDynamicResources` event and tries again after its back-off), as a driver that cannot reach its
+//! device yet would. The agent's own
 //! DRA manager does the rest — the claim fetched and checked, the pod's containers given the devices — so the
 //! scheduler's DRA plugin and the resource-claim controller meet what a cluster of real DRA nodes gives them.
 //!
@@ -13,6 +16,8 @@
 //!     dra: {driver: gpu.example.com, devices: 8, prepareLatency: 200ms, unprepareLatency: 50ms}
 //! ```
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -49,6 +54,9 @@ pub struct DraSpec {
     /// How long releasing a claim takes.
     #[serde(default, with = "crate::duration::text_opt")]
     pub unprepare_latency: Option<Duration>,
+    /// How many times preparing each claim fails on a node before it succeeds.
+    #[serde(default)]
+    pub prepare_failures: u32,
 }
 
 impl DraSpec {
@@ -120,12 +128,33 @@ pub async fn publish(client: kube::Client, spec: &DraSpec, node: &str) {
 pub struct HollowDriver {
     client: kube::Client,
     spec: DraSpec,
+    /// Failed preparations so far per claim UID, while `prepare_failures` asks for more (empty without it).
+    failed: Mutex<HashMap<String, u32>>,
 }
 
 impl HollowDriver {
     /// The driver of `spec`, reading claims through `client`.
     pub fn new(client: kube::Client, spec: DraSpec) -> Self {
-        Self { client, spec }
+        Self {
+            client,
+            spec,
+            failed: Mutex::default(),
+        }
+    }
+
+    /// The scripted failure of this preparation of `uid`, if one is still due.
+    fn scripted_failure(&self, uid: &str) -> Option<String> {
+        let wanted = self.spec.prepare_failures;
+        if wanted == 0 {
+            return None;
+        }
+        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        let count = failed.entry(uid.to_owned()).or_insert(0);
+        if *count >= wanted {
+            return None;
+        }
+        *count += 1;
+        Some(format!("scripted failure {count} of {wanted}"))
     }
 }
 
@@ -137,6 +166,10 @@ impl Driver for HollowDriver {
         }
         let mut answer = Prepared::new();
         for c in claims {
+            if let Some(failure) = self.scripted_failure(&c.uid) {
+                answer.insert(c.uid.clone(), Err(failure));
+                continue;
+            }
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
             let result = match api.get(&c.name).await {
                 Err(e) => Err(format!("fetch ResourceClaim {}: {e}", c.name)),
@@ -168,6 +201,12 @@ impl Driver for HollowDriver {
     async fn unprepare(&self, claims: &[ClaimRef]) -> Result<Unprepared, String> {
         if let Some(latency) = self.spec.unprepare_latency {
             tokio::time::sleep(latency).await;
+        }
+        if self.spec.prepare_failures > 0 {
+            let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+            for c in claims {
+                failed.remove(&c.uid);
+            }
         }
         Ok(claims.iter().map(|c| (c.uid.clone(), Ok(()))).collect())
     }
@@ -203,5 +242,29 @@ mod tests {
         assert!(spec("{devices: 0}").check().unwrap_err().contains("1 to 128"));
         assert_eq!(spec("{}").driver, DEFAULT_DRIVER);
         assert!(serde_yaml::from_str::<DraSpec>("{devices: 2, colour: red}").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_first_preparations_of_each_claim_fail_as_scripted_and_a_released_claim_is_forgotten() {
+        // no API server behind it: a preparation that gets past the scripted failures fails fetching the claim
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let spec: DraSpec = serde_yaml::from_str("{prepareFailures: 2}").unwrap();
+        let driver = HollowDriver::new(client, spec);
+        let claim = |uid: &str| ClaimRef {
+            namespace: "ns".to_owned(),
+            name: format!("claim-{uid}"),
+            uid: uid.to_owned(),
+        };
+        let error_of = |answer: Prepared, uid: &str| answer[uid].clone().unwrap_err();
+        let first = driver.prepare(&[claim("a"), claim("b")]).await.unwrap();
+        assert_eq!(error_of(first.clone(), "a"), "scripted failure 1 of 2");
+        assert_eq!(error_of(first, "b"), "scripted failure 1 of 2");
+        let second = driver.prepare(&[claim("a")]).await.unwrap();
+        assert_eq!(error_of(second, "a"), "scripted failure 2 of 2");
+        let third = driver.prepare(&[claim("a")]).await.unwrap();
+        assert!(error_of(third, "a").starts_with("fetch ResourceClaim claim-a"));
+        driver.unprepare(&[claim("a"), claim("b")]).await.unwrap();
+        assert!(driver.failed.lock().unwrap().is_empty());
     }
 }
