@@ -259,9 +259,7 @@ fn replace_unstarted(plan: &mut Plan, r: &crate::pods::runtime::observed::Contai
         plan.kill.push(Kill {
             id: r.id.to_string(),
             name: r.name.clone(),
-            message: Some(format!(
-                "Container is in \"unknown\" state, try killing it before restart"
-            )),
+            message: Some("Container is in \"unknown\" state, try killing it before restart".into()),
             grace_secs: None,
         });
     }
