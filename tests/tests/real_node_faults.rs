@@ -116,13 +116,15 @@ fn sleeper(name: &str) -> anyhow::Result<Pod> {
     }))?)
 }
 
-/// What containerd holds for one pod: sandboxes (all, ready) and containers (all, running).
+/// What containerd holds for one pod: sandboxes (all, ready) and containers (all, running, created and never
+/// started).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Held {
     sandboxes: usize,
     ready_sandboxes: usize,
     containers: usize,
     running: usize,
+    created: usize,
 }
 
 /// What containerd holds, by pod UID (from the labels the agent puts on sandboxes and containers).
@@ -152,6 +154,9 @@ async fn held_by_uid(node: &RealNode) -> anyhow::Result<BTreeMap<String, Held>> 
         h.containers += 1;
         if c.state == cri::ContainerState::ContainerRunning as i32 {
             h.running += 1;
+        }
+        if c.state == cri::ContainerState::ContainerCreated as i32 {
+            h.created += 1;
         }
     }
     Ok(held)
