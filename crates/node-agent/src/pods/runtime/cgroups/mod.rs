@@ -14,8 +14,9 @@
 //! its summed limits, plus `pids.max` from `podPidsLimit`. The burstable cgroup's `cpu.shares` follows the sum
 //! of the Burstable pods' cpu requests. The sandbox config names the pod cgroup as its `cgroup_parent`
 //! ([`QosCgroups::pod_path`]), so the runtime puts the pod's containers inside it. When the pod is removed its
-//! cgroup goes ([`QosCgroups::remove`]) — also the one the runtime made in the v2 hierarchy of a hybrid host
-//! (`/sys/fs/cgroup/unified`), where node-agent makes nothing itself. Pod cgroups of pods the node no longer
+//! cgroup goes ([`QosCgroups::remove`]; processes the runtime left inside are killed first, [`leftovers`]) —
+//! also the one the runtime made in the v2 hierarchy of a hybrid host (`/sys/fs/cgroup/unified`), where
+//! node-agent makes nothing itself. Pod cgroups of pods the node no longer
 //! has are found and removed by the orphan sweep ([`QosCgroups::pod_uids`], [`QosCgroups::remove_orphan`]).
 //!
 //! With the systemd driver (`cgroupDriver: systemd`, [`QosCgroups::start_systemd`]) the same tree is made of
@@ -42,6 +43,7 @@ use std::sync::{Arc, Mutex};
 use crate::pods::model::resources::QosClass;
 use crate::pods::model::spec::DesiredPod;
 
+mod leftovers;
 pub mod systemd;
 
 /// The kernel's smallest `cpu.shares`.
@@ -775,8 +777,8 @@ impl QosCgroups {
         self.apply_hugetlb(name, &pod.hugepages(), 0).await
     }
 
-    /// Removes `pod`'s cgroup (and whatever the runtime left inside) from every hierarchy — with systemd, stops
-    /// its slice first; a cgroup that still holds processes stays (logged).
+    /// Removes `pod`'s cgroup (and whatever the runtime left inside, processes killed: see [`leftovers`]) from
+    /// every hierarchy — with systemd, stops its slice first; a cgroup whose processes do not go stays (logged).
     pub async fn remove(self: &Arc<Self>, pod: &DesiredPod) {
         let changed = self
             .burstable
@@ -821,7 +823,11 @@ impl QosCgroups {
     fn remove_everywhere(&self, cgroup: &str) -> Result<(), CgroupError> {
         for dir in self.everywhere(cgroup) {
             if dir.is_dir() {
-                remove_tree(&dir)?;
+                leftovers::remove_killing_leftovers(
+                    &dir,
+                    remove_tree,
+                    |e| matches!(e, CgroupError::Io { source, .. } if source.raw_os_error() == Some(nix::libc::EBUSY)),
+                )?;
             }
         }
         Ok(())
@@ -855,8 +861,8 @@ impl QosCgroups {
     }
 
     /// Removes the cgroup of pod `uid`, whatever its QoS class, from every hierarchy: for a pod the node no
-    /// longer knows (deleted while the agent was down). A cgroup that still holds processes stays (the error
-    /// says so; the next housekeeping tries again).
+    /// longer knows (deleted while the agent was down). Processes left inside are killed ([`leftovers`]); a
+    /// cgroup whose processes do not go stays (the error says so; the next housekeeping tries again).
     pub async fn remove_orphan(self: &Arc<Self>, uid: &str) -> Result<(), CgroupError> {
         let known = self
             .burstable
