@@ -116,13 +116,15 @@ fn sleeper(name: &str) -> anyhow::Result<Pod> {
     }))?)
 }
 
-/// What containerd holds for one pod: sandboxes (all, ready) and containers (all, running).
+/// What containerd holds for one pod: sandboxes (all, ready) and containers (all, running, and never started:
+/// left created, or whose start failed).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Held {
     sandboxes: usize,
     ready_sandboxes: usize,
     containers: usize,
     running: usize,
+    never_started: usize,
 }
 
 /// What containerd holds, by pod UID (from the labels the agent puts on sandboxes and containers).
@@ -152,6 +154,18 @@ async fn held_by_uid(node: &RealNode) -> anyhow::Result<BTreeMap<String, Held>> 
         h.containers += 1;
         if c.state == cri::ContainerState::ContainerRunning as i32 {
             h.running += 1;
+            continue;
+        }
+        let started = cri
+            .container_status(cri::ContainerStatusRequest {
+                container_id: c.id.clone(),
+                verbose: false,
+            })
+            .await?
+            .status
+            .is_some_and(|s| s.started_at != 0);
+        if !started {
+            h.never_started += 1;
         }
     }
     Ok(held)

@@ -21,7 +21,6 @@ const PODS: usize = 30;
 const KILLS: usize = 5;
 
 #[tokio::test]
-#[ignore = "not in the default run yet: not yet rerun green twice since the watch back-off fix (docs/reliability.md); run with --ignored"]
 async fn agent_sigkilled_five_times_during_a_burst() -> anyhow::Result<()> {
     init_logging();
     let Some((node, _serial)) = node().await? else {
@@ -73,13 +72,24 @@ async fn agent_sigkilled_five_times_during_a_burst() -> anyhow::Result<()> {
     let all = all_running(node, &pods, PODS, Duration::from_secs(180)).await?;
     let done = t0.elapsed();
     let held = held_by_uid(node).await?;
-    let mut extra = 0;
+    let (mut extra, mut replaced) = (0, 0);
     for p in &all {
         let (_, _, restarts) = main_container(p);
-        assert_eq!(restarts, 0, "{} restarted", name(p));
         let h = held.get(&uid(p)).copied().unwrap_or_default();
         assert_eq!((h.ready_sandboxes, h.running), (1, 1), "{}: {h:?}", name(p));
-        extra += h.sandboxes - 1 + h.containers - 1;
+        // a kill between a container's create and its start leaves it created for good, or fails the start the
+        // dead agent asked for: as the kubelet, the agent starts the next attempt beside it, and that is the only
+        // restart a pod may show — one a kill at most, each beside a container that never started (the
+        // replaced ones kept, but for what container GC took of more than one)
+        let restarts = usize::try_from(restarts)?;
+        assert!(
+            restarts == 0 || (h.never_started >= 1 && h.never_started <= restarts && restarts <= KILLS),
+            "{} restarted {restarts} times beside {} containers that never started: {h:?}",
+            name(p),
+            h.never_started
+        );
+        replaced += restarts;
+        extra += h.sandboxes - 1 + h.containers - 1 - h.never_started;
     }
     assert_eq!(
         extra, 0,
@@ -87,7 +97,8 @@ async fn agent_sigkilled_five_times_during_a_burst() -> anyhow::Result<()> {
     );
     println!(
         "[real_node_faults] node-agent SIGKILLed {KILLS} times during a {PODS}-pod burst at {}: all Running \
-         after {done:?}, one sandbox and one container each, 0 restarts",
+         after {done:?}, one running container each and no other but those that never started ({replaced} \
+         restarts, each replacing a container a kill left created or whose start it broke)",
         points.join(", ")
     );
     delete_all(&pods).await?;

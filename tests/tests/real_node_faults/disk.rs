@@ -100,7 +100,6 @@ fn check_etc_hosts(node: &RealNode, pod_uid: &str, pod_name: &str) -> anyhow::Re
 }
 
 #[tokio::test]
-#[ignore = "not in the default run yet: not yet rerun green twice since the watch back-off fix (docs/reliability.md); run with --ignored"]
 async fn a_full_disk_under_the_pods_fails_new_pods_cleanly_until_space_is_freed() -> anyhow::Result<()> {
     init_logging();
     let Some((node, _serial)) = node().await? else {

@@ -21,7 +21,6 @@ use super::{
 const OUTAGE: Duration = Duration::from_secs(60);
 
 #[tokio::test]
-#[ignore = "fails 1 run in 2: after containerd is back 2 of 23 pods may not start within 3 minutes (docs/reliability.md); run with --ignored"]
 async fn containerd_stopped_for_a_minute_during_a_burst() -> anyhow::Result<()> {
     init_logging();
     let Some((node, _serial)) = node().await? else {
@@ -83,25 +82,33 @@ async fn containerd_stopped_for_a_minute_during_a_burst() -> anyhow::Result<()> 
     let all = all_running(node, &pods, 23, Duration::from_secs(180)).await?;
     let running_after = restarted.elapsed();
 
+    let held = held_by_uid(node).await?;
+    let (mut sandboxes, mut containers, mut replaced) = (0, 0, 0);
     for p in &all {
         let (_, id, restarts) = main_container(p);
-        assert_eq!(restarts, 0, "{} restarted", name(p));
-        if let Some(old) = before.get(&name(p)) {
-            assert_eq!(&id, old, "{} kept its container through the outage", name(p));
-        }
-    }
-    let held = held_by_uid(node).await?;
-    let (mut sandboxes, mut containers) = (0, 0);
-    for p in &all {
         let h = held.get(&uid(p)).copied().unwrap_or_default();
         assert_eq!((h.ready_sandboxes, h.running), (1, 1), "{}: {h:?}", name(p));
+        if let Some(old) = before.get(&name(p)) {
+            assert_eq!(&id, old, "{} kept its container through the outage", name(p));
+            assert_eq!(restarts, 0, "{} restarted", name(p));
+        } else if restarts != 0 {
+            // a container created just before the runtime stopped stays created for good: as the kubelet,
+            // the agent starts the next attempt beside it — the one restart a pod of the burst may show
+            assert!(
+                restarts == 1 && h.never_started >= 1,
+                "{} restarted {restarts} times with no container that never started: {h:?}",
+                name(p)
+            );
+            replaced += 1;
+        }
         sandboxes += h.sandboxes;
         containers += h.containers;
     }
     println!(
         "[real_node_faults] containerd stopped {OUTAGE:?} during a 20-pod burst: NotReady after {down_after:?} \
          ({:?}); Ready {ready_after:?} after it was back, all 23 pods Running after {running_after:?}; \
-         {sandboxes} sandboxes and {containers} containers for 23 pods, 0 restarts, 3 running pods kept",
+         {sandboxes} sandboxes and {containers} containers for 23 pods, 3 running pods kept with 0 restarts, \
+         {replaced} containers created before the stop and never started replaced",
         not_ready.message.as_deref().unwrap_or_default()
     );
 

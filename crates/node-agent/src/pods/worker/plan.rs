@@ -162,12 +162,7 @@ pub(crate) fn plan(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeResults) 
                         break;
                     }
                     CState::Created | CState::Unknown => {
-                        plan.kill.push(Kill {
-                            id: r.id.to_string(),
-                            name: c.name.clone(),
-                            message: None,
-                            grace_secs: None,
-                        });
+                        replace_unstarted(&mut plan, r, true);
                         break;
                     }
                 },
@@ -192,12 +187,7 @@ pub(crate) fn plan(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeResults) 
                 restart_count: next_restart_count(view, &c.name),
                 exited: None,
             }),
-            Some(r) => plan.kill.push(Kill {
-                id: r.id.to_string(),
-                name: c.name.clone(),
-                message: None,
-                grace_secs: None,
-            }),
+            Some(r) => replace_unstarted(&mut plan, r, true),
         }
     }
     if let Some(done) = finished(pod, view) {
@@ -246,14 +236,7 @@ pub(crate) fn plan(pod: &DesiredPod, view: &RuntimeView, probes: &ProbeResults) 
                     exited: r.exited_seen,
                 }),
                 CState::Exited => {}
-                CState::Created | CState::Unknown => {
-                    plan.kill.push(Kill {
-                        id: r.id.to_string(),
-                        name: c.name.clone(),
-                        message: None,
-                        grace_secs: None,
-                    });
-                }
+                CState::Created | CState::Unknown => replace_unstarted(&mut plan, r, false),
             },
         }
     }
@@ -266,6 +249,26 @@ fn finished_never(pod: &DesiredPod, view: &RuntimeView) -> Phase {
         .iter()
         .all(|c| view.latest(&c.name).is_some_and(|r| r.succeeded()));
     if all_ok { Phase::Succeeded } else { Phase::Failed }
+}
+
+/// A container that never ran here or whose state the runtime lost (`Created` — e.g. created just before the
+/// runtime restarted, which leaves it created for good: stopping it changes nothing — or `Unknown`): as the
+/// kubelet, a new instance is started in its place, the unknown one stopped first in case it runs after all.
+fn replace_unstarted(plan: &mut Plan, r: &crate::pods::runtime::observed::ContainerRecord, init: bool) {
+    if r.state == CState::Unknown {
+        plan.kill.push(Kill {
+            id: r.id.to_string(),
+            name: r.name.clone(),
+            message: Some("Container is in \"unknown\" state, try killing it before restart".into()),
+            grace_secs: None,
+        });
+    }
+    plan.start.push(Start {
+        name: r.name.clone(),
+        init,
+        restart_count: r.restart_count + 1,
+        exited: None,
+    });
 }
 
 fn running_kills(
@@ -371,6 +374,41 @@ mod tests {
         view.containers.pop();
         view.containers.push(rec(&d, "dbg", CState::Exited, 1, 0));
         assert!(plan(&d, &view, &ProbeResults::default()).start.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_container_created_but_never_started_is_replaced_and_an_unknown_one_stopped_first() {
+        let d = pod("Always");
+        let mut view = RuntimeView::default();
+        view.sandboxes.push(sandbox());
+        view.containers.push(rec(&d, "init1", CState::Exited, 0, 0));
+        view.containers.push(rec(&d, "side", CState::Running, 0, 0));
+        view.containers.push(rec(&d, "init2", CState::Exited, 0, 0));
+        // `a` was created when the runtime went away: stopping it would leave it created, so a new one starts
+        view.containers.push(rec(&d, "a", CState::Created, 0, 0));
+        view.containers.push(rec(&d, "b", CState::Unknown, 0, 0));
+        let p = plan(&d, &view, &ProbeResults::default());
+        assert_eq!(names(&p), vec!["a", "b"]);
+        assert_eq!(
+            p.start
+                .iter()
+                .map(|s| (s.restart_count, s.exited))
+                .collect::<Vec<_>>(),
+            vec![(1, None), (1, None)],
+            "the next attempt, with no back-off: neither ran"
+        );
+        assert_eq!(
+            p.kill.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
+            vec!["b-0"],
+            "only the unknown one is stopped: it may run"
+        );
+
+        // the same for an init container, before initialization is complete
+        let mut view = RuntimeView::default();
+        view.sandboxes.push(sandbox());
+        view.containers.push(rec(&d, "init1", CState::Created, 0, 0));
+        let p = plan(&d, &view, &ProbeResults::default());
+        assert_eq!((names(&p), p.kill.len()), (vec!["init1"], 0));
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use super::settings::v2_setting;
-use super::{CgroupError, QosCgroups, io};
+use super::{CgroupError, QosCgroups, io, leftovers};
 
 impl QosCgroups {
     /// Creates `cgroup` in every hierarchy (a new cpuset cgroup gets its parent's cpus and memory nodes). In the
@@ -67,7 +67,11 @@ impl QosCgroups {
     pub(super) fn remove_everywhere(&self, cgroup: &str) -> Result<(), CgroupError> {
         for dir in self.everywhere(cgroup) {
             if dir.is_dir() {
-                remove_tree(&dir)?;
+                leftovers::remove_killing_leftovers(
+                    &dir,
+                    remove_tree,
+                    |e| matches!(e, CgroupError::Io { source, .. } if source.raw_os_error() == Some(nix::libc::EBUSY)),
+                )?;
             }
         }
         Ok(())

@@ -14,9 +14,9 @@
 //! its summed limits, plus `pids.max` from `podPidsLimit`. The burstable cgroup's `cpu.shares` follows the sum
 //! of the Burstable pods' cpu requests. The sandbox config names the pod cgroup as its `cgroup_parent`
 //! ([`QosCgroups::pod_path`]), so the runtime puts the pod's containers inside it. When the pod is removed its
-//! cgroup goes ([`QosCgroups::remove`]) — also the one the runtime made in the v2 hierarchy of a hybrid host
-//! (`/sys/fs/cgroup/unified`), where node-agent makes nothing itself. Pod cgroups of pods the node no longer
-//! has are found and removed by the orphan sweep ([`QosCgroups::pod_uids`], [`QosCgroups::remove_orphan`]).
+//! cgroup goes ([`QosCgroups::remove`]; processes the runtime left inside are killed first, [`leftovers`]) —
+//! also the one the runtime made in the v2 hierarchy of a hybrid host (`/sys/fs/cgroup/unified`), where
+//! node-agent makes nothing itself. Pod cgroups of pods the node no longer has are found and removed by the orphan sweep ([`QosCgroups::pod_uids`], [`QosCgroups::remove_orphan`]).
 //!
 //! With the systemd driver (`cgroupDriver: systemd`, [`QosCgroups::start_systemd`]) the same tree is made of
 //! slices systemd creates as transient units over D-Bus ([`systemd`]): `kubepods.slice`,
@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 
 mod cgroupfs;
 mod hugetlb;
+mod leftovers;
 mod mounts;
 mod node;
 mod pods;

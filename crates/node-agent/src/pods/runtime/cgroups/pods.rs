@@ -107,8 +107,9 @@ impl QosCgroups {
         self.apply_hugetlb(name, &pod.hugepages(), 0).await
     }
 
-    /// Removes `pod`'s cgroup (and whatever the runtime left inside) from every hierarchy — with systemd, stops
-    /// its slice first; a cgroup that still holds processes stays (logged).
+    /// Removes `pod`'s cgroup (and whatever the runtime left inside, processes killed: see [`super::leftovers`])
+    /// from every hierarchy — with systemd, stops its slice first; a cgroup whose processes do not go stays
+    /// (logged).
     pub async fn remove(self: &Arc<Self>, pod: &DesiredPod) {
         let changed = self
             .burstable
@@ -163,8 +164,9 @@ impl QosCgroups {
     }
 
     /// Removes the cgroup of pod `uid`, whatever its QoS class, from every hierarchy: for a pod the node no
-    /// longer knows (deleted while the agent was down). A cgroup that still holds processes stays (the error
-    /// says so; the next housekeeping tries again).
+    /// longer knows (deleted while the agent was down). Processes left inside are killed
+    /// ([`super::leftovers`]); a cgroup whose processes do not go stays (the error says so; the next housekeeping
+    /// tries again).
     pub async fn remove_orphan(self: &Arc<Self>, uid: &str) -> Result<(), CgroupError> {
         let known = self
             .burstable
