@@ -142,11 +142,18 @@ pub trait InProcessNodeSide: Send + Sync + fmt::Debug {
 /// Clones share all of them.
 #[derive(Debug, Clone, Default)]
 pub struct CsiDrivers {
-    drivers: Arc<RwLock<BTreeMap<String, Driver>>>,
-    /// Drivers whose node side is answered in process (a node without disk), by name.
-    in_process: Arc<RwLock<BTreeMap<String, Arc<dyn InProcessNodeSide>>>>,
+    // one shared cell for both maps: every node's managers hold a clone, so each pointer here counts per node
+    registry: Arc<RwLock<Registry>>,
     in_use: in_use::VolumesInUse,
     published: volume_stats::PublishedVolumes,
+}
+
+/// The drivers registered on the node, and those whose node side is answered in process.
+#[derive(Debug, Default)]
+struct Registry {
+    drivers: BTreeMap<String, Driver>,
+    /// Drivers whose node side is answered in process (a node without disk), by name.
+    in_process: BTreeMap<String, Arc<dyn InProcessNodeSide>>,
 }
 
 impl CsiDrivers {
@@ -162,18 +169,20 @@ impl CsiDrivers {
 
     /// The driver called `name`, if registered.
     pub fn get(&self, name: &str) -> Option<Driver> {
-        self.drivers
+        self.registry
             .read()
             .unwrap_or_else(|p| p.into_inner())
+            .drivers
             .get(name)
             .cloned()
     }
 
     /// The registered drivers' names.
     pub fn names(&self) -> Vec<String> {
-        self.drivers
+        self.registry
             .read()
             .unwrap_or_else(|p| p.into_inner())
+            .drivers
             .keys()
             .cloned()
             .collect()
@@ -182,33 +191,37 @@ impl CsiDrivers {
     /// Registers `driver` as `name` (what the registration handler does when a driver's node plugin registers;
     /// a hollow node registers its profile's driver so).
     pub fn insert(&self, name: &str, driver: Driver) {
-        self.drivers
+        self.registry
             .write()
             .unwrap_or_else(|p| p.into_inner())
+            .drivers
             .insert(name.to_owned(), driver);
     }
 
     /// Answers the node side of the driver `name` in process (a node without disk has no socket to call).
     pub fn insert_in_process(&self, name: &str, side: Arc<dyn InProcessNodeSide>) {
-        self.in_process
+        self.registry
             .write()
             .unwrap_or_else(|p| p.into_inner())
+            .in_process
             .insert(name.to_owned(), side);
     }
 
     /// The in-process node side of the driver `name`, if it has one.
     pub fn in_process(&self, name: &str) -> Option<Arc<dyn InProcessNodeSide>> {
-        self.in_process
+        self.registry
             .read()
             .unwrap_or_else(|p| p.into_inner())
+            .in_process
             .get(name)
             .cloned()
     }
 
     fn remove(&self, name: &str) -> Option<Driver> {
-        self.drivers
+        self.registry
             .write()
             .unwrap_or_else(|p| p.into_inner())
+            .drivers
             .remove(name)
     }
 }
