@@ -100,7 +100,8 @@ mount -t devtmpfs devtmpfs /dev
 for m in ${modules[*]}; do insmod /modules/\$m || echo "initrd: insmod \$m failed"; done
 i=0
 while [ ! -b /dev/vda ] && [ \$i -lt 300 ]; do sleep 0.1; i=\$((i + 1)); done
-mount -o rw /dev/vda /newroot || { echo "initrd: cannot mount /dev/vda"; exec sh; }
+# on failure init exits: the kernel panics and (panic=-1, -no-reboot) QEMU exits, the console saying why
+mount -o rw /dev/vda /newroot || { echo "initrd: cannot mount /dev/vda"; exit 1; }
 umount /proc /sys
 mount --move /dev /newroot/dev
 exec switch_root /newroot /sbin/init
