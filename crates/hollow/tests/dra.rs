@@ -92,31 +92,7 @@ async fn pods_with_claims_get_devices_from_hollow_drivers_and_run() -> anyhow::R
         t0.elapsed()
     );
 
-    Api::<Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
-        )
-        .await?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), NS);
-    wait_for("the default service account", Duration::from_secs(30), || async {
-        Ok(accounts.get_opt("default").await?.map(|_| ()))
-    })
-    .await?;
-    let class: DeviceClass = serde_json::from_value(json!({
-        "metadata": {"name": "hollow-gpu"},
-        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]},
-    }))?;
-    Api::<DeviceClass>::all(admin.clone())
-        .create(&PostParams::default(), &class)
-        .await?;
-    let template: ResourceClaimTemplate = serde_json::from_value(json!({
-        "metadata": {"name": "one-gpu"},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "hollow-gpu"}}]}}},
-    }))?;
-    Api::<ResourceClaimTemplate>::namespaced(admin.clone(), NS)
-        .create(&PostParams::default(), &template)
-        .await?;
+    claims_namespace(&admin, "hollow-gpu").await?;
 
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     let t1 = Instant::now();
@@ -220,6 +196,37 @@ async fn pods_with_claims_get_devices_from_hollow_drivers_and_run() -> anyhow::R
     .await?;
     token.cancel();
     fleet.stop(Duration::from_secs(10)).await;
+    Ok(())
+}
+
+/// The test namespace (once its default service account exists, so pods can be created), a DeviceClass `class`
+/// selecting the hollow driver's devices, and the ResourceClaimTemplate `one-gpu` asking for one of them.
+async fn claims_namespace(admin: &kube::Client, class: &str) -> anyhow::Result<()> {
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+        )
+        .await?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), NS);
+    wait_for("the default service account", Duration::from_secs(60), || async {
+        Ok(accounts.get_opt("default").await?.map(|_| ()))
+    })
+    .await?;
+    let device_class: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": class},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]},
+    }))?;
+    Api::<DeviceClass>::all(admin.clone())
+        .create(&PostParams::default(), &device_class)
+        .await?;
+    let template: ResourceClaimTemplate = serde_json::from_value(json!({
+        "metadata": {"name": "one-gpu"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]}}},
+    }))?;
+    Api::<ResourceClaimTemplate>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &template)
+        .await?;
     Ok(())
 }
 
@@ -357,32 +364,7 @@ async fn devices_and_claims_at_scale() -> anyhow::Result<()> {
         rss1 >> 20
     );
 
-    Api::<Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
-        )
-        .await?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), NS);
-    wait_for("the default service account", Duration::from_secs(60), || async {
-        Ok(accounts.get_opt("default").await?.map(|_| ()))
-    })
-    .await?;
-    let class: DeviceClass = serde_json::from_value(json!({
-        "metadata": {"name": "hollow-devices-scale"},
-        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]},
-    }))?;
-    Api::<DeviceClass>::all(admin.clone())
-        .create(&PostParams::default(), &class)
-        .await?;
-    let template: ResourceClaimTemplate = serde_json::from_value(json!({
-        "metadata": {"name": "one-gpu"},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu",
-            "exactly": {"deviceClassName": "hollow-devices-scale"}}]}}},
-    }))?;
-    Api::<ResourceClaimTemplate>::namespaced(admin.clone(), NS)
-        .create(&PostParams::default(), &template)
-        .await?;
+    claims_namespace(&admin, "hollow-devices-scale").await?;
 
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     let requests0 = server_requests(&admin).await?;
