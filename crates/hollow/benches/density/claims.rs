@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::cluster::create_all;
 use anyhow::Context;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
@@ -42,41 +42,6 @@ pub fn csi_profile() -> String {
         "profiles:\n  - name: csi\n    weight: 1\n    capacity: {CAPACITY}\n    \
          csi: {{driver: {CSI_DRIVER}, nodeId: {CSI_DRIVER}, maxVolumes: 64}}\n"
     )
-}
-
-/// Creates `count` objects from `make(i)` through `create`, 64 in flight, a failed create tried again up to 5
-/// times (an object already there counts as made).
-async fn create_all<K, F>(api: &Api<K>, count: usize, make: F) -> anyhow::Result<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-    F: Fn(usize) -> serde_json::Value,
-{
-    let creates = (0..count).map(|i| {
-        let api = api.clone();
-        let object = make(i);
-        async move {
-            let object: K = serde_json::from_value(object)?;
-            let mut tries = 0;
-            loop {
-                match api.create(&PostParams::default(), &object).await {
-                    Ok(_) => return anyhow::Ok(()),
-                    Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
-                    Err(e) if tries < 5 => {
-                        tries += 1;
-                        eprintln!("density: creating an object failed ({e}); again");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-    });
-    let results: Vec<anyhow::Result<()>> = futures::stream::iter(creates)
-        .buffer_unordered(64)
-        .collect()
-        .await;
-    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
-    Ok(())
 }
 
 /// Creates `total` pods in `default`, each with a claim from a ResourceClaimTemplate of one device of

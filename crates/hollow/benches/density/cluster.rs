@@ -63,38 +63,18 @@ pub async fn run_bound_pods(
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let total = nodes * per_node;
     let start = tokio::time::Instant::now();
-    let creates = (0..total).map(|i| {
-        let pods = pods.clone();
+    create_all(&pods, total, |i| {
         let node = format!("{prefix}-{}", i % nodes);
-        async move {
-            let pod: Pod = serde_json::from_value(serde_json::json!({
-                "metadata": {"name": format!("density-{i}"), "labels": {"app": "density"}},
-                "spec": {
-                    "nodeName": node,
-                    "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}],
-                    "tolerations": [{"operator": "Exists"}],
-                },
-            }))?;
-            let mut tries = 0;
-            loop {
-                match pods.create(&PostParams::default(), &pod).await {
-                    Ok(_) => return anyhow::Ok(()),
-                    Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
-                    Err(e) if tries < 5 => {
-                        tries += 1;
-                        eprintln!("density: creating a pod failed ({e}); again");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-    });
-    let results: Vec<anyhow::Result<()>> = futures::stream::iter(creates)
-        .buffer_unordered(64)
-        .collect()
-        .await;
-    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+        serde_json::json!({
+            "metadata": {"name": format!("density-{i}"), "labels": {"app": "density"}},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}],
+                "tolerations": [{"operator": "Exists"}],
+            },
+        })
+    })
+    .await?;
     eprintln!(
         "density: {total} pods created after {:.1} s",
         start.elapsed().as_secs_f64()
@@ -153,4 +133,39 @@ pub async fn server_lease_updates(client: &kube::Client) -> anyhow::Result<f64> 
         }
     }
     Ok(total)
+}
+
+/// Creates `count` objects from `make(i)` through `create`, 64 in flight, a failed create tried again up to 5
+/// times (an object already there counts as made).
+pub async fn create_all<K, F>(api: &Api<K>, count: usize, make: F) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    F: Fn(usize) -> serde_json::Value,
+{
+    let creates = (0..count).map(|i| {
+        let api = api.clone();
+        let object = make(i);
+        async move {
+            let object: K = serde_json::from_value(object)?;
+            let mut tries = 0;
+            loop {
+                match api.create(&PostParams::default(), &object).await {
+                    Ok(_) => return anyhow::Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+                    Err(e) if tries < 5 => {
+                        tries += 1;
+                        eprintln!("density: creating an object failed ({e}); again");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    });
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(creates)
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    Ok(())
 }
