@@ -45,20 +45,22 @@ toolchain() {
 binaries() {
   # the VM tests' guest (mmdebstrap needs root; without root those tests fail saying so), made from Debian's
   # packages while the Go builds below use the CPU; the only step here that runs apt
-  local vm=""
+  local vm="" script
   if [ "$(id -u)" = 0 ]; then bash "$root/hack/build-vm-image.sh" >/dev/null & vm=$!; fi
-  bash "$root/hack/build-kubernetes.sh" >/dev/null
-  bash "$root/hack/build-helm.sh" >/dev/null
-  bash "$root/hack/build-registry.sh" >/dev/null
-  bash "$root/hack/build-containerd.sh" >/dev/null
-  bash "$root/hack/build-podresources-client.sh" >/dev/null
-  bash "$root/hack/build-sample-device-plugin.sh" >/dev/null
-  bash "$root/hack/build-local-path-provisioner.sh" >/dev/null
-  bash "$root/hack/build-external-attacher.sh" >/dev/null
-  bash "$root/hack/build-external-provisioner.sh" >/dev/null
-  bash "$root/hack/conformance.sh" build >/dev/null
+  # each step says how long it took: seconds when cached, minutes on a fresh machine
+  for script in build-kubernetes.sh build-helm.sh build-registry.sh build-containerd.sh \
+    build-podresources-client.sh build-sample-device-plugin.sh build-csi-mock-driver.sh build-dra-test-driver.sh \
+    build-local-path-provisioner.sh build-external-attacher.sh build-external-provisioner.sh "conformance.sh build"; do
+    step $script
+  done
   if [ -n "$vm" ]; then wait "$vm" || { echo "setup: the VM guest image could not be built" >&2; return 1; }; fi
   echo "setup: ready (Kubernetes $(cat "$root/KUBERNETES_VERSION") in $(bash "$root/hack/build-kubernetes.sh"))" >&2
+}
+
+step() {
+  local t0=$SECONDS
+  bash "$root/hack/$1" "${@:2}" >/dev/null
+  echo "setup: $* done in $((SECONDS - t0)) s" >&2
 }
 
 [ "$phase" = --binaries ] || toolchain
