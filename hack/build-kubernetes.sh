@@ -55,10 +55,12 @@ go_line=$(grep -m1 '^go ' "$gomod")
 } > tools.go
 echo "build-kubernetes: go mod tidy" >&2
 go mod tidy >&2
+# static, as the release builds these programs; and every program built from this module elsewhere (the conformance
+# suite, its images, the test drivers) is built with cgo off too, so Go's build cache serves the packages they share
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 for c in "${cmds[@]}"; do
   echo "build-kubernetes: go build $c" >&2
-  go build -trimpath -ldflags "$ldflags" -o "$bin/$c.tmp" "k8s.io/kubernetes/cmd/$c" >&2
+  CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/$c.tmp" "k8s.io/kubernetes/cmd/$c" >&2
   mv "$bin/$c.tmp" "$bin/$c"
 done
 have_all
