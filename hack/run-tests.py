@@ -89,13 +89,6 @@ def build(root):
     if proc.returncode != 0:
         sys.exit(f"test: building the tests failed ({' '.join(cmd)} exited {proc.returncode})")
     output = proc.stdout
-    # testenv's program, which no test of its own package builds, for the conformance subset: built here with the
-    # same settings (else the script's own `cargo build` would build the workspace again without the lints' wrapper)
-    cmd = ["cargo", "build", "-p", "testenv", "--bin", "testenv", "--message-format=json-render-diagnostics"]
-    proc = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True, env=env)
-    if proc.returncode != 0:
-        sys.exit(f"test: building testenv failed ({' '.join(cmd)} exited {proc.returncode})")
-    output += proc.stdout
     found = []
     programs = {}
     for line in output.splitlines():
