@@ -1,5 +1,5 @@
 //! Shared helpers for the integration tests in `tests/tests/`: logging, polling, the `node-agent` and `hollow`
-//! binaries and those `hack/` scripts build, the Helm chart ([`chart`]), and the scripted probe transport of agents on the fake runtime; a private
+//! binaries and those `hack/` scripts build, the Helm chart installed and rendered ([`chart`]), and the scripted probe transport of agents on the fake runtime; a private
 //! containerd ([`containerd`]) for real-mode tests and benchmarks, and requests to its kubelet API ([`kubelet_api`]); a Debian guest under QEMU ([`vm`]) for the tests
 //! that need a host unlike this one; the samples and slopes of the soak benchmarks ([`soak`]).
 

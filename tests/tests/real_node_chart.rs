@@ -22,13 +22,14 @@ const CONTAINERD: &str = "1.6";
 mod harness;
 
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
-use e2e::chart::{chart_dir, free_ports, helm, run};
-use e2e::{init_logging, node_is_ready, wait_for};
+use anyhow::Context;
+use e2e::chart::{
+    TAINT, fleet_nodes, fleet_pods, free_ports, helm, helm_install, http_get, names, push_image, run,
+    wait_nodes_ready,
+};
+use e2e::{init_logging, wait_for};
 use harness::{LoopbackRegistry, NODE, RealNode};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
@@ -36,157 +37,6 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use runtime_api::{Runtime, cri};
-
-/// The taint every hollow node of the chart carries by default.
-const TAINT: &str = "hollow.node-agent.io/node";
-
-/// The fleet image as `hack/build-image.sh` pushed it: repository, tag, reference and manifest digest.
-struct Image {
-    /// `127.0.0.1:PORT/node-agent/hollow`.
-    repository: String,
-    tag: String,
-    reference: String,
-    digest: String,
-}
-
-/// Packs this build's `hollow` binary as the development image (`hack/build-image.sh --binaries`: seconds, no
-/// release build) and pushes it to the registry at `addr`.
-fn push_image(addr: &str, out: &Path) -> anyhow::Result<Image> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/build-image.sh");
-    let bin = e2e::hollow_binary()?;
-    let t0 = Instant::now();
-    let out = run(Command::new("bash")
-        .arg(&script)
-        .arg("--binaries")
-        .arg(bin.parent().context("the hollow binary's directory")?)
-        .arg("--out")
-        .arg(out)
-        .args(["--push", &format!("{addr}/node-agent"), "hollow"]))?;
-    let line = out.lines().last().context("build-image.sh printed nothing")?;
-    let fields: Vec<&str> = line.split_whitespace().collect();
-    let [name, reference, digest] = fields[..] else {
-        bail!("build-image.sh: unexpected output {line:?}");
-    };
-    anyhow::ensure!(name == "hollow" && digest.starts_with("sha256:"), "{line:?}");
-    let repository = format!("{addr}/node-agent/hollow");
-    let tag = reference
-        .strip_prefix(&format!("{repository}:"))
-        .with_context(|| format!("{reference} is not in {repository}"))?;
-    println!(
-        "[chart] image {reference} {digest} packed and pushed in {:?}",
-        t0.elapsed()
-    );
-    Ok(Image {
-        tag: tag.to_owned(),
-        repository,
-        reference: reference.to_owned(),
-        digest: digest.to_owned(),
-    })
-}
-
-/// The fleet nodes of release `release` in the cluster `nodes` talks to.
-async fn fleet_nodes(nodes: &Api<Node>, release: &str) -> anyhow::Result<Vec<Node>> {
-    Ok(nodes
-        .list(&ListParams::default().labels(&format!("hollow.node-agent.io/fleet={release}")))
-        .await?
-        .items)
-}
-
-fn names(nodes: &[Node]) -> BTreeSet<String> {
-    nodes.iter().filter_map(|n| n.metadata.name.clone()).collect()
-}
-
-/// Waits until exactly `expected` are the release's nodes and all are Ready.
-async fn wait_nodes_ready(
-    nodes: &Api<Node>,
-    release: &str,
-    expected: &BTreeSet<String>,
-    timeout: Duration,
-) -> anyhow::Result<Vec<Node>> {
-    let seen = std::cell::Cell::new((0, 0));
-    wait_for(
-        &format!("{} hollow nodes of {release} Ready", expected.len()),
-        timeout,
-        || {
-            let seen = &seen;
-            async move {
-                let list = fleet_nodes(nodes, release).await?;
-                let ready = list.iter().filter(|n| node_is_ready(n)).count();
-                if (list.len(), ready) != seen.get() {
-                    seen.set((list.len(), ready));
-                    println!(
-                        "[chart] {release}: {} nodes registered, {ready} Ready",
-                        list.len()
-                    );
-                }
-                Ok((ready == expected.len() && names(&list) == *expected).then_some(list))
-            }
-        },
-    )
-    .await
-}
-
-/// The release's fleet pods (not its hook's), after `helm install --wait` returned.
-async fn fleet_pods(pods: &Api<Pod>, release: &str) -> anyhow::Result<Vec<Pod>> {
-    Ok(pods
-        .list(&ListParams::default().labels(&format!(
-            "app.kubernetes.io/name=hollow,app.kubernetes.io/instance={release}"
-        )))
-        .await?
-        .items)
-}
-
-fn helm_install(
-    cp: &testenv::ControlPlane,
-    release: &str,
-    namespace: &str,
-    values: &[String],
-) -> anyhow::Result<String> {
-    let mut cmd = helm(Some(cp))?;
-    cmd.args(["install", release]).arg(chart_dir()).args([
-        "--namespace",
-        namespace,
-        "--create-namespace",
-        "--wait",
-        "--timeout",
-        "4m",
-    ]);
-    for v in values {
-        cmd.args(["--set", v]);
-    }
-    let t0 = Instant::now();
-    let out = run(&mut cmd).inspect_err(|_| diagnose(cp, namespace))?;
-    println!("[chart] helm install {release}: {:?}", t0.elapsed());
-    Ok(out)
-}
-
-/// Prints what the release's pods, their events and their logs say (a failed install or wait).
-fn diagnose(cp: &testenv::ControlPlane, namespace: &str) {
-    for args in [
-        &["get", "pods,statefulsets,jobs", "-o", "wide"][..],
-        &["describe", "pods"],
-        &["get", "events", "--sort-by=.lastTimestamp"],
-        &[
-            "logs",
-            "--all-containers",
-            "--prefix",
-            "--tail=30",
-            "-l",
-            "app.kubernetes.io/name=hollow",
-        ],
-    ] {
-        let out = cp.kubectl().args(["-n", namespace]).args(args).output();
-        match out {
-            Ok(out) => println!(
-                "[chart] kubectl {}:\n{}{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-            Err(e) => println!("[chart] kubectl {}: {e}", args.join(" ")),
-        }
-    }
-}
 
 /// Prints `kubectl describe` of `objects` (a wait for one of them failed).
 fn describe(cp: &testenv::ControlPlane, namespace: &str, objects: &[&str]) {
@@ -267,7 +117,7 @@ async fn helm_install_runs_the_fleet_on_the_real_node() -> anyhow::Result<()> {
         format!("apiServer.url={}", cp.server()),
     ];
     let t0 = Instant::now();
-    let notes = helm_install(cp, release, ns, &values)?;
+    let notes = helm_install(cp, release, ns, &values, "4m")?;
     assert!(
         notes.contains("--toleration hollow.node-agent.io/node=true:NoSchedule"),
         "{notes}"
@@ -410,7 +260,7 @@ async fn helm_install_runs_the_fleet_on_the_real_node() -> anyhow::Result<()> {
         "--timeout",
         "4m",
     ]))?;
-    let left = fleet_nodes(&nodes, release).await?;
+    let left = fleet_nodes(&nodes, release, false).await?;
     assert!(
         left.is_empty(),
         "nodes left after helm uninstall: {:?}",
@@ -502,7 +352,7 @@ async fn external_target_mode_registers_into_another_cluster() -> anyhow::Result
         format!("fleet.metricsPort={}", free_ports(1)?),
         "hostNetwork=true".into(),
     ];
-    helm_install(cp, release, ns, &values)?;
+    helm_install(cp, release, ns, &values, "4m")?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let fleet = fleet_pods(&pods, release).await?;
     assert_eq!(fleet.len(), 1);
@@ -514,7 +364,7 @@ async fn external_target_mode_registers_into_another_cluster() -> anyhow::Result
     assert!(ready.iter().all(tainted));
     let here: Api<Node> = Api::all(client.clone());
     assert!(
-        fleet_nodes(&here, release).await?.is_empty(),
+        fleet_nodes(&here, release, false).await?.is_empty(),
         "no hollow node in the fleet's own cluster"
     );
 
@@ -568,18 +418,4 @@ fn pod_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// `GET path` on 127.0.0.1:`port` (plain HTTP/1.0); the body.
-fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or(out))
 }

@@ -80,6 +80,14 @@ pub struct NodeOptions {
     pub api_server: Option<fn(&str) -> anyhow::Result<String>>,
     /// The controller-manager's `--node-monitor-grace-period` (its default when `None`).
     pub node_monitor_grace_period: Option<Duration>,
+    /// More arguments for the control plane's API server, controller-manager and scheduler (a benchmark's
+    /// raised client QPS and requests in flight).
+    pub apiserver_args: Vec<String>,
+    pub controller_manager_args: Vec<String>,
+    pub scheduler_args: Vec<String>,
+    /// The pod subnet when `NA_CRI_SUBNET` is not set (`10.90.0.0/16` when `None`): a benchmark beside the
+    /// test binaries takes one of its own.
+    pub default_subnet: Option<&'static str>,
 }
 
 /// The node, or why it could not start (every test of the binary then fails with that message, without
@@ -143,7 +151,8 @@ impl RealNode {
         if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self")?) != 0 {
             bail!("the real-node tests need root (containerd, network namespaces, mounts)");
         }
-        let subnet_text = std::env::var("NA_CRI_SUBNET").unwrap_or_else(|_| "10.90.0.0/16".into());
+        let subnet_text = std::env::var("NA_CRI_SUBNET")
+            .unwrap_or_else(|_| options.default_subnet.unwrap_or("10.90.0.0/16").into());
         let subnet = parse_cidr(&subnet_text).context("NA_CRI_SUBNET")?;
         // a node an earlier run left (its process group killed) may hold a bridge on this binary's subnet
         e2e::containerd::reap_leftovers();
@@ -167,8 +176,12 @@ impl RealNode {
                 e2e::containerd::setup(&containerd_dir, &bridge, &subnet_text, crate::CONTAINERD)
             })
         };
+        let mut controller_manager_args = vec![format!("--cluster-cidr={subnet_text}")];
+        controller_manager_args.extend(options.controller_manager_args.iter().cloned());
         let cp = testenv::shared_with(testenv::Options {
-            controller_manager_args: vec![format!("--cluster-cidr={subnet_text}")],
+            apiserver_args: options.apiserver_args.clone(),
+            controller_manager_args,
+            scheduler_args: options.scheduler_args.clone(),
             node_monitor_grace_period: options.node_monitor_grace_period,
             ..Default::default()
         });
