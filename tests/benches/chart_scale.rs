@@ -31,6 +31,10 @@
 /// The containerd the node runs on (Debian's 1.6), as the chart test's.
 const CONTAINERD: &str = "1.6";
 
+/// Each node's pod CIDR within the node's /16 pod subnet: /28, so at most [`MAX_NODES`] nodes get one.
+const NODE_CIDR_MASK: u32 = 28;
+const MAX_NODES: usize = 1 << (NODE_CIDR_MASK - 16);
+
 #[allow(dead_code)]
 #[path = "../tests/real_node/harness.rs"]
 mod harness;
@@ -96,6 +100,14 @@ impl Settings {
             "CHART_PROCESSES and CHART_NODES_PER_PROCESS: at least 1"
         );
         anyhow::ensure!(s.pod_rate > 0.0, "CHART_POD_RATE: above 0");
+        // the real node takes one CIDR too
+        anyhow::ensure!(
+            s.processes * s.nodes_per_process < MAX_NODES,
+            "{} × {} nodes: the controller-manager has {MAX_NODES} pod CIDRs (/{NODE_CIDR_MASK} of the node's /16 \
+             pod subnet), one of them the real node's; a node without one stays NotReady",
+            s.processes,
+            s.nodes_per_process
+        );
         Ok(s)
     }
 }
@@ -490,7 +502,13 @@ async fn main() -> anyhow::Result<()> {
             "--max-requests-inflight=3000".into(),
             "--max-mutating-requests-inflight=1500".into(),
         ],
-        controller_manager_args: vec!["--kube-api-qps=300".into(), "--kube-api-burst=600".into()],
+        controller_manager_args: vec![
+            "--kube-api-qps=300".into(),
+            "--kube-api-burst=600".into(),
+            // the node's pod subnet (a /16) in /28s: 4,096 node CIDRs of 13 pod addresses, where /24s would
+            // leave every node past the 256th NotReady ("cni plugin not initialized")
+            format!("--node-cidr-mask-size={NODE_CIDR_MASK}"),
+        ],
         scheduler_args: vec!["--kube-api-qps=300".into(), "--kube-api-burst=600".into()],
         default_subnet: Some("10.77.0.0/16"),
         ..Default::default()
