@@ -49,8 +49,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- /*
-Resources: .Values.resources when given, else sized from fleet.nodesPerProcess (measured: ~105 KiB per idle
-hollow node, ~11 KiB per running pod, ~2.5 ms CPU per node-minute idle; pod start-up bursts cost more CPU).
+Resources: .Values.resources when given, else sized from fleet.nodesPerProcess, with room for bursts over the
+measured release figures (~15 KiB per idle hollow node, 3.5–4.4 KiB per running pod, ~17 MiB per process,
+0.8–1.1 ms CPU per idle node-minute; start-up and pod bursts cost more CPU and up to ~2× the RSS).
 */ -}}
 {{- define "hollow.resources" -}}
 {{- if .Values.resources }}
