@@ -68,14 +68,7 @@ async fn api_requests(port: u16) -> anyhow::Result<BTreeMap<String, f64>> {
         .filter(|l| l.starts_with("node_agent_api_requests_total{"))
     {
         let (labels, value) = line.rsplit_once(' ').context("metric line")?;
-        let get = |key: &str| {
-            labels
-                .split(&format!("{key}=\""))
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or("")
-                .to_owned()
-        };
+        let get = |key: &str| testenv::server_metrics::label(labels, key);
         *out.entry(format!("{} {}", get("verb"), get("resource")))
             .or_insert(0.0) += value.parse::<f64>()?;
     }

@@ -232,32 +232,15 @@ async fn claims_namespace(admin: &kube::Client, class: &str) -> anyhow::Result<(
 
 /// The API server's `apiserver_request_total`, summed per resource (subresources apart: `pods/status`).
 async fn server_requests(client: &kube::Client) -> anyhow::Result<BTreeMap<String, f64>> {
-    let body = client
-        .request_text(http::Request::get("/metrics").body(Vec::new())?)
-        .await?;
-    let label = |labels: &str, name: &str| {
-        let key = format!("{name}=\"");
-        labels
-            .split_once(&key)
-            .and_then(|(_, rest)| rest.split_once('"'))
-            .map(|(v, _)| v.to_owned())
-            .unwrap_or_default()
-    };
     let mut out = BTreeMap::new();
-    for line in body.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let (resource, sub) = (label(labels, "resource"), label(labels, "subresource"));
+    for c in testenv::server_metrics::request_counts(client).await? {
+        let (resource, sub) = (c.label("resource"), c.label("subresource"));
         let key = if sub.is_empty() {
-            resource
+            resource.to_owned()
         } else {
             format!("{resource}/{sub}")
         };
-        *out.entry(key).or_default() += value.trim().parse::<f64>()?;
+        *out.entry(key).or_default() += c.value;
     }
     Ok(out)
 }

@@ -10,6 +10,7 @@
 //! * [`pki`] makes the CA and the certificates (admin, components, `system:node:<name>`).
 //! * [`process`] spawns children so that they die with the process that started them, and stops them by PID.
 //! * [`ControlPlane`] wires it together and hands out `kube::Client`s for the admin and for node identities.
+//! * [`server_metrics`] reads the API server's own request counts.
 //! * [`shared`] gives one control plane per test binary, or attaches to a running one named by
 //!   `NODE_AGENT_CONTROL_PLANE` (a directory made by `testenv up`).
 //!
@@ -21,6 +22,7 @@ mod control_plane;
 mod kubeconfig;
 pub mod pki;
 pub mod process;
+pub mod server_metrics;
 mod shared;
 
 pub use control_plane::{ControlPlane, Options};

@@ -51,25 +51,10 @@ pub fn fleet_pids(cgroup_root: &str, release: &str, processes: usize) -> anyhow:
 
 /// The API server's `apiserver_request_total` summed by "VERB resource".
 pub async fn api_requests(client: &kube::Client) -> anyhow::Result<BTreeMap<String, f64>> {
-    let body = client
-        .request_text(http::Request::get("/metrics").body(Vec::new())?)
-        .await?;
     let mut out = BTreeMap::new();
-    for line in body.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let (labels, value) = rest.rsplit_once("} ").context("apiserver_request_total line")?;
-        let label = |key: &str| {
-            labels
-                .split(&format!("{key}=\""))
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or("")
-                .to_owned()
-        };
-        *out.entry(format!("{} {}", label("verb"), label("resource")))
-            .or_insert(0.0) += value.trim().parse::<f64>()?;
+    for c in testenv::server_metrics::request_counts(client).await? {
+        *out.entry(format!("{} {}", c.label("verb"), c.label("resource")))
+            .or_insert(0.0) += c.value;
     }
     Ok(out)
 }

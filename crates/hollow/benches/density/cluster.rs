@@ -117,22 +117,12 @@ pub async fn wait_running(pods: &Api<Pod>, total: usize, start: tokio::time::Ins
 /// controller patches every Node, its node controller posts an event for each) stay out of the count. The control
 /// plane's own leader-election and identity leases are in it: a few a second, beside hundreds.
 pub async fn server_lease_updates(client: &kube::Client) -> anyhow::Result<f64> {
-    let body = client
-        .request_text(http::Request::get("/metrics").body(Vec::new())?)
-        .await?;
-    let mut total = 0.0;
-    for line in body.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        if labels.contains("resource=\"leases\"") && labels.contains("verb=\"PUT\"") {
-            total += value.trim().parse::<f64>()?;
-        }
-    }
-    Ok(total)
+    Ok(testenv::server_metrics::request_counts(client)
+        .await?
+        .iter()
+        .filter(|c| c.label("resource") == "leases" && c.label("verb") == "PUT")
+        .map(|c| c.value)
+        .sum())
 }
 
 /// Creates `count` objects from `make(i)` through `create`, 64 in flight, a failed create tried again up to 5
