@@ -54,8 +54,9 @@ func (r *registrar) NotifyRegistrationStatus(ctx context.Context, s *registerapi
 // blockDir holds the files behind the block volumes the driver publishes, one per volume ID.
 var blockDir string
 
-// publishBlock publishes a block volume as a file-backed driver does: the target is the volume's file (a hard
-// link to <blockDir>/<volume id>, 64 MiB, made on first use), so what one pod writes the next one reads.
+// publishBlock publishes a block volume as a file-backed volume: the target leads to the volume's file
+// (<blockDir>/<volume id>, 64 MiB, made on first use; a symlink, as a hard link cannot cross the node's mounts), so
+// what one pod writes the next one reads.
 func publishBlock(r *csi.NodePublishVolumeRequest) error {
 	if err := os.MkdirAll(blockDir, 0o750); err != nil {
 		return err
@@ -74,7 +75,7 @@ func publishBlock(r *csi.NodePublishVolumeRequest) error {
 		return err
 	}
 	_ = os.RemoveAll(r.GetTargetPath())
-	return os.Link(backing, r.GetTargetPath())
+	return os.Symlink(backing, r.GetTargetPath())
 }
 
 // logCalls prints each CSI call and its outcome, so a test sees what the node asked for. The mock publishes an

@@ -372,9 +372,19 @@ async fn a_provisioned_csi_block_volume_is_a_device_in_the_container_and_torn_do
     let t0 = Instant::now();
     let created = node.create_pod(&pods, &pod).await?;
     let uid = created.metadata.uid.context("uid")?;
-    running(&pods, "user", Duration::from_secs(90))
-        .await
-        .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))?;
+    let events: Api<Event> = Api::namespaced(admin.clone(), ns);
+    if let Err(e) = running(&pods, "user", Duration::from_secs(90)).await {
+        let seen = events.list(&ListParams::default()).await?.items;
+        let seen: Vec<String> = seen
+            .iter()
+            .map(|e| format!("{:?}: {:?}", e.reason, e.message))
+            .collect();
+        return Err(e.context(format!(
+            "events: {seen:#?}\ndriver log:\n{}\nagent log:\n{}",
+            testenv::process::log_tail(&driver.log, 20),
+            node.agent_log_tail()
+        )));
+    }
     let out = wait_for("the container's output", Duration::from_secs(30), || async {
         let out = log(node, ns, "user").await?;
         Ok(out.contains("through-the-device").then_some(out))
@@ -396,7 +406,7 @@ async fn a_provisioned_csi_block_volume_is_a_device_in_the_container_and_torn_do
     assert_eq!(staged.len(), 1, "{staged:?}");
     assert!(
         staged[0].contains(&format!("\"staging_target_path\":\"{}\"", staging.display()))
-            && staged[0].contains("\"block\":{}")
+            && staged[0].contains("\"AccessType\":{\"Block\":{}}")
             && staged[0].ends_with("-> ok"),
         "{}",
         staged[0]
@@ -405,7 +415,7 @@ async fn a_provisioned_csi_block_volume_is_a_device_in_the_container_and_torn_do
     assert_eq!(published.len(), 1, "{published:?}");
     assert!(
         published[0].contains(&format!("\"target_path\":\"{}\"", target.display()))
-            && published[0].contains("\"block\":{}"),
+            && published[0].contains("\"AccessType\":{\"Block\":{}}"),
         "{}",
         published[0]
     );
@@ -415,7 +425,8 @@ async fn a_provisioned_csi_block_volume_is_a_device_in_the_container_and_torn_do
         .join(&uid)
         .join("volumeDevices/kubernetes.io~csi")
         .join(&pv_name);
-    assert_eq!(std::fs::read_link(&link)?, target);
+    // the pod's symlink leads where the publish path does (the driver's file: the kubelet evaluates the path)
+    assert_eq!(std::fs::read_link(&link)?, std::fs::canonicalize(&target)?);
     let map_file = block_dir.join(&pv_name).join("dev").join(&uid);
     let loops = loop_devices()?;
     assert!(
