@@ -4,7 +4,7 @@
 // (pluginregistration.v1) on <--registration-dir>/<driver>-reg.sock, as node-driver-registrar would beside a
 // driver. It prints one line per registration status the kubelet reports ("registration: ok" or
 // "registration: failed: <error>") and one line per CSI call it answers: "csi: <method> <request as JSON> -> ok"
-// or "-> error: <error>".
+// or "-> error: <error>". A block volume is published as a file, kept between publishes.
 package main
 
 import (
@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/kubernetes/test/e2e/storage/drivers/csi-test/driver"
@@ -50,15 +51,47 @@ func (r *registrar) NotifyRegistrationStatus(ctx context.Context, s *registerapi
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
+// blockDir holds the files behind the block volumes the driver publishes, one per volume ID.
+var blockDir string
+
+// publishBlock publishes a block volume as a file-backed volume: the target leads to the volume's file
+// (<blockDir>/<volume id>, 64 MiB, made on first use; a symlink, as a hard link cannot cross the node's mounts), so
+// what one pod writes the next one reads.
+func publishBlock(r *csi.NodePublishVolumeRequest) error {
+	if err := os.MkdirAll(blockDir, 0o750); err != nil {
+		return err
+	}
+	backing := filepath.Join(blockDir, r.GetVolumeId())
+	f, err := os.OpenFile(backing, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	info, err := f.Stat()
+	if err == nil && info.Size() == 0 {
+		err = f.Truncate(64 << 20)
+	}
+	f.Close()
+	if err != nil {
+		return err
+	}
+	_ = os.RemoveAll(r.GetTargetPath())
+	return os.Symlink(backing, r.GetTargetPath())
+}
+
 // logCalls prints each CSI call and its outcome, so a test sees what the node asked for. The mock publishes an
 // ephemeral volume without making its target directory and leaves it when unpublishing; a driver mounts something
-// there and unmounts it, so this makes the directory and removes it.
+// there and unmounts it, so this makes the directory and removes it. A block volume's target is its file instead
+// (publishBlock).
 func logCalls(ctx context.Context, req interface{}, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (interface{}, error) {
 	rsp, err := handler(ctx, req)
 	if p, ok := req.(interface{ GetTargetPath() string }); ok && err == nil {
 		switch info.FullMethod {
 		case "/csi.v1.Node/NodePublishVolume":
-			_ = os.MkdirAll(p.GetTargetPath(), 0o755)
+			if r, ok := req.(*csi.NodePublishVolumeRequest); ok && r.GetVolumeCapability().GetBlock() != nil {
+				err = publishBlock(r)
+			} else {
+				_ = os.MkdirAll(p.GetTargetPath(), 0o755)
+			}
 		case "/csi.v1.Node/NodeUnpublishVolume":
 			_ = os.RemoveAll(p.GetTargetPath())
 		}
@@ -94,10 +127,15 @@ func main() {
 	topology := flag.Bool("enable-topology", false, "answer NodeGetInfo with the topology segment "+service.TopologyKey)
 	disableAttach := flag.Bool("disable-attach", false, "the driver has no ControllerPublish (CSIDriver attachRequired: false)")
 	version := flag.String("supported-version", "1.0.0", "the version GetInfo offers the kubelet")
+	blocks := flag.String("block-dir", "", "where the files behind published block volumes are kept (default: blocks/ beside the CSI socket)")
 	flag.Parse()
 	if *endpoint == "" {
 		fmt.Fprintln(os.Stderr, "--csi-endpoint is required")
 		os.Exit(2)
+	}
+	blockDir = *blocks
+	if blockDir == "" {
+		blockDir = filepath.Join(filepath.Dir(*endpoint), "blocks")
 	}
 
 	svc := service.New(service.Config{

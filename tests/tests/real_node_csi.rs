@@ -7,7 +7,8 @@
 //!
 //! The tests, by what they show: a driver's registration ([`registration`]), a persistent volume staged and
 //! published ([`persistent`]), one attached by the real external attacher ([`attach`]), an inline volume with the
-//! pod's fsGroup and volume stats ([`inline`]), and the secrets and tokens a driver is given ([`secrets`]); the
+//! pod's fsGroup and volume stats ([`inline`]), the secrets and tokens a driver is given ([`secrets`]), and raw
+//! block volumes, local and CSI ([`block`]); the
 //! driver under test and its calls in [`driver`], the API objects the tests make in [`objects`].
 
 /// The containerd the node runs on.
@@ -19,6 +20,8 @@ mod harness;
 
 #[path = "real_node_csi/attach.rs"]
 mod attach;
+#[path = "real_node_csi/block.rs"]
+mod block;
 #[path = "real_node_csi/driver.rs"]
 mod driver;
 #[path = "real_node_csi/inline.rs"]

@@ -1,5 +1,6 @@
 //! What a driver is given besides the volume: the stage and publish secrets, service account tokens for its
-//! audience bound to the pod, and publishing again at every sync of the pod with `requiresRepublish`.
+//! audience bound to the pod (one token kept across publishes until it is due for renewal), and publishing again
+//! at every sync of the pod with `requiresRepublish`.
 
 use std::time::{Duration, Instant};
 
@@ -167,6 +168,25 @@ async fn csi_secrets_and_service_account_tokens_reach_the_driver() -> anyhow::Re
         t0.elapsed()
     );
     assert_eq!(calls(&driver, "NodeStageVolume").len(), 1, "staged once");
+    // the token is kept between publishes, as the kubelet's token manager keeps it until 80 % of its hour:
+    // every publish of both volumes (the same request: pod, audience, lifetime) carried the one token
+    let tokens: std::collections::BTreeSet<String> = calls(&driver, "NodePublishVolume")
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l.rsplit_once(" -> ")?.0).ok())
+        .filter_map(|r| {
+            let tokens = r["volume_context"]["csi.storage.k8s.io/serviceAccount.tokens"]
+                .as_str()?
+                .to_owned();
+            let tokens: serde_json::Value = serde_json::from_str(&tokens).ok()?;
+            tokens[audience]["token"].as_str().map(str::to_owned)
+        })
+        .collect();
+    let publishes = calls(&driver, "NodePublishVolume").len();
+    println!(
+        "[real_node_csi] {publishes} publishes with requiresRepublish carried {} distinct token(s)",
+        tokens.len()
+    );
+    assert_eq!(tokens.len(), 1, "one token across {publishes} publishes");
 
     pods.delete("with-secrets", &DeleteParams::default()).await?;
     driver

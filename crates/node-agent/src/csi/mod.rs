@@ -9,7 +9,8 @@
 //! driver goes, its `CSINode` entry and node ID go with it (labels stay, as the kubelet leaves them).
 //!
 //! The attachable volumes the node's pods use ([`in_use`]) are kept beside the drivers, for the node status, and
-//! so are the volumes published for each pod ([`volume_stats`]), for their statistics.
+//! so are the volumes published for each pod ([`volume_stats`]), for their statistics, and the service account
+//! tokens handed to the drivers ([`tokens`]), until they are due for renewal.
 //!
 //! A node without disk (a hollow node) has no driver socket to call: its drivers' node side may be answered in
 //! process instead ([`InProcessNodeSide`]), with the time and failures its owner scripts.
@@ -20,6 +21,7 @@
 pub mod in_use;
 pub mod node_info;
 pub mod registration;
+pub mod tokens;
 pub mod volume_stats;
 
 #[cfg(test)]
@@ -154,6 +156,8 @@ struct Registry {
     drivers: BTreeMap<String, Driver>,
     /// Drivers whose node side is answered in process (a node without disk), by name.
     in_process: BTreeMap<String, Arc<dyn InProcessNodeSide>>,
+    /// The service account tokens handed to drivers, until they are due for renewal.
+    tokens: tokens::TokenCache,
 }
 
 impl CsiDrivers {
@@ -165,6 +169,31 @@ impl CsiDrivers {
     /// The volumes published for the node's pods.
     pub fn published(&self) -> &volume_stats::PublishedVolumes {
         &self.published
+    }
+
+    /// The token kept for `key`, with its expiry, unless it is due for renewal at `now`.
+    pub fn kept_token(&self, key: &tokens::TokenKey, now: tokio::time::Instant) -> Option<(String, String)> {
+        let registry = self.registry.read().unwrap_or_else(|p| p.into_inner());
+        registry.tokens.get(key, now)
+    }
+
+    /// Keeps `token` (expiring at `expires`, `life` from `now`) for `key`.
+    pub fn keep_token(
+        &self,
+        key: tokens::TokenKey,
+        token: String,
+        expires: String,
+        now: tokio::time::Instant,
+        life: std::time::Duration,
+    ) {
+        let registry = self.registry.read().unwrap_or_else(|p| p.into_inner());
+        registry.tokens.keep(key, token, expires, now, life);
+    }
+
+    /// Drops the tokens bound to pod `uid` (its volumes are torn down).
+    pub fn release_tokens(&self, uid: &str) {
+        let registry = self.registry.read().unwrap_or_else(|p| p.into_inner());
+        registry.tokens.release_pod(uid);
     }
 
     /// The driver called `name`, if registered.

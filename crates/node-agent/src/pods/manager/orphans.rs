@@ -179,7 +179,13 @@ async fn remove(ctx: &AgentCtx, uid: &str, held: Held) {
             tracing::warn!(%uid, %error, "orphaned pod's CSI volumes not torn down");
             return;
         }
-        match tokio::task::spawn_blocking(move || volumes::disk::remove_pod_dir(&dir)).await {
+        // its local block volumes unmapped (loop devices detached) before the directory goes
+        let root = pods_dir.parent().unwrap_or(&pods_dir).to_owned();
+        let remove = move || {
+            volumes::block::unmap_local(&root, &dir)?;
+            volumes::disk::remove_pod_dir(&dir)
+        };
+        match tokio::task::spawn_blocking(remove).await {
             Ok(Ok(())) if existed => {
                 tracing::info!(%uid, "removed the directory of a pod that no longer exists");
             }

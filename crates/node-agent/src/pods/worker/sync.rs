@@ -193,7 +193,7 @@ impl PodWorker {
             Ok(()) => true,
             Err(e) => {
                 ctx.events
-                    .pod(&pod, EventType::Warning, "FailedMount", e.to_string());
+                    .pod(&pod, EventType::Warning, e.reason(), e.to_string());
                 let retry = vols.retry_delay();
                 self.wake(Instant::now() + retry);
                 was_ready
@@ -407,6 +407,10 @@ impl PodWorker {
             Ok(hosts) => mounts.extend(hosts),
             Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
         }
+        let devices = match volumes::devices(&ctx, &pod, c, self.volumes.as_deref()).await {
+            Ok(devices) => devices,
+            Err(message) => return Ok(self.wait_after_failure(s, "CreateContainerConfigError", message)),
+        };
         let mut config = labels::container_config(
             &pod,
             c,
@@ -421,6 +425,8 @@ impl PodWorker {
                 &[]
             },
         );
+        // the block volumes first, as the kubelet puts them before the device plugins' devices
+        config.devices.splice(0..0, devices);
         if let Some(cgroups) = &ctx.config.layout.cgroups
             && let Some(resources) = config.linux.as_mut().and_then(|l| l.resources.as_mut())
         {

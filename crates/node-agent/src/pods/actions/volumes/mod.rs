@@ -17,6 +17,12 @@
 //! `hostPath` or `local` PersistentVolume's path into the containers directly (the hostPath checks, and for a
 //! writable `local` volume the pod's `fsGroup` under its `fsGroupChangePolicy`).
 //!
+//! A claim whose PersistentVolume has `volumeMode: Block` is a block volume: a `local` one on a block device, or a
+//! `csi` one, is mapped with the kubelet's layout and handed to the containers that name it in `volumeDevices` as
+//! a device node ([`block`], [`devices`]); a block volume of another kind fails with `FailedMapVolume`. As the
+//! kubelet, a `Block` volume named in `volumeMounts`, or a `Filesystem` one in `volumeDevices`, is never taken
+//! on (`FailedMount`: `failed to process volumes=[v]: volume v has volumeMode ...`).
+//!
 //! A `csi` PersistentVolume and a pod's inline `csi` volume are attached, staged and published through the
 //! driver ([`csi`]). A hollow node with a CSI driver of its profile does the attach part alone: the volume is in
 //! use, and the pod waits for its attachment as a real node's pod waits; nothing is staged or published.
@@ -24,10 +30,12 @@
 //! Other volume kinds (nfs, iscsi, ...) are not provided: on a real node the pod fails to start with a
 //! `FailedMount` event naming the kind; a hollow node has no disk to mount and lets the pod run.
 
+pub mod block;
 pub mod claims;
 pub mod content;
 pub mod csi;
 pub mod disk;
+pub mod loop_device;
 pub mod ownership;
 
 use std::collections::hash_map::DefaultHasher;
@@ -44,9 +52,6 @@ use crate::pods::actions::context::ActionCtx;
 use crate::pods::actions::objects::{ObjectKind, TokenFor};
 use crate::pods::model::spec::volumes::{ObjectVolume, Projection, Propagation, VolumeSource};
 use crate::pods::model::spec::{ContainerSpec, DesiredPod, VolumeSpec};
-
-/// The longest a token is used before it is renewed, however long it lives.
-const TOKEN_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 
 /// The longest a pod waiting for its claim waits between two reads of it.
 const CLAIM_RETRY_MAX: Duration = Duration::from_secs(4);
@@ -67,6 +72,19 @@ pub struct MountError {
     /// The volume could not even be resolved (a claim missing or unbound): the kubelet's volume manager never
     /// took it on, and says so.
     pub unprocessed: bool,
+    /// A block volume failed to be mapped (`FailedMapVolume`, where a filesystem's fails to mount).
+    pub map: bool,
+}
+
+impl MountError {
+    /// The event's reason.
+    pub fn reason(&self) -> &'static str {
+        if self.map && !self.unprocessed {
+            "FailedMapVolume"
+        } else {
+            "FailedMount"
+        }
+    }
 }
 
 impl std::fmt::Display for MountError {
@@ -80,9 +98,14 @@ impl std::fmt::Display for MountError {
                 self.message
             );
         }
+        let step = if self.map {
+            "MapVolume.MapPodDevice"
+        } else {
+            "MountVolume.SetUp"
+        };
         write!(
             f,
-            "MountVolume.SetUp failed for volume \"{}\" : {}",
+            "{step} failed for volume \"{}\" : {}",
             self.volume, self.message
         )
     }
@@ -210,15 +233,89 @@ fn fs_user(pod: &DesiredPod) -> Option<u32> {
     }
 }
 
+/// Whether the containers of `pod` use volume `index` in `volumeMounts` and in `volumeDevices` (init, app and
+/// ephemeral containers alike).
+fn uses(pod: &DesiredPod, index: usize) -> (bool, bool) {
+    let index = u16::try_from(index).ok();
+    let containers = pod
+        .init_containers
+        .iter()
+        .chain(pod.containers.iter())
+        .chain(pod.ephemeral().iter().map(|e| &e.container));
+    let (mut mounted, mut device) = (false, false);
+    for c in containers {
+        mounted |= c.mounts.iter().any(|m| m.volume.is_some() && m.volume == index);
+        device |= c.devices.iter().any(|d| d.volume.is_some() && d.volume == index);
+    }
+    (mounted, device)
+}
+
+/// The kubelet's check of a claim's volume mode against its use, before it takes the volume on: a `Block`
+/// volume may not be in `volumeMounts`, a `Filesystem` one not in `volumeDevices`.
+fn mode_mismatch(pod: &DesiredPod, index: usize, name: &str, block: bool) -> Option<String> {
+    let (mounted, device) = uses(pod, index);
+    let mode = if block { "Block" } else { "Filesystem" };
+    if mounted && block {
+        return Some(format!(
+            "volume {name} has volumeMode {mode}, but is specified in volumeMounts"
+        ));
+    }
+    if device && !block {
+        return Some(format!(
+            "volume {name} has volumeMode {mode}, but is specified in volumeDevices"
+        ));
+    }
+    None
+}
+
+/// Maps a `local` block volume for the pod (see [`block`]); nothing for other claims.
+fn map_local(
+    bound: &BoundClaim,
+    root_dir: &std::path::Path,
+    pod_dir: &std::path::Path,
+    uid: &str,
+) -> Result<(), String> {
+    let (true, PersistentSource::Local { path }) = (bound.block, &bound.source) else {
+        return Ok(());
+    };
+    let mapping = block::Mapping {
+        root_dir,
+        pod_dir,
+        uid,
+        plugin: block::BlockPlugin::Local,
+        pv: &bound.volume,
+    };
+    mapping
+        .map(std::path::Path::new(path))
+        .map_err(|e| format!("MapBlockVolume failed: {e}"))
+}
+
 /// Checks (and prepares) the node path of a resolved claim on a real node: hostPath's type check; a `local`
 /// volume's directory must exist, and a writable one gets the pod's `fsGroup` (all of it, or with
-/// `OnRootMismatch` only when its root lacks the group).
+/// `OnRootMismatch` only when its root lacks the group). A block volume must be a `local` one on a block device,
+/// or a `csi` one.
 fn prepare_claim(bound: &BoundClaim, fs_group: Option<u32>, on_root_mismatch: bool) -> Result<(), String> {
     if bound.block {
-        return Err(format!(
-            "PersistentVolume {} has volumeMode Block, which node-agent does not provide",
-            bound.volume
-        ));
+        return match &bound.source {
+            PersistentSource::Local { path } => {
+                let meta = std::fs::metadata(path);
+                if meta.is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type())) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "local volume path {path} of PersistentVolume {} (volumeMode Block) is not a block device on \
+                         this node",
+                        bound.volume
+                    ))
+                }
+            }
+            PersistentSource::Csi(_) => Ok(()),
+            PersistentSource::HostPath { .. } => Err(format!(
+                "PersistentVolume {} has volumeMode Block, but its kind hostPath has no block volume plugin (only \
+                 local and csi volumes are mapped as block devices)",
+                bound.volume
+            )),
+        };
     }
     match &bound.source {
         PersistentSource::HostPath { path, kind } => disk::check_host_path(path, *kind),
@@ -279,6 +376,7 @@ impl PodVolumes {
                 volume: v.name.clone(),
                 message,
                 unprocessed: false,
+                map: false,
             };
             let dir = host_path(ctx, pod, i, v, Some(self));
             let on_disk = ctx.config.kind == crate::pods::NodeKind::Real;
@@ -334,14 +432,38 @@ impl PodVolumes {
                                     volume: v.name.clone(),
                                     message,
                                     unprocessed: true,
+                                    map: false,
                                 });
                             }
                             Err(ClaimError::Refused(message)) => return Err(err(message)),
                         };
+                        if let Some(message) = mode_mismatch(pod, i, &v.name, bound.block) {
+                            return Err(MountError {
+                                volume: v.name.clone(),
+                                message,
+                                unprocessed: true,
+                                map: false,
+                            });
+                        }
+                        let block = bound.block;
+                        let err = |message: String| MountError {
+                            volume: v.name.clone(),
+                            message,
+                            unprocessed: false,
+                            map: block,
+                        };
                         if on_disk {
                             let policy = pod.security.as_deref().is_some_and(|s| s.fs_group_on_root_mismatch);
                             let check = bound.clone();
-                            match tokio::task::spawn_blocking(move || prepare_claim(&check, fs_group, policy)).await {
+                            let root = PathBuf::from(ctx.config.layout.root_dir());
+                            let pods = ctx.config.layout.pods_dir.clone().unwrap_or_else(|| root.join("pods"));
+                            let own_dir = pod_dir(&pods, &pod.uid);
+                            let uid = pod.uid.to_string();
+                            let prepare = move || {
+                                prepare_claim(&check, fs_group, policy)?;
+                                map_local(&check, &root, &own_dir, &uid)
+                            };
+                            match tokio::task::spawn_blocking(prepare).await {
                                 Ok(Ok(())) => {}
                                 Ok(Err(message)) => return Err(err(message)),
                                 Err(e) => return Err(err(e.to_string())),
@@ -470,7 +592,8 @@ impl PodVolumes {
                                         .expires
                                         .duration_since(k8s_openapi::jiff::Timestamp::now())
                                         .unsigned_abs();
-                                    let due = now + (life.mul_f64(0.8)).min(TOKEN_MAX_AGE);
+                                    // the rule the tokens handed to CSI drivers follow too
+                                    let due = crate::csi::tokens::renewal_due(now, life);
                                     token_due = Some(token_due.map_or(due, |d| d.min(due)));
                                     Some(issued.token.into_bytes())
                                 } else if on_disk {
@@ -668,6 +791,69 @@ pub fn mounts(
         .collect()
 }
 
+/// The CRI devices of container `c` on a real node: each `volumeDevices` entry as its block volume's node
+/// path (see [`block`]) at its `devicePath`, `mrw` (`r` for a read-only claim), as the kubelet makes them. None on
+/// a hollow node, which maps nothing. An entry whose volume is not a mapped block volume fails the container.
+pub async fn devices(
+    ctx: &ActionCtx,
+    pod: &DesiredPod,
+    c: &ContainerSpec,
+    vols: Option<&PodVolumes>,
+) -> Result<Vec<cri::Device>, String> {
+    let Some(pods_dir) = ctx.config.layout.pods_dir.as_deref() else {
+        return Ok(Vec::new());
+    };
+    if c.devices.is_empty() {
+        return Ok(Vec::new());
+    }
+    let root = PathBuf::from(ctx.config.layout.root_dir());
+    let own_dir = pod_dir(pods_dir, &pod.uid);
+    let mut wanted = Vec::new();
+    for d in c.devices.iter() {
+        if !d.path.starts_with('/') {
+            return Err(format!("error DevicePath `{}` must be an absolute path", d.path));
+        }
+        let missing = || {
+            format!(
+                "cannot find volume {:?} to pass into container {:?}",
+                d.name, c.name
+            )
+        };
+        let bound = d
+            .volume
+            .and_then(|i| vols?.claim(usize::from(i)))
+            .filter(|b| b.block)
+            .ok_or_else(missing)?;
+        let (plugin, read_only) = match &bound.source {
+            PersistentSource::Local { .. } => (block::BlockPlugin::Local, bound.read_only),
+            PersistentSource::Csi(source) => (block::BlockPlugin::Csi, bound.read_only || source.read_only),
+            PersistentSource::HostPath { .. } => return Err(missing()),
+        };
+        wanted.push((plugin, bound.volume.clone(), d.path.clone(), read_only));
+    }
+    let uid = pod.uid.to_string();
+    blocking(move || {
+        wanted
+            .into_iter()
+            .map(|(plugin, pv, container_path, read_only)| {
+                let mapping = block::Mapping {
+                    root_dir: &root,
+                    pod_dir: &own_dir,
+                    uid: &uid,
+                    plugin,
+                    pv: &pv,
+                };
+                Ok(cri::Device {
+                    container_path,
+                    host_path: mapping.host_device()?.display().to_string(),
+                    permissions: if read_only { "r" } else { "mrw" }.to_owned(),
+                })
+            })
+            .collect()
+    })
+    .await
+}
+
 /// The kubelet-managed `/etc/hosts` of a pod on a real node: written to `<pod dir>/etc-hosts` when a container is
 /// created — localhost entries and the pod's IP with its hostname (and FQDN with a `subdomain`), or the node's
 /// own hosts file for a host-network pod, then `hostAliases` — and mounted at `/etc/hosts` unless the container
@@ -748,7 +934,12 @@ pub async fn release(ctx: &ActionCtx, uid: &str) {
         tracing::warn!(%uid, %error, "cannot tear down the terminated pod's CSI volumes");
         return;
     }
-    if let Err(error) = blocking(move || disk::remove_volumes(&dir)).await {
+    let root = pods_dir.parent().unwrap_or(&pods_dir).to_owned();
+    let removed = blocking(move || {
+        block::unmap_local(&root, &dir)?;
+        disk::remove_volumes(&dir)
+    });
+    if let Err(error) = removed.await {
         tracing::warn!(%uid, %error, "cannot remove the terminated pod's volumes");
     }
 }
@@ -766,7 +957,12 @@ pub async fn cleanup(ctx: &ActionCtx, uid: &str) {
         tracing::warn!(%uid, %error, "cannot tear down the pod's CSI volumes");
         return;
     }
-    if let Err(error) = blocking(move || disk::remove_pod_dir(&dir)).await {
+    let root = pods_dir.parent().unwrap_or(&pods_dir).to_owned();
+    let removed = blocking(move || {
+        block::unmap_local(&root, &dir)?;
+        disk::remove_pod_dir(&dir)
+    });
+    if let Err(error) = removed.await {
         tracing::warn!(%uid, %error, "cannot remove the pod's directory");
     }
 }
@@ -790,6 +986,48 @@ mod tests {
             Some(u) => json!({"name": name, "image": "i", "securityContext": {"runAsUser": u}}),
             None => json!({"name": name, "image": "i"}),
         }
+    }
+
+    #[test]
+    fn a_claims_volume_mode_must_match_its_use() {
+        let pod = pod(json!({
+            "initContainers": [{"name": "i", "image": "i", "volumeDevices": [{"name": "dev", "devicePath": "/dev/x"}]}],
+            "containers": [{"name": "a", "image": "i", "volumeMounts": [{"name": "fs", "mountPath": "/fs"}]}],
+            "volumes": [{"name": "fs", "persistentVolumeClaim": {"claimName": "c1"}},
+                        {"name": "dev", "persistentVolumeClaim": {"claimName": "c2"}}],
+        }));
+        assert_eq!(mode_mismatch(&pod, 0, "fs", false), None);
+        assert_eq!(mode_mismatch(&pod, 1, "dev", true), None);
+        assert_eq!(
+            mode_mismatch(&pod, 0, "fs", true).as_deref(),
+            Some("volume fs has volumeMode Block, but is specified in volumeMounts")
+        );
+        assert_eq!(
+            mode_mismatch(&pod, 1, "dev", false).as_deref(),
+            Some("volume dev has volumeMode Filesystem, but is specified in volumeDevices")
+        );
+    }
+
+    #[test]
+    fn a_block_volume_that_cannot_be_mapped_is_failed_map_volume() {
+        let error = |map, unprocessed| MountError {
+            volume: "data".into(),
+            message: "m".into(),
+            unprocessed,
+            map,
+        };
+        assert_eq!(error(true, false).reason(), "FailedMapVolume");
+        assert_eq!(
+            error(true, false).to_string(),
+            "MapVolume.MapPodDevice failed for volume \"data\" : m"
+        );
+        assert_eq!(error(false, false).reason(), "FailedMount");
+        assert_eq!(
+            error(false, false).to_string(),
+            "MountVolume.SetUp failed for volume \"data\" : m"
+        );
+        // not even taken on: the volume manager's message, whatever the mode
+        assert_eq!(error(true, true).reason(), "FailedMount");
     }
 
     #[test]

@@ -22,8 +22,6 @@ const fn refused_unless(unless: &'static str, why: &'static str) -> Handling {
 const SCHEDULER: &str = "read by the scheduler; the node re-checks only required node affinity at admission";
 const WINDOWS: &str = "Windows-only; a Linux node ignores it, as the kubelet does";
 const FILE_ENV: &str = "environment variables from files in a volume are not read by this node";
-const BLOCK: &str = "raw block devices are not provided: persistent volumes are mounted as filesystems only, \
-                     and a `volumeMode: Block` volume is refused";
 
 /// Every classified field. The tests fail when a field of the schema is missing here, or a row names a field
 /// that is not in the schema.
@@ -128,7 +126,7 @@ pub static FIELDS: &[Field] = &[
     f("Container", "terminationMessagePath", Acts),
     f("Container", "terminationMessagePolicy", Acts),
     f("Container", "tty", Acts),
-    f("Container", "volumeDevices", refused(BLOCK)),
+    f("Container", "volumeDevices", Walk("VolumeDevice")),
     f("Container", "volumeMounts", Walk("VolumeMount")),
     f("Container", "workingDir", Acts),
     // EphemeralContainer (added to a running pod through the ephemeralcontainers subresource)
@@ -191,7 +189,7 @@ pub static FIELDS: &[Field] = &[
     f("EphemeralContainer", "terminationMessagePath", Acts),
     f("EphemeralContainer", "terminationMessagePolicy", Acts),
     f("EphemeralContainer", "tty", Acts),
-    f("EphemeralContainer", "volumeDevices", refused(BLOCK)),
+    f("EphemeralContainer", "volumeDevices", Walk("VolumeDevice")),
     f("EphemeralContainer", "volumeMounts", Walk("VolumeMount")),
     f("EphemeralContainer", "workingDir", Acts),
     // small types of the pod spec
@@ -329,6 +327,8 @@ pub static FIELDS: &[Field] = &[
     f("HTTPHeader", "name", Acts),
     f("HTTPHeader", "value", Acts),
     // volume mounts
+    f("VolumeDevice", "devicePath", Acts),
+    f("VolumeDevice", "name", Acts),
     f("VolumeMount", "mountPath", Acts),
     f("VolumeMount", "mountPropagation", Acts),
     f("VolumeMount", "name", Acts),

@@ -330,7 +330,7 @@ fn every_refused_field_is_refused_on_a_pod_that_carries_it() {
         );
         checked += 1;
     }
-    assert!(checked >= 5, "only {checked} refused fields checked");
+    assert!(checked >= 4, "only {checked} refused fields checked");
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{EnvFrom, MountSpec, PullPolicy, ResourceRef};
+use super::{DeviceSpec, EnvFrom, MountSpec, PullPolicy, ResourceRef};
 use crate::pods::model::resources::{self, ContainerResources};
 use crate::pods::model::security::ContainerSecurity;
 
@@ -122,6 +122,8 @@ pub struct ContainerSpec {
     pub env_from: Vec<EnvFrom>,
     /// Volume mounts.
     pub mounts: Vec<MountSpec>,
+    /// `volumeDevices`: block volumes as device nodes (rare: a boxed slice, empty without allocation).
+    pub devices: Box<[DeviceSpec]>,
     /// `(containerPort, hostPort, protocol)` triples.
     pub ports: Vec<(i32, i32, String)>,
     /// Readiness probe.

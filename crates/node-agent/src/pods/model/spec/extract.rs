@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Container, HTTPGetAction, LifecycleHandler, Pro
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::pods::model::resources::ContainerResources;
-use crate::pods::model::spec::volumes::{EnvFrom, MountSpec, resource_ref};
+use crate::pods::model::spec::volumes::{DeviceSpec, EnvFrom, MountSpec, resource_ref};
 use crate::pods::model::spec::{
     Action, ContainerSpec, EnvValue, HttpGet, KeyRef, Port, ProbeSpec, PullPolicy,
 };
@@ -71,6 +71,7 @@ pub(crate) fn as_container(e: &k8s_openapi::api::core::v1::EphemeralContainer) -
         env: e.env.clone(),
         env_from: e.env_from.clone(),
         volume_mounts: e.volume_mounts.clone(),
+        volume_devices: e.volume_devices.clone(),
         security_context: e.security_context.clone(),
         stdin: e.stdin,
         stdin_once: e.stdin_once,
@@ -172,6 +173,12 @@ pub(crate) fn container(c: &Container, init: bool, ctx: &mut EnvCtx<'_>) -> Cont
         .flatten()
         .map(|m| MountSpec::from_api(m, ctx.volumes))
         .collect();
+    let devices = c
+        .volume_devices
+        .iter()
+        .flatten()
+        .map(|d| DeviceSpec::from_api(d, ctx.volumes))
+        .collect();
     let lifecycle = c.lifecycle.as_ref();
     let hash = {
         let mut h = Fnv::new();
@@ -204,6 +211,7 @@ pub(crate) fn container(c: &Container, init: bool, ctx: &mut EnvCtx<'_>) -> Cont
         env,
         env_from,
         mounts,
+        devices,
         readiness: c
             .readiness_probe
             .as_ref()

@@ -32,7 +32,7 @@ pub use policies::{PullPolicy, RestartPolicy};
 pub use read::SYSTEM_CRITICAL_PRIORITY;
 pub use requests::ResizePending;
 pub use small_map::SmallMap;
-pub use volumes::{EnvFrom, MountSpec, ResourceRef, VolumeSpec};
+pub use volumes::{DeviceSpec, EnvFrom, MountSpec, ResourceRef, VolumeSpec};
 
 use crate::pods::model::resources::{self, PodRequests, QosClass};
 use crate::pods::model::security::{APPARMOR_ANNOTATION_PREFIX, AppArmor, PodSecurity};

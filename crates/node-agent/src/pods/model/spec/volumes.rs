@@ -212,6 +212,32 @@ pub struct MountSpec {
     pub propagation: Propagation,
 }
 
+/// One `volumeDevices` entry of a container: a block volume (a claim whose PersistentVolume has
+/// `volumeMode: Block`) handed to the container as a device node at `path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    /// The index of the volume in [`DesiredPod::volumes`](crate::pods::model::spec::DesiredPod::volumes) (`None`:
+    /// the pod has no volume of that name; API validation refuses such a pod).
+    pub volume: Option<u16>,
+    /// The volume's name as the entry gives it.
+    pub name: String,
+    /// `devicePath`: where the device appears in the container.
+    pub path: String,
+}
+
+impl DeviceSpec {
+    pub(crate) fn from_api(d: &k8s_openapi::api::core::v1::VolumeDevice, volumes: &[Volume]) -> Self {
+        Self {
+            volume: volumes
+                .iter()
+                .position(|v| v.name == d.name)
+                .and_then(|i| u16::try_from(i).ok()),
+            name: d.name.clone(),
+            path: d.device_path.clone(),
+        }
+    }
+}
+
 /// `mountPropagation` of a volume mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Propagation {

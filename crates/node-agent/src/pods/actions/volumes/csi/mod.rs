@@ -8,6 +8,14 @@
 //!   pod volume's name, volume handle, driver, node, attachment and lifecycle mode, under the kubelet's keys).
 //!   The containers mount `mount`.
 //!
+//! A block volume (`volumeMode: Block`) has the kubelet's block layout under
+//! `<root-dir>/plugins/kubernetes.io/csi/volumeDevices`: staged (`NodeStageVolume` with a block access type) at
+//! `staging/<pv>`, published (`NodePublishVolume`) at `publish/<pv>/<pod uid>`, where the driver makes a device
+//! node or a file; its data in `<pv>/data/vol_data.json`. The publish path is then mapped for the pod
+//! ([`block`](super::block): `<pv>/dev/<pod uid>` bind-mounted onto it, the pod's
+//! `volumeDevices/kubernetes.io~csi/<pv>` symlink to it, a loop device for a file) and handed to the containers
+//! as a device. Its teardown unmaps it first, then unpublishes, and unstages once no pod maps it.
+//!
 //! Two kinds of volume come here: a claim's `csi` PersistentVolume (lifecycle mode `Persistent`), and a pod's
 //! inline `csi` volume (`Ephemeral`: published without staging or attaching, under the handle
 //! `csi-<sha256 of pod UID and volume name>`, as the kubelet names it). The driver's `CSIDriver` object must
@@ -38,21 +46,28 @@
 //! longer in use. A volume whose driver is not registered is left in place (the error says so) and tried again
 //! later. File work runs on the blocking pool, off the async workers.
 
+pub mod block_layout;
+
 use std::collections::BTreeMap;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::CSIDriver;
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
+use self::block_layout::{block_publish_path, block_staging_path, unpublish_block, write_block_data};
+use super::block::BlockPlugin;
 use super::ownership;
 use crate::csi::in_use::unique_name;
+use crate::csi::tokens::TokenKey;
 use crate::csi::v1 as csi;
 use crate::csi::v1::node_client::NodeClient;
 use crate::csi::volume_stats::PublishedVolume;
 use crate::csi::{CsiDrivers, Driver, connect};
 use crate::pods::actions::context::ActionCtx;
-use crate::pods::actions::objects::{ObjectKind, TokenFor};
+use crate::pods::actions::objects::{ObjectError, ObjectKind, PodObjects, TokenFor};
 use crate::pods::model::spec::DesiredPod;
 use crate::pods::model::spec::volumes::InlineCsi;
 
@@ -284,13 +299,13 @@ pub struct Publish<'a> {
     pub republish: bool,
 }
 
-fn driver_of(drivers: &CsiDrivers, name: &str) -> Result<Driver, String> {
+pub(super) fn driver_of(drivers: &CsiDrivers, name: &str) -> Result<Driver, String> {
     drivers
         .get(name)
         .ok_or_else(|| format!("driver name {name} not found in the list of registered CSI drivers"))
 }
 
-async fn node_client(driver: &Driver) -> Result<NodeClient<tonic::transport::Channel>, String> {
+pub(super) async fn node_client(driver: &Driver) -> Result<NodeClient<tonic::transport::Channel>, String> {
     connect(&driver.endpoint).await.map(NodeClient::new).map_err(|e| {
         format!(
             "connecting to the CSI driver at {}: {e}",
@@ -299,13 +314,13 @@ async fn node_client(driver: &Driver) -> Result<NodeClient<tonic::transport::Cha
     })
 }
 
-fn write_json(path: &Path, value: &impl Serialize) -> Result<(), String> {
+pub(super) fn write_json(path: &Path, value: &impl Serialize) -> Result<(), String> {
     let text = serde_json::to_vec(value).map_err(|e| e.to_string())?;
     std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
 /// Runs the file work `f` on the blocking pool.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, String> + Send + 'static,
 ) -> Result<T, String> {
     tokio::task::spawn_blocking(f)
@@ -322,22 +337,44 @@ pub async fn publish(drivers: &CsiDrivers, p: &Publish<'_>) -> Result<PathBuf, S
     let capability = p.source.capability(p.block, mount_group);
     let publish_context = p.attachment.as_ref().map(|(_, m)| m.clone()).unwrap_or_default();
     let stages = driver.capabilities.stage_unstage && p.source.lifecycle == Lifecycle::Persistent;
+    let data = PublishedData {
+        spec_vol_id: p.volume.to_owned(),
+        volume_handle: p.source.volume_handle.clone(),
+        driver_name: p.source.driver.clone(),
+        node_name: p.node.to_owned(),
+        attachment_id: p.attachment.as_ref().map(|(n, _)| n.clone()).unwrap_or_default(),
+        lifecycle_mode: p.source.lifecycle.name().into(),
+    };
+    let staging_at = if p.block {
+        block_staging_path(p.root_dir, p.volume)
+    } else {
+        staging_path(p.root_dir, &p.source.driver, &p.source.volume_handle)
+    };
     let staging = if stages && p.republish {
-        Some(staging_path(
-            p.root_dir,
-            &p.source.driver,
-            &p.source.volume_handle,
-        ))
+        Some(staging_at)
     } else if stages {
-        let staging = staging_path(p.root_dir, &p.source.driver, &p.source.volume_handle);
-        let data = StagedData {
-            driver_name: p.source.driver.clone(),
-            volume_handle: p.source.volume_handle.clone(),
-        };
+        let staging = staging_at;
         let (dir, root) = (staging.clone(), p.root_dir.to_owned());
+        let (block, volume) = (p.block, p.volume.to_owned());
+        let (staged, published) = (
+            StagedData {
+                driver_name: p.source.driver.clone(),
+                volume_handle: p.source.volume_handle.clone(),
+            },
+            data.clone(),
+        );
         blocking(move || {
-            std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-            write_json(&dir.parent().unwrap_or(&root).join(VOL_DATA), &data)
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(&dir)
+                .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            if block {
+                // a block volume's data is kept beside its global map path, for its teardown
+                write_block_data(&root, &volume, &published)
+            } else {
+                write_json(&dir.parent().unwrap_or(&root).join(VOL_DATA), &staged)
+            }
         })
         .await?;
         client
@@ -351,8 +388,10 @@ pub async fn publish(drivers: &CsiDrivers, p: &Publish<'_>) -> Result<PathBuf, S
             })
             .await
             .map_err(|s| {
+                // the kubelet's step: a block volume's device is set up, a filesystem's mounted
+                let step = if p.block { "SetUpDevice" } else { "MountDevice" };
                 format!(
-                    "MountDevice failed: rpc error: code = {:?} desc = {}",
+                    "{step} failed: rpc error: code = {:?} desc = {}",
                     s.code(),
                     s.message()
                 )
@@ -361,19 +400,24 @@ pub async fn publish(drivers: &CsiDrivers, p: &Publish<'_>) -> Result<PathBuf, S
     } else {
         None
     };
-    let target = publish_path(p.pod_dir, p.volume);
-    let data = PublishedData {
-        spec_vol_id: p.volume.to_owned(),
-        volume_handle: p.source.volume_handle.clone(),
-        driver_name: p.source.driver.clone(),
-        node_name: p.node.to_owned(),
-        attachment_id: p.attachment.as_ref().map(|(n, _)| n.clone()).unwrap_or_default(),
-        lifecycle_mode: p.source.lifecycle.name().into(),
+    let target = if p.block {
+        block_publish_path(p.root_dir, p.volume, &uid_of(p.pod_dir))
+    } else {
+        publish_path(p.pod_dir, p.volume)
     };
     let dir = target.parent().unwrap_or(p.pod_dir).to_owned();
+    let (block, root, volume) = (p.block, p.root_dir.to_owned(), p.volume.to_owned());
     blocking(move || {
-        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        write_json(&dir.join(VOL_DATA), &data)
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(&dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        if block {
+            write_block_data(&root, &volume, &data)
+        } else {
+            write_json(&dir.join(VOL_DATA), &data)
+        }
     })
     .await?;
     client
@@ -390,6 +434,14 @@ pub async fn publish(drivers: &CsiDrivers, p: &Publish<'_>) -> Result<PathBuf, S
         .await
         .map_err(|s| format!("rpc error: code = {:?} desc = {}", s.code(), s.message()))?;
     Ok(target)
+}
+
+/// The pod's UID: the name of its directory.
+pub(super) fn uid_of(pod_dir: &Path) -> String {
+    pod_dir
+        .file_name()
+        .map(|u| u.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// The published volumes of the pod whose directory is `pod_dir`: (volume directory, its data).
@@ -420,6 +472,14 @@ pub async fn tear_down(drivers: &CsiDrivers, pods_dir: &Path, pod_dir: &Path) ->
             first_error.get_or_insert(e);
         }
     }
+    let dir = pod_dir.to_owned();
+    let mapped = blocking(move || Ok(super::block::mapped(&dir))).await?;
+    for (_, pv) in mapped.into_iter().filter(|(p, _)| *p == BlockPlugin::Csi) {
+        if let Err(e) = unpublish_block(drivers, root_dir, pods_dir, pod_dir, &pv).await {
+            tracing::warn!(volume = %pv, error = %e, "CSI block volume not torn down");
+            first_error.get_or_insert(e);
+        }
+    }
     match first_error {
         Some(e) => Err(e),
         None => {
@@ -427,6 +487,7 @@ pub async fn tear_down(drivers: &CsiDrivers, pods_dir: &Path, pod_dir: &Path) ->
                 let uid = uid.to_string_lossy();
                 drivers.in_use().release_pod(&uid);
                 drivers.published().release_pod(&uid);
+                drivers.release_tokens(&uid);
             }
             Ok(())
         }
@@ -605,11 +666,15 @@ async fn service_account_tokens(
     let Some(requests) = requests else {
         return Ok(None);
     };
+    let Some(drivers) = &ctx.config.csi_drivers else {
+        return Ok(None);
+    };
     let mut tokens = serde_json::Map::new();
     for request in requests {
-        let token = ctx
-            .objects
-            .token(TokenFor {
+        let (token, expires) = kept_token(
+            drivers,
+            &*ctx.objects,
+            TokenFor {
                 namespace: &pod.namespace,
                 service_account: &pod.service_account,
                 audience: &request.audience,
@@ -617,20 +682,49 @@ async fn service_account_tokens(
                 expiration_secs: request.expiration_seconds.unwrap_or(3600),
                 pod_name: &pod.name,
                 pod_uid: &pod.uid,
-            })
-            .await
-            .map_err(|e| {
-                SetUpError::Failed(format!(
-                    "kubernetes.io/csi: mounter.SetUpAt failed to get service account token attributes: {}",
-                    e.0
-                ))
-            })?;
+            },
+        )
+        .await
+        .map_err(|e| {
+            SetUpError::Failed(format!(
+                "kubernetes.io/csi: mounter.SetUpAt failed to get service account token attributes: {}",
+                e.0
+            ))
+        })?;
         tokens.insert(
             request.audience.clone(),
-            serde_json::json!({"token": token.token, "expirationTimestamp": token.expires.to_string()}),
+            serde_json::json!({"token": token, "expirationTimestamp": expires}),
         );
     }
     Ok(Some(serde_json::Value::Object(tokens).to_string()))
+}
+
+/// The token `request` asks for, with its expiry as handed on: the one the node keeps while it is not due for
+/// renewal ([`tokens`](crate::csi::tokens)), else a new one from the API server, kept from then on.
+async fn kept_token(
+    drivers: &CsiDrivers,
+    objects: &dyn PodObjects,
+    request: TokenFor<'_>,
+) -> Result<(String, String), ObjectError> {
+    let key = TokenKey {
+        namespace: request.namespace.to_owned(),
+        service_account: request.service_account.to_owned(),
+        audience: request.audience.to_owned(),
+        expiration_secs: request.expiration_secs,
+        pod_uid: request.pod_uid.to_owned(),
+    };
+    if let Some(kept) = drivers.kept_token(&key, Instant::now()) {
+        return Ok(kept);
+    }
+    let issued = objects.token(request).await?;
+    let now = Instant::now();
+    let life = issued
+        .expires
+        .duration_since(k8s_openapi::jiff::Timestamp::now())
+        .unsigned_abs();
+    let expires = issued.expires.to_string();
+    drivers.keep_token(key, issued.token.clone(), expires.clone(), now, life);
+    Ok((issued.token, expires))
 }
 
 /// The pod's attributes the kubelet adds to the volume context of a driver with `podInfoOnMount`.
@@ -842,6 +936,29 @@ pub(crate) async fn set_up(
     let target = publish(drivers, &p)
         .await
         .map_err(|e| SetUpError::Failed(format!("kubernetes.io/csi: {e}")))?;
+    if using.block {
+        let (root, dir, uid, pv, device) = (
+            p.root_dir.to_owned(),
+            pod_dir.clone(),
+            pod.uid.to_string(),
+            using.volume.to_owned(),
+            target.clone(),
+        );
+        blocking(move || {
+            let mapping = super::block::Mapping {
+                root_dir: &root,
+                pod_dir: &dir,
+                uid: &uid,
+                plugin: BlockPlugin::Csi,
+                pv: &pv,
+            };
+            mapping
+                .map(&device)
+                .map_err(|e| format!("MapBlockVolume failed: {e}"))
+        })
+        .await
+        .map_err(|e| SetUpError::Failed(format!("kubernetes.io/csi: {e}")))?;
+    }
     let stages = drivers
         .get(&source.driver)
         .is_some_and(|d| d.capabilities.stage_unstage)
@@ -854,7 +971,13 @@ pub(crate) async fn set_up(
             driver: source.driver.clone(),
             handle: source.volume_handle.clone(),
             target: target.clone(),
-            staging: stages.then(|| staging_path(p.root_dir, &source.driver, &source.volume_handle)),
+            staging: stages.then(|| {
+                if using.block {
+                    block_staging_path(p.root_dir, using.volume)
+                } else {
+                    staging_path(p.root_dir, &source.driver, &source.volume_handle)
+                }
+            }),
         },
     );
     let driver_applies = drivers
@@ -992,6 +1115,67 @@ mod tests {
         assert!(!applies_fs_group(Some(&policy("None")), &ext4_rwo, false));
         // never on a read-only volume
         assert!(!applies_fs_group(Some(&policy("File")), &ext4_rwo, true));
+    }
+
+    /// Issues numbered tokens of the requested lifetime, counting the requests.
+    #[derive(Default)]
+    struct NumberedTokens(std::sync::atomic::AtomicUsize);
+
+    #[async_trait::async_trait]
+    impl PodObjects for NumberedTokens {
+        async fn get(
+            &self,
+            _: ObjectKind,
+            _: &str,
+            _: &str,
+        ) -> Result<Option<std::sync::Arc<crate::pods::actions::objects::ObjectData>>, ObjectError> {
+            Ok(None)
+        }
+
+        async fn token(&self, r: TokenFor<'_>) -> Result<crate::pods::actions::objects::Token, ObjectError> {
+            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            let expires = k8s_openapi::jiff::Timestamp::now()
+                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(r.expiration_secs))
+                .unwrap();
+            Ok(crate::pods::actions::objects::Token {
+                token: format!("token-{n}"),
+                expires,
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_republish_reuses_the_token_until_80_percent_of_its_life() {
+        use std::sync::atomic::Ordering;
+        use std::time::Duration;
+        let drivers = CsiDrivers::default();
+        let objects = NumberedTokens::default();
+        let request = |audience| TokenFor {
+            namespace: "ns",
+            service_account: "default",
+            audience,
+            expiration_secs: 3600,
+            pod_name: "p",
+            pod_uid: "uid-1",
+        };
+        let token = |audience| kept_token(&drivers, &objects, request(audience));
+        let requested = || objects.0.load(Ordering::SeqCst);
+        let (first, expires) = token("aud").await.unwrap();
+        assert_eq!((first.as_str(), requested()), ("token-1", 1));
+        // republished before 80 % of the hour: the same token and expiry, no request
+        tokio::time::advance(Duration::from_secs(2870)).await;
+        assert_eq!(token("aud").await.unwrap(), (first.clone(), expires));
+        assert_eq!(requested(), 1);
+        // another audience is another token
+        assert_eq!(token("other").await.unwrap().0, "token-2");
+        // past 80 %: a new token, kept in turn
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert_eq!(token("aud").await.unwrap().0, "token-3");
+        assert_eq!(token("aud").await.unwrap().0, "token-3");
+        assert_eq!(requested(), 3);
+        // the pod's volumes torn down: its tokens are gone
+        drivers.release_tokens("uid-1");
+        assert_eq!(token("aud").await.unwrap().0, "token-4");
     }
 
     #[test]
