@@ -274,10 +274,8 @@ async fn a_damaged_client_certificate_is_replaced_by_tls_bootstrap() -> anyhow::
         let now = read_current()?;
         assert_ne!(now.serial, serial, "{how:?}: the same certificate");
         assert!(holds_issued(&now, &csr)?, "{how:?}: not the issued certificate");
-        assert!(
-            std::fs::canonicalize(&current)? != file,
-            "{how:?}: the current certificate is still the damaged file"
-        );
+        // (the new file may have the damaged one's name: certificates stored within one second share their
+        // time stamp, and the newer replaces the older, as in the kubelet's store)
         let p = pods.get("steady").await?;
         let c = container(&p).context("steady's status")?;
         assert_eq!(

@@ -191,8 +191,9 @@ impl CertPair {
 fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
     use rustls::pki_types::pem::Error;
     match e {
+        // the library keeps the block's label only (`CERTIFICATE`)
         Error::MissingSectionEnd { end_marker } => format!(
-            "a PEM block is cut off: no {:?} line follows it",
+            "a PEM block is cut off: no \"-----END {}-----\" line follows it",
             String::from_utf8_lossy(end_marker)
         ),
         Error::IllegalSectionStart { line } => {
