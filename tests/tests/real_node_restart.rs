@@ -3,8 +3,9 @@
 //! deleted while the agent was down ([`orphans`]: what they left — runtime objects, directory, mounts, cgroup —
 //! is swept at the next start, nothing else touched), and static pods through an API server outage
 //! ([`api_outage`]: a pod from `staticPodURL`, served by this binary on 127.0.0.1, and one from
-//! `staticPodPath` keep running while the API server is stopped, and are mirrored again when it returns), and a
-//! resized pod's allocation kept by a restarted agent ([`resize`]).
+//! `staticPodPath` keep running while the API server is stopped, and are mirrored again when it returns), a
+//! resized pod's allocation kept by a restarted agent ([`resize`]), and a damaged client certificate replaced by
+//! TLS bootstrap at the next start ([`client_certificate`]).
 //! A binary of its own (its own node and control plane), since it stops the agent and the API server that every
 //! test of a node would share. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
 
@@ -19,6 +20,8 @@ mod harness;
 mod adoption;
 #[path = "real_node_restart/api_outage.rs"]
 mod api_outage;
+#[path = "real_node_restart/client_certificate.rs"]
+mod client_certificate;
 #[path = "real_node_restart/orphans.rs"]
 mod orphans;
 #[path = "real_node_restart/resize.rs"]

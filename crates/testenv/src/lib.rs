@@ -7,6 +7,7 @@
 //!
 //! * [`assets`] finds the binaries (`KUBEBUILDER_ASSETS`, or the version-keyed build cache filled by
 //!   `hack/build-kubernetes.sh` from the official `k8s.io/kubernetes` Go module; etcd from `etcd-bin-vendored`).
+//! * [`bootstrap`] sets up TLS bootstrap for test nodes (a bootstrap token, its bindings, a bootstrap kubeconfig).
 //! * [`pki`] makes the CA and the certificates (admin, components, `system:node:<name>`).
 //! * [`process`] spawns children so that they die with the process that started them, and stops them by PID.
 //! * [`ControlPlane`] wires it together and hands out `kube::Client`s for the admin and for node identities.
@@ -18,6 +19,7 @@
 
 pub mod access;
 pub mod assets;
+pub mod bootstrap;
 mod control_plane;
 mod kubeconfig;
 pub mod pki;

@@ -35,6 +35,9 @@ pub struct CertSpec {
     pub server: bool,
     /// Usable as a TLS client certificate.
     pub client: bool,
+    /// Valid only in the past: for the two days that ended a day ago (what a certificate never renewed looks
+    /// like).
+    pub expired: bool,
 }
 
 impl CertSpec {
@@ -119,6 +122,11 @@ impl Ca {
             params
                 .extended_key_usages
                 .push(ExtendedKeyUsagePurpose::ClientAuth);
+        }
+        if spec.expired {
+            let now = time::OffsetDateTime::now_utc();
+            params.not_before = now - time::Duration::days(3);
+            params.not_after = now - time::Duration::days(1);
         }
         for ip in &spec.ips {
             params.subject_alt_names.push(SanType::IpAddress(*ip));

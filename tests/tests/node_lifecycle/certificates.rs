@@ -17,11 +17,11 @@ use anyhow::{Context, bail};
 use e2e::init_logging;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{ListParams, LogParams, Patch, PatchParams, PostParams};
 use node_agent::certs::CertPair;
+use testenv::bootstrap::BootstrapToken;
 
 use super::process::AgentProcess;
 use super::support::{SIGNING_DURATION, audit_dir, control_plane, poll, ready_status, wait_node};
@@ -30,91 +30,6 @@ const TOKEN_ID: &str = "nlboot";
 const TOKEN_SECRET: &str = "0123456789abcdef";
 const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
-
-/// The bootstrap token and the bindings a cluster gives bootstrapping nodes: file CSRs, have node-client
-/// requests approved, and (as nodes) have self-renewals approved.
-async fn bootstrap_token(admin: &kube::Client) -> anyhow::Result<()> {
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("bootstrap-token-{TOKEN_ID}"), "namespace": "kube-system"},
-        "type": "bootstrap.kubernetes.io/token",
-        "stringData": {
-            "token-id": TOKEN_ID,
-            "token-secret": TOKEN_SECRET,
-            "usage-bootstrap-authentication": "true",
-        },
-    }))?;
-    create_or_keep(&Api::namespaced(admin.clone(), "kube-system"), &secret).await?;
-    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
-    for (name, role, group) in [
-        (
-            "nl-bootstrappers",
-            "system:node-bootstrapper",
-            "system:bootstrappers",
-        ),
-        (
-            "nl-bootstrap-approve",
-            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
-            "system:bootstrappers",
-        ),
-        (
-            "nl-renewal-approve",
-            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
-            "system:nodes",
-        ),
-    ] {
-        let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}],
-        }))?;
-        create_or_keep(&bindings, &binding).await?;
-    }
-    Ok(())
-}
-
-/// Waits until the API server acts on the token and the bindings just made: the token authenticates, may file
-/// CSRs and may have node-client requests approved. A node started before that may meet a 401 or 403 and, as
-/// the kubelet does, exit on its refused bootstrap request.
-async fn wait_bootstrap_allowed(boot: &Path) -> anyhow::Result<()> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(boot)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-    let client = kube::Client::try_from(config)?;
-    testenv::access::wait_allowed(
-        &client,
-        &testenv::access::node_bootstrap(),
-        Duration::from_secs(30),
-    )
-    .await
-}
-
-async fn create_or_keep<K>(api: &Api<K>, object: &K) -> anyhow::Result<()>
-where
-    K: kube::Resource
-        + Clone
-        + k8s_openapi::serde::Serialize
-        + k8s_openapi::serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    match api.create(&PostParams::default(), object).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-fn write_bootstrap_kubeconfig(path: &Path, cp: &testenv::ControlPlane) -> anyhow::Result<()> {
-    std::fs::write(
-        path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {}\n    \
-             certificate-authority: {}\ncontexts:\n- name: boot\n  context:\n    cluster: local\n    user: boot\n\
-             current-context: boot\nusers:\n- name: boot\n  user:\n    token: {TOKEN_ID}.{TOKEN_SECRET}\n",
-            cp.server(),
-            cp.client_ca_file().display()
-        ),
-    )?;
-    Ok(())
-}
 
 fn requests_of(
     list: &[CertificateSigningRequest],
@@ -155,13 +70,14 @@ async fn tls_bootstrap_serving_certificate_and_rotation_through_the_csr_api() ->
     init_logging();
     let cp = control_plane().await?;
     let admin = cp.admin_client().await?;
-    bootstrap_token(&admin).await?;
+    let token = BootstrapToken::new(TOKEN_ID, TOKEN_SECRET);
+    token.create(&admin).await?;
     let name = "nl-certs";
     let dir = audit_dir().join(name);
     std::fs::create_dir_all(&dir)?;
     let boot = dir.join("bootstrap.kubeconfig");
-    write_bootstrap_kubeconfig(&boot, cp)?;
-    wait_bootstrap_allowed(&boot).await?;
+    token.write_kubeconfig(&boot, cp)?;
+    token.wait_allowed(&boot).await?;
     let config = dir.join("config.yaml");
     std::fs::write(
         &config,
@@ -201,7 +117,7 @@ async fn tls_bootstrap_serving_certificate_and_rotation_through_the_csr_api() ->
     // bootstrap: one request by the bootstrap identity, approved by the controller-manager and issued
     let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
     let list = csrs.list(&ListParams::default()).await?.items;
-    let bootstrap = requests_of(&list, CLIENT_SIGNER, &format!("system:bootstrap:{TOKEN_ID}"));
+    let bootstrap = requests_of(&list, CLIENT_SIGNER, &token.user());
     assert_eq!(bootstrap.len(), 1, "{bootstrap:?}");
     let first = &bootstrap[0];
     assert!(

@@ -62,9 +62,10 @@ pub struct RealNode {
     /// The agent (killed with this process, never before, unless [`RealNode::restart_agent`] replaces it).
     #[allow(dead_code)] // held for its drop; read by restart_agent, which only some test binaries use
     agent: Mutex<Option<testenv::process::Proc>>,
-    /// The agent's program and arguments, to start it again.
+    /// The agent's program and arguments, to start it again (the arguments replaced by
+    /// [`RealNode::set_agent_args`]).
     #[allow(dead_code)]
-    agent_command: (PathBuf, Vec<String>),
+    agent_command: Mutex<(PathBuf, Vec<String>)>,
 }
 
 /// What a test binary may add to the node's settings (the first caller of [`RealNode::get_with`] decides for
@@ -301,7 +302,7 @@ impl RealNode {
             manifests,
             cgroup_root: format!("/{cgroup}"),
             agent: Mutex::new(Some(agent)),
-            agent_command: (bin, args),
+            agent_command: Mutex::new((bin, args)),
         })
     }
 
@@ -326,14 +327,35 @@ impl RealNode {
     pub fn start_agent(&self) -> anyhow::Result<()> {
         let mut slot = self.agent.lock().unwrap_or_else(|p| p.into_inner());
         anyhow::ensure!(slot.is_none(), "node-agent is running already");
-        let (bin, args) = &self.agent_command;
+        let (bin, args) = self
+            .agent_command
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         *slot = Some(testenv::process::Proc::start(
             "node-agent",
-            bin,
-            args,
+            &bin,
+            &args,
             &self.agent_log,
         )?);
         Ok(())
+    }
+
+    /// The arguments the agent runs with (or is started with next).
+    #[allow(dead_code)] // real_node_restart.rs only
+    pub fn agent_args(&self) -> Vec<String> {
+        self.agent_command
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone()
+    }
+
+    /// The agent is started with `args` from its next start on ([`RealNode::start_agent`],
+    /// [`RealNode::restart_agent`]).
+    #[allow(dead_code)] // real_node_restart.rs only
+    pub fn set_agent_args(&self, args: Vec<String>) {
+        self.agent_command.lock().unwrap_or_else(|p| p.into_inner()).1 = args;
     }
 
     /// Sends the agent SIGTERM and waits up to `grace` for it to exit (with `shutdownGracePeriod` set: the

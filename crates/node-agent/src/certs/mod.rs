@@ -129,14 +129,14 @@ impl CertPair {
     pub fn parse(cert_pem: &str, key_pem: &str, origin: &str) -> Result<Self, CertError> {
         let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| CertError::invalid(origin, e))?;
+            .map_err(|e| CertError::invalid(origin, pem_error(&e)))?;
         let leaf = certs
             .first()
             .ok_or_else(|| CertError::invalid(origin, "no PEM certificate"))?;
         PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-            .map_err(|e| CertError::invalid(origin, format!("no usable private key: {e}")))?;
-        let (_, parsed) =
-            x509_parser::parse_x509_certificate(leaf.as_ref()).map_err(|e| CertError::invalid(origin, e))?;
+            .map_err(|e| CertError::invalid(origin, format!("no usable private key: {}", pem_error(&e))))?;
+        let (_, parsed) = x509_parser::parse_x509_certificate(leaf.as_ref())
+            .map_err(|e| CertError::invalid(origin, format!("the certificate is not valid X.509: {e}")))?;
         let time = |t: x509_parser::time::ASN1Time| {
             let secs = t.timestamp();
             if secs >= 0 {
@@ -184,6 +184,22 @@ impl CertPair {
         let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
             .map_err(|e| CertError::invalid(&self.serial, e))?;
         Ok((chain, key))
+    }
+}
+
+/// A PEM error in words (the library's own message prints the lines it means as lists of byte values).
+fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
+    use rustls::pki_types::pem::Error;
+    match e {
+        // the library keeps the block's label only (`CERTIFICATE`)
+        Error::MissingSectionEnd { end_marker } => format!(
+            "a PEM block is cut off: no \"-----END {}-----\" line follows it",
+            String::from_utf8_lossy(end_marker)
+        ),
+        Error::IllegalSectionStart { line } => {
+            format!("malformed PEM line {:?}", String::from_utf8_lossy(line))
+        }
+        other => other.to_string(),
     }
 }
 

@@ -160,6 +160,10 @@ async fn a_truncated_certificate_is_refused_naming_the_kubeconfig_and_the_file()
     std::fs::write(&target, &text[..text.len() / 2]).unwrap();
     let err = store.load().unwrap_err().to_string();
     assert!(err.contains("kubelet-client-current.pem"), "{err}");
+    assert!(
+        err.contains("a PEM block is cut off: no \"-----END CERTIFICATE-----\" line"),
+        "{err}"
+    );
 
     let kubeconfig = dir.path().join("kubelet.kubeconfig");
     std::fs::write(

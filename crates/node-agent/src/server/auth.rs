@@ -4,7 +4,10 @@
 //!   (the user is its common name, the groups its organizations); a bearer token checked through the TokenReview
 //!   API when `authentication.webhook.enabled` (answers cached for `webhook.cacheTTL`); otherwise the request is
 //!   anonymous — `system:anonymous` in `system:unauthenticated` when `authentication.anonymous.enabled`, refused
-//!   with 401 when not. A token the API server does not accept is refused with 401.
+//!   with 401 when not. A token the API server does not accept is refused with 401, and so is a client
+//!   certificate that does not verify (another CA, expired, not for client authentication) unless the request's
+//!   bearer token authenticates: as in the kubelet, such a certificate is an authentication error, which
+//!   anonymous access does not cover.
 //! * Authorization (`authorization.mode: Webhook`): one SubjectAccessReview per candidate attribute, resource
 //!   `nodes`, name = the node, the verb from the HTTP method and the subresource from the path (see
 //!   [`subresources`]); the first allowed one lets the request through, none gives 403. Allowed answers are cached
@@ -40,6 +43,41 @@ impl User {
             name: "system:anonymous".into(),
             groups: vec!["system:unauthenticated".into()],
             uid: String::new(),
+        }
+    }
+}
+
+/// What a connection's client certificate says about who is asking (decided once the TLS handshake is done).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientCertificate {
+    /// None was presented, none was asked for, or it chains to the client CA without naming a user.
+    Absent,
+    /// It chains to the client CA: this user, until the certificate's validity ends.
+    Verified {
+        /// The user it names.
+        user: User,
+        /// The end of its validity: afterwards it no longer verifies.
+        not_after: std::time::SystemTime,
+    },
+    /// It does not verify; why.
+    Unverified(String),
+}
+
+impl ClientCertificate {
+    /// The user at `now`: `Ok(None)` when there is no certificate, an error when it does not verify (its
+    /// validity over by now included).
+    pub(crate) fn user_at(&self, now: std::time::SystemTime) -> Result<Option<&User>, String> {
+        match self {
+            Self::Absent => Ok(None),
+            Self::Verified { user, not_after } if now < *not_after => Ok(Some(user)),
+            Self::Verified { user, not_after } => Err(format!(
+                "the certificate of {} expired at {}",
+                user.name,
+                time::OffsetDateTime::from(*not_after)
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .unwrap_or_default()
+            )),
+            Self::Unverified(why) => Err(why.clone()),
         }
     }
 }
@@ -168,22 +206,28 @@ impl Auth {
     }
 
     /// Who is asking: the client certificate's user, else the bearer token's (TokenReview), else anonymous when
-    /// allowed.
+    /// allowed — not when a client certificate was presented that does not verify.
     pub async fn authenticate(
         &self,
         api: &ApiCalls,
         client: &kube::Client,
-        certificate: Option<&User>,
+        certificate: &ClientCertificate,
         authorization: Option<&str>,
     ) -> Result<User, Refusal> {
-        if let Some(user) = certificate {
-            return Ok(user.clone());
-        }
+        let unverified = match certificate.user_at(std::time::SystemTime::now()) {
+            Ok(Some(user)) => return Ok(user.clone()),
+            Ok(None) => None,
+            Err(why) => Some(why),
+        };
         let token = authorization
             .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
             .map(str::trim)
             .filter(|t| !t.is_empty());
         let Some(token) = token else {
+            if let Some(why) = unverified {
+                tracing::info!(reason = %why, "kubelet API request refused: its client certificate does not verify");
+                return Err(Refusal::Unauthorized);
+            }
             return if self.anonymous_enabled {
                 Ok(User::anonymous())
             } else {

@@ -33,6 +33,8 @@ pub mod tls;
 
 #[cfg(test)]
 mod bad_input_tests;
+#[cfg(test)]
+mod client_certificate_tests;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -49,7 +51,7 @@ use tower::ServiceExt;
 
 use crate::agent::AgentContext;
 use crate::config::KubeletConfig;
-pub use auth::{Auth, Refusal, User};
+pub use auth::{Auth, ClientCertificate, Refusal, User};
 pub use logs::{FileLogs, LogSource, ScriptedLogs};
 pub use tls::ServingIdentity;
 
@@ -108,11 +110,11 @@ pub(crate) struct Shared {
     pub(crate) registry: Option<Arc<Registry>>,
 }
 
-/// The user of one TLS connection (from its verified client certificate) and the node it was accepted for.
+/// What one TLS connection's client certificate says about its user, and the node it was accepted for.
 #[derive(Clone)]
 struct Connection {
     node: NodeEndpoint,
-    user: Option<User>,
+    certificate: ClientCertificate,
 }
 
 /// The kubelet API server of a process: one TLS configuration, one authorizer cache, one listener per node.
@@ -120,6 +122,8 @@ struct Connection {
 #[derive(Clone)]
 pub struct KubeletServer {
     tls: tokio_rustls::TlsAcceptor,
+    /// What the connections' client certificates are checked against (`clientCAFile`).
+    client_ca: Option<tls::ClientCa>,
     auth: Arc<Auth>,
     full: Router,
     read_only: Router,
@@ -154,7 +158,8 @@ impl KubeletServer {
         let auth = Arc::new(Auth::new(&kubelet));
         let shared = Arc::new(Shared { kubelet, registry });
         Ok(Self {
-            tls: tokio_rustls::TlsAcceptor::from(tls),
+            tls: tokio_rustls::TlsAcceptor::from(tls.config),
+            client_ca: tls.client_ca,
             auth,
             full: routes::full(shared.clone()),
             read_only: routes::read_only(shared),
@@ -266,13 +271,13 @@ impl KubeletServer {
                 return;
             }
         };
-        let user = tls
-            .get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|chain| chain.first())
-            .and_then(tls::certificate_user);
-        let conn = Arc::new(Connection { node, user });
+        // the handshake took any client certificate; whether it names a user is decided here, once per
+        // connection (its expiry checked again at each request)
+        let certificate = match (&self.client_ca, tls.get_ref().1.peer_certificates()) {
+            (Some(ca), Some(chain)) => ca.identify(chain),
+            _ => ClientCertificate::Absent,
+        };
+        let conn = Arc::new(Connection { node, certificate });
         let server = self.clone();
         let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
             let server = server.clone();
@@ -290,7 +295,7 @@ impl KubeletServer {
             .and_then(|v| v.to_str().ok());
         let checked = match self
             .auth
-            .authenticate(&ctx.api, &ctx.client, conn.user.as_ref(), authorization)
+            .authenticate(&ctx.api, &ctx.client, &conn.certificate, authorization)
             .await
         {
             Ok(user) => {

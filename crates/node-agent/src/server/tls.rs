@@ -1,17 +1,28 @@
 //! The kubelet API's TLS: the serving certificate (`tlsCertFile`/`tlsPrivateKeyFile`, or a self-signed one made
-//! at start-up like the kubelet's when neither is given) and the client certificate verifier
+//! at start-up like the kubelet's when neither is given), the client certificates
 //! (`authentication.x509.clientCAFile`; without it no client certificate is asked for), with the versions and
 //! TLS 1.2 cipher suites `tlsMinVersion` and `tlsCipherSuites` allow.
+//!
+//! Client certificates are taken as the kubelet takes them (Go's `tls.RequestClientCert`): the handshake asks for
+//! one, naming the client CA's subjects as hints, and accepts any certificate whose holder proves it has the key
+//! (the handshake signature is checked); whether the certificate chains to the client CA is asked afterwards, of
+//! the connection's certificates, by [`ClientCa::identify`]. So a certificate of another CA, or an expired one, is
+//! no TLS error: the request is answered by the authenticator (401, unless its bearer token authenticates).
 
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::SystemTime;
 
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ResolvesServerCert, WebPkiClientVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 use super::ServerError;
+use super::auth::{ClientCertificate, User};
 use crate::config::KubeletConfig;
 use crate::config::tls_settings::{self, TlsMinVersion};
 
@@ -89,15 +100,26 @@ pub fn self_signed(identity: &ServingIdentity) -> Result<(String, String), Serve
     Ok((cert.pem(), key.serialize_pem()))
 }
 
+/// The kubelet API's TLS: the rustls server configuration and the client CA its connections' certificates are
+/// checked against.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server configuration.
+    pub config: Arc<rustls::ServerConfig>,
+    /// `clientCAFile`'s authorities; `None` when it is not set (no client certificate is asked for).
+    pub client_ca: Option<ClientCa>,
+}
+
 /// The rustls server configuration for the kubelet API: the certificates `serving` resolves (serverTLSBootstrap),
-/// else the configured serving certificate, or a self-signed one for `identity`; client certificates verified against `clientCAFile` when set (optional: a request without
-/// one is authenticated by its bearer token, or is anonymous).
+/// else the configured serving certificate, or a self-signed one for `identity`; a client certificate asked for
+/// when `clientCAFile` is set (optional: a request without one is authenticated by its bearer token, or is
+/// anonymous) and taken whoever issued it (see the module documentation).
 pub fn server_config(
     kubelet: &KubeletConfig,
     identity: &ServingIdentity,
     serving: Option<Arc<dyn ResolvesServerCert>>,
-) -> Result<Arc<rustls::ServerConfig>, ServerError> {
-    let builder = client_auth(kubelet)?;
+) -> Result<ServerTls, ServerError> {
+    let (builder, client_ca) = client_auth(kubelet)?;
     let mut config = match serving {
         Some(resolver) => builder.with_cert_resolver(resolver),
         None => {
@@ -111,7 +133,10 @@ pub fn server_config(
         }
     };
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok(ServerTls {
+        config: Arc::new(config),
+        client_ca,
+    })
 }
 
 type ServingPair = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
@@ -150,11 +175,11 @@ fn serving_pair(kubelet: &KubeletConfig, identity: &ServingIdentity) -> Result<S
     })
 }
 
-/// The TLS server builder up to the serving certificate: client certificates verified against `clientCAFile`
-/// when set.
-fn client_auth(
-    kubelet: &KubeletConfig,
-) -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>, ServerError> {
+type WantsServerCert = rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>;
+
+/// The TLS server builder up to the serving certificate, asking for a client certificate when `clientCAFile` is
+/// set; and that client CA.
+fn client_auth(kubelet: &KubeletConfig) -> Result<(WantsServerCert, Option<ClientCa>), ServerError> {
     let versions: &[&'static rustls::SupportedProtocolVersion] = match kubelet.tls_min_version {
         TlsMinVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsMinVersion::Tls13 => {
@@ -175,29 +200,123 @@ fn client_auth(
         })?;
     Ok(match &kubelet.authentication.client_ca_file {
         Some(path) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in read_certs(path, "authentication.x509.clientCAFile")? {
-                roots.add(cert).map_err(|e| ServerError::Tls {
-                    field: "authentication.x509.clientCAFile".into(),
-                    message: format!("{}: {e}", path.display()),
-                })?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-                .allow_unauthenticated()
-                .build()
-                .map_err(|e| ServerError::Tls {
-                    field: "authentication.x509.clientCAFile".into(),
-                    message: e.to_string(),
-                })?;
-            builder.with_client_cert_verifier(verifier)
+            let ca = ClientCa::read(path)?;
+            let asks = Arc::new(RequestClientCertificate { ca: ca.clone() });
+            (builder.with_client_cert_verifier(asks), Some(ca))
         }
-        None => builder.with_no_client_auth(),
+        None => (builder.with_no_client_auth(), None),
     })
 }
 
-/// The user a verified client certificate names: common name and organizations (groups), as Kubernetes reads
-/// them.
-pub fn certificate_user(cert: &CertificateDer<'_>) -> Option<super::auth::User> {
+/// The authorities of `authentication.x509.clientCAFile`: a client certificate chaining to one of them (and
+/// valid for client authentication, at the time of the check) names the request's user.
+#[derive(Debug, Clone)]
+pub struct ClientCa {
+    /// rustls' verifier of chains to these authorities.
+    verifier: Arc<dyn ClientCertVerifier>,
+}
+
+impl ClientCa {
+    /// The authorities in the PEM file `path`.
+    pub fn read(path: &Path) -> Result<Self, ServerError> {
+        let field = "authentication.x509.clientCAFile";
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in read_certs(path, field)? {
+            roots.add(cert).map_err(|e| ServerError::Tls {
+                field: field.into(),
+                message: format!("{}: {e}", path.display()),
+            })?;
+        }
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| ServerError::Tls {
+                field: field.into(),
+                message: format!("{}: {e}", path.display()),
+            })?;
+        Ok(Self { verifier })
+    }
+
+    /// What the certificates a client presented (leaf first, then intermediates) say about who it is, checked
+    /// now.
+    pub fn identify(&self, chain: &[CertificateDer<'_>]) -> ClientCertificate {
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return ClientCertificate::Absent;
+        };
+        if let Err(e) = self
+            .verifier
+            .verify_client_cert(leaf, intermediates, UnixTime::now())
+        {
+            return ClientCertificate::Unverified(format!(
+                "verifying certificate {} failed: {e}",
+                certificate_name(leaf)
+            ));
+        }
+        match (certificate_user(leaf), not_after(leaf)) {
+            (Some(user), Some(not_after)) => ClientCertificate::Verified { user, not_after },
+            // chains to the client CA but names nobody (no common name): as if none were presented
+            _ => ClientCertificate::Absent,
+        }
+    }
+}
+
+/// The client certificate check of the handshake (see the module documentation): asks for a certificate with
+/// the client CA's subjects as hints, takes whichever comes, and checks the handshake signature made with its
+/// key.
+#[derive(Debug)]
+struct RequestClientCertificate {
+    ca: ClientCa,
+}
+
+impl ClientCertVerifier for RequestClientCertificate {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.ca.verifier.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        // the chain is the authenticator's to judge (ClientCa::identify), as the kubelet's x509 authenticator
+        // judges it after Go's TLS took the certificate
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.ca.verifier.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.ca.verifier.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.ca.verifier.supported_verify_schemes()
+    }
+}
+
+/// The user a client certificate names: common name and organizations (groups), as Kubernetes reads them.
+pub fn certificate_user(cert: &CertificateDer<'_>) -> Option<User> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
     let subject = parsed.subject();
     let name = subject
@@ -205,15 +324,38 @@ pub fn certificate_user(cert: &CertificateDer<'_>) -> Option<super::auth::User> 
         .next()
         .and_then(|cn| cn.as_str().ok())?
         .to_owned();
+    if name.is_empty() {
+        return None;
+    }
     let groups = subject
         .iter_organization()
         .filter_map(|o| o.as_str().ok().map(str::to_owned))
         .collect();
-    Some(super::auth::User {
+    Some(User {
         name,
         groups,
         uid: String::new(),
     })
+}
+
+/// The end of a certificate's validity.
+fn not_after(cert: &CertificateDer<'_>) -> Option<SystemTime> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let secs = u64::try_from(parsed.validity().not_after.timestamp()).ok()?;
+    Some(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+}
+
+/// A certificate as a log line names it: its subject, issuer and serial number.
+fn certificate_name(cert: &CertificateDer<'_>) -> String {
+    match x509_parser::parse_x509_certificate(cert.as_ref()) {
+        Ok((_, parsed)) => format!(
+            "subject \"{}\", issuer \"{}\", serial {}",
+            parsed.subject(),
+            parsed.issuer(),
+            parsed.raw_serial_as_string()
+        ),
+        Err(_) => "(not a parsable certificate)".to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -296,7 +438,9 @@ mod tests {
         kubelet: &KubeletConfig,
         client: Arc<rustls::ClientConfig>,
     ) -> Result<(ProtocolVersion, CipherSuite), String> {
-        let server = server_config(kubelet, &identity(), None).expect("server config");
+        let server = server_config(kubelet, &identity(), None)
+            .expect("server config")
+            .config;
         let (a, b) = tokio::io::duplex(64 * 1024);
         let acceptor = tokio_rustls::TlsAcceptor::from(server);
         let server = tokio::spawn(async move { acceptor.accept(b).await.map(|_| ()) });
