@@ -42,22 +42,16 @@ async fn an_attachable_csi_volume_waits_for_the_real_attacher_and_is_detached_af
     let name = "csi-mock-attach.node-agent.test";
     // the mock driver with its controller service's ControllerPublish, and the real external attacher beside it
     let driver = Driver::registered(node, name, &[]).await?;
-    let attacher_log = driver.log.with_file_name("attacher.log");
-    let attacher = testenv::process::Proc::start(
-        "csi-attacher",
-        &e2e::hack_binary("build-external-attacher.sh", "the external attacher").await?,
-        &[
-            format!(
-                "--csi-address={}",
-                driver.log.with_file_name("csi.sock").display()
-            ),
-            format!("--kubeconfig={}", node.cp.admin_kubeconfig().display()),
-            "--leader-election=false".to_owned(),
-            "--timeout=30s".to_owned(),
-            "--v=4".to_owned(),
-        ],
-        &attacher_log,
-    )?;
+    let attacher_log = driver.log.with_file_name("csi-attacher.log");
+    let attacher = driver
+        .sidecar(
+            node,
+            "csi-attacher",
+            "build-external-attacher.sh",
+            "the external attacher",
+            4,
+        )
+        .await?;
     let admin = node.cp.admin_client().await?;
     ensure_csi_driver(
         &admin,

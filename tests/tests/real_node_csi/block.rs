@@ -305,22 +305,16 @@ async fn a_provisioned_csi_block_volume_is_a_device_in_the_container_and_torn_do
     };
     let name = "csi-mock-block.node-agent.test";
     let driver = Driver::registered(node, name, &["--disable-attach"]).await?;
-    let provisioner_log = driver.log.with_file_name("provisioner.log");
-    let provisioner = testenv::process::Proc::start(
-        "csi-provisioner",
-        &e2e::hack_binary("build-external-provisioner.sh", "the external provisioner").await?,
-        &[
-            format!(
-                "--csi-address={}",
-                driver.log.with_file_name("csi.sock").display()
-            ),
-            format!("--kubeconfig={}", node.cp.admin_kubeconfig().display()),
-            "--leader-election=false".to_owned(),
-            "--timeout=30s".to_owned(),
-            "--v=2".to_owned(),
-        ],
-        &provisioner_log,
-    )?;
+    let provisioner_log = driver.log.with_file_name("csi-provisioner.log");
+    let provisioner = driver
+        .sidecar(
+            node,
+            "csi-provisioner",
+            "build-external-provisioner.sh",
+            "the external provisioner",
+            2,
+        )
+        .await?;
     let admin = node.cp.admin_client().await?;
     ensure_csi_driver(
         &admin,

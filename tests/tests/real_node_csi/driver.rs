@@ -40,6 +40,30 @@ impl Driver {
         Ok(Self { proc, log })
     }
 
+    /// Starts a controller sidecar of the driver (`program`, built by `hack/<script>`) on the driver's socket,
+    /// talking to `node`'s API server as admin, its log beside the driver's.
+    pub async fn sidecar(
+        &self,
+        node: &RealNode,
+        program: &str,
+        script: &str,
+        what: &str,
+        verbosity: u8,
+    ) -> anyhow::Result<testenv::process::Proc> {
+        testenv::process::Proc::start(
+            program,
+            &e2e::hack_binary(script, what).await?,
+            &[
+                format!("--csi-address={}", self.log.with_file_name("csi.sock").display()),
+                format!("--kubeconfig={}", node.cp.admin_kubeconfig().display()),
+                "--leader-election=false".to_owned(),
+                "--timeout=30s".to_owned(),
+                format!("--v={verbosity}"),
+            ],
+            &self.log.with_file_name(format!("{program}.log")),
+        )
+    }
+
     /// Waits until the driver's log has a line starting with `prefix`; returns that line.
     pub async fn logged(&self, prefix: &str, timeout: Duration) -> anyhow::Result<String> {
         wait_for(&format!("the driver to log {prefix:?}"), timeout, || async {

@@ -15,6 +15,7 @@ use rustls::sign::CertifiedKey;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::tests::endpoint;
+use super::tls::tests::AnyServer;
 use super::*;
 use crate::config::{AuthorizationMode, KubeletConfig};
 
@@ -93,49 +94,6 @@ impl ResolvesClientCert for Present {
 fn client(
     chain: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
 ) -> (Arc<rustls::ClientConfig>, Option<Arc<Present>>) {
-    #[derive(Debug)]
-    struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
-    impl rustls::client::danger::ServerCertVerifier for AnyServer {
-        fn verify_server_cert(
-            &self,
-            _: &CertificateDer<'_>,
-            _: &[CertificateDer<'_>],
-            _: &ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
-        }
-    }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

@@ -359,7 +359,7 @@ fn certificate_name(cert: &CertificateDer<'_>) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rustls::pki_types::ServerName;
     use rustls::{CipherSuite, ProtocolVersion, SupportedCipherSuite};
@@ -371,55 +371,57 @@ mod tests {
         }
     }
 
+    /// A client's server-certificate check that takes any certificate (the tests here test the client's side
+    /// of the handshake, not the server's certificate) but still checks the handshake's signatures.
+    #[derive(Debug)]
+    pub(crate) struct AnyServer(pub(crate) Arc<rustls::crypto::CryptoProvider>);
+    impl rustls::client::danger::ServerCertVerifier for AnyServer {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
     /// A client trusting no one (the server's certificate is not what is tested) offering only `versions` and
     /// `suites`.
     fn client(
         versions: &[&'static rustls::SupportedProtocolVersion],
         suites: &[SupportedCipherSuite],
     ) -> Arc<rustls::ClientConfig> {
-        #[derive(Debug)]
-        struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
-        impl rustls::client::danger::ServerCertVerifier for AnyServer {
-            fn verify_server_cert(
-                &self,
-                _: &CertificateDer<'_>,
-                _: &[CertificateDer<'_>],
-                _: &ServerName<'_>,
-                _: &[u8],
-                _: rustls::pki_types::UnixTime,
-            ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-                Ok(rustls::client::danger::ServerCertVerified::assertion())
-            }
-            fn verify_tls12_signature(
-                &self,
-                message: &[u8],
-                cert: &CertificateDer<'_>,
-                dss: &rustls::DigitallySignedStruct,
-            ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-                rustls::crypto::verify_tls12_signature(
-                    message,
-                    cert,
-                    dss,
-                    &self.0.signature_verification_algorithms,
-                )
-            }
-            fn verify_tls13_signature(
-                &self,
-                message: &[u8],
-                cert: &CertificateDer<'_>,
-                dss: &rustls::DigitallySignedStruct,
-            ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-                rustls::crypto::verify_tls13_signature(
-                    message,
-                    cert,
-                    dss,
-                    &self.0.signature_verification_algorithms,
-                )
-            }
-            fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-                self.0.signature_verification_algorithms.supported_schemes()
-            }
-        }
         let mut provider = rustls::crypto::ring::default_provider();
         provider.cipher_suites = suites.to_vec();
         let provider = Arc::new(provider);
