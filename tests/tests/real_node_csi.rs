@@ -14,6 +14,10 @@
 /// The containerd the node runs on.
 const CONTAINERD: &str = "1.6";
 
+/// The node's agent: every test holds it shared; the one that stops and restarts the agent holds it alone, so no
+/// other test's volume sees the restart's re-staging.
+static AGENT: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 #[allow(dead_code)]
 #[path = "real_node/harness.rs"]
 mod harness;

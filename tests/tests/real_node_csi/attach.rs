@@ -39,6 +39,7 @@ async fn an_attachable_csi_volume_waits_for_the_real_attacher_and_is_detached_af
     let Some(node) = RealNode::get().await? else {
         return Ok(());
     };
+    let _agent = crate::AGENT.read().await;
     let name = "csi-mock-attach.node-agent.test";
     // the mock driver with its controller service's ControllerPublish, and the real external attacher beside it
     let driver = Driver::registered(node, name, &[]).await?;

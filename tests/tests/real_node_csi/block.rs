@@ -122,6 +122,7 @@ async fn a_local_block_volume_on_a_loop_device_keeps_what_one_pod_wrote_for_the_
     let Some(node) = RealNode::get().await? else {
         return Ok(());
     };
+    let _agent = crate::AGENT.read().await;
     let backing = node
         .agent_root
         .parent()
@@ -303,6 +304,7 @@ async fn a_provisioned_csi_block_volume_is_a_device_in_the_container_and_torn_do
     let Some(node) = RealNode::get().await? else {
         return Ok(());
     };
+    let _agent = crate::AGENT.write().await;
     let name = "csi-mock-block.node-agent.test";
     let driver = Driver::registered(node, name, &["--disable-attach"]).await?;
     let provisioner_log = driver.log.with_file_name("csi-provisioner.log");

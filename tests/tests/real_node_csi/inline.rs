@@ -23,6 +23,7 @@ async fn an_inline_csi_volume_with_fs_group_and_volume_stats() -> anyhow::Result
     let Some(node) = RealNode::get().await? else {
         return Ok(());
     };
+    let _agent = crate::AGENT.read().await;
     let name = "csi-mock-inline.node-agent.test";
     let driver = Driver::registered(node, name, &["--disable-attach"]).await?;
     let admin = node.cp.admin_client().await?;

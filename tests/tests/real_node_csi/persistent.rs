@@ -19,6 +19,7 @@ async fn a_csi_persistent_volume_is_staged_published_used_and_torn_down() -> any
     let Some(node) = RealNode::get().await? else {
         return Ok(());
     };
+    let _agent = crate::AGENT.read().await;
     let name = "csi-mock-vol.node-agent.test";
     // the mock driver without ControllerPublish, and a CSIDriver saying so: no VolumeAttachment to wait for
     let driver = Driver::registered(node, name, &["--disable-attach"]).await?;

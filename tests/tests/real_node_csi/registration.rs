@@ -40,6 +40,7 @@ async fn a_csi_driver_registers_in_csinode_and_leaves_when_its_socket_goes() -> 
     let Some(node) = RealNode::get().await? else {
         return Ok(());
     };
+    let _agent = crate::AGENT.read().await;
     let admin = node.cp.admin_client().await?;
     let nodes: Api<Node> = Api::all(admin.clone());
     let csi_nodes: Api<CSINode> = Api::all(admin);
@@ -133,6 +134,7 @@ async fn a_driver_offering_no_supported_csi_version_is_told_why() -> anyhow::Res
     let Some(node) = RealNode::get().await? else {
         return Ok(());
     };
+    let _agent = crate::AGENT.read().await;
     let name = "csi-future.node-agent.test";
     let driver = Driver::start(node, name, &["--supported-version", "2.0.0"]).await?;
     let line = driver

@@ -22,6 +22,7 @@ async fn csi_secrets_and_service_account_tokens_reach_the_driver() -> anyhow::Re
     let Some(node) = RealNode::get().await? else {
         return Ok(());
     };
+    let _agent = crate::AGENT.read().await;
     let name = "csi-mock-secrets.node-agent.test";
     let driver = Driver::registered(node, name, &["--disable-attach"]).await?;
     let admin = node.cp.admin_client().await?;
