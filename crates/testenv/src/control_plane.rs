@@ -1,5 +1,6 @@
 //! Starting, describing, attaching to and stopping one control plane.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -84,10 +85,13 @@ pub struct ControlPlane {
 const INFO_FILE: &str = "control-plane.json";
 
 /// A port that is free now, picked below the kernel's ephemeral range: a port the kernel hands out (bind to 0)
-/// is also what it hands to outgoing connections, so a component could lose it before it binds. Ports are never
-/// handed out twice by one process.
+/// is also what it hands to outgoing connections, so a component could lose it before it binds. Each pick is
+/// a random port of that range, not the next one up: test binaries start control planes side by side, and
+/// processes walking the range upwards from nearby offsets would keep picking the same ports as each other.
+/// One process never hands out a port twice.
 fn free_port() -> anyhow::Result<u16> {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
+    static PICKS: AtomicU32 = AtomicU32::new(0);
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next().and_then(|l| l.parse::<u32>().ok()))
@@ -97,14 +101,23 @@ fn free_port() -> anyhow::Result<u16> {
         return Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port());
     }
     let span = low - FIRST;
-    // Different processes start at different offsets (their PID), one process walks the range.
-    let start = NEXT
-        .fetch_add(1, Ordering::Relaxed)
-        .wrapping_add(std::process::id().wrapping_mul(7919));
-    for i in 0..span {
-        let port = u16::try_from(FIRST + (start.wrapping_add(i)) % span)?;
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
-            NEXT.fetch_add(i, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let mut state = nanos
+        ^ std::process::id().wrapping_mul(0x9E37_79B9)
+        ^ PICKS.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x85EB_CA6B)
+        | 1;
+    for _ in 0..256 {
+        // xorshift: spread over the range, different in every process and every pick
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        let port = u16::try_from(FIRST + state % span)?;
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+        if !handed_out.contains(&port) && TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            handed_out.insert(port);
             return Ok(port);
         }
     }

@@ -28,3 +28,19 @@ fn bind_failures_are_recognised_as_port_conflicts() {
         "kube-apiserver did not listen in time"
     )));
 }
+
+#[test]
+fn picked_ports_are_spread_over_the_range_not_walked_in_order() {
+    // two processes walking upwards from nearby offsets picked the same ports again and again
+    let ports: Vec<u16> = (0..40).map(|_| free_port().unwrap()).collect();
+    let ascending_neighbours = ports
+        .windows(2)
+        .filter(|w| w[1] > w[0] && w[1] - w[0] < 16)
+        .count();
+    assert!(
+        ascending_neighbours < 5,
+        "picks walk the range in order: {ports:?}"
+    );
+    let (min, max) = (ports.iter().min().unwrap(), ports.iter().max().unwrap());
+    assert!(max - min > 4000, "picks bunched in {min}..{max}: {ports:?}");
+}
