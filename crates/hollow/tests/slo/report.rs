@@ -153,10 +153,13 @@ async fn a_run_reports_table_json_and_plots_and_schedule_to_watch_contains_the_n
     );
     // What the pods take is the scheduler's share (create_to_schedule, from the same watch) and then the fleet's
     // own span; the two watch deliveries slow down with the machine as the fleet does: the allowance is 50 ms
-    // plus a quarter of the fleet's own median.
+    // plus a quarter of the fleet's own median. The median of a sum is the sum of the medians only for narrow
+    // spreads: a loaded machine spreads both parts over seconds, so half of each part's p50-to-p90 spread is
+    // allowed too (on a fast fleet that is a few milliseconds).
     let scheduling = result.cluster.get(Transition::CreateToSchedule);
     let expected = scheduling.p50 + node_span.p50;
-    let apart = 50.0 + node_span.p50 / 4.0;
+    let spread = (node_span.p90 - node_span.p50) + (scheduling.p90 - scheduling.p50);
+    let apart = 50.0 + node_span.p50 / 4.0 + spread / 2.0;
     assert!(
         (startup.p50 - expected).abs() <= apart,
         "pod_startup p50 {} ms against create_to_schedule p50 {} ms plus the fleet's pod_start p50 {} ms: more \
