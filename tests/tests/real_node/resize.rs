@@ -200,6 +200,15 @@ async fn a_running_pods_cpu_is_resized_in_place_and_a_memory_resize_restarts_onl
         )?);
     }
     node.create_pod(&pods, &filler).await?;
+    // the filler bound and running first: the scheduler counts a pending resize at its new size, so a resize
+    // sent before the filler is bound keeps the filler off the node and is then applied in place (and the
+    // 1800m it holds keeps every other test's pod asking for cpu off the node)
+    wait_for("pod filler Running", Duration::from_secs(90), || async {
+        let p = pods.get("filler").await?;
+        Ok((p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).then_some(()))
+    })
+    .await
+    .with_context(log)?;
     resize(
         &pods,
         serde_json::json!({"requests": {"cpu": "1800m", "memory": "32Mi"}, "limits": {"cpu": "1800m", "memory": "64Mi"}}),
