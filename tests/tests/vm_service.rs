@@ -1,5 +1,13 @@
-//! node-agent as a systemd service on a modern host, in a Debian guest (see `vm_node/harness.rs`): the unit the
-//! repository ships (`dist/systemd/node-agent.service`) runs the agent, configured here with
+//! node-agent on cgroup v2 with the cgroupfs driver, then as a systemd service, in one Debian guest (see
+//! `vm_node/harness.rs`); one test, since its last step reboots the guest the binary shares.
+//!
+//! First the node as the harness starts it (cgroupfs driver on the unified hierarchy): pods of the three QoS
+//! classes run in the kubelet's cgroups with the kubelet's limits, the node's `podPidsLimit` and the kubelet's
+//! OOM scores, as read from the guest's cgroup and proc files; `kubepods` is limited to the node's allocatable;
+//! a container past its memory limit is OOM-killed and reported so; the node's and pods' figures come from the
+//! v2 files.
+//!
+//! Then the unit the repository ships (`dist/systemd/node-agent.service`) runs the agent, configured here with
 //! `shutdownGracePeriod: 60s` and `shutdownGracePeriodCriticalPods: 20s` (stopping a pod in the emulated guest
 //! takes about 10 s when the machine is loaded). The agent raises logind's `InhibitDelayMaxSec` to 60 s through
 //! `/etc/systemd/logind.conf.d/99-kubelet.conf` and holds a delay inhibitor lock. `systemctl restart
@@ -7,9 +15,11 @@
 //! while `systemctl reboot` shuts them down as the kubelet does before the guest goes down: the regular pod
 //! first, the critical one after it, each reported Failed with the kubelet's reason, message and
 //! `DisruptionTarget` condition, the Node NotReady (`node is shutting down`) with a `NodeShutdown` event — all
-//! read from the API server on the host once the guest has rebooted (QEMU exits then). One test: the reboot
-//! ends the guest this binary shares. Needs root (or `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
+//! read from the API server on the host once the guest has rebooted (QEMU exits then). Needs root (or
+//! `NODE_AGENT_SKIP_REAL_NODE=1` to skip).
 
+#[path = "vm_node/checks.rs"]
+mod checks;
 #[allow(dead_code)]
 #[path = "vm_node/harness.rs"]
 mod harness;
@@ -23,9 +33,12 @@ use e2e::{init_logging, wait_for};
 use harness::{AGENT_LOG, NODE, NodeSetup, VmNode};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{DeleteParams, ListParams};
 
 const NS: &str = "vm-service";
+/// The namespace of the cgroup checks' pods, and the tag their messages carry.
+const CGROUPS_NS: &str = "vm-cgroups";
+const TAG: &str = "vm_service";
 /// The unit's configuration in the guest: the harness's, plus the shutdown periods.
 const CONFIG: &str = "/etc/node-agent/config.yaml";
 /// Where the shipped unit is found in the share.
@@ -153,8 +166,48 @@ async fn wait_ready(node: &VmNode, nodes: &Api<Node>, what: &str) -> anyhow::Res
     }
 }
 
+/// The cgroupfs driver on cgroup v2, checked in the guest before the service takes the agent over; their pods
+/// are deleted after, so the reboot stops only the service test's own.
+async fn cgroupfs_on_v2(node: &VmNode) -> anyhow::Result<()> {
+    let pods = node.namespace(CGROUPS_NS).await?;
+    let t0 = Instant::now();
+    let (qos, allocatable, oom) = tokio::join!(
+        checks::qos_pods_run_in_their_cgroups(node, &pods, TAG),
+        checks::pods_cgroup_is_limited_to_allocatable(node, TAG),
+        checks::a_container_past_its_limit_is_oom_killed(node, &pods, TAG),
+    );
+    // every check's outcome, not only the first failure's
+    let failed: Vec<String> = [
+        ("QoS pods in their cgroups", qos),
+        ("kubepods limited to allocatable", allocatable),
+        ("OOM kill", oom),
+    ]
+    .into_iter()
+    .filter_map(|(what, r)| r.err().map(|e| format!("{what}: {e:#}")))
+    .collect();
+    anyhow::ensure!(failed.is_empty(), "cgroupfs on cgroup v2:\n{}", failed.join("\n"));
+    pods.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    wait_for(
+        "the cgroup checks' pods gone",
+        Duration::from_secs(180),
+        || async {
+            Ok(pods
+                .list(&ListParams::default())
+                .await?
+                .items
+                .is_empty()
+                .then_some(()))
+        },
+    )
+    .await?;
+    println!("[vm_service] cgroupfs on cgroup v2 checked in {:?}", t0.elapsed());
+    Ok(())
+}
+
 #[tokio::test]
-async fn a_service_restart_keeps_pods_and_a_reboot_shuts_them_down_by_priority() -> anyhow::Result<()> {
+async fn cgroupfs_on_v2_then_a_service_restart_keeps_pods_and_a_reboot_shuts_them_down_by_priority()
+-> anyhow::Result<()> {
     init_logging();
     let Some(node) = VmNode::get(NodeSetup {
         systemd: false,
@@ -167,6 +220,7 @@ async fn a_service_restart_keeps_pods_and_a_reboot_shuts_them_down_by_priority()
     };
     let admin = node.cp.admin_client().await?;
     let nodes: Api<Node> = Api::all(admin.clone());
+    Box::pin(cgroupfs_on_v2(node)).await?;
 
     // the shipped unit, and logind made to wait for the shutdown periods
     let t0 = Instant::now();
