@@ -15,7 +15,7 @@
 //!
 //! The control plane runs its controller-manager and scheduler at `--kube-api-qps=300` and the API server with
 //! room for 3,000 requests in flight, as the density benchmark's. The node needs root and a pod subnet of its
-//! own beside other real-node runs (`NA_CRI_SUBNET`, 10.77.0.0/16 by default). Not part of the test suite:
+//! own beside other real-node runs (`NA_CRI_SUBNET`, 100.64.0.0/10 by default, /24s per node). Not part of the test suite:
 //!
 //! ```sh
 //! cargo bench -p e2e --bench chart_scale                                   # 10 × 1,000 nodes, 2 pods per node
@@ -31,9 +31,28 @@
 /// The containerd the node runs on (Debian's 1.6), as the chart test's.
 const CONTAINERD: &str = "1.6";
 
-/// Each node's pod CIDR within the node's /16 pod subnet: /28, so at most [`MAX_NODES`] nodes get one.
-const NODE_CIDR_MASK: u32 = 28;
-const MAX_NODES: usize = 1 << (NODE_CIDR_MASK - 16);
+/// The cluster's pod range (the controller-manager's `--cluster-cidr`, and the real node's subnet) unless
+/// `NA_CRI_SUBNET` says otherwise: a /10 of /24s holds 16,384 nodes. The hollow nodes' pods never use it, but a
+/// node without a pod CIDR of its own has no pod network and stays NotReady, as a kubelet's would.
+const DEFAULT_SUBNET: &str = "100.64.0.0/10";
+/// Each node's pod CIDR, as the kubelet's usual /24.
+const NODE_CIDR_MASK: u32 = 24;
+
+/// How many nodes the cluster range gives a pod CIDR: the real node's and the hollow nodes'.
+fn node_cidrs() -> anyhow::Result<usize> {
+    let subnet = std::env::var("NA_CRI_SUBNET").unwrap_or_else(|_| DEFAULT_SUBNET.into());
+    let prefix: u32 = subnet
+        .split_once('/')
+        .and_then(|(_, p)| p.parse().ok())
+        .with_context(|| format!("NA_CRI_SUBNET {subnet:?}: not an IPv4 CIDR"))?;
+    // the controller-manager's allocator refuses more than 16 bits between the two masks
+    anyhow::ensure!(
+        (NODE_CIDR_MASK - 16..=NODE_CIDR_MASK).contains(&prefix),
+        "NA_CRI_SUBNET {subnet}: the prefix must be /{} to /{NODE_CIDR_MASK} for /{NODE_CIDR_MASK} node CIDRs",
+        NODE_CIDR_MASK - 16
+    );
+    Ok(1 << (NODE_CIDR_MASK - prefix))
+}
 
 #[allow(dead_code)]
 #[path = "../tests/real_node/harness.rs"]
@@ -101,10 +120,11 @@ impl Settings {
         );
         anyhow::ensure!(s.pod_rate > 0.0, "CHART_POD_RATE: above 0");
         // the real node takes one CIDR too
+        let cidrs = node_cidrs()?;
         anyhow::ensure!(
-            s.processes * s.nodes_per_process < MAX_NODES,
-            "{} × {} nodes: the controller-manager has {MAX_NODES} pod CIDRs (/{NODE_CIDR_MASK} of the node's /16 \
-             pod subnet), one of them the real node's; a node without one stays NotReady",
+            s.processes * s.nodes_per_process < cidrs,
+            "{} × {} nodes: the controller-manager has {cidrs} pod CIDRs (/{NODE_CIDR_MASK}s of the cluster range), \
+             one of them the real node's; a node without one stays NotReady",
             s.processes,
             s.nodes_per_process
         );
@@ -505,12 +525,10 @@ async fn main() -> anyhow::Result<()> {
         controller_manager_args: vec![
             "--kube-api-qps=300".into(),
             "--kube-api-burst=600".into(),
-            // the node's pod subnet (a /16) in /28s: 4,096 node CIDRs of 13 pod addresses, where /24s would
-            // leave every node past the 256th NotReady ("cni plugin not initialized")
             format!("--node-cidr-mask-size={NODE_CIDR_MASK}"),
         ],
         scheduler_args: vec!["--kube-api-qps=300".into(), "--kube-api-burst=600".into()],
-        default_subnet: Some("10.77.0.0/16"),
+        default_subnet: Some(DEFAULT_SUBNET),
         ..Default::default()
     };
     let node = RealNode::get_with(&options)
