@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The compiler wrapper hack/run-tests.py gives cargo for the workspace's own crates (RUSTC_WORKSPACE_WRAPPER).
 #
-# The dev profile optimises the libraries (opt-level 1): the hollow tests run thousands of agents on them in one
-# process. Two kinds of target gain nothing from that and cost the most to optimise: a library's unit-test
-# harness (the library compiled a second time, with its tests; they run in seconds) and the benchmarks (in the
-# test run they only build and print how to run them). Cargo has no per-target profile, so this wrapper appends
-# `-C opt-level=0` (rustc takes the last value) to exactly those compiles. Everything the integration tests link
-# and the programs they start stay as the profile says.
+# The dev profile optimises the libraries the hollow tests run thousands of agents on (opt-level 1; node-agent's
+# own library is the exception, see Cargo.toml). Two kinds of target gain nothing from that and cost the most to
+# optimise: test targets — a library's unit-test harness (the library compiled a second time, with its tests)
+# and the integration tests (each instantiates the generic code of kube, serde and tokio it calls), whose own
+# code waits on fleets, control planes and nodes — and the benchmarks (in the test run they only build and print
+# how to run them). Cargo has no per-target profile, so this wrapper appends `-C opt-level=0` (rustc takes the
+# last value) to exactly those compiles. The libraries the tests link and the programs they start stay as the
+# profile says.
 #
 # With NODE_AGENT_CLIPPY_DRIVER set (run-tests.py's NODE_AGENT_LINT=1) the compile goes through clippy, so the
 # lints ride on it. Cargo does not fingerprint this script's rules: after changing them, `touch` the crates'
@@ -24,7 +26,7 @@ for arg in "$@"; do
   esac
 done
 extra=()
-if { [ "$is_test" = 1 ] && [ "$kind" = lib ]; } || [ "$kind" = bench ]; then
+if [ "$is_test" = 1 ] || [ "$kind" = bench ]; then
   extra=(-C opt-level=0)
 fi
 if [ -n "${NODE_AGENT_CLIPPY_DRIVER:-}" ]; then
