@@ -193,10 +193,23 @@ async fn a_best_effort_memory_hog_is_evicted_and_the_guaranteed_pod_stays() -> a
         evicted.message.as_deref().unwrap_or_default().contains("memory"),
         "the eviction names the memory signal: {evicted:?}"
     );
-    // the other tests' BestEffort pods are admitted again once the pressure is gone
-    wait_for("MemoryPressure False", Duration::from_secs(180), || async {
-        Ok((!memory_pressure(&nodes).await?).then_some(()))
-    })
+    // the other tests' BestEffort pods are admitted again once the pressure is gone, and scheduled again once
+    // the node lifecycle controller has taken its memory-pressure taint off
+    wait_for(
+        "MemoryPressure False and its taint gone",
+        Duration::from_secs(180),
+        || async {
+            let tainted = nodes
+                .get(NODE)
+                .await?
+                .spec
+                .and_then(|s| s.taints)
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.key == "node.kubernetes.io/memory-pressure");
+            Ok((!memory_pressure(&nodes).await? && !tainted).then_some(()))
+        },
+    )
     .await?;
     Ok(())
 }

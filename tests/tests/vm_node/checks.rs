@@ -411,7 +411,17 @@ pub async fn a_container_past_its_limit_is_oom_killed(
     .await;
     let terminated = match terminated {
         Ok(t) => t,
-        Err(e) => return Err(e.context(format!("agent log:\n{}", node.agent_log_tail().await))),
+        Err(e) => {
+            // where the pod stopped: unscheduled, not admitted, or running past its limit
+            let status = match pods.get("hog").await {
+                Ok(p) => serde_json::to_string(&p.status).unwrap_or_default(),
+                Err(e) => e.to_string(),
+            };
+            return Err(e.context(format!(
+                "the hog's status: {status}\nagent log:\n{}",
+                node.agent_log_tail().await
+            )));
+        }
     };
     println!(
         "[{tag}] hog: exit {} reason {:?}",
