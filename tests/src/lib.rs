@@ -84,6 +84,23 @@ where
     }
 }
 
+/// Waits until `api` lists nothing (say, a namespace's pods after their deletion), or fails after `timeout`
+/// naming `what`.
+pub async fn wait_until_empty<K>(api: &kube::Api<K>, what: &str, timeout: Duration) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    wait_for(what, timeout, || async {
+        Ok(api
+            .list(&kube::api::ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await
+}
+
 /// Every object `api` lists with `params`, read 500 at a time: one list of thousands of pods can outlast the
 /// API server's request timeout on a loaded machine (it then cuts the body mid-stream), a page cannot.
 pub async fn list_paged<K>(api: &kube::Api<K>, params: &kube::api::ListParams) -> anyhow::Result<Vec<K>>

@@ -188,19 +188,7 @@ async fn cgroupfs_on_v2(node: &VmNode) -> anyhow::Result<()> {
     anyhow::ensure!(failed.is_empty(), "cgroupfs on cgroup v2:\n{}", failed.join("\n"));
     pods.delete_collection(&DeleteParams::default(), &ListParams::default())
         .await?;
-    wait_for(
-        "the cgroup checks' pods gone",
-        Duration::from_secs(180),
-        || async {
-            Ok(pods
-                .list(&ListParams::default())
-                .await?
-                .items
-                .is_empty()
-                .then_some(()))
-        },
-    )
-    .await?;
+    e2e::wait_until_empty(&pods, "the cgroup checks' pods gone", Duration::from_secs(180)).await?;
     println!("[vm_service] cgroupfs on cgroup v2 checked in {:?}", t0.elapsed());
     Ok(())
 }

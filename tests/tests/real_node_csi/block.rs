@@ -283,15 +283,7 @@ async fn a_local_block_volume_on_a_loop_device_keeps_what_one_pod_wrote_for_the_
     for name in ["reader", "misuse"] {
         pods.delete(name, &DeleteParams::default()).await?;
     }
-    wait_for("the pods gone", Duration::from_secs(60), || async {
-        Ok(pods
-            .list(&ListParams::default())
-            .await?
-            .items
-            .is_empty()
-            .then_some(()))
-    })
-    .await?;
+    e2e::wait_until_empty(&pods, "the pods gone", Duration::from_secs(60)).await?;
     Ok(())
 }
 
