@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The compiler wrapper hack/run-tests.py gives cargo for the workspace's own crates (RUSTC_WORKSPACE_WRAPPER).
 #
-# The dev profile optimises the libraries (opt-level 1): the hollow tests run thousands of agents on them in one
-# process, and the VM tests run the agent under software emulation. Two kinds of target gain nothing from that
-# and cost the most to optimise: test targets — a library's unit-test harness (the library compiled a second time, with its tests)
+# The dev profile optimises the libraries the hollow tests run thousands of agents on (opt-level 1; node-agent's
+# own library is the exception, see Cargo.toml). Two kinds of target gain nothing from that and cost the most to
+# optimise: test targets — a library's unit-test harness (the library compiled a second time, with its tests)
 # and the integration tests (each instantiates the generic code of kube, serde and tokio it calls), whose own
 # code waits on fleets, control planes and nodes — and the benchmarks (in the test run they only build and print
 # how to run them). Cargo has no per-target profile, so this wrapper appends `-C opt-level=0` (rustc takes the

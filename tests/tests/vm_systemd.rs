@@ -93,17 +93,6 @@ async fn kubepods_slice_is_limited_to_the_nodes_allocatable() -> anyhow::Result<
     checks::pods_cgroup_is_limited_to_allocatable(node, TAG).await
 }
 
-#[tokio::test]
-async fn a_container_past_its_memory_limit_is_oom_killed() -> anyhow::Result<()> {
-    init_logging();
-    let Some(node) = VmNode::get(SETUP).await? else {
-        return Ok(());
-    };
-    let _shared = PRESSURE.read().await;
-    let pods = node.namespace(NS).await?;
-    checks::a_container_past_its_limit_is_oom_killed(node, &pods, TAG).await
-}
-
 /// The node's MemoryPressure condition.
 async fn memory_pressure(nodes: &Api<Node>) -> anyhow::Result<bool> {
     Ok(nodes
@@ -116,13 +105,21 @@ async fn memory_pressure(nodes: &Api<Node>) -> anyhow::Result<bool> {
         .any(|c| c.type_ == "MemoryPressure" && c.status == "True"))
 }
 
+/// The OOM kill is checked first, in the same test: a container past its limit in a guest that has just been
+/// through memory pressure stayed Running (its kill not seen for minutes) in three CI runs; not understood yet.
 #[tokio::test]
-async fn a_best_effort_memory_hog_is_evicted_and_the_guaranteed_pod_stays() -> anyhow::Result<()> {
+async fn a_container_past_its_limit_is_oom_killed_then_a_best_effort_hog_is_evicted_and_the_guaranteed_pod_stays()
+-> anyhow::Result<()> {
     init_logging();
     let Some(node) = VmNode::get(SETUP).await? else {
         return Ok(());
     };
     let _alone = PRESSURE.write().await;
+    let oom_pods = node.namespace(NS).await?;
+    Box::pin(checks::a_container_past_its_limit_is_oom_killed(
+        node, &oom_pods, TAG,
+    ))
+    .await?;
     let pods = node.namespace("vm-pressure").await?;
     let nodes: Api<Node> = Api::all(node.cp.admin_client().await?);
     node.create_pod(
