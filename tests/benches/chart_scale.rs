@@ -15,7 +15,8 @@
 //!
 //! The control plane runs its controller-manager and scheduler at `--kube-api-qps=300` and the API server with
 //! room for 3,000 requests in flight, as the density benchmark's. The node needs root and a pod subnet of its
-//! own beside other real-node runs (`NA_CRI_SUBNET`, 100.64.0.0/10 by default, /24s per node). Not part of the test suite:
+//! own beside other real-node runs (`NA_CRI_SUBNET`, 100.64.0.0/10 by default, /24s per node). Not part of the
+//! test suite:
 //!
 //! ```sh
 //! cargo bench -p e2e --bench chart_scale                                   # 10 × 1,000 nodes, 2 pods per node
