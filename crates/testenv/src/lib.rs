@@ -23,6 +23,7 @@ pub mod bootstrap;
 mod control_plane;
 mod kubeconfig;
 pub mod pki;
+mod ports;
 pub mod process;
 pub mod server_metrics;
 mod shared;
