@@ -268,13 +268,22 @@ async fn two_more_seconds_of_container_start_show_in_schedule_to_run_and_decide_
     let (quick_start, slow_start) = (node(quick), node(slow));
     let node_moved = slow_start.p50 - quick_start.p50;
     println!("schedule_to_run p50 moved {moved:.0} ms; node containers_started p50 moved {node_moved:.0} ms");
-    // the watch's sightings are precise, so the cluster side moves by the scripted 2 s; above that the slow run
-    // may lose to load what the quick run lost (its p90 over its p50), as on the node side below
+    // The watch's sightings are precise, so every slow pod's schedule_to_run spans the scripted 2 s, and the
+    // median moves by about that. Load shifts either run by up to its own spread (p90 over p50): the slow run
+    // may lose more than the quick one, or the quick one more than the slow (a loaded CI machine: quick p50
+    // 855 ms, p90 1,180, and the median moved 1,577 ms).
     let quick_run = quick.cluster.get(Transition::ScheduleToRun);
+    let slow_run = slow.cluster.get(Transition::ScheduleToRun);
+    assert!(
+        slow_run.p50 >= 1900.0,
+        "schedule_to_run p50 {} ms with 2 s more per start",
+        slow_run.p50
+    );
+    let least = 1900.0 - (quick_run.p90 - quick_run.p50);
     let most = 2300.0 + (quick_run.p90 - quick_run.p50);
     assert!(
-        (1900.0..=most).contains(&moved),
-        "schedule_to_run moved {moved} ms (quick run p50 {}, p90 {}): outside 1900..={most}",
+        (least..=most).contains(&moved),
+        "schedule_to_run moved {moved} ms (quick run p50 {}, p90 {}): outside {least}..={most}",
         quick_run.p50,
         quick_run.p90
     );
