@@ -1,6 +1,6 @@
-//! The hollow fleet against the real control plane: a thousand nodes register and stay Ready under the real
-//! controller-manager, node profiles reach the scheduler (GPU pods land only on GPU nodes), and a killed fleet
-//! process comes back to the same Node objects.
+//! The hollow fleet against the real control plane: hundreds of nodes (`HOLLOW_SOAK_NODES`; the benchmark's
+//! figure is 1,000) register and stay Ready under the real controller-manager, node profiles reach the
+//! scheduler (GPU pods land only on GPU nodes), and a killed fleet process comes back to the same Node objects.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
@@ -55,9 +55,9 @@ fn lease_updates(metrics: &Metrics) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_nodes_register_and_stay_ready() -> anyhow::Result<()> {
+async fn hundreds_of_nodes_register_and_stay_ready() -> anyhow::Result<()> {
     init_logging();
-    let n = usize::try_from(env_or("HOLLOW_SOAK_NODES", 1000))?;
+    let n = usize::try_from(env_or("HOLLOW_SOAK_NODES", 300))?;
     // two minutes outlast the node monitor's grace period (50 s) twice over, so a node whose renewals stall is
     // seen NotReady; longer soaks are the benchmark's (HOLLOW_SOAK_SECS)
     let soak = Duration::from_secs(env_or("HOLLOW_SOAK_SECS", 120));

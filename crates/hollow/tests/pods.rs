@@ -1,5 +1,5 @@
-//! Pods on the hollow fleet against the real control plane: a 5,000-pod Deployment scheduled by the real
-//! scheduler reaches Running, with per-stage start-up percentiles from `/metrics` and from the raw HDR endpoint
+//! Pods on the hollow fleet against the real control plane: a Deployment of 1,500 pods (`HOLLOW_PODS`; the
+//! benchmark's figure is 5,000) scheduled by the real scheduler reaches Running, with per-stage start-up percentiles from `/metrics` and from the raw HDR endpoint
 //! agreeing; and watch mode `shared` gives the same outcome as `per-node` with one API watch instead of one per
 //! node.
 
@@ -146,13 +146,13 @@ fn bucket_of(buckets: &[(f64, u64)], q: f64) -> (f64, f64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_thousand_pods_run_and_both_histogram_views_agree() -> anyhow::Result<()> {
+async fn a_deployment_of_thousands_runs_and_both_histogram_views_agree() -> anyhow::Result<()> {
     init_logging();
     let _serial = SERIAL.lock().await;
     let pods_wanted: i32 = std::env::var("HOLLOW_PODS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(5000);
+        .unwrap_or(1500);
     let nodes = usize::try_from(pods_wanted)?.div_ceil(50).max(1);
     let cp = control_plane().await?;
     let config = cp.admin_config().await?;
