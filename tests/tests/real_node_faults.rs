@@ -230,15 +230,40 @@ async fn all_running(
     .with_context(|| format!("agent log:\n{}", node.agent_log_tail()))
 }
 
-/// Deletes the fault pods of `api` and waits until they are gone from the API.
-async fn delete_all(api: &Api<Pod>) -> anyhow::Result<()> {
+/// Deletes the fault pods of `api` and waits until they are gone from the API; on a time-out, says which are
+/// left, in what state, with the agent's log.
+async fn delete_all(node: &RealNode, api: &Api<Pod>) -> anyhow::Result<()> {
     for p in fault_pods(api).await? {
         let _ = api.delete(&name(&p), &DeleteParams::default()).await;
     }
+    let left = std::sync::Mutex::new(Vec::new());
     wait_for("the pods gone from the API", Duration::from_secs(120), || async {
-        Ok(fault_pods(api).await?.is_empty().then_some(()))
+        let pods = fault_pods(api).await?;
+        *left.lock().unwrap_or_else(|e| e.into_inner()) = pods
+            .iter()
+            .map(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+                let states: Vec<_> = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|c| (c.container_id.clone(), c.state.clone()))
+                    .collect();
+                format!("{} {phase:?} {states:?}", name(p))
+            })
+            .collect();
+        Ok(pods.is_empty().then_some(()))
     })
     .await
+    .with_context(|| {
+        format!(
+            "left: {:#?}\nagent log:\n{}",
+            left.lock().unwrap_or_else(|e| e.into_inner()),
+            node.agent_log_tail()
+        )
+    })
 }
 
 /// The node's Ready condition.

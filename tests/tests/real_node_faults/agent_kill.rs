@@ -121,7 +121,7 @@ async fn agent_sigkilled_five_times_during_a_burst() -> anyhow::Result<()> {
          restarts, each replacing a container a kill left created or whose start it broke)",
         points.join(", ")
     );
-    delete_all(&pods).await?;
+    delete_all(node, &pods).await?;
     let clean = wait_clean(node).await?;
     println!("[real_node_faults] the node clean {clean:?} after the pods were gone from the API");
     Ok(())

@@ -150,7 +150,7 @@ async fn api_server_and_etcd_restarted() -> anyhow::Result<()> {
          etcd stopped 10 s: lease renewed {etcd_renewed:?} after the API server was ready again, pods untouched; \
          a new pod Running {etcd_new:?}, a deleted one gone {etcd_deleted:?} later"
     );
-    delete_all(&pods).await?;
+    delete_all(node, &pods).await?;
     wait_clean(node).await?;
     Ok(())
 }
@@ -252,7 +252,7 @@ async fn a_watch_answered_410_after_etcd_compaction() -> anyhow::Result<()> {
          {old_version} answered 410 Gone): lease renewed {renewed:?} after it was back, pods untouched; a new \
          pod Running {new:?} and a deleted one gone {deleted:?} later"
     );
-    delete_all(&pods).await?;
+    delete_all(node, &pods).await?;
     wait_clean(node).await?;
     Ok(())
 }
@@ -320,7 +320,7 @@ async fn api_server_unreachable_past_the_lease() -> anyhow::Result<()> {
         unknown.reason.as_deref().unwrap_or_default(),
         unknown.message.as_deref().unwrap_or_default()
     );
-    delete_all(&pods).await?;
+    delete_all(node, &pods).await?;
     wait_clean(node).await?;
     Ok(())
 }

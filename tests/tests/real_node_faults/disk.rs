@@ -130,7 +130,7 @@ async fn a_full_disk_under_the_pods_fails_new_pods_cleanly_until_space_is_freed(
     let result = full_disk(node, &pods, &pods_dir).await;
     // whatever happened, the pods go and the file system with them
     let cleanup = async {
-        delete_all(&pods).await?;
+        delete_all(node, &pods).await?;
         let _ = std::fs::remove_file(pods_dir.join("filler"));
         wait_clean(node).await?;
         let status = Command::new("umount").arg(&pods_dir).status()?;

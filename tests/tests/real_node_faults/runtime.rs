@@ -112,7 +112,7 @@ async fn containerd_stopped_for_a_minute_during_a_burst() -> anyhow::Result<()> 
         not_ready.message.as_deref().unwrap_or_default()
     );
 
-    delete_all(&pods).await?;
+    delete_all(node, &pods).await?;
     wait_clean(node).await?;
     Ok(())
 }
@@ -170,7 +170,7 @@ async fn containerd_sigkilled_while_pods_run() -> anyhow::Result<()> {
         "[real_node_faults] containerd SIGKILLed and back after {back:?}: node Ready throughout, 3 pods kept, \
          a new pod Running {after:?} after the kill"
     );
-    delete_all(&pods).await?;
+    delete_all(node, &pods).await?;
     wait_clean(node).await?;
     Ok(())
 }
