@@ -304,18 +304,7 @@ impl PodWorker {
         self.view
             .refresh(self.ctx.view_source(), &self.pod.uid, Reread::Kept)
             .await?;
-        if let Err(error) = kill::remove_pod(&self.ctx, &self.view).await {
-            // A container whose start was abandoned half-way (the agent killed during `StartContainer`) can be
-            // reported exited while its task lives on, and the runtime refuses to remove it. As the kubelet
-            // destroys a terminated pod's cgroup, killing what is left in it, the pod's cgroup goes first
-            // here; the retry then finds the task dead.
-            if error.code == runtime_api::Code::FailedPrecondition
-                && let Some(cgroups) = &self.ctx.config.layout.cgroups
-            {
-                cgroups.remove(&self.pod).await;
-            }
-            return Err(error);
-        }
+        kill::remove_pod(&self.ctx, &self.view).await?;
         let uid = self.pod.uid.clone();
         volumes::cleanup(&self.ctx, &uid).await;
         if let Some(cgroups) = &self.ctx.config.layout.cgroups {
