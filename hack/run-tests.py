@@ -19,7 +19,7 @@ with clippy, every warning an error: the lints ride on the one compile the tests
 their own.
 `--build-only` builds and stops (CI starts the build while the Go-built binaries are made).
 
-Environment: NODE_AGENT_TEST_JOBS (binaries at once, default 5), NODE_AGENT_TEST_THREADS (test threads per
+Environment: NODE_AGENT_TEST_JOBS (binaries at once, default 4), NODE_AGENT_TEST_THREADS (test threads per
 binary, default 8), NODE_AGENT_CACHE (where the timings are kept), NODE_AGENT_LINT (see above).
 """
 
@@ -50,7 +50,7 @@ CONTAINERD_BINARIES = {
 
 
 # how many real nodes on a private containerd run at once
-CONTAINERD_LANES = 3
+CONTAINERD_LANES = 2
 
 
 def package_name_of(package_id):
@@ -115,7 +115,7 @@ def build(root):
 
 def main():
     root = Path(__file__).resolve().parent.parent
-    jobs = int(os.environ.get("NODE_AGENT_TEST_JOBS", "5"))
+    jobs = int(os.environ.get("NODE_AGENT_TEST_JOBS", "4"))
     threads = os.environ.get("NODE_AGENT_TEST_THREADS", "8")
     cache = Path(os.environ.get("NODE_AGENT_CACHE", Path.home() / ".cache/node-agent"))
     timings_file = cache / "test-timings.json"
