@@ -30,13 +30,17 @@ LONG_AGO = 1_000_000_000
 
 
 def tracked(root):
-    """{path: blob id} of the checkout's tracked files, or None when it has local changes."""
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                            stdout=subprocess.PIPE, text=True, check=True).stdout
-    if status.strip():
+    """{path: blob id} of the checkout's tracked files, or None when it has local changes or is no git
+    checkout."""
+    try:
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=True).stdout
+        if status.strip():
+            return None
+        out = subprocess.run(["git", "ls-files", "-s", "-z"], cwd=root, stdout=subprocess.PIPE, text=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
         return None
-    out = subprocess.run(["git", "ls-files", "-s", "-z"], cwd=root, stdout=subprocess.PIPE, text=True,
-                         check=True).stdout
     files = {}
     for entry in out.split("\0"):
         if not entry:
@@ -57,7 +61,7 @@ def main():
     record = records / (hashlib.sha256(str(root).encode()).hexdigest()[:16] + ".json")
     files = tracked(root)
     if files is None:
-        print(f"source-times: {root} has local changes; file times left as they are")
+        print(f"source-times: {root} has local changes or is no git checkout; file times left as they are")
         return
     if sys.argv[1] == "record":
         records.mkdir(parents=True, exist_ok=True)
